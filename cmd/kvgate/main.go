@@ -1,0 +1,64 @@
+// Command kvgate is a KV-cache-aware HTTP proxy for OpenAI-compatible LLM engines.
+//
+// Each subcommand lives in its own file and registers itself in init, so adding a
+// subcommand touches one file.
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"sort"
+)
+
+// command is one kvgate subcommand. run gets the arguments after the subcommand name
+// and returns the process exit code (0 ok, 1 runtime failure, 2 bad usage or input).
+type command struct {
+	summary string
+	run     func(args []string, stdin io.Reader, stdout, stderr io.Writer) int
+}
+
+var commands = map[string]command{}
+
+func register(name, summary string, run func(args []string, stdin io.Reader, stdout, stderr io.Writer) int) {
+	if _, dup := commands[name]; dup {
+		panic("kvgate: subcommand registered twice: " + name)
+	}
+	commands[name] = command{summary: summary, run: run}
+}
+
+func main() {
+	os.Exit(dispatch(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+func dispatch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stderr)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	c, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "kvgate: unknown subcommand %q\n", args[0])
+		usage(stderr)
+		return 2
+	}
+	return c.run(args[1:], stdin, stdout, stderr)
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: kvgate <subcommand> [flags]")
+	fmt.Fprintln(w)
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-12s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Run 'kvgate <subcommand> -h' for its flags.")
+}
