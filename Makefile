@@ -25,8 +25,10 @@ vet:
 test: fetch fmt-check vet
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 
-demo: build
-	$(BIN) serve -h
+# The demo: 4 engine simulators + kvgate on loopback, rr vs KV-Exact on a shared-prefix
+# workload; prints the comparison table and writes the report and plots to bench/out/.
+demo: fetch build
+	$(BIN) bench -demo -out bench/out
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
