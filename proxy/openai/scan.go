@@ -1,0 +1,432 @@
+// Package openai finds the routing-relevant fields of an OpenAI-style request body
+// without building a tree: one pass over the bytes records spans, validates the JSON,
+// and allocates nothing. Tokenizers and templates take the raw spans from here.
+package openai
+
+import (
+	"errors"
+	"unicode/utf8"
+)
+
+// MaxDepth bounds nesting so a hostile body cannot drive the scanner deep.
+const MaxDepth = 128
+
+// Errors are values so callers can count them by kind without allocating.
+var (
+	ErrSyntax   = errors.New("malformed JSON")
+	ErrNotObj   = errors.New("request body must be a JSON object")
+	ErrDepth    = errors.New("JSON nested too deeply")
+	ErrUTF8     = errors.New("invalid UTF-8 in JSON string")
+	ErrType     = errors.New("field has the wrong JSON type")
+	ErrTrailing = errors.New("trailing data after JSON value")
+)
+
+// Span is a half-open byte range [Start, End) of the body. A zero Span is absent.
+type Span struct{ Start, End int32 }
+
+// Present says whether the field appeared in the body.
+func (s Span) Present() bool { return s.End > s.Start }
+
+// Bytes returns the span's bytes within body.
+func (s Span) Bytes(body []byte) []byte { return body[s.Start:s.End] }
+
+// PromptKind says what the "prompt" field holds.
+type PromptKind uint8
+
+const (
+	PromptNone    PromptKind = iota
+	PromptString             // "text"
+	PromptStrings            // ["text", ...] (a batch: routing uses the first)
+	PromptTokens             // [1, 2, 3]
+	PromptBatch              // [[1,2],[3]] (a batch of token lists: routing uses the first)
+)
+
+// Field indexes the top-level members kvgate reads or rewrites.
+type Field uint8
+
+const (
+	FModel Field = iota
+	FPrompt
+	FMessages
+	FTools
+	FChatTemplateKwargs
+	FCacheSalt
+	FStream
+	FUser
+	FMaxTokens
+	FMaxCompletionTokens
+	FStreamOptions
+	FKVTransferParams
+	FAddGenerationPrompt
+	FDisaggregatedParams
+	FBootstrapHost
+	FBootstrapPort
+	FBootstrapRoom
+	numFields
+)
+
+var fieldNames = [numFields]string{
+	FModel: "model", FPrompt: "prompt", FMessages: "messages", FTools: "tools",
+	FChatTemplateKwargs: "chat_template_kwargs", FCacheSalt: "cache_salt", FStream: "stream",
+	FUser: "user", FMaxTokens: "max_tokens", FMaxCompletionTokens: "max_completion_tokens",
+	FStreamOptions: "stream_options", FKVTransferParams: "kv_transfer_params",
+	FAddGenerationPrompt: "add_generation_prompt", FDisaggregatedParams: "disaggregated_params",
+	FBootstrapHost: "bootstrap_host", FBootstrapPort: "bootstrap_port", FBootstrapRoom: "bootstrap_room",
+}
+
+// Name is the JSON member name of f.
+func (f Field) Name() string { return fieldNames[f] }
+
+// Request holds spans into one body. Value spans cover the JSON value (strings
+// include their quotes); Member spans cover `"key": value` for splicing.
+type Request struct {
+	Value  [numFields]Span
+	Member [numFields]Span
+
+	Stream              bool
+	AddGenerationPrompt bool // defaults to true, as vLLM's does
+	Prompt              PromptKind
+	// ModelEscaped and similar flags say a string span holds backslash escapes, so the
+	// caller must Unquote it before comparing.
+	ModelEscaped bool
+}
+
+// Reset clears r for reuse.
+func (r *Request) Reset() { *r = Request{AddGenerationPrompt: true} }
+
+// Scan validates body as one JSON object and records the spans of the members kvgate
+// uses. Unknown members are validated and skipped. It allocates nothing.
+func Scan(body []byte, r *Request) error {
+	r.Reset()
+	i := skipWS(body, 0)
+	if i >= len(body) {
+		return ErrSyntax
+	}
+	if body[i] != '{' {
+		if _, err := skipValue(body, i, 0); err != nil {
+			return err
+		}
+		return ErrNotObj
+	}
+	i = skipWS(body, i+1)
+	if i < len(body) && body[i] == '}' {
+		return trailing(body, i+1)
+	}
+	for {
+		if i >= len(body) || body[i] != '"' {
+			return ErrSyntax
+		}
+		keyStart := i
+		kEnd, esc, err := skipString(body, i)
+		if err != nil {
+			return err
+		}
+		f := numFields
+		if !esc {
+			f = lookup(body[keyStart+1 : kEnd-1])
+		}
+		i = skipWS(body, kEnd)
+		if i >= len(body) || body[i] != ':' {
+			return ErrSyntax
+		}
+		i = skipWS(body, i+1)
+		vStart := i
+		vEnd, err := skipValue(body, i, 1)
+		if err != nil {
+			return err
+		}
+		if f < numFields {
+			if err := r.set(f, body, vStart, vEnd); err != nil {
+				return err
+			}
+			r.Member[f] = Span{int32(keyStart), int32(vEnd)}
+		}
+		i = skipWS(body, vEnd)
+		if i >= len(body) {
+			return ErrSyntax
+		}
+		if body[i] == ',' {
+			i = skipWS(body, i+1)
+			continue
+		}
+		if body[i] == '}' {
+			return trailing(body, i+1)
+		}
+		return ErrSyntax
+	}
+}
+
+func trailing(body []byte, i int) error {
+	if skipWS(body, i) != len(body) {
+		return ErrTrailing
+	}
+	return nil
+}
+
+func lookup(k []byte) Field {
+	for f := Field(0); f < numFields; f++ {
+		if string(k) == fieldNames[f] {
+			return f
+		}
+	}
+	return numFields
+}
+
+func (r *Request) set(f Field, body []byte, s, e int) error {
+	v := body[s:e]
+	r.Value[f] = Span{int32(s), int32(e)}
+	switch f {
+	case FModel, FCacheSalt, FUser:
+		if v[0] == 'n' { // null: treat as absent
+			r.Value[f] = Span{}
+			return nil
+		}
+		if v[0] != '"' {
+			return ErrType
+		}
+		if f == FModel {
+			r.ModelEscaped = hasEscape(v)
+		}
+	case FStream, FAddGenerationPrompt:
+		switch v[0] {
+		case 't':
+			r.setBool(f, true)
+		case 'f':
+			r.setBool(f, false)
+		case 'n':
+		default:
+			return ErrType
+		}
+	case FMessages:
+		if v[0] != '[' {
+			return ErrType
+		}
+	case FPrompt:
+		r.Prompt = promptKind(v)
+		if r.Prompt == PromptNone && v[0] != 'n' {
+			return ErrType
+		}
+	}
+	return nil
+}
+
+func (r *Request) setBool(f Field, b bool) {
+	if f == FStream {
+		r.Stream = b
+	} else {
+		r.AddGenerationPrompt = b
+	}
+}
+
+func promptKind(v []byte) PromptKind {
+	switch v[0] {
+	case '"':
+		return PromptString
+	case '[':
+		j := skipWS(v, 1)
+		switch {
+		case j >= len(v):
+			return PromptNone
+		case v[j] == '"':
+			return PromptStrings
+		case v[j] == '[':
+			return PromptBatch
+		case v[j] == ']' || v[j] == '-' || (v[j] >= '0' && v[j] <= '9'):
+			return PromptTokens
+		}
+	}
+	return PromptNone
+}
+
+func hasEscape(s []byte) bool {
+	for _, c := range s {
+		if c == '\\' {
+			return true
+		}
+	}
+	return false
+}
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) {
+		switch b[i] {
+		case ' ', '\t', '\n', '\r':
+			i++
+		default:
+			return i
+		}
+	}
+	return i
+}
+
+// skipString returns the index after the closing quote of the string at b[i] and
+// whether it held escapes. It validates escapes and UTF-8.
+func skipString(b []byte, i int) (int, bool, error) {
+	i++
+	esc := false
+	for i < len(b) {
+		c := b[i]
+		switch {
+		case c == '"':
+			return i + 1, esc, nil
+		case c == '\\':
+			esc = true
+			if i+1 >= len(b) {
+				return 0, false, ErrSyntax
+			}
+			switch b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if i+6 > len(b) || !isHex4(b[i+2:i+6]) {
+					return 0, false, ErrSyntax
+				}
+				i += 6
+			default:
+				return 0, false, ErrSyntax
+			}
+		case c < 0x20:
+			return 0, false, ErrSyntax
+		case c < 0x80:
+			i++
+		default:
+			r, n := utf8.DecodeRune(b[i:])
+			if r == utf8.RuneError && n <= 1 {
+				return 0, false, ErrUTF8
+			}
+			i += n
+		}
+	}
+	return 0, false, ErrSyntax
+}
+
+func isHex4(h []byte) bool {
+	for _, c := range h {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
+
+// skipValue validates the JSON value at b[i] and returns the index after it.
+func skipValue(b []byte, i, depth int) (int, error) {
+	if i >= len(b) {
+		return 0, ErrSyntax
+	}
+	switch c := b[i]; {
+	case c == '"':
+		e, _, err := skipString(b, i)
+		return e, err
+	case c == '{':
+		if depth >= MaxDepth {
+			return 0, ErrDepth
+		}
+		i = skipWS(b, i+1)
+		if i < len(b) && b[i] == '}' {
+			return i + 1, nil
+		}
+		for {
+			if i >= len(b) || b[i] != '"' {
+				return 0, ErrSyntax
+			}
+			e, _, err := skipString(b, i)
+			if err != nil {
+				return 0, err
+			}
+			i = skipWS(b, e)
+			if i >= len(b) || b[i] != ':' {
+				return 0, ErrSyntax
+			}
+			if i, err = skipValue(b, skipWS(b, i+1), depth+1); err != nil {
+				return 0, err
+			}
+			i = skipWS(b, i)
+			if i >= len(b) {
+				return 0, ErrSyntax
+			}
+			if b[i] == '}' {
+				return i + 1, nil
+			}
+			if b[i] != ',' {
+				return 0, ErrSyntax
+			}
+			i = skipWS(b, i+1)
+		}
+	case c == '[':
+		if depth >= MaxDepth {
+			return 0, ErrDepth
+		}
+		i = skipWS(b, i+1)
+		if i < len(b) && b[i] == ']' {
+			return i + 1, nil
+		}
+		for {
+			var err error
+			if i, err = skipValue(b, i, depth+1); err != nil {
+				return 0, err
+			}
+			i = skipWS(b, i)
+			if i >= len(b) {
+				return 0, ErrSyntax
+			}
+			if b[i] == ']' {
+				return i + 1, nil
+			}
+			if b[i] != ',' {
+				return 0, ErrSyntax
+			}
+			i = skipWS(b, i+1)
+		}
+	case c == 't':
+		return literal(b, i, "true")
+	case c == 'f':
+		return literal(b, i, "false")
+	case c == 'n':
+		return literal(b, i, "null")
+	case c == '-' || c >= '0' && c <= '9':
+		return skipNumber(b, i)
+	}
+	return 0, ErrSyntax
+}
+
+func literal(b []byte, i int, lit string) (int, error) {
+	if i+len(lit) > len(b) || string(b[i:i+len(lit)]) != lit {
+		return 0, ErrSyntax
+	}
+	return i + len(lit), nil
+}
+
+func skipNumber(b []byte, i int) (int, error) {
+	if b[i] == '-' {
+		i++
+	}
+	digits := func() int {
+		s := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		return i - s
+	}
+	if i < len(b) && b[i] == '0' {
+		i++
+	} else if digits() == 0 {
+		return 0, ErrSyntax
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if digits() == 0 {
+			return 0, ErrSyntax
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if digits() == 0 {
+			return 0, ErrSyntax
+		}
+	}
+	return i, nil
+}

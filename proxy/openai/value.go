@@ -1,0 +1,330 @@
+package openai
+
+import (
+	"unicode/utf8"
+)
+
+// Member finds key among the members of the JSON object v (no escapes in key) and
+// returns the value's bounds relative to v; ok is false when v is not an object or
+// lacks key. It validates only what it walks.
+func Member(v []byte, key string) (start, end int, ok bool) {
+	i := skipWS(v, 0)
+	if i >= len(v) || v[i] != '{' {
+		return 0, 0, false
+	}
+	i = skipWS(v, i+1)
+	if i < len(v) && v[i] == '}' {
+		return 0, 0, false
+	}
+	for i < len(v) && v[i] == '"' {
+		ke, _, err := skipString(v, i)
+		if err != nil {
+			return 0, 0, false
+		}
+		match := string(v[i+1:ke-1]) == key
+		i = skipWS(v, ke)
+		if i >= len(v) || v[i] != ':' {
+			return 0, 0, false
+		}
+		vs := skipWS(v, i+1)
+		ve, err := skipValue(v, vs, 1)
+		if err != nil {
+			return 0, 0, false
+		}
+		if match {
+			return vs, ve, true
+		}
+		i = skipWS(v, ve)
+		if i >= len(v) || v[i] != ',' {
+			return 0, 0, false
+		}
+		i = skipWS(v, i+1)
+	}
+	return 0, 0, false
+}
+
+// Path follows nested object keys from v and returns the value found, or nil.
+func Path(v []byte, keys ...string) []byte {
+	for _, k := range keys {
+		s, e, ok := Member(v, k)
+		if !ok {
+			return nil
+		}
+		v = v[s:e]
+	}
+	return v
+}
+
+// Int parses a JSON integer value; ok is false for anything else (including null).
+func Int(v []byte) (int64, bool) {
+	if len(v) == 0 {
+		return 0, false
+	}
+	neg := false
+	i := 0
+	if v[0] == '-' {
+		neg = true
+		i = 1
+	}
+	if i >= len(v) {
+		return 0, false
+	}
+	var n int64
+	for ; i < len(v); i++ {
+		c := v[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		if n > (1<<62)/10 {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if neg {
+		n = -n
+	}
+	return n, true
+}
+
+// Elements calls fn with each element of the JSON array v until fn returns false.
+func Elements(v []byte, fn func(elem []byte) bool) bool {
+	i := skipWS(v, 0)
+	if i >= len(v) || v[i] != '[' {
+		return false
+	}
+	i = skipWS(v, i+1)
+	if i < len(v) && v[i] == ']' {
+		return true
+	}
+	for i < len(v) {
+		e, err := skipValue(v, i, 1)
+		if err != nil {
+			return false
+		}
+		if !fn(v[i:e]) {
+			return true
+		}
+		i = skipWS(v, e)
+		if i >= len(v) || v[i] != ',' {
+			return i < len(v) && v[i] == ']'
+		}
+		i = skipWS(v, i+1)
+	}
+	return false
+}
+
+// AppendTokens appends the integers of the JSON array v (a token-id prompt) to dst.
+// For a batch ([[...],[...]]) it takes the first list. Values outside uint32 fail.
+func AppendTokens(dst []uint32, v []byte) ([]uint32, bool) {
+	i := skipWS(v, 0)
+	if i >= len(v) || v[i] != '[' {
+		return dst, false
+	}
+	i = skipWS(v, i+1)
+	if i < len(v) && v[i] == '[' {
+		e, err := skipValue(v, i, 1)
+		if err != nil {
+			return dst, false
+		}
+		return AppendTokens(dst, v[i:e])
+	}
+	for i < len(v) && v[i] != ']' {
+		e, err := skipNumber(v, i)
+		if err != nil {
+			return dst, false
+		}
+		n, ok := Int(v[i:e])
+		if !ok || n < 0 || n > 1<<32-1 {
+			return dst, false
+		}
+		dst = append(dst, uint32(n))
+		i = skipWS(v, e)
+		if i < len(v) && v[i] == ',' {
+			i = skipWS(v, i+1)
+		}
+	}
+	return dst, true
+}
+
+// AppendUnquoted appends the decoded contents of the JSON string s (with quotes) to
+// dst. Invalid surrogates decode to U+FFFD, as Python's json does not but engines'
+// tokenizers would see anyway; only routing depends on it.
+func AppendUnquoted(dst []byte, s []byte) []byte {
+	if len(s) < 2 {
+		return dst
+	}
+	s = s[1 : len(s)-1]
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c != '\\' {
+			j := i + 1
+			for j < len(s) && s[j] != '\\' {
+				j++
+			}
+			dst = append(dst, s[i:j]...)
+			i = j
+			continue
+		}
+		if i+1 >= len(s) {
+			break
+		}
+		switch s[i+1] {
+		case 'n':
+			dst = append(dst, '\n')
+		case 't':
+			dst = append(dst, '\t')
+		case 'r':
+			dst = append(dst, '\r')
+		case 'b':
+			dst = append(dst, '\b')
+		case 'f':
+			dst = append(dst, '\f')
+		case 'u':
+			if i+6 > len(s) {
+				return dst
+			}
+			r := rune(hex4(s[i+2 : i+6]))
+			i += 6
+			if r >= 0xD800 && r < 0xDC00 && i+6 <= len(s) && s[i] == '\\' && s[i+1] == 'u' {
+				lo := rune(hex4(s[i+2 : i+6]))
+				if lo >= 0xDC00 && lo < 0xE000 {
+					r = 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00)
+					i += 6
+				}
+			}
+			dst = utf8.AppendRune(dst, r)
+			continue
+		default: // " \ /
+			dst = append(dst, s[i+1])
+		}
+		i += 2
+	}
+	return dst
+}
+
+func hex4(h []byte) uint32 {
+	var n uint32
+	for _, c := range h {
+		n <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			n |= uint32(c - '0')
+		case c >= 'a' && c <= 'f':
+			n |= uint32(c - 'a' + 10)
+		case c >= 'A' && c <= 'F':
+			n |= uint32(c - 'A' + 10)
+		}
+	}
+	return n
+}
+
+// MessageContent returns the content of the first message with the given role in the
+// JSON array messages: the raw string value (quotes included) or, for content parts,
+// the first text part's string. nil when none.
+func MessageContent(messages []byte, role string) []byte {
+	var out []byte
+	Elements(messages, func(m []byte) bool {
+		rs, re, ok := Member(m, "role")
+		if !ok || !quotedEq(m[rs:re], role) {
+			return true
+		}
+		cs, ce, ok := Member(m, "content")
+		if !ok {
+			return true
+		}
+		c := m[cs:ce]
+		if len(c) > 0 && c[0] == '"' {
+			out = c
+			return false
+		}
+		Elements(c, func(part []byte) bool {
+			if t := Path(part, "text"); len(t) > 0 && t[0] == '"' {
+				out = t
+				return false
+			}
+			return true
+		})
+		return out == nil
+	})
+	return out
+}
+
+func quotedEq(q []byte, s string) bool {
+	return len(q) == len(s)+2 && q[0] == '"' && string(q[1:len(q)-1]) == s
+}
+
+// AppendRewritten appends body to dst with the members drop removed and the raw
+// members extra (`"k":v,...`, may be empty) inserted first. body must have been Scanned
+// into r. Engines see the same object with those members replaced.
+func AppendRewritten(dst, body []byte, r *Request, extra []byte, drop ...Field) []byte {
+	open := skipWS(body, 0)
+	close := len(body) - 1
+	for close > open && body[close] != '}' {
+		close--
+	}
+	var cuts [numFields][2]int
+	n := 0
+	for _, f := range drop {
+		if m := r.Member[f]; m.Present() {
+			cuts[n] = [2]int{int(m.Start), int(m.End)}
+			n++
+		}
+	}
+	for i := 1; i < n; i++ { // insertion sort: n is tiny
+		for j := i; j > 0 && cuts[j][0] < cuts[j-1][0]; j-- {
+			cuts[j], cuts[j-1] = cuts[j-1], cuts[j]
+		}
+	}
+	m := 0 // cuts[:m] are final, merged and sorted
+	for i := 0; i < n; i++ {
+		s, e := cuts[i][0], cuts[i][1]
+		k := skipWS(body, e)
+		if k < close && body[k] == ',' {
+			e = k + 1
+		} else {
+			// The last member: remove the comma before it, merging with cuts that
+			// already removed the members between.
+			for b := s - 1; b > open; b-- {
+				if m > 0 && b < cuts[m-1][1] {
+					m--
+					s = cuts[m][0]
+					b = s
+					continue
+				}
+				if body[b] == ',' {
+					s = b
+					break
+				}
+				if body[b] != ' ' && body[b] != '\t' && body[b] != '\n' && body[b] != '\r' {
+					break
+				}
+			}
+		}
+		cuts[m] = [2]int{s, e}
+		m++
+	}
+	n = m
+	dst = append(dst, '{')
+	dst = append(dst, extra...)
+	sep := len(extra) > 0
+	pos := open + 1
+	for i := 0; i <= n; i++ {
+		end := close
+		if i < n {
+			end = cuts[i][0]
+		}
+		seg := body[pos:end]
+		if sep {
+			if j := skipWS(seg, 0); j < len(seg) {
+				dst = append(dst, ',')
+				seg = seg[j:]
+				sep = false
+			}
+		}
+		dst = append(dst, seg...)
+		if i < n {
+			pos = cuts[i][1]
+		}
+	}
+	return append(dst, '}')
+}
