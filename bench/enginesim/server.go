@@ -1,0 +1,743 @@
+package enginesim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/hashcore"
+)
+
+// Engine flavours the simulator can play.
+const (
+	EngineVLLM   = "vllm"
+	EngineSGLang = "sglang"
+	EngineTRTLLM = "trtllm"
+)
+
+// P/D roles.
+const (
+	RoleBoth    = "both"
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
+)
+
+// Encoder turns a request's prompt into token IDs the way the engine does: completions get
+// the tokenizer's post-processor (BOS), chat requests the model's chat template with the
+// generation prompt. Raw JSON arguments are nil when absent.
+type Encoder interface {
+	EncodePrompt(dst []uint32, prompt string) ([]uint32, error)
+	EncodeChat(dst []uint32, messages, tools, kwargs []byte) ([]uint32, error)
+}
+
+// Config is one simulated engine.
+type Config struct {
+	Name   string // engine id in logs, headers and kv_transfer_params
+	Engine string // vllm (default), sglang, trtllm
+	Model  string // served model name
+	// LoRAs are adapter names served as extra model names; their requests hash with the
+	// adapter name in every block's extra keys.
+	LoRAs   []string
+	Encoder Encoder
+	Chain   hashcore.Chain
+	Role    string // both (default), prefill, decode
+
+	NumBlocks int // KV pool size in blocks
+	MaxBatch  int // requests running at once; the rest wait in a queue
+
+	// Latency model: prefill = PrefillBase + PrefillPerToken x uncached prompt tokens;
+	// each further output token takes DecodePerToken.
+	PrefillBase, PrefillPerToken, DecodePerToken time.Duration
+	DefaultMaxTokens                             int
+
+	// Sink receives cache events (nil = none). NewEventSink builds one for vLLM/SGLang.
+	Sink Sink
+	// TRT, when set (trtllm engine), queues events for POST /kv_cache_events.
+	TRT *TRTSink
+}
+
+// Sim is a running engine simulator.
+type Sim struct {
+	cfg    Config
+	pool   *Pool
+	sched  *scheduler
+	ln     net.Listener
+	srv    *http.Server
+	loras  map[string]bool
+	nextID atomic.Uint64
+
+	// counters
+	reqOK, reqErr, promptTok, cachedTok, genTok atomic.Uint64
+}
+
+// New validates cfg and builds the simulator (not yet listening).
+func New(cfg Config) (*Sim, error) {
+	if cfg.Engine == "" {
+		cfg.Engine = EngineVLLM
+	}
+	switch cfg.Engine {
+	case EngineVLLM, EngineSGLang, EngineTRTLLM:
+	default:
+		return nil, fmt.Errorf("enginesim: unknown engine %q (want vllm, sglang or trtllm)", cfg.Engine)
+	}
+	if cfg.Role == "" {
+		cfg.Role = RoleBoth
+	}
+	switch cfg.Role {
+	case RoleBoth, RolePrefill, RoleDecode:
+	default:
+		return nil, fmt.Errorf("enginesim: unknown role %q (want both, prefill or decode)", cfg.Role)
+	}
+	if cfg.Chain == nil {
+		return nil, errors.New("enginesim: no hash chain configured")
+	}
+	if cfg.Model == "" {
+		cfg.Model = "sim"
+	}
+	if cfg.Name == "" {
+		cfg.Name = "sim"
+	}
+	if cfg.NumBlocks <= 0 {
+		cfg.NumBlocks = 4096
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 16
+	}
+	if cfg.DefaultMaxTokens <= 0 {
+		cfg.DefaultMaxTokens = 16
+	}
+	s := &Sim{cfg: cfg, loras: map[string]bool{}}
+	for _, l := range cfg.LoRAs {
+		s.loras[l] = true
+	}
+	var sink Sink = cfg.Sink
+	if cfg.TRT != nil {
+		sink = cfg.TRT
+	}
+	s.pool = NewPool(cfg.NumBlocks, cfg.Chain.BlockSize(), sink)
+	s.sched = &scheduler{pool: s.pool, maxBatch: cfg.MaxBatch}
+	if cfg.TRT != nil {
+		cfg.TRT.Q.Created(cfg.NumBlocks)
+	}
+	return s, nil
+}
+
+// Pool exposes the simulator's block pool (tests and the oracle policy read it).
+func (s *Sim) Pool() *Pool { return s.pool }
+
+// Config returns the effective configuration.
+func (s *Sim) Config() Config { return s.cfg }
+
+// Listen starts serving HTTP on addr (e.g. 127.0.0.1:0).
+func (s *Sim) Listen(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	s.ln = ln
+	s.srv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go s.srv.Serve(ln)
+	return nil
+}
+
+// Addr is the listening address (host:port).
+func (s *Sim) Addr() string { return s.ln.Addr().String() }
+
+// URL is the base URL, http://host:port.
+func (s *Sim) URL() string { return "http://" + s.Addr() }
+
+// Close stops the HTTP server and the event sink.
+func (s *Sim) Close() error {
+	var err error
+	if s.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err = s.srv.Shutdown(ctx)
+		cancel()
+		if err != nil {
+			s.srv.Close()
+		}
+	}
+	if c, ok := s.cfg.Sink.(interface{ Close() error }); ok {
+		if e := c.Close(); e != nil && err == nil {
+			err = e
+		}
+	}
+	return err
+}
+
+// Handler is the simulator's HTTP API.
+func (s *Sim) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveGenerate(w, r, false) })
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveGenerate(w, r, true) })
+	mux.HandleFunc("GET /v1/models", s.serveModels)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("GET /metrics", s.serveMetrics)
+	mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, r *http.Request) { s.pool.Reset(); w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("POST /debug/probe", s.serveProbe)
+	mux.HandleFunc("GET /debug/stats", s.serveStats)
+	if s.cfg.Engine == EngineTRTLLM {
+		mux.HandleFunc("POST /kv_cache_events", s.serveTRTEvents)
+		mux.HandleFunc("GET /server_info", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"tokens_per_block":%d,"model":%q}`, s.pool.BlockSize(), s.cfg.Model)
+		})
+	}
+	if s.cfg.Engine == EngineSGLang {
+		mux.HandleFunc("GET /get_model_info", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"model_path":%q,"is_generation":true}`, s.cfg.Model)
+		})
+	}
+	return mux
+}
+
+// genRequest is the part of an OpenAI request body the simulator reads.
+type genRequest struct {
+	Model               string          `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            json.RawMessage `json:"messages"`
+	Tools               json.RawMessage `json:"tools"`
+	ChatTemplateKwargs  json.RawMessage `json:"chat_template_kwargs"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	CacheSalt        string          `json:"cache_salt"`
+	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+}
+
+type kvTransfer struct {
+	DoRemoteDecode  bool `json:"do_remote_decode"`
+	DoRemotePrefill bool `json:"do_remote_prefill"`
+}
+
+type httpError struct {
+	code int
+	msg  string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+func badRequest(format string, a ...any) error {
+	return &httpError{code: http.StatusBadRequest, msg: fmt.Sprintf(format, a...)}
+}
+
+// prepared is a parsed request with its tokens and keys.
+type prepared struct {
+	req    genRequest
+	chat   bool
+	tokens []uint32
+	keys   []uint64
+	lora   string
+	maxNew int
+	kv     kvTransfer
+}
+
+func (s *Sim) prepare(r *http.Request, chat bool) (*prepared, error) {
+	var p prepared
+	p.chat = chat
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 64<<20))
+	if err := dec.Decode(&p.req); err != nil {
+		return nil, badRequest("invalid JSON body: %v", err)
+	}
+	switch {
+	case p.req.Model == "" || p.req.Model == s.cfg.Model:
+	case s.loras[p.req.Model]:
+		p.lora = p.req.Model
+	default:
+		return nil, &httpError{code: http.StatusNotFound, msg: fmt.Sprintf("The model `%s` does not exist.", p.req.Model)}
+	}
+	var err error
+	if s.cfg.Encoder == nil && (chat || isStringPrompt(p.req.Prompt)) {
+		return nil, badRequest("this engine has no tokenizer: send prompt as a list of token ids")
+	}
+	if chat {
+		if len(p.req.Messages) == 0 {
+			return nil, badRequest("messages is required")
+		}
+		p.tokens, err = s.cfg.Encoder.EncodeChat(nil, p.req.Messages, nullToNil(p.req.Tools), nullToNil(p.req.ChatTemplateKwargs))
+	} else {
+		p.tokens, err = s.encodeCompletionPrompt(p.req.Prompt)
+	}
+	if err != nil {
+		var he *httpError
+		if errors.As(err, &he) {
+			return nil, err
+		}
+		return nil, badRequest("tokenize: %v", err)
+	}
+	if len(p.tokens) == 0 {
+		return nil, badRequest("prompt is empty")
+	}
+	p.maxNew = s.cfg.DefaultMaxTokens
+	if p.req.MaxTokens != nil {
+		p.maxNew = *p.req.MaxTokens
+	}
+	if p.req.MaxCompletionTokens != nil {
+		p.maxNew = *p.req.MaxCompletionTokens
+	}
+	if p.maxNew < 1 {
+		return nil, badRequest("max_tokens must be at least 1, got %d", p.maxNew)
+	}
+	if len(p.req.KVTransferParams) > 0 && string(p.req.KVTransferParams) != "null" {
+		if err := json.Unmarshal(p.req.KVTransferParams, &p.kv); err != nil {
+			return nil, badRequest("invalid kv_transfer_params: %v", err)
+		}
+	}
+	if p.kv.DoRemoteDecode {
+		if s.cfg.Role == RoleDecode {
+			return nil, badRequest("do_remote_decode sent to a decode-only engine")
+		}
+		p.maxNew = 1 // the prefill side of a P/D pair stops after the first token
+	}
+	if p.kv.DoRemotePrefill && s.cfg.Role == RolePrefill {
+		return nil, badRequest("do_remote_prefill sent to a prefill-only engine")
+	}
+	var ex *hashcore.Extras
+	if p.lora != "" || p.req.CacheSalt != "" {
+		ex = &hashcore.Extras{LoRAName: p.lora, CacheSalt: p.req.CacheSalt}
+	}
+	p.keys = hashcore.Keys(s.cfg.Chain, nil, p.tokens, ex)
+	return &p, nil
+}
+
+func isStringPrompt(raw json.RawMessage) bool {
+	t := strings.TrimLeft(string(raw), " \t\r\n[")
+	return strings.HasPrefix(t, `"`)
+}
+
+func nullToNil(b json.RawMessage) []byte {
+	if len(b) == 0 || string(b) == "null" {
+		return nil
+	}
+	return b
+}
+
+// encodeCompletionPrompt accepts what vLLM accepts for one prompt: a string, a list of
+// token IDs, or a one-element list of either.
+func (s *Sim) encodeCompletionPrompt(raw json.RawMessage) ([]uint32, error) {
+	raw = json.RawMessage(strings.TrimSpace(string(raw)))
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, badRequest("prompt is required")
+	}
+	switch raw[0] {
+	case '"':
+		var str string
+		if err := json.Unmarshal(raw, &str); err != nil {
+			return nil, badRequest("invalid prompt: %v", err)
+		}
+		return s.cfg.Encoder.EncodePrompt(nil, str)
+	case '[':
+		var ids []int64
+		if err := json.Unmarshal(raw, &ids); err == nil {
+			out := make([]uint32, len(ids))
+			for i, v := range ids {
+				if v < 0 || v > 1<<32-1 {
+					return nil, badRequest("prompt token id %d out of range", v)
+				}
+				out[i] = uint32(v)
+			}
+			return out, nil
+		}
+		var list []json.RawMessage
+		if err := json.Unmarshal(raw, &list); err != nil || len(list) != 1 {
+			return nil, badRequest("prompt must be a string, a list of token ids, or a one-element list of either")
+		}
+		return s.encodeCompletionPrompt(list[0])
+	}
+	return nil, badRequest("prompt must be a string or a list of token ids")
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	code := http.StatusInternalServerError
+	var he *httpError
+	if errors.As(err, &he) {
+		code = he.code
+	} else if errors.Is(err, ErrTooLarge) {
+		code = http.StatusBadRequest
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	b, _ := json.Marshal(map[string]any{"object": "error", "message": err.Error(), "type": http.StatusText(code), "code": code})
+	w.Write(b)
+}
+
+func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
+	p, err := s.prepare(r, chat)
+	if err != nil {
+		s.reqErr.Add(1)
+		writeError(w, err)
+		return
+	}
+	ctx := r.Context()
+	alloc, err := s.sched.admit(ctx, p.keys, p.tokens, p.maxNew, p.lora)
+	if err != nil {
+		s.reqErr.Add(1)
+		if ctx.Err() == nil {
+			writeError(w, err)
+		}
+		return
+	}
+	defer s.sched.finish(alloc)
+	cached := alloc.CachedTokens
+	uncached := len(p.tokens) - cached
+	prefill := s.cfg.PrefillBase + time.Duration(uncached)*s.cfg.PrefillPerToken
+	if p.kv.DoRemotePrefill {
+		// The KV arrives from the prefill engine: only the fixed cost remains.
+		prefill = s.cfg.PrefillBase
+	}
+	s.promptTok.Add(uint64(len(p.tokens)))
+	s.cachedTok.Add(uint64(cached))
+	id := s.nextID.Add(1)
+	var seed uint64 = 1469598103934665603
+	for _, t := range p.tokens {
+		seed = (seed ^ uint64(t)) * 1099511628211
+	}
+	g := &gen{s: s, p: p, w: w, id: fmt.Sprintf("%s-%s-%d", map[bool]string{true: "chatcmpl", false: "cmpl"}[chat], s.cfg.Name, id),
+		created: time.Now().Unix(), cached: cached, seed: seed, alloc: alloc}
+	w.Header().Set("X-Engine-Id", s.cfg.Name)
+	if !sleepCtx(ctx, prefill) {
+		s.reqErr.Add(1)
+		return
+	}
+	if p.req.Stream {
+		g.stream(ctx)
+	} else {
+		g.whole(ctx)
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// words are the simulated output vocabulary.
+var words = [...]string{"the", "cache", "block", "engine", "token", "prefix", "router", "model", "request",
+	"latency", "memory", "batch", "decode", "prefill", "event", "queue", "shard", "key", "hash", "load"}
+
+type gen struct {
+	s       *Sim
+	p       *prepared
+	w       http.ResponseWriter
+	id      string
+	created int64
+	cached  int
+	seed    uint64
+	alloc   *Alloc
+}
+
+func (g *gen) word(i int) string {
+	x := g.seed + uint64(i)*0x9e3779b97f4a7c15
+	x ^= x >> 31
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 29
+	return " " + words[x%uint64(len(words))]
+}
+
+func (g *gen) usage(b []byte, completion int) []byte {
+	pt := len(g.p.tokens)
+	b = append(b, `{"prompt_tokens":`...)
+	b = strconv.AppendInt(b, int64(pt), 10)
+	b = append(b, `,"total_tokens":`...)
+	b = strconv.AppendInt(b, int64(pt+completion), 10)
+	b = append(b, `,"completion_tokens":`...)
+	b = strconv.AppendInt(b, int64(completion), 10)
+	b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
+	b = strconv.AppendInt(b, int64(g.cached), 10)
+	return append(b, `}}`...)
+}
+
+func (g *gen) head(b []byte, object string) []byte {
+	b = append(b, `{"id":"`...)
+	b = append(b, g.id...)
+	b = append(b, `","object":"`...)
+	b = append(b, object...)
+	b = append(b, `","created":`...)
+	b = strconv.AppendInt(b, g.created, 10)
+	b = append(b, `,"model":`...)
+	b = strconv.AppendQuote(b, g.p.req.Model)
+	return b
+}
+
+func (g *gen) kvParams(b []byte) []byte {
+	b = append(b, `,"kv_transfer_params":`...)
+	if !g.p.kv.DoRemoteDecode {
+		return append(b, "null"...)
+	}
+	host, port, _ := net.SplitHostPort(g.s.Addr())
+	b = append(b, `{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":`...)
+	b = strconv.AppendQuote(b, g.s.cfg.Name)
+	b = append(b, `,"remote_host":`...)
+	b = strconv.AppendQuote(b, host)
+	b = append(b, `,"remote_port":`...)
+	b = append(b, port...)
+	b = append(b, `,"remote_block_ids":[`...)
+	for i, blk := range g.alloc.blocks {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(blk), 10)
+	}
+	return append(b, `],"tp_size":1}`...)
+}
+
+// whole writes a non-streaming response after generating every token.
+func (g *gen) whole(ctx context.Context) {
+	n := g.p.maxNew
+	if n > 1 && !sleepCtx(ctx, time.Duration(n-1)*g.s.cfg.DecodePerToken) {
+		g.s.reqErr.Add(1)
+		return
+	}
+	var text strings.Builder
+	for i := 0; i < n; i++ {
+		text.WriteString(g.word(i))
+	}
+	var b []byte
+	if g.p.chat {
+		b = g.head(b, "chat.completion")
+		b = append(b, `,"choices":[{"index":0,"message":{"role":"assistant","content":`...)
+		b = strconv.AppendQuote(b, text.String())
+		b = append(b, `},"logprobs":null,"finish_reason":"length","stop_reason":null}]`...)
+	} else {
+		b = g.head(b, "text_completion")
+		b = append(b, `,"choices":[{"index":0,"text":`...)
+		b = strconv.AppendQuote(b, text.String())
+		b = append(b, `,"logprobs":null,"finish_reason":"length","stop_reason":null}]`...)
+	}
+	b = append(b, `,"usage":`...)
+	b = g.usage(b, n)
+	b = g.kvParams(b)
+	b = append(b, '}')
+	g.w.Header().Set("Content-Type", "application/json")
+	g.w.Write(b)
+	g.s.reqOK.Add(1)
+	g.s.genTok.Add(uint64(n))
+}
+
+// stream writes one SSE chunk per output token, the first right after prefill.
+func (g *gen) stream(ctx context.Context) {
+	w := g.w
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	fl, _ := w.(http.Flusher)
+	obj := "text_completion"
+	if g.p.chat {
+		obj = "chat.completion.chunk"
+	}
+	var b []byte
+	send := func() bool {
+		if _, err := w.Write(b); err != nil {
+			return false
+		}
+		if fl != nil {
+			fl.Flush()
+		}
+		return true
+	}
+	if g.p.chat {
+		b = append(g.head(b[:0], obj), `,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`...)
+		b = append(append([]byte("data: "), b...), "\n\n"...)
+		if !send() {
+			g.s.reqErr.Add(1)
+			return
+		}
+	}
+	n := g.p.maxNew
+	next := time.Now()
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			next = next.Add(g.s.cfg.DecodePerToken)
+			if !sleepCtx(ctx, time.Until(next)) {
+				g.s.reqErr.Add(1)
+				return
+			}
+		}
+		b = append(b[:0], "data: "...)
+		b = g.head(b, obj)
+		b = append(b, `,"choices":[{"index":0,`...)
+		if g.p.chat {
+			b = append(b, `"delta":{"content":`...)
+			b = strconv.AppendQuote(b, g.word(i))
+			b = append(b, '}')
+		} else {
+			b = append(b, `"text":`...)
+			b = strconv.AppendQuote(b, g.word(i))
+		}
+		b = append(b, `,"logprobs":null,"finish_reason":`...)
+		if i == n-1 {
+			b = append(b, `"length","stop_reason":null}]`...)
+			b = g.kvParams(b)
+		} else {
+			b = append(b, `null}]`...)
+		}
+		b = append(b, "}\n\n"...)
+		if !send() {
+			g.s.reqErr.Add(1)
+			return
+		}
+	}
+	b = b[:0]
+	if o := g.p.req.StreamOptions; o != nil && o.IncludeUsage {
+		b = append(b, "data: "...)
+		b = g.head(b, obj)
+		b = append(b, `,"choices":[],"usage":`...)
+		b = g.usage(b, n)
+		b = append(b, "}\n\n"...)
+	}
+	b = append(b, "data: [DONE]\n\n"...)
+	send()
+	g.s.reqOK.Add(1)
+	g.s.genTok.Add(uint64(n))
+}
+
+func (s *Sim) serveModels(w http.ResponseWriter, r *http.Request) {
+	now := time.Now().Unix()
+	var b []byte
+	b = append(b, `{"object":"list","data":[`...)
+	add := func(id, parent string) {
+		if b[len(b)-1] != '[' {
+			b = append(b, ',')
+		}
+		b = append(b, `{"id":`...)
+		b = strconv.AppendQuote(b, id)
+		b = append(b, `,"object":"model","created":`...)
+		b = strconv.AppendInt(b, now, 10)
+		b = append(b, `,"owned_by":"vllm","root":`...)
+		b = strconv.AppendQuote(b, s.cfg.Model)
+		b = append(b, `,"parent":`...)
+		if parent == "" {
+			b = append(b, "null"...)
+		} else {
+			b = strconv.AppendQuote(b, parent)
+		}
+		b = append(b, `,"max_model_len":`...)
+		b = strconv.AppendInt(b, int64(s.pool.NumBlocks()*s.pool.BlockSize()), 10)
+		b = append(b, '}')
+	}
+	add(s.cfg.Model, "")
+	for _, l := range s.cfg.LoRAs {
+		add(l, s.cfg.Model)
+	}
+	b = append(b, "]}"...)
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(b)
+}
+
+func (s *Sim) serveMetrics(w http.ResponseWriter, r *http.Request) {
+	run, wait := s.sched.load()
+	st := s.pool.Stats()
+	lbl := `{engine="0",model_name="` + s.cfg.Model + `"}`
+	var sb strings.Builder
+	gauge := func(name string, v float64) {
+		fmt.Fprintf(&sb, "# TYPE %s gauge\n%s%s %g\n", name, name, lbl, v)
+	}
+	counter := func(name string, v uint64) {
+		fmt.Fprintf(&sb, "# TYPE %s counter\n%s%s %d\n", name, name, lbl, v)
+	}
+	usage := 1 - float64(st.Free)/float64(st.Blocks)
+	if s.cfg.Engine == EngineSGLang {
+		gauge("sglang:num_running_reqs", float64(run))
+		gauge("sglang:num_queue_reqs", float64(wait))
+		gauge("sglang:token_usage", usage)
+		var rate float64
+		if st.QueryTokens > 0 {
+			rate = float64(st.HitTokens) / float64(st.QueryTokens)
+		}
+		gauge("sglang:cache_hit_rate", rate)
+	} else {
+		gauge("vllm:num_requests_running", float64(run))
+		gauge("vllm:num_requests_waiting", float64(wait))
+		gauge("vllm:kv_cache_usage_perc", usage)
+		counter("vllm:prefix_cache_queries_total", st.QueryTokens)
+		counter("vllm:prefix_cache_hits_total", st.HitTokens)
+		counter("vllm:prompt_tokens_total", s.promptTok.Load())
+		counter("vllm:generation_tokens_total", s.genTok.Load())
+		counter("vllm:request_success_total", s.reqOK.Load())
+	}
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	w.Write([]byte(sb.String()))
+}
+
+// Stats is the simulator's running totals (GET /debug/stats).
+type Stats struct {
+	Name         string `json:"name"`
+	Requests     uint64 `json:"requests"`
+	Errors       uint64 `json:"errors"`
+	PromptTokens uint64 `json:"prompt_tokens"`
+	CachedTokens uint64 `json:"cached_tokens"`
+	OutputTokens uint64 `json:"output_tokens"`
+	Running      int    `json:"running"`
+	Waiting      int    `json:"waiting"`
+	CachedBlocks int    `json:"cached_blocks"`
+	FreeBlocks   int    `json:"free_blocks"`
+}
+
+// Stats returns the running totals.
+func (s *Sim) Stats() Stats {
+	run, wait := s.sched.load()
+	st := s.pool.Stats()
+	return Stats{Name: s.cfg.Name, Requests: s.reqOK.Load(), Errors: s.reqErr.Load(), PromptTokens: s.promptTok.Load(),
+		CachedTokens: s.cachedTok.Load(), OutputTokens: s.genTok.Load(), Running: run, Waiting: wait,
+		CachedBlocks: st.Cached, FreeBlocks: st.Free}
+}
+
+func (s *Sim) serveStats(w http.ResponseWriter, r *http.Request) {
+	b, _ := json.Marshal(s.Stats())
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(b)
+}
+
+// Probe is what POST /debug/probe answers: what the engine would deliver for a request now.
+type Probe struct {
+	PromptTokens int `json:"prompt_tokens"`
+	CachedTokens int `json:"cached_tokens"`
+	Running      int `json:"running"`
+	Waiting      int `json:"waiting"`
+}
+
+// ProbeRequest tokenizes and hashes an OpenAI body (chat when chat is set) and reports the
+// cached tokens it would get now, without running it. The oracle placement uses it.
+func (s *Sim) serveProbe(w http.ResponseWriter, r *http.Request) {
+	chat := r.URL.Query().Get("api") != "completions"
+	p, err := s.prepare(r, chat)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	run, wait := s.sched.load()
+	pr := Probe{PromptTokens: len(p.tokens), CachedTokens: s.pool.Probe(p.keys, len(p.tokens)), Running: run, Waiting: wait}
+	b, _ := json.Marshal(pr)
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(b)
+}
+
+func (s *Sim) serveTRTEvents(w http.ResponseWriter, r *http.Request) {
+	var b []byte
+	if s.cfg.TRT != nil {
+		b = s.cfg.TRT.Q.Drain(nil)
+	} else {
+		b = []byte("[]")
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(b)
+}
