@@ -1,0 +1,40 @@
+package hashcore
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+)
+
+// sglangChain is SGLang's page hash: SHA-256 over the parent page's raw 32-byte digest
+// (nothing for the first page) then each token as a little-endian uint32. The event value
+// is the digest's first 8 bytes read big-endian as a signed int64; the key is those same
+// 64 bits as uint64. SGLang's hash has no seed and no extra keys: ex is ignored.
+type sglangChain struct {
+	blockSize int
+}
+
+func (c *sglangChain) Name() string   { return "sglang/sha256" }
+func (c *sglangChain) BlockSize() int { return c.blockSize }
+func (c *sglangChain) Root() Digest   { return Digest{} }
+
+// AppendKeys implements Chain.
+func (c *sglangChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, _ *Extras, _ bool) ([]uint64, Digest) {
+	bs := c.blockSize
+	nb := len(tokens) / bs
+	if nb == 0 {
+		return dst, parent
+	}
+	d := parent
+	sc := getScratch()
+	buf := sc.buf
+	for i := 0; i < nb; i++ {
+		buf = append(buf[:0], d.B[:d.N]...)
+		buf = appendUint32sLE(buf, tokens[i*bs:(i+1)*bs])
+		d.B = sha256.Sum256(buf)
+		d.N = 32
+		dst = append(dst, binary.BigEndian.Uint64(d.B[0:8]))
+	}
+	sc.buf = buf
+	putScratch(sc)
+	return dst, d
+}

@@ -1,0 +1,119 @@
+package hashcore
+
+import (
+	"errors"
+	"fmt"
+	"unicode/utf8"
+)
+
+// DefaultNoneHashSeed is the seed vLLM derives NONE_HASH from for its cryptographic algos
+// (sha256, sha256_cbor) when PYTHONHASHSEED is unset (kv_cache_utils.DEFAULT_NONE_HASH_SEED,
+// vLLM after mid-2026; older engines used 32 random bytes, which no router can match).
+const DefaultNoneHashSeed = "vllm-none-hash"
+
+// MaxBlockSize bounds Spec.BlockSize; real engines use 1..a few thousand tokens.
+const MaxBlockSize = 1 << 20
+
+// MaxStringLen bounds the seed, LoRA name and cache salt in bytes. Longer strings are
+// written outside pickle frames by CPython, a layout kvgate does not reproduce.
+const MaxStringLen = 64*1024 - 1
+
+// ErrMultimodal is the error for requests whose blocks would carry multimodal extra keys
+// (vLLM's (identifier, offset) pairs): out of scope, such prompts cannot be keyed.
+var ErrMultimodal = errors.New("hashcore: multimodal extra keys are not supported; the prompt's block keys cannot match the engine's")
+
+// Spec names one engine contract and its parameters.
+type Spec struct {
+	Engine    string // "vllm" | "sglang" | "kvgate"
+	Algo      string // vllm: "sha256" (default) | "sha256_cbor" | "xxhash" | "xxhash_cbor"; sglang: "sha256"; kvgate: "fast"
+	BlockSize int    // tokens per block (SGLang page size)
+	Seed      string // the engine's PYTHONHASHSEED value (vLLM only)
+	SeedSet   bool   // false: the engine runs with PYTHONHASHSEED unset
+}
+
+// New returns the chain for s, or an error naming what cannot be matched. An empty Algo
+// means the engine's default (vLLM: sha256, SGLang: sha256, kvgate: fast).
+// SGLang's page hash has no seed and no extra keys: Seed is ignored for it.
+func New(s Spec) (Chain, error) {
+	if s.BlockSize < 1 {
+		return nil, fmt.Errorf("hashcore: block size %d: must be at least 1", s.BlockSize)
+	}
+	if s.BlockSize > MaxBlockSize {
+		return nil, fmt.Errorf("hashcore: block size %d: must be at most %d", s.BlockSize, MaxBlockSize)
+	}
+	switch s.Engine {
+	case "vllm":
+		return newVLLM(s)
+	case "sglang":
+		if s.Algo != "" && s.Algo != "sha256" {
+			return nil, fmt.Errorf("hashcore: sglang algo %q: SGLang pages use sha256 only", s.Algo)
+		}
+		return &sglangChain{blockSize: s.BlockSize}, nil
+	case "kvgate":
+		if s.Algo != "" && s.Algo != "fast" {
+			return nil, fmt.Errorf("hashcore: kvgate algo %q: want fast", s.Algo)
+		}
+		return NewFast(s.BlockSize), nil
+	case "":
+		return nil, errors.New("hashcore: engine not set (want vllm, sglang or kvgate)")
+	default:
+		return nil, fmt.Errorf("hashcore: unknown engine %q (want vllm, sglang or kvgate)", s.Engine)
+	}
+}
+
+func newVLLM(s Spec) (Chain, error) {
+	c := &vllmChain{blockSize: s.BlockSize}
+	algo := s.Algo
+	if algo == "" {
+		algo = "sha256"
+	}
+	switch algo {
+	case "sha256":
+		c.pickle = true
+	case "sha256_cbor":
+	case "xxhash":
+		c.pickle, c.xxh = true, true
+	case "xxhash_cbor":
+		c.xxh = true
+	default:
+		return nil, fmt.Errorf("hashcore: unknown vllm algo %q (want sha256, sha256_cbor, xxhash or xxhash_cbor)", s.Algo)
+	}
+	c.name = "vllm/" + algo
+	seed := s.Seed
+	if !s.SeedSet {
+		if c.xxh {
+			return nil, fmt.Errorf("hashcore: vllm %s with PYTHONHASHSEED unset: vLLM derives NONE_HASH from a random per-process seed for xxhash algos, so no parity is possible; start the engine with PYTHONHASHSEED set and pass the same value as the seed", algo)
+		}
+		seed = DefaultNoneHashSeed
+	}
+	if err := checkString("seed", seed); err != nil {
+		return nil, err
+	}
+	c.root = c.digestOf(c.encodeSeed(nil, seed))
+	return c, nil
+}
+
+// ValidateExtras reports whether ex can be hashed: strings must be valid UTF-8 (Python
+// str) and at most MaxStringLen bytes. AppendKeys returns no keys for extras that fail.
+func ValidateExtras(ex *Extras) error {
+	if ex == nil {
+		return nil
+	}
+	if err := checkString("LoRA name", ex.LoRAName); err != nil {
+		return err
+	}
+	return checkString("cache salt", ex.CacheSalt)
+}
+
+func checkString(what, s string) error {
+	if len(s) > MaxStringLen {
+		return fmt.Errorf("hashcore: %s is %d bytes: at most %d are supported", what, len(s), MaxStringLen)
+	}
+	if !utf8.ValidString(s) {
+		return fmt.Errorf("hashcore: %s is not valid UTF-8", what)
+	}
+	return nil
+}
+
+// Bytes returns the meaningful bytes of d.
+func (d *Digest) Bytes() []byte { return d.B[:d.N] }
