@@ -1,0 +1,484 @@
+// Package shard is kvgate's inventory: an inverted index from block key to the bitmask of
+// endpoints holding that block, split into shards by key bits, and the scoring that turns
+// a prompt's key chain into per-endpoint overlap.
+//
+// Concurrency: readers (Score, Count, Len, Keys, MemoryBytes, Stats) never take a lock
+// and never wait. Each shard's table is published through an atomic pointer (RCU, with
+// the garbage collector as the grace period); writers (Add, Remove, ClearEndpoint,
+// ClearAll) take one shard's mutex at a time and change a published table only by
+// atomic stores of whole 64-bit words into slots that never move. A seqlock was the
+// alternative: it would let writers move keys (Robin Hood, backward-shift delete) but
+// would make readers retry while a writer is preempted inside a shard, and a
+// ClearEndpoint sweep would stall scoring; RCU plus immovable slots has no retry path.
+//
+// Consistency: a reader sees each mask word before or after a concurrent write, never
+// torn. One Score is not a snapshot of the whole index (keys are read one after another
+// while writers go on), which is what the router needs: the inventory is eventually
+// consistent with the engines anyway.
+package shard
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+)
+
+// DefaultMaxKeysPerEndpoint is the per-endpoint bound used when Config leaves it 0:
+// 4,194,304 keys (about 96 MiB of index if no key is shared), four times the blocks of
+// a large vLLM GPU pool (1M blocks of 16 tokens is 16M tokens of KV cache).
+const DefaultMaxKeysPerEndpoint = 1 << 22
+
+// MaxShards bounds Config.Shards.
+const MaxShards = 1 << 12
+
+// Config fixes an inventory's shape for the rule's life.
+type Config struct {
+	// Endpoints is the mask width: endpoint indexes are [0, Endpoints). 1..1024; rules of
+	// up to 64 endpoints keep the mask inline in the index (the fast path).
+	Endpoints int
+	// Shards is the number of shards, a power of two up to MaxShards; 0 sizes it from
+	// GOMAXPROCS (4 per P, at least 8, at most 256), so writers rarely share a shard.
+	Shards int
+	// MaxKeysPerEndpoint bounds the keys one endpoint may hold, so a stream that misses
+	// removes cannot grow memory forever; 0 means DefaultMaxKeysPerEndpoint.
+	//
+	// At the bound, Add makes room by evicting another key of the same endpoint from the
+	// new key's shard (scanning from a point the new key's hash picks, at most 1,024
+	// slots): newer keys are likelier to be live on the engine than ones whose removal
+	// was missed. Each such eviction is counted in Stats.EvictedAtBound. When no victim
+	// is found within the scan, the new key is not added and is counted in
+	// Stats.DroppedAtBound. Concurrent writers of one endpoint may overshoot the bound by
+	// at most one key each.
+	MaxKeysPerEndpoint int
+}
+
+// Stats are the inventory's counters, for metrics. Counters only grow; Keys, Slots,
+// Tombstones and MemoryBytes are gauges read without locks (approximate while writers run).
+type Stats struct {
+	Keys               int64  // unique keys held by at least one endpoint
+	Slots              int64  // slots allocated across shards
+	Tombstones         int64  // slots of keys no endpoint holds any more, until the next rebuild
+	MemoryBytes        int64  // bytes held by the index
+	Shards             int    // shard count
+	MaxKeysPerEndpoint int    // the bound in force
+	Added              uint64 // (endpoint, key) pairs added
+	Removed            uint64 // (endpoint, key) pairs removed by Remove
+	EvictedAtBound     uint64 // (endpoint, key) pairs evicted to admit a newer key at the bound
+	DroppedAtBound     uint64 // new keys not added at the bound (no victim found)
+	BadEndpoint        uint64 // calls naming an endpoint outside [0, Endpoints); ignored
+	Rebuilds           uint64 // shard tables rebuilt (grow, shrink or tombstone compaction)
+	EndpointClears     uint64 // ClearEndpoint calls
+	AllClears          uint64 // ClearAll calls
+}
+
+// shardState is a shard's writer side, padded to its own cache lines so writers of
+// neighbouring shards do not share a line (and readers, who only read the table
+// pointers in Inventory.tabs, never touch these lines).
+type shardState struct {
+	mu   sync.Mutex
+	live atomic.Int64 // keys with a non-zero mask (including key 0)
+	used int          // claimed slots: live + tombstones (key 0 excluded); under mu
+	// usedGauge mirrors used for Stats, which must not read used without the mutex.
+	usedGauge atomic.Int64
+	_         [128 - 8 - 8 - 8 - 8]byte
+}
+
+type paddedCount struct {
+	n atomic.Int64
+	_ [56]byte
+}
+
+// Inventory is the sharded key -> endpoint-mask index. All methods are safe for
+// concurrent use; readers never block.
+type Inventory struct {
+	endpoints int
+	words     int
+	shardBits uint
+	shift     uint // 64 - shardBits: h >> shift is the shard
+	maxPerEP  int64
+
+	tabs   []atomic.Pointer[table] // read side, written only on rebuild and ClearAll
+	shards []shardState
+	counts []paddedCount // keys held per endpoint
+
+	added, removed, evicted, dropped, badEP, rebuilds, epClears, allClears atomic.Uint64
+}
+
+// New builds an empty inventory.
+func New(cfg Config) (*Inventory, error) {
+	if cfg.Endpoints < 1 || cfg.Endpoints > MaxEndpoints {
+		return nil, fmt.Errorf("shard: endpoints %d out of range 1..%d", cfg.Endpoints, MaxEndpoints)
+	}
+	n := cfg.Shards
+	if n == 0 {
+		n = 8
+		for n < 4*runtime.GOMAXPROCS(0) && n < 256 {
+			n *= 2
+		}
+	}
+	if n < 1 || n > MaxShards || n&(n-1) != 0 {
+		return nil, fmt.Errorf("shard: shards %d must be a power of two in 1..%d", cfg.Shards, MaxShards)
+	}
+	if cfg.MaxKeysPerEndpoint < 0 {
+		return nil, errors.New("shard: max keys per endpoint must be >= 0 (0 = default)")
+	}
+	inv := &Inventory{
+		endpoints: cfg.Endpoints,
+		words:     (cfg.Endpoints + 63) / 64,
+		maxPerEP:  int64(cfg.MaxKeysPerEndpoint),
+		tabs:      make([]atomic.Pointer[table], n),
+		shards:    make([]shardState, n),
+		counts:    make([]paddedCount, cfg.Endpoints),
+	}
+	if inv.maxPerEP == 0 {
+		inv.maxPerEP = DefaultMaxKeysPerEndpoint
+	}
+	for n > 1<<inv.shardBits {
+		inv.shardBits++
+	}
+	inv.shift = 64 - inv.shardBits
+	for i := range inv.tabs {
+		inv.tabs[i].Store(newTable(minBuckets, inv.words))
+	}
+	return inv, nil
+}
+
+// Endpoints is the mask width the inventory was built with.
+func (inv *Inventory) Endpoints() int { return inv.endpoints }
+
+// Shards is the shard count.
+func (inv *Inventory) Shards() int { return len(inv.shards) }
+
+// MaxKeysPerEndpoint is the per-endpoint bound in force.
+func (inv *Inventory) MaxKeysPerEndpoint() int { return int(inv.maxPerEP) }
+
+// shardOf returns key's hash and shard index. With one shard, shift is 64 and Go
+// defines h >> 64 as 0.
+func (inv *Inventory) shardOf(key uint64) (h uint64, s int) {
+	h = mix(key)
+	return h, int(h >> inv.shift)
+}
+
+func (inv *Inventory) validEP(ep int) bool {
+	if ep < 0 || ep >= inv.endpoints {
+		inv.badEP.Add(1)
+		return false
+	}
+	return true
+}
+
+// Add records that endpoint ep holds keys and returns how many it did not hold before
+// (and now does). Keys it already holds are no-ops; an out-of-range ep adds nothing.
+func (inv *Inventory) Add(ep int, keys []uint64) (added int) {
+	if !inv.validEP(ep) {
+		return 0
+	}
+	var evicted, dropped int
+	cnt := &inv.counts[ep].n
+	for _, k := range keys {
+		h, s := inv.shardOf(k)
+		sh := &inv.shards[s]
+		sh.mu.Lock()
+		r := inv.addLocked(s, sh, ep, k, h, cnt)
+		sh.mu.Unlock()
+		switch r {
+		case addNew:
+			added++
+		case addEvicted:
+			added++
+			evicted++
+		case addDropped:
+			dropped++
+		}
+	}
+	if added > 0 {
+		inv.added.Add(uint64(added))
+	}
+	if evicted > 0 {
+		inv.evicted.Add(uint64(evicted))
+	}
+	if dropped > 0 {
+		inv.dropped.Add(uint64(dropped))
+	}
+	return added
+}
+
+const (
+	addHeld = iota
+	addNew
+	addEvicted
+	addDropped
+)
+
+func (inv *Inventory) addLocked(s int, sh *shardState, ep int, k, h uint64, cnt *atomic.Int64) int {
+	t := inv.tabs[s].Load()
+	slot, ok, free := t.find(k, t.home(h, inv.shardBits))
+	if ok && t.has(slot, ep) {
+		return addHeld
+	}
+	r := addNew
+	if cnt.Load() >= inv.maxPerEP {
+		if !inv.evictLocked(t, sh, ep, k, h, cnt) {
+			return addDropped
+		}
+		r = addEvicted
+	}
+	if !ok {
+		if sh.used+1 > t.maxUsed() {
+			t = inv.rebuildLocked(s, sh, int(sh.live.Load())+1)
+			_, _, free = t.find(k, t.home(h, inv.shardBits))
+		}
+		// The free slot's mask words are zero: set the bit, then publish the key.
+		t.setBit(free, ep)
+		t.claim(free, k)
+		sh.used++
+		sh.usedGauge.Store(int64(sh.used))
+		sh.live.Add(1)
+		cnt.Add(1)
+		return r
+	}
+	if !t.live(slot) {
+		sh.live.Add(1)
+	}
+	t.setBit(slot, ep)
+	cnt.Add(1)
+	return r
+}
+
+// evictLocked clears ep's bit on one other key of t, scanning from a point k's hash picks.
+func (inv *Inventory) evictLocked(t *table, sh *shardState, ep int, k, h uint64, cnt *atomic.Int64) bool {
+	b := t.home(h*0x9e3779b97f4a7c15, 0)
+	n := uint64(evictScanBuckets)
+	if n > t.nb {
+		n = t.nb
+	}
+	for i := uint64(0); i < n; i++ {
+		for j := 0; j < bucketSlots; j++ {
+			slot := int(b)*bucketSlots + j
+			if vk := t.key(slot); vk != 0 && vk != k && t.has(slot, ep) {
+				inv.clearLocked(t, sh, slot, ep, cnt)
+				return true
+			}
+		}
+		if b++; b == t.nb {
+			b = 0
+		}
+	}
+	if k != 0 && t.has(zeroSlot, ep) {
+		inv.clearLocked(t, sh, zeroSlot, ep, cnt)
+		return true
+	}
+	return false
+}
+
+// clearLocked clears ep's bit on slot, which holds it.
+func (inv *Inventory) clearLocked(t *table, sh *shardState, slot, ep int, cnt *atomic.Int64) {
+	t.clearBit(slot, ep)
+	cnt.Add(-1)
+	if !t.live(slot) {
+		sh.live.Add(-1)
+	}
+}
+
+// rebuildLocked publishes a copy of shard s's table sized for want live keys, without
+// tombstones, and returns it.
+func (inv *Inventory) rebuildLocked(s int, sh *shardState, want int) *table {
+	old := inv.tabs[s].Load()
+	nt := newTable(bucketsFor(want), inv.words)
+	n := old.rebuildInto(nt, inv.shardBits)
+	inv.tabs[s].Store(nt)
+	sh.used = n
+	sh.usedGauge.Store(int64(n))
+	inv.rebuilds.Add(1)
+	return nt
+}
+
+// maybeShrinkLocked rebuilds a table whose live keys fill under 1/shrinkLoadDen of it.
+func (inv *Inventory) maybeShrinkLocked(s int, sh *shardState) {
+	t := inv.tabs[s].Load()
+	live := int(sh.live.Load())
+	if t.nb > minBuckets && live*shrinkLoadDen < t.slots() && bucketsFor(live) < t.nb {
+		inv.rebuildLocked(s, sh, live)
+	}
+}
+
+// Remove records that endpoint ep no longer holds keys and returns how many it held.
+func (inv *Inventory) Remove(ep int, keys []uint64) (removed int) {
+	if !inv.validEP(ep) {
+		return 0
+	}
+	cnt := &inv.counts[ep].n
+	for _, k := range keys {
+		h, s := inv.shardOf(k)
+		sh := &inv.shards[s]
+		sh.mu.Lock()
+		t := inv.tabs[s].Load()
+		if slot, ok, _ := t.find(k, t.home(h, inv.shardBits)); ok && t.has(slot, ep) {
+			inv.clearLocked(t, sh, slot, ep, cnt)
+			removed++
+			inv.maybeShrinkLocked(s, sh)
+		}
+		sh.mu.Unlock()
+	}
+	if removed > 0 {
+		inv.removed.Add(uint64(removed))
+	}
+	return removed
+}
+
+// clearChunkSlots is how many slots ClearEndpoint sweeps per hold of a shard's mutex,
+// so writers of that shard wait at most one chunk (readers never wait at all).
+const clearChunkSlots = 4096
+
+// ClearEndpoint drops every key endpoint ep holds (an engine restart, a prefix-cache
+// reset, a seq gap). It sweeps one shard chunk at a time; scoring runs on throughout and
+// sees ep's bits vanish key by key.
+func (inv *Inventory) ClearEndpoint(ep int) {
+	if !inv.validEP(ep) {
+		return
+	}
+	inv.epClears.Add(1)
+	cnt := &inv.counts[ep].n
+	for s := range inv.shards {
+		sh := &inv.shards[s]
+		var seen *table
+		for pos := 0; ; {
+			sh.mu.Lock()
+			t := inv.tabs[s].Load()
+			if t != seen {
+				// First chunk, or a writer rebuilt the table between chunks: sweep the
+				// new table from the start (clearing is idempotent).
+				seen, pos = t, 0
+				if t.has(zeroSlot, ep) {
+					inv.clearLocked(t, sh, zeroSlot, ep, cnt)
+				}
+			}
+			end := min(pos+clearChunkSlots, t.slots())
+			for slot := pos; slot < end; slot++ {
+				if t.key(slot) != 0 && t.has(slot, ep) {
+					inv.clearLocked(t, sh, slot, ep, cnt)
+				}
+			}
+			pos = end
+			done := pos >= t.slots()
+			if done {
+				inv.maybeShrinkLocked(s, sh)
+			}
+			sh.mu.Unlock()
+			if done {
+				break
+			}
+		}
+	}
+}
+
+// ClearAll drops every key of every endpoint. It holds every shard's mutex at once (in
+// shard order, so it cannot deadlock with writers, who hold one) to reset the
+// per-endpoint counts consistently; readers keep reading the old tables meanwhile.
+func (inv *Inventory) ClearAll() {
+	inv.allClears.Add(1)
+	for s := range inv.shards {
+		inv.shards[s].mu.Lock()
+	}
+	for s := range inv.shards {
+		inv.tabs[s].Store(newTable(minBuckets, inv.words))
+		inv.shards[s].used = 0
+		inv.shards[s].usedGauge.Store(0)
+		inv.shards[s].live.Store(0)
+	}
+	for i := range inv.counts {
+		inv.counts[i].n.Store(0)
+	}
+	for s := range inv.shards {
+		inv.shards[s].mu.Unlock()
+	}
+}
+
+// Count is the number of keys endpoint ep holds (0 for an out-of-range ep).
+func (inv *Inventory) Count(ep int) int {
+	if ep < 0 || ep >= inv.endpoints {
+		return 0
+	}
+	return int(inv.counts[ep].n.Load())
+}
+
+// Len is the number of unique keys held by at least one endpoint.
+func (inv *Inventory) Len() int {
+	n := int64(0)
+	for s := range inv.shards {
+		n += inv.shards[s].live.Load()
+	}
+	return int(n)
+}
+
+// MemoryBytes is the memory the index holds: tables, shard state and counters.
+func (inv *Inventory) MemoryBytes() int64 {
+	n := int64(len(inv.shards))*128 + int64(len(inv.tabs))*8 + int64(len(inv.counts))*64 + 256
+	for s := range inv.tabs {
+		n += inv.tabs[s].Load().bytes()
+	}
+	return n
+}
+
+// Stats returns the counters and gauges.
+func (inv *Inventory) Stats() Stats {
+	st := Stats{
+		Keys:               int64(inv.Len()),
+		MemoryBytes:        inv.MemoryBytes(),
+		Shards:             len(inv.shards),
+		MaxKeysPerEndpoint: int(inv.maxPerEP),
+		Added:              inv.added.Load(),
+		Removed:            inv.removed.Load(),
+		EvictedAtBound:     inv.evicted.Load(),
+		DroppedAtBound:     inv.dropped.Load(),
+		BadEndpoint:        inv.badEP.Load(),
+		Rebuilds:           inv.rebuilds.Load(),
+		EndpointClears:     inv.epClears.Load(),
+		AllClears:          inv.allClears.Load(),
+	}
+	used := int64(0)
+	for s := range inv.tabs {
+		st.Slots += int64(inv.tabs[s].Load().slots())
+		used += inv.shards[s].usedGauge.Load()
+	}
+	// Key 0 is live without a slot, so this may undercount by one.
+	st.Tombstones = max(0, used-st.Keys)
+	return st
+}
+
+// Keys pages through the keys endpoint ep holds, for /debug/inventory: it appends up to
+// limit keys (1,024 when limit <= 0) to dst and returns it with the cursor of the next
+// page. Start with cursor 0 and stop when next is 0. Lock-free; a key added or removed
+// while paging, or a shard rebuilt between pages, may be listed twice or missed.
+func (inv *Inventory) Keys(ep int, cursor uint64, limit int, dst []uint64) (out []uint64, next uint64) {
+	if ep < 0 || ep >= inv.endpoints {
+		return dst, 0
+	}
+	if limit <= 0 {
+		limit = 1024
+	}
+	// A cursor is shard<<40 | v, where v = 0 is the shard's key-0 mask and v = i+1 is
+	// slot i. Cursor 0 is therefore the start, and no later position encodes to 0.
+	s, v := int(cursor>>40), int(cursor&(1<<40-1))
+	for n := 0; s < len(inv.tabs); s, v = s+1, 0 {
+		t := inv.tabs[s].Load()
+		for ; v <= t.slots(); v++ {
+			if n == limit {
+				return dst, uint64(s)<<40 | uint64(v)
+			}
+			slot := v - 1
+			if v == 0 {
+				slot = zeroSlot
+			} else if t.key(slot) == 0 {
+				continue
+			}
+			if t.has(slot, ep) {
+				dst = append(dst, t.key(slot))
+				n++
+			}
+		}
+	}
+	return dst, 0
+}

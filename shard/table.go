@@ -1,0 +1,239 @@
+package shard
+
+import (
+	"math/bits"
+	"sync/atomic"
+)
+
+// One shard's index is an open-addressing table of (key, mask) slots, four slots to a
+// 64-byte bucket (keys first, masks after), probed bucket by bucket (linear probing).
+//
+// Why this layout: 16 bytes per slot is the least that holds a 64-bit key and a 64-endpoint
+// mask, and a bucket is one cache line, so a probe that misses costs one line, not four.
+// Buckets fill slot 0 to 3 in order and keys are never moved or erased while a table is
+// published, so "slot j holds key 0" means "no later slot of this bucket is used" and a
+// lookup stops at the first empty slot.
+//
+// Why keys never move (tombstones instead of backward-shift deletion): it is what makes
+// readers lock-free without a seqlock. A key's slot, once claimed, holds that key for the
+// table's whole life, so a reader that finds it reads a mask some writer stored whole
+// (an atomic word), never a slot half-way through a shift. Removing an endpoint's last bit
+// leaves the key with an all-zero mask (a tombstone: it scores nothing); re-adding the key
+// revives the same slot. Tombstones are dropped when the table is rebuilt.
+//
+// Why the bucket count is not a power of two: the memory target (<= 24 B/key at 1M keys)
+// leaves no room for doubling. A rebuild sizes the table so that live keys fill
+// rebuildLoad of it, and the next rebuild comes at maxLoad (growth x1.25), so the table
+// stays between 16/0.875 = 18.3 and 16/0.70 = 22.9 bytes per live key. The bucket comes
+// from the key hash by multiply-shift range reduction (Lemire's fastrange), which needs
+// no power of two.
+const (
+	bucketSlots = 4
+	// maxLoad: a new key that would push used slots (live + tombstones) past it
+	// triggers a rebuild. 7/8 keeps probe runs short with 4-slot buckets.
+	maxLoadNum, maxLoadDen = 7, 8
+	// rebuildLoad: a rebuilt table holds live keys at 70% of its slots.
+	rebuildLoadNum, rebuildLoadDen = 7, 10
+	// shrinkLoadDen: a table whose live keys fall under 1/4 of its slots after a remove
+	// or a clear is rebuilt smaller, so memory follows the inventory down too.
+	shrinkLoadDen = 4
+	minBuckets    = 4
+	// evictScanBuckets bounds the search for a victim at the per-endpoint bound.
+	evictScanBuckets = 256
+)
+
+// bucket is one cache line: four keys, then their four masks (word 0 of each mask).
+type bucket struct {
+	keys  [bucketSlots]uint64
+	masks [bucketSlots]uint64
+}
+
+// table is one shard's index, published to readers through an atomic pointer (RCU).
+// Writers mutate a published table only with atomic stores of whole words, under the
+// shard's mutex; a rebuild fills a fresh table privately and then publishes it. Readers
+// holding the old table keep a consistent (older) view; the garbage collector frees it
+// once the last reader is done, which is the grace period RCU needs.
+type table struct {
+	buckets []bucket
+	nb      uint64 // len(buckets)
+	// ww is the number of mask words beyond word 0 (0 for rules of <= 64 endpoints).
+	ww int
+	// wide holds words 1..ww of slot i's mask at wide[i*ww:(i+1)*ww].
+	wide []uint64
+	// zero is the mask of key 0, which cannot live in a slot because 0 marks an empty
+	// one. Only the table of the shard that key 0 hashes to uses it.
+	zero []uint64
+}
+
+// zeroSlot is the slot index writers use for key 0's out-of-table mask.
+const zeroSlot = -1
+
+func newTable(nb uint64, words int) *table {
+	if nb < minBuckets {
+		nb = minBuckets
+	}
+	t := &table{buckets: make([]bucket, nb), nb: nb, ww: words - 1, zero: make([]uint64, words)}
+	if t.ww > 0 {
+		t.wide = make([]uint64, int(nb)*bucketSlots*t.ww)
+	}
+	return t
+}
+
+// bucketsFor is the bucket count of a table rebuilt to hold live keys.
+func bucketsFor(live int) uint64 {
+	slots := (uint64(live)*rebuildLoadDen + rebuildLoadNum - 1) / rebuildLoadNum
+	nb := (slots + bucketSlots - 1) / bucketSlots
+	if nb < minBuckets {
+		nb = minBuckets
+	}
+	return nb
+}
+
+func (t *table) slots() int { return int(t.nb) * bucketSlots }
+
+// maxUsed is the number of used slots at which a new key triggers a rebuild.
+func (t *table) maxUsed() int { return t.slots() * maxLoadNum / maxLoadDen }
+
+func (t *table) bytes() int64 {
+	return int64(len(t.buckets))*64 + int64(len(t.wide)+len(t.zero))*8 + 96
+}
+
+// mix spreads a key's bits over the hash: engine keys are digests already, but tests,
+// the fast key of small contracts or an adversary may not be. It is a bijection
+// (xorshift and odd multiply), cheap next to the cache miss that follows it.
+func mix(k uint64) uint64 {
+	k ^= k >> 33
+	k *= 0xff51afd7ed558ccd
+	k ^= k >> 33
+	return k
+}
+
+// home is the first bucket of h's probe run; shift drops the bits that chose the shard.
+func (t *table) home(h uint64, shardBits uint) uint64 {
+	hi, _ := bits.Mul64(h<<shardBits, t.nb)
+	return hi
+}
+
+// lookup returns word 0 of key's mask (0 when absent). Lock-free: safe against writers.
+func (t *table) lookup(key, b uint64) uint64 {
+	if key == 0 {
+		return atomic.LoadUint64(&t.zero[0])
+	}
+	for {
+		bk := &t.buckets[b]
+		for j := 0; j < bucketSlots; j++ {
+			k := atomic.LoadUint64(&bk.keys[j])
+			if k == key {
+				return atomic.LoadUint64(&bk.masks[j])
+			}
+			if k == 0 {
+				return 0
+			}
+		}
+		if b++; b == t.nb {
+			b = 0
+		}
+	}
+}
+
+// find returns key's slot (zeroSlot for key 0), or -1 with ok false when absent.
+// Lock-free: safe against writers. free is the slot a writer would claim for key.
+func (t *table) find(key, b uint64) (slot int, ok bool, free int) {
+	if key == 0 {
+		return zeroSlot, true, zeroSlot
+	}
+	for {
+		bk := &t.buckets[b]
+		for j := 0; j < bucketSlots; j++ {
+			k := atomic.LoadUint64(&bk.keys[j])
+			if k == key {
+				return int(b)*bucketSlots + j, true, -1
+			}
+			if k == 0 {
+				return -1, false, int(b)*bucketSlots + j
+			}
+		}
+		if b++; b == t.nb {
+			b = 0
+		}
+	}
+}
+
+// word returns word w of slot's mask.
+func (t *table) word(slot, w int) *uint64 {
+	if slot == zeroSlot {
+		return &t.zero[w]
+	}
+	if w == 0 {
+		return &t.buckets[slot/bucketSlots].masks[slot%bucketSlots]
+	}
+	return &t.wide[slot*t.ww+w-1]
+}
+
+func (t *table) key(slot int) uint64 {
+	if slot == zeroSlot {
+		return 0
+	}
+	return atomic.LoadUint64(&t.buckets[slot/bucketSlots].keys[slot%bucketSlots])
+}
+
+// live reports whether any bit of slot's mask is set.
+func (t *table) live(slot int) bool {
+	if atomic.LoadUint64(t.word(slot, 0)) != 0 {
+		return true
+	}
+	for w := 1; w <= t.ww; w++ {
+		if atomic.LoadUint64(t.word(slot, w)) != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// has reports whether slot's mask holds endpoint ep.
+func (t *table) has(slot, ep int) bool {
+	return atomic.LoadUint64(t.word(slot, ep>>6))&(1<<(uint(ep)&63)) != 0
+}
+
+// setBit and clearBit are writer-side (shard mutex held): a load, then one atomic store
+// of the whole word, so a reader sees the word before or after, never torn.
+func (t *table) setBit(slot, ep int) {
+	p := t.word(slot, ep>>6)
+	atomic.StoreUint64(p, atomic.LoadUint64(p)|1<<(uint(ep)&63))
+}
+
+func (t *table) clearBit(slot, ep int) {
+	p := t.word(slot, ep>>6)
+	atomic.StoreUint64(p, atomic.LoadUint64(p)&^(1<<(uint(ep)&63)))
+}
+
+// claim stores key into the free slot find returned. The mask words are zero there
+// (a never-used slot), and the key is stored last, so a reader that sees it sees the
+// mask words a writer stored afterwards or zero, never another key's.
+func (t *table) claim(slot int, key uint64) {
+	atomic.StoreUint64(&t.buckets[slot/bucketSlots].keys[slot%bucketSlots], key)
+}
+
+// rebuildInto copies every live key of t into the unpublished table nt (plain stores:
+// no reader sees nt until it is published) and returns the number copied.
+func (t *table) rebuildInto(nt *table, shardBits uint) int {
+	n := 0
+	for w := range t.zero {
+		nt.zero[w] = atomic.LoadUint64(&t.zero[w])
+	}
+	for slot, end := 0, t.slots(); slot < end; slot++ {
+		k := t.key(slot)
+		if k == 0 || !t.live(slot) {
+			continue
+		}
+		_, _, free := nt.find(k, nt.home(mix(k), shardBits))
+		nb := &nt.buckets[free/bucketSlots]
+		nb.keys[free%bucketSlots] = k
+		nb.masks[free%bucketSlots] = atomic.LoadUint64(t.word(slot, 0))
+		for w := 1; w <= t.ww; w++ {
+			nt.wide[free*nt.ww+w-1] = atomic.LoadUint64(t.word(slot, w))
+		}
+		n++
+	}
+	return n
+}
