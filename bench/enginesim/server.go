@@ -586,7 +586,9 @@ func (g *gen) stream(ctx context.Context) {
 		b = append(b, `,"logprobs":null,"finish_reason":`...)
 		if i == n-1 {
 			b = append(b, `"length","stop_reason":null}]`...)
-			b = g.kvParams(b)
+			if g.p.kv.DoRemoteDecode {
+				b = g.kvParams(b)
+			}
 		} else {
 			b = append(b, `null}]`...)
 		}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvgate/kvgate/bench/enginesim"
+)
+
+func init() {
+	register("engine-sim", "run a simulated vLLM/SGLang/TensorRT-LLM engine (prefix cache, KV events, latency model)", runEngineSim)
+}
+
+func runEngineSim(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("engine-sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var sp enginesim.Spec
+	fs.StringVar(&sp.Listen, "listen", "127.0.0.1:8000", "HTTP listen address")
+	fs.StringVar(&sp.Name, "name", "sim", "engine id (X-Engine-Id header, kv_transfer_params)")
+	fs.StringVar(&sp.Engine, "engine", "vllm", "engine to play: vllm, sglang or trtllm")
+	fs.StringVar(&sp.Model, "model", "sim", "served model name")
+	loras := fs.String("lora", "", "comma-separated LoRA adapter names served as extra models")
+	tokDir := fs.String("tokenizer", "", "tokenizer directory (tokenizer.json + tokenizer_config.json); empty: prompts must be token-id lists")
+	fs.StringVar(&sp.Role, "role", "both", "P/D role: both, prefill (returns kv_transfer_params) or decode (accepts them)")
+	fs.IntVar(&sp.BlockSize, "block-size", 0, "tokens per KV block (default: vllm 16, sglang page 1, trtllm 32)")
+	fs.StringVar(&sp.HashAlgo, "prefix-caching-hash-algo", "sha256", "vLLM block hash: sha256, sha256_cbor, xxhash or xxhash_cbor")
+	seed, seedSet := os.LookupEnv("PYTHONHASHSEED")
+	fs.StringVar(&sp.HashSeed, "hash-seed", seed, "PYTHONHASHSEED the engine runs with (default: $PYTHONHASHSEED; unset = vLLM's fixed seed)")
+	fs.IntVar(&sp.NumBlocks, "num-blocks", 4096, "KV blocks in the pool")
+	fs.IntVar(&sp.MaxBatch, "max-batch", 16, "requests running at once; the rest queue")
+	fs.IntVar(&sp.DefaultMaxTokens, "max-tokens", 16, "output tokens when the request sets none")
+	fs.DurationVar(&sp.PrefillBase, "prefill-base", 5*time.Millisecond, "fixed prefill time per request")
+	fs.DurationVar(&sp.PrefillPerToken, "prefill-per-token", 50*time.Microsecond, "prefill time per uncached prompt token")
+	fs.DurationVar(&sp.DecodePerToken, "decode-per-token", 10*time.Millisecond, "time per output token after the first")
+	fs.StringVar(&sp.Events, "kv-events", "tcp://127.0.0.1:5557", "ZeroMQ PUB endpoint for KV events (vllm, sglang); empty = off")
+	fs.StringVar(&sp.Replay, "kv-replay", "", "ZeroMQ ROUTER replay endpoint; empty = off")
+	fs.StringVar(&sp.Topic, "kv-topic", "", "event topic")
+	fs.StringVar(&sp.Layout, "event-layout", "array", "vLLM event encoding: array (tagged arrays) or map (v0.26+ tagged maps)")
+	fs.IntVar(&sp.ReplayBuffer, "kv-replay-buffer", 10000, "batches kept for replay")
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "engine-sim: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "hash-seed" {
+			seedSet = true
+		}
+	})
+	sp.SeedSet = seedSet
+	if *loras != "" {
+		sp.LoRAs = strings.Split(*loras, ",")
+	}
+	if *tokDir != "" {
+		enc, err := enginesim.LoadEncoder(sp.Model, *tokDir)
+		if err != nil {
+			fmt.Fprintf(stderr, "engine-sim: -tokenizer: %v\n", err)
+			return 2
+		}
+		sp.Encoder = enc
+	}
+	sim, err := enginesim.Launch(sp)
+	if err != nil {
+		fmt.Fprintf(stderr, "engine-sim: %v\n", err)
+		return 2
+	}
+	fmt.Fprintf(stdout, "engine-sim %s (%s, %s) on %s", sp.Name, sim.Config().Engine, sim.Config().Chain.Name(), sim.URL())
+	if a := sim.EventsAddr(); a != "" {
+		fmt.Fprintf(stdout, ", events %s", a)
+	}
+	if a := sim.ReplayAddr(); a != "" {
+		fmt.Fprintf(stdout, ", replay %s", a)
+	}
+	fmt.Fprintln(stdout)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	<-ctx.Done()
+	if err := sim.Close(); err != nil {
+		fmt.Fprintf(stderr, "engine-sim: close: %v\n", err)
+		return 1
+	}
+	return 0
+}
