@@ -1,0 +1,430 @@
+// Package proxy is kvgate's HTTP full proxy: it parses each OpenAI request once, picks
+// an endpoint by the rule (rr, chwbl, KV-Exact mode 3 or the mode-1 P/D ladder), relays
+// the response unchanged, and exposes its decisions on an admin listener.
+package proxy
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"math"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Engine is the kind of server behind an endpoint; it decides the KV event contract and
+// the P/D two-step protocol.
+type Engine uint8
+
+const (
+	EngineVLLM Engine = iota
+	EngineSGLang
+	EngineTRTLLM
+	EngineLlamaCpp
+)
+
+var engineNames = [...]string{"vllm", "sglang", "trtllm", "llamacpp"}
+
+func (e Engine) String() string { return engineNames[e] }
+
+// Role is an endpoint's part in prefill/decode disaggregation.
+type Role uint8
+
+const (
+	RoleBoth Role = iota
+	RolePrefill
+	RoleDecode
+)
+
+var roleNames = [...]string{"both", "prefill", "decode"}
+
+func (r Role) String() string { return roleNames[r] }
+
+// EndpointSpec is one upstream engine as configured.
+type EndpointSpec struct {
+	Name   string
+	URL    string // http://host:port, no path
+	Engine Engine
+	Role   Role
+	Events string // ZeroMQ PUB address (vLLM/SGLang); empty: no events
+	Replay string // ZeroMQ replay ROUTER address
+	Topic  string
+	DP     int // data-parallel ranks publishing on consecutive ports
+	Weight int // chwbl ring weight
+	Down   bool
+	// BootstrapPort is SGLang's disaggregation bootstrap port on a prefill server.
+	BootstrapPort int
+
+	host string // host[:port] from URL
+}
+
+// Host is the endpoint's host:port.
+func (e *EndpointSpec) Host() string { return e.host }
+
+// ParseEndpoint parses one -endpoint value:
+// name=..,url=http://host:port,engine=vllm|sglang|trtllm|llamacpp,role=both|prefill|decode,
+// events=tcp://..,replay=tcp://..,topic=..,dp=N,weight=W,down=true,bootstrap_port=N.
+func ParseEndpoint(s string) (EndpointSpec, error) {
+	e := EndpointSpec{DP: 1, Weight: 1}
+	for _, kv := range strings.Split(s, ",") {
+		kv = strings.TrimSpace(kv)
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return e, fmt.Errorf("%q: want key=value", kv)
+		}
+		var err error
+		switch k {
+		case "name":
+			e.Name = v
+		case "url":
+			e.URL = v
+		case "engine":
+			e.Engine, err = parseEngine(v)
+		case "role":
+			switch v {
+			case "both":
+				e.Role = RoleBoth
+			case "prefill":
+				e.Role = RolePrefill
+			case "decode":
+				e.Role = RoleDecode
+			default:
+				err = fmt.Errorf("role %q: want both, prefill or decode", v)
+			}
+		case "events":
+			e.Events = v
+		case "replay":
+			e.Replay = v
+		case "topic":
+			e.Topic = v
+		case "dp":
+			e.DP, err = atoiRange("dp", v, 1, 256)
+		case "weight":
+			e.Weight, err = atoiRange("weight", v, 1, 1000)
+		case "bootstrap_port":
+			e.BootstrapPort, err = atoiRange("bootstrap_port", v, 1, 65535)
+		case "down":
+			e.Down, err = strconv.ParseBool(v)
+		default:
+			err = fmt.Errorf("unknown key %q", k)
+		}
+		if err != nil {
+			return e, err
+		}
+	}
+	if e.URL == "" {
+		return e, errors.New("url= is required")
+	}
+	u, err := url.Parse(e.URL)
+	if err != nil || u.Scheme != "http" || u.Host == "" || (u.Path != "" && u.Path != "/") {
+		return e, fmt.Errorf("url %q: want http://host:port", e.URL)
+	}
+	e.URL = "http://" + u.Host
+	e.host = u.Host
+	if e.Name == "" {
+		e.Name = u.Host
+	}
+	return e, nil
+}
+
+func parseEngine(v string) (Engine, error) {
+	for i, n := range engineNames {
+		if v == n {
+			return Engine(i), nil
+		}
+	}
+	if v == "tensorrt-llm" || v == "trt-llm" {
+		return EngineTRTLLM, nil
+	}
+	if v == "llama.cpp" {
+		return EngineLlamaCpp, nil
+	}
+	return 0, fmt.Errorf("engine %q: want vllm, sglang, trtllm or llamacpp", v)
+}
+
+func atoiRange(what, v string, lo, hi int) (int, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		return 0, fmt.Errorf("%s %q: want an integer in [%d, %d]", what, v, lo, hi)
+	}
+	return n, nil
+}
+
+// ReadEndpointsFile reads one -endpoint value per line; blank lines and # comments skip.
+func ReadEndpointsFile(path string) ([]EndpointSpec, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []EndpointSpec
+	sc := bufio.NewScanner(f)
+	for line := 1; sc.Scan(); line++ {
+		t := strings.TrimSpace(sc.Text())
+		if t == "" || t[0] == '#' {
+			continue
+		}
+		e, err := ParseEndpoint(t)
+		if err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", path, line, err)
+		}
+		out = append(out, e)
+	}
+	return out, sc.Err()
+}
+
+// TokenizerSpec maps a served model name (and aliases) to a staged tokenizer directory.
+type TokenizerSpec struct {
+	Model   string
+	Dir     string
+	Aliases []string
+}
+
+// KVMode selects KV-Exact routing.
+type KVMode uint8
+
+const (
+	KVOff KVMode = iota
+	KVConverged
+	KVDisaggregated
+)
+
+// Selector names the rule's fallback selector.
+type Selector uint8
+
+const (
+	SelectRR Selector = iota
+	SelectCHWBL
+)
+
+// Config is one rule: everything `kvgate serve` takes from flags.
+type Config struct {
+	Listen      string
+	AdminListen string
+	Endpoints   []EndpointSpec
+
+	Select           Selector
+	KVMode           KVMode
+	KVBlockSize      int
+	KVHashAlgo       string
+	KVHashSeed       string
+	KVHashSeedSet    bool
+	KVKeys           string // auto | engine | fast
+	KVScorePrefix    bool   // false: overlap
+	KVMinMatchTokens int
+	LoadFactor       float64 // epsilon in ceil((1+epsilon) x mean)
+	CHWBLPrefixBytes int
+
+	Tokenizers []TokenizerSpec
+	LoRA       map[string]string // adapter served name -> base model
+
+	BreakerFailures  int           // consecutive connect failures that open it
+	BreakerOpenFor   time.Duration // open period before a half-open trial
+	BreakerHalfOpen  int           // trial requests allowed while half-open
+	Breaker5xxStreak int           // 0: 5xx do not count
+
+	HealthInterval time.Duration // 0: no active checks
+	HealthTimeout  time.Duration
+	HealthPath     string
+
+	ConnectTimeout  time.Duration
+	UpstreamTimeout time.Duration // until response headers; 504 after
+	MaxBodyBytes    int
+	MaxRetries      int // 0: up to the number of endpoints
+
+	AffinityTTL time.Duration
+	AffinityMax int
+
+	ShutdownGrace time.Duration
+}
+
+// Defaults returns a Config with every documented default filled in.
+func Defaults() Config {
+	return Config{
+		Listen:           "127.0.0.1:8080",
+		AdminListen:      "127.0.0.1:9090",
+		KVBlockSize:      16,
+		KVKeys:           "auto",
+		KVMinMatchTokens: 0,
+		LoadFactor:       0.25,
+		CHWBLPrefixBytes: 256,
+		BreakerFailures:  3,
+		BreakerOpenFor:   10 * time.Second,
+		BreakerHalfOpen:  1,
+		HealthInterval:   5 * time.Second,
+		HealthTimeout:    2 * time.Second,
+		HealthPath:       "/health",
+		ConnectTimeout:   2 * time.Second,
+		UpstreamTimeout:  300 * time.Second,
+		MaxBodyBytes:     32 << 20,
+		AffinityTTL:      10 * time.Minute,
+		AffinityMax:      100000,
+		ShutdownGrace:    30 * time.Second,
+	}
+}
+
+// FlagError is a refused rule: Flag names the flag to fix.
+type FlagError struct {
+	Flag string
+	Msg  string
+}
+
+func (e *FlagError) Error() string { return e.Flag + ": " + e.Msg }
+
+func refuse(flag, format string, a ...any) error {
+	return &FlagError{Flag: flag, Msg: fmt.Sprintf(format, a...)}
+}
+
+// Validate refuses contradictory or incomplete rules, naming the flag to fix.
+func (c *Config) Validate() error {
+	if len(c.Endpoints) == 0 {
+		return refuse("-endpoint", "at least one endpoint is required (or -endpoints-file)")
+	}
+	if len(c.Endpoints) > 1024 {
+		return refuse("-endpoint", "%d endpoints: at most 1024 are supported", len(c.Endpoints))
+	}
+	names := map[string]bool{}
+	var prefill, decode int
+	for i := range c.Endpoints {
+		e := &c.Endpoints[i]
+		if e.host == "" {
+			p, err := ParseEndpoint("url=" + e.URL + ",name=" + e.Name)
+			if err != nil {
+				return refuse("-endpoint", "%s: %v", e.Name, err)
+			}
+			e.URL, e.host = p.URL, p.host
+			if e.Name == "" {
+				e.Name = p.Name
+			}
+		}
+		if names[e.Name] {
+			return refuse("-endpoint", "name %q is used twice", e.Name)
+		}
+		names[e.Name] = true
+		switch e.Role {
+		case RolePrefill:
+			prefill++
+		case RoleDecode:
+			decode++
+		}
+		if c.KVMode != KVOff && e.Engine == EngineLlamaCpp {
+			return refuse("-kv-mode", "endpoint %q has engine=llamacpp: llama.cpp publishes no KV-cache events, so KV-Exact has no event contract to follow; use -kv-mode off with -select chwbl for prefix affinity", e.Name)
+		}
+		if c.KVMode != KVOff && e.Engine != EngineTRTLLM && e.Events == "" {
+			return refuse("-endpoint", "endpoint %q: KV-Exact needs events=tcp://host:port (the engine's KV event publisher)", e.Name)
+		}
+		if e.Replay != "" && e.Events == "" {
+			return refuse("-endpoint", "endpoint %q: replay= without events=", e.Name)
+		}
+	}
+	switch c.KVMode {
+	case KVDisaggregated:
+		if prefill == 0 || decode == 0 {
+			return refuse("-kv-mode", "mode 1 (prefill/decode) needs at least one endpoint with role=prefill and one with role=decode (have %d prefill, %d decode)", prefill, decode)
+		}
+		var eng = -1
+		for i := range c.Endpoints {
+			e := &c.Endpoints[i]
+			if e.Role == RoleBoth {
+				return refuse("-endpoint", "endpoint %q: -kv-mode 1 needs role=prefill or role=decode on every endpoint", e.Name)
+			}
+			if eng >= 0 && Engine(eng) != e.Engine {
+				return refuse("-endpoint", "endpoint %q: -kv-mode 1 needs one engine kind for the whole P/D pool (%s vs %s)", e.Name, Engine(eng), e.Engine)
+			}
+			eng = int(e.Engine)
+		}
+	default:
+		if prefill > 0 || decode > 0 {
+			return refuse("-kv-mode", "endpoints with role=prefill or role=decode need -kv-mode 1")
+		}
+	}
+	if c.KVMode != KVOff {
+		if len(c.Tokenizers) == 0 {
+			return refuse("-tokenizer", "KV-Exact needs at least one served model mapped to a tokenizer directory (-model NAME -tokenizer DIR)")
+		}
+		if c.KVBlockSize < 1 || c.KVBlockSize > 1<<20 {
+			return refuse("-kv-block-size", "%d: want 1..1048576 (the engine's block/page size)", c.KVBlockSize)
+		}
+		if c.KVMinMatchTokens < 0 {
+			return refuse("-kv-min-match-tokens", "must be >= 0")
+		}
+		switch c.KVKeys {
+		case "auto", "engine", "fast":
+		default:
+			return refuse("-kv-keys", "%q: want auto, engine or fast", c.KVKeys)
+		}
+		var hashEng = -1
+		for _, e := range c.Endpoints {
+			if e.Engine == EngineTRTLLM {
+				continue
+			}
+			if hashEng >= 0 && Engine(hashEng) != e.Engine && c.KVKeys != "fast" {
+				return refuse("-kv-keys", "vllm and sglang endpoints hash blocks differently; one rule follows one engine contract unless -kv-keys fast re-hashes every event")
+			}
+			hashEng = int(e.Engine)
+		}
+	}
+	for _, t := range c.Tokenizers {
+		if t.Model == "" || t.Dir == "" {
+			return refuse("-tokenizer", "want NAME=DIR or -model NAME -tokenizer DIR")
+		}
+		if st, err := os.Stat(t.Dir); err != nil || !st.IsDir() {
+			return refuse("-tokenizer", "%s: not a directory (want the dir holding tokenizer.json)", t.Dir)
+		}
+	}
+	for a, base := range c.LoRA {
+		found := false
+		for _, t := range c.Tokenizers {
+			found = found || t.Model == base || contains(t.Aliases, base)
+		}
+		if !found {
+			return refuse("-lora", "%s=%s: base model %q has no -tokenizer", a, base, base)
+		}
+	}
+	if c.LoadFactor < 0 || math.IsNaN(c.LoadFactor) || math.IsInf(c.LoadFactor, 0) {
+		return refuse("-kv-load-factor", "%v: want epsilon >= 0", c.LoadFactor)
+	}
+	if c.BreakerFailures < 1 {
+		return refuse("-breaker-failures", "must be >= 1")
+	}
+	if c.BreakerOpenFor <= 0 {
+		return refuse("-breaker-open", "must be > 0")
+	}
+	if c.BreakerHalfOpen < 1 {
+		return refuse("-breaker-half-open", "must be >= 1")
+	}
+	if c.MaxBodyBytes < 1024 {
+		return refuse("-max-body-bytes", "%d: want at least 1024", c.MaxBodyBytes)
+	}
+	if c.ConnectTimeout <= 0 {
+		return refuse("-connect-timeout", "must be > 0")
+	}
+	if c.UpstreamTimeout <= 0 {
+		return refuse("-upstream-timeout", "must be > 0")
+	}
+	if c.HealthInterval > 0 && c.HealthTimeout <= 0 {
+		return refuse("-health-timeout", "must be > 0")
+	}
+	if c.CHWBLPrefixBytes < 1 {
+		return refuse("-chwbl-prefix-bytes", "must be >= 1")
+	}
+	if c.AffinityMax < 0 {
+		return refuse("-affinity-max", "must be >= 0")
+	}
+	return nil
+}
+
+func contains(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
