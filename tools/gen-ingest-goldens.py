@@ -1,0 +1,281 @@
+#!/usr/bin/python3
+"""Golden engine-event batches for ingest/, encoded by Debian's msgpack (an encoder
+independent of kvgate's), with the values each batch was built from as the expectation.
+
+Writes testdata/ingest/batches.json: a list of cases
+  {name, flavor, payload (hex), error (bool), ts, dp_rank, events: [...]}
+and testdata/ingest/attest.json: BlockStored streams whose keys are computed here with
+hashlib + cbor2 (vLLM sha256_cbor) and hashlib (SGLang), for parity attestation tests.
+"""
+import hashlib
+import json
+import os
+
+import cbor2
+import msgpack
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testdata", "ingest")
+M64 = (1 << 64) - 1
+
+STORED_FIELDS = ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+                 "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
+                 "kv_cache_spec_sliding_window"]
+
+
+def u64(v):
+    return str(v & M64)
+
+
+def stored(hashes, parent, tokens, bs, medium=None, lora=None, extra=None, group=None,
+           kind=None, window=None, lora_id=None):
+    return {"kind": "stored", "vals": [hashes, parent, tokens, bs, lora_id, medium, lora,
+                                       extra, group, kind, window]}
+
+
+def removed(hashes, medium=None, group=None):
+    return {"kind": "removed", "vals": [hashes, medium, group]}
+
+
+def cleared():
+    return {"kind": "cleared", "vals": []}
+
+
+def unknown(*vals):
+    return {"kind": "unknown", "vals": list(vals)}
+
+
+def hash_value(h, enc, flavor):
+    """The wire value of a 64-bit key h in encoding enc."""
+    if enc == "uint":
+        return h & M64
+    if enc == "int64":
+        v = h & M64
+        return v - (1 << 64) if v >= 1 << 63 else v
+    if enc == "bin":
+        k = (h & M64).to_bytes(8, "big")
+        if flavor == "sglang":
+            return k + bytes(range(100, 124))
+        return bytes(range(200, 224)) + k
+    raise ValueError(enc)
+
+
+def wire_event(ev, layout, nfields, enc, flavor):
+    k = ev["kind"]
+    vals = list(ev["vals"])
+    if k in ("stored", "removed"):
+        vals[0] = [hash_value(h, enc, flavor) for h in vals[0]]
+    if k == "stored" and vals[1] is not None:
+        vals[1] = hash_value(vals[1], enc, flavor)
+    tag = {"stored": "BlockStored", "removed": "BlockRemoved", "cleared": "AllBlocksCleared",
+           "unknown": "FutureEvent"}[k]
+    if layout == "array":
+        if k == "stored":
+            return [tag] + vals[:nfields]
+        if k == "removed":
+            return [tag] + vals[:nfields]
+        return [tag] + vals
+    names = {"stored": STORED_FIELDS, "removed": ["block_hashes", "medium", "group_idx"],
+             "cleared": [], "unknown": ["a", "b", "c"]}[k]
+    m = {"type": tag}
+    for name, v in zip(names, vals):
+        if v is None and name in ("extra_keys", "group_idx", "kv_cache_spec_kind",
+                                  "kv_cache_spec_sliding_window"):
+            continue  # msgspec omits null defaults
+        m[name] = v
+    if k == "stored":
+        m["locality"] = None  # a field kvgate does not know must be skipped
+    return m
+
+
+def expect_event(ev, layout, nfields):
+    k = ev["kind"]
+    vals = ev["vals"]
+    if layout == "array" and k in ("stored", "removed"):
+        vals = vals[:nfields] + [None] * (len(vals) - nfields)
+    out = {"kind": k}
+    if k == "stored":
+        hashes, parent, tokens, bs, _lid, medium, lora, extra = vals[:8]
+        out.update(hashes=[u64(h) for h in hashes], has_parent=parent is not None,
+                   parent=u64(parent) if parent is not None else "0", tokens=tokens,
+                   block_size=bs, medium=medium or "GPU", lora_name=lora or "",
+                   has_extra_keys=extra is not None)
+    elif k == "removed":
+        out.update(hashes=[u64(h) for h in vals[0]], medium=vals[1] or "GPU")
+    return out
+
+
+cases = []
+
+
+def case(name, flavor, events, layout="array", nstored=11, nremoved=3, enc="uint",
+         dp_rank=0, with_rank=True, ts=1764500000.25):
+    wire = []
+    exp = []
+    for ev in events:
+        n = nstored if ev["kind"] == "stored" else nremoved
+        wire.append(wire_event(ev, layout, n, enc, flavor))
+        exp.append(expect_event(ev, layout, n))
+    batch = [ts, wire, dp_rank] if with_rank else [ts, wire]
+    payload = msgpack.packb(batch, use_bin_type=True)
+    cases.append({"name": name, "flavor": flavor, "payload": payload.hex(), "error": False,
+                  "ts": ts, "dp_rank": dp_rank if with_rank else -1, "events": exp})
+
+
+BIG = [0xFEDCBA9876543210, 0x8000000000000000, 0xFFFFFFFFFFFFFFFF]
+SMALL = [1, 127, 128, 255, 256, 65535, 65536, 0xFFFFFFFF, 0x100000000]
+toks = list(range(100, 116))
+toks2 = [0, 1, 127, 128, 255, 256, 65535, 65536, 151643, 200000, 7, 8, 9, 10, 11, 12]
+mixed = [
+    stored(BIG, None, toks + toks2 + toks, 16),
+    stored(SMALL[:2], BIG[0], toks + toks2, 16, medium="CPU"),
+    removed(BIG[:2]),
+    removed([42], medium="STORAGE"),
+    cleared(),
+]
+for layout in ("array", "map"):
+    for enc in ("uint", "int64", "bin"):
+        case(f"vllm-{layout}-{enc}", "vllm", mixed, layout=layout, enc=enc, dp_rank=3)
+# Every array field-count variant of BlockStored (v0.9 = 5 ... full = 11) and BlockRemoved.
+for n in range(5, 12):
+    case(f"vllm-array-stored{n}", "vllm", [
+        stored(BIG, 77, toks * 3, 16, medium="STORAGE", lora="adapter-a",
+               extra=[["adapter-a"], None, ["adapter-a"]], group=0, kind="full_attention",
+               window=None, lora_id=3)], nstored=n)
+for n in range(1, 4):
+    case(f"vllm-array-removed{n}", "vllm", [removed(SMALL, medium="CPU", group=1)], nremoved=n)
+case("vllm-v09-no-rank", "vllm", [stored([5, 6], None, toks * 2, 16), removed([5])],
+     nstored=5, nremoved=1, with_rank=False)
+case("vllm-unknown-tag", "vllm", [unknown(1, [2, {"x": b"y"}], None), stored([9], 8, toks, 16),
+                                  unknown()], dp_rank=1)
+case("vllm-map-unknown-tag", "vllm", [unknown(1, 2, 3), removed([1])], layout="map")
+case("vllm-offload-empty", "vllm", [stored([11, 12], None, [], 0, medium="CPU")], nstored=7)
+case("vllm-empty-batch", "vllm", [], dp_rank=0)
+case("vllm-lora-map", "vllm", [stored([1, 2], None, toks * 2, 16, lora="sql-lora")], layout="map")
+SG = [-3488128144981237669, 5, -1, -(1 << 63), (1 << 63) - 1]
+for enc in ("uint", "bin"):
+    case(f"sglang-array-{enc}", "sglang", [
+        stored(SG, None, [1, 2, 3, 4] * 5, 4, medium="GPU"),
+        stored([7], -9, [5, 6, 7, 8], 4),
+        removed(SG[:2], medium="GPU"),
+        cleared()], nstored=6, nremoved=2, enc=enc, dp_rank=0)
+case("sglang-map", "sglang", [stored(SG[:1], None, [1, 2, 3, 4], 4), removed([-1])],
+     layout="map", dp_rank=2)
+
+# Malformed payloads: the decoder reports an error and never panics.
+good = bytes.fromhex(cases[0]["payload"])
+bad = {
+    "truncated": good[: len(good) // 2],
+    "empty": b"",
+    "not-array": msgpack.packb({"a": 1}),
+    "ts-string": msgpack.packb(["x", [], 0]),
+    "events-not-array": msgpack.packb([1.0, 5, 0]),
+    "short-batch": msgpack.packb([1.0]),
+    "hash-string": msgpack.packb([1.0, [["BlockStored", ["x"], None, [], 16]], 0]),
+    "token-negative": msgpack.packb([1.0, [["BlockStored", [1], None, [-1], 16]], 0]),
+    "bin-hash-short": msgpack.packb([1.0, [["BlockRemoved", [b"abc"]]], 0], use_bin_type=True),
+    "huge-array-head": bytes([0x93, 0xcb]) + bytes(8) + bytes([0xdd, 0xff, 0xff, 0xff, 0xff]),
+    "reserved-c1": bytes([0x93, 0xcb]) + bytes(8) + bytes([0x91, 0x92, 0xa1, 0x58, 0xc1]),
+}
+for name, p in bad.items():
+    cases.append({"name": "bad-" + name, "flavor": "vllm", "payload": p.hex(), "error": True})
+
+
+# ---- parity attestation streams -------------------------------------------------------
+def vllm_none_hash(seed):
+    return hashlib.sha256(cbor2.dumps(seed, canonical=True)).digest()
+
+
+def vllm_block(parent, tokens, extra):
+    return hashlib.sha256(cbor2.dumps((parent, tuple(tokens), extra), canonical=True)).digest()
+
+
+def vllm_chain(tokens, bs, seed="vllm-none-hash", lora=None, parent=None):
+    parent = parent or vllm_none_hash(seed)
+    keys, digests = [], []
+    extra = (lora,) if lora else None
+    for i in range(0, len(tokens) - len(tokens) % bs, bs):
+        parent = vllm_block(parent, tokens[i:i + bs], extra)
+        digests.append(parent)
+        keys.append(int.from_bytes(parent, "big") & M64)
+    return keys, digests
+
+
+nh = vllm_none_hash("vllm-none-hash")
+assert nh.hex() == "9bd96a485ad84efdafb72ee48a1d7a69bcead0f8f0433173941b276b9581eef0"
+k, d = vllm_chain([1, 2, 3, 4], 4)
+assert d[0].hex() == "58d0879dff3800f65f8c5fd449d73048c0f7699dd238a03b84b146b151d55111"
+assert k[0] == 9561501211280363793
+
+
+def sglang_chain(tokens, page, parent=None):
+    keys, digests = [], []
+    for i in range(0, len(tokens) - len(tokens) % page, page):
+        h = hashlib.sha256()
+        if parent is not None:
+            h.update(parent)
+        for t in tokens[i:i + page]:
+            h.update(t.to_bytes(4, "little"))
+        parent = h.digest()
+        digests.append(parent)
+        keys.append(int.from_bytes(parent[:8], "big", signed=True) & M64)
+    return keys, digests
+
+
+k, _ = sglang_chain([1, 2, 3, 4], 4)
+assert k[0] == (-3488128144981237669) & M64
+
+streams = []
+
+
+def vllm_stream(name, bs, seed, engine_seed, lora=None):
+    """Three batches: a root event, a child event continuing its chain, and an eviction.
+    Keys are computed with engine_seed; the rule uses seed (a mismatch when they differ)."""
+    a = [(7 * i + 3) % 50000 for i in range(3 * bs)]
+    b = [(11 * i + 5) % 50000 for i in range(2 * bs)]
+    ka, da = vllm_chain(a, bs, engine_seed, lora)
+    kb, _ = vllm_chain(b, bs, engine_seed, lora, parent=da[-1])
+    # A branch from the middle of the first event: parent is a's block 0.
+    c = [(13 * i + 1) % 50000 for i in range(bs)]
+    kc, _ = vllm_chain(c, bs, engine_seed, lora, parent=da[0])
+    evs = [
+        {"kind": "stored", "hashes": [u64(x) for x in ka], "parent": None, "tokens": a,
+         "block_size": bs, "lora_name": lora or ""},
+        {"kind": "stored", "hashes": [u64(x) for x in kb], "parent": u64(ka[-1]), "tokens": b,
+         "block_size": bs, "lora_name": lora or ""},
+        {"kind": "stored", "hashes": [u64(x) for x in kc], "parent": u64(ka[0]), "tokens": c,
+         "block_size": bs, "lora_name": lora or ""},
+        {"kind": "removed", "hashes": [u64(kb[-1])]},
+    ]
+    streams.append({"name": name, "engine": "vllm", "algo": "sha256_cbor", "block_size": bs,
+                    "seed": seed, "events": evs})
+
+
+vllm_stream("vllm-ok", 16, "vllm-none-hash", "vllm-none-hash")
+vllm_stream("vllm-ok-lora", 16, "vllm-none-hash", "vllm-none-hash", lora="sql-lora")
+vllm_stream("vllm-seed-mismatch", 16, "vllm-none-hash", "1234")
+
+
+def sglang_stream(name, page):
+    a = [(3 * i + 1) % 30000 for i in range(4 * page)]
+    ka, da = sglang_chain(a, page)
+    evs = []
+    # SGLang publishes one BlockStored per page.
+    for i in range(len(ka)):
+        evs.append({"kind": "stored", "hashes": [u64(ka[i])],
+                    "parent": u64(ka[i - 1]) if i else None,
+                    "tokens": a[i * page:(i + 1) * page], "block_size": page, "lora_name": ""})
+    evs.append({"kind": "removed", "hashes": [u64(ka[-1])]})
+    streams.append({"name": name, "engine": "sglang", "algo": "sha256", "block_size": page,
+                    "seed": "", "events": evs})
+
+
+sglang_stream("sglang-ok", 4)
+
+os.makedirs(ROOT, exist_ok=True)
+with open(os.path.join(ROOT, "batches.json"), "w") as f:
+    json.dump(cases, f, indent=1)
+    f.write("\n")
+with open(os.path.join(ROOT, "attest.json"), "w") as f:
+    json.dump(streams, f, indent=1)
+    f.write("\n")
+print(f"gen-ingest-goldens: {len(cases)} batches, {len(streams)} attestation streams")
