@@ -2,7 +2,7 @@ package hashcore
 
 import (
 	"encoding/binary"
-	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -13,17 +13,36 @@ type scratch struct {
 	pk  pickler
 }
 
-var scratchPool = sync.Pool{New: func() any { return &scratch{buf: make([]byte, 0, 2048)} }}
+// scratchSlots is a small lock-free free list of scratch buffers. Unlike sync.Pool it
+// never drops buffers at random (sync.Pool does under the race detector) or at GC, so
+// "zero allocations per call" holds and is testable in every build. More concurrent
+// hashers than slots just allocate; their buffers are dropped when the list is full.
+var scratchSlots [32]atomic.Pointer[scratch]
 
-func getScratch() *scratch { return scratchPool.Get().(*scratch) }
+// maxPooledBuf bounds what a pooled buffer keeps: one huge block must not pin memory.
+const maxPooledBuf = 256 << 10
+
+func getScratch() *scratch {
+	for i := range scratchSlots {
+		if scratchSlots[i].Load() != nil {
+			if s := scratchSlots[i].Swap(nil); s != nil {
+				return s
+			}
+		}
+	}
+	return &scratch{buf: make([]byte, 0, 2048)}
+}
 
 func putScratch(s *scratch) {
-	// Keep pooled buffers bounded: one huge block must not pin megabytes forever.
-	if cap(s.buf) > 1<<20 {
-		s.buf = make([]byte, 0, 2048)
+	if cap(s.buf) > maxPooledBuf {
+		return
 	}
 	s.pk.buf = nil
-	scratchPool.Put(s)
+	for i := range scratchSlots {
+		if scratchSlots[i].Load() == nil && scratchSlots[i].CompareAndSwap(nil, s) {
+			return
+		}
+	}
 }
 
 // littleEndian is true when a []uint32's memory already is its little-endian encoding.
