@@ -1,0 +1,322 @@
+package ingest
+
+import (
+	"fmt"
+
+	"github.com/kvgate/kvgate/hashcore"
+)
+
+// applier applies one rank's decoded batches to its endpoint: inventory updates, the
+// block map, and parity attestation. One per rank; its buffers are reused, so a batch
+// allocates nothing in steady state.
+type applier struct {
+	e     *endpoint
+	dec   BatchDecoder
+	ev    Event
+	ckeys []uint64 // scratch: the rule's key of one block
+	fone  []uint64 // scratch: kvgate's fast key of one block
+	fkeys []uint64 // kvgate's fast keys of the current event
+	rm    []uint64
+	lora  string
+	ex    hashcore.Extras
+}
+
+func newApplier(e *endpoint) *applier {
+	a := &applier{e: e}
+	if e.cfg.Engine == EngineSGLang {
+		a.dec.Flavor = FlavorSGLang
+	}
+	return a
+}
+
+// apply decodes and applies one batch payload. It returns the decoding error, if any;
+// events decoded before the error stay applied.
+func (a *applier) apply(payload []byte) error {
+	e := a.e
+	e.c.batches.Inc()
+	if err := a.dec.Reset(payload); err != nil {
+		e.c.decodeErrors.Inc()
+		return err
+	}
+	e.mu.Lock()
+	ev := &a.ev
+	for a.dec.Next(ev) {
+		switch ev.Kind {
+		case EventStored:
+			a.stored(ev)
+		case EventRemoved:
+			a.removed(ev)
+		case EventCleared:
+			e.c.cleared.Inc()
+			e.c.clearedByEngine.Inc()
+			e.clearLocked()
+		default:
+			e.c.unknown.Inc()
+		}
+	}
+	_, err := a.dec.Finish()
+	e.mu.Unlock()
+	if err != nil {
+		e.c.decodeErrors.Inc()
+	}
+	return err
+}
+
+// clearLocked empties the endpoint's inventory slot and block map (e.mu held).
+func (e *endpoint) clearLocked() {
+	e.m.cfg.Inventory.ClearEndpoint(e.cfg.Index)
+	e.blocks.reset()
+	for i := range e.tiers {
+		e.tiers[i].Store(0)
+	}
+}
+
+func (e *endpoint) clear() {
+	e.mu.Lock()
+	e.clearLocked()
+	e.mu.Unlock()
+}
+
+func (a *applier) extras(ev *Event) *hashcore.Extras {
+	if len(ev.LoRAName) == 0 {
+		return nil
+	}
+	if string(ev.LoRAName) != a.lora {
+		a.lora = string(ev.LoRAName) // allocates only when the adapter changes
+	}
+	a.ex = hashcore.Extras{LoRAName: a.lora}
+	return &a.ex
+}
+
+// extrasReproducible reports whether an event's extra_keys are ones kvgate re-hashes: none,
+// or the LoRA name alone on each block. Multimodal items, cache salts and prompt
+// embeddings are not in the event in a form kvgate can check.
+func extrasReproducible(ev *Event) bool {
+	if ev.ExtraKeys == nil {
+		return true
+	}
+	var r reader
+	r.reset(ev.ExtraKeys)
+	if r.isNil() {
+		return true
+	}
+	for n := r.arrayLen(); n > 0 && r.err == nil; n-- {
+		if r.isNil() {
+			continue
+		}
+		if r.arrayLen() != 1 || string(r.str()) != string(ev.LoRAName) {
+			return false
+		}
+	}
+	return r.err == nil
+}
+
+func (a *applier) stored(ev *Event) {
+	e := a.e
+	cfg := &e.m.cfg
+	e.c.stored.Inc()
+	nb := len(ev.Hashes)
+	e.tiers[ev.Medium].Add(int64(nb))
+	if !cfg.Routed.Has(ev.Medium) || nb == 0 {
+		return
+	}
+	fastKeys := false
+	if cfg.Chain != nil || e.keys != KeysEngine {
+		fastKeys = a.hashBlocks(ev)
+	}
+	var added int
+	if e.fast.Load() {
+		if !fastKeys {
+			e.c.unkeyable.Inc()
+			return
+		}
+		added = cfg.Inventory.Add(e.cfg.Index, a.fkeys)
+	} else {
+		added = cfg.Inventory.Add(e.cfg.Index, ev.Hashes)
+	}
+	e.c.keysAdded.Add(added)
+}
+
+// hashBlocks re-hashes an event's token_ids: with the rule's contract to attest parity,
+// and with kvgate's fast chain into a.fkeys. It records every block in the block map and
+// reports whether a.fkeys holds a fast key for every block.
+func (a *applier) hashBlocks(ev *Event) bool {
+	e := a.e
+	cfg := &e.m.cfg
+	nb, bs := len(ev.Hashes), ev.BlockSize
+	a.fkeys = a.fkeys[:0]
+	if bs <= 0 || len(ev.Tokens) != nb*bs {
+		// Offload events may carry no tokens: nothing to hash.
+		if cfg.Chain != nil {
+			e.c.paritySkipped.Inc()
+		}
+		return false
+	}
+	var pc, pf hashcore.Digest
+	hasC, hasF := true, true
+	first := !ev.HasParent
+	if ev.HasParent {
+		p := e.blocks.get(ev.Parent)
+		if p == nil {
+			e.c.orphans.Inc()
+			hasC, hasF = false, false
+		} else {
+			pc, hasC, pf, hasF = p.cd, p.hasC, p.fd, p.hasF
+		}
+	} else {
+		if cfg.Chain != nil {
+			pc = cfg.Chain.Root()
+		}
+		pf = cfg.Fast.Root()
+	}
+	attest := cfg.Chain != nil && hasC && extrasReproducible(ev)
+	sizeDiffers := attest && cfg.Chain.BlockSize() != bs
+	if sizeDiffers {
+		attest = false
+	}
+	doFast := hasF && cfg.Fast.BlockSize() == bs
+	ex := a.extras(ev)
+	mismatch := false
+	for i := 0; i < nb; i++ {
+		blk := ev.Tokens[i*bs : (i+1)*bs]
+		ent := e.blocks.put(ev.Hashes[i])
+		if attest {
+			a.ckeys, pc = cfg.Chain.AppendKeys(a.ckeys[:0], pc, blk, ex, first && i == 0)
+			if len(a.ckeys) != 1 || a.ckeys[0] != ev.Hashes[i] {
+				mismatch = true
+			}
+			ent.cd, ent.hasC = pc, true
+		}
+		if doFast {
+			a.fone, pf = cfg.Fast.AppendKeys(a.fone[:0], pf, blk, ex, first && i == 0)
+			if len(a.fone) == 1 {
+				ent.fkey, ent.fd, ent.hasF = a.fone[0], pf, true
+				a.fkeys = append(a.fkeys, a.fone[0])
+			}
+		}
+	}
+	switch {
+	case sizeDiffers || mismatch:
+		a.mismatch(ev, sizeDiffers)
+	case attest:
+		e.c.parityOK.Inc()
+		e.parity.CompareAndSwap(parityUnknown, parityOK)
+	case cfg.Chain != nil:
+		e.c.paritySkipped.Inc()
+	}
+	return doFast && len(a.fkeys) == nb
+}
+
+// mismatch records a parity failure; the first one is diagnosed and logged, and in auto
+// mode switches the endpoint to kvgate's re-hashed keys.
+func (a *applier) mismatch(ev *Event, sizeDiffers bool) {
+	e := a.e
+	e.c.parityMismatch.Inc()
+	if e.parity.Swap(parityMismatch) == parityMismatch {
+		return
+	}
+	cause := a.diagnose(ev, sizeDiffers)
+	e.cause.Store(&cause)
+	switched := e.keys == KeysAuto && !e.fast.Load()
+	e.m.cfg.Logger.Warn("ingest: engine keys differ from the rule's contract",
+		"endpoint", e.cfg.Name, "contract", e.m.cfg.Chain.Name(), "likely_cause", cause,
+		"switch_to_rehash", switched)
+	if switched {
+		a.switchToFastLocked()
+	}
+}
+
+// switchToFastLocked replaces the endpoint's engine keys with the fast keys of every
+// block in the block map (e.mu held).
+func (a *applier) switchToFastLocked() {
+	e := a.e
+	inv := e.m.cfg.Inventory
+	e.fast.Store(true)
+	e.c.modeSwitches.Inc()
+	inv.ClearEndpoint(e.cfg.Index)
+	buf := a.rm[:0]
+	for i := range e.blocks.ents {
+		b := &e.blocks.ents[i]
+		if b.used && b.hasF && b.level == 0 {
+			buf = append(buf, b.fkey)
+			if len(buf) == 256 {
+				e.c.keysAdded.Add(inv.Add(e.cfg.Index, buf))
+				buf = buf[:0]
+			}
+		}
+	}
+	if len(buf) > 0 {
+		e.c.keysAdded.Add(inv.Add(e.cfg.Index, buf))
+	}
+	a.rm = buf[:0]
+}
+
+// diagnose names the likely cause of a mismatch: block size, else (on a root block, with
+// the rule's Spec) the algo that does reproduce the engine's key, else the seed.
+func (a *applier) diagnose(ev *Event, sizeDiffers bool) string {
+	cfg := &a.e.m.cfg
+	if sizeDiffers {
+		return fmt.Sprintf("block size: the engine publishes %d-token blocks, the rule hashes %d", ev.BlockSize, cfg.Chain.BlockSize())
+	}
+	if a.e.cfg.Engine == EngineSGLang {
+		return "SGLang page keys differ: check --page-size and the tokenizer/chat template"
+	}
+	if cfg.Spec == nil || ev.HasParent {
+		return "keys differ: check the engine's --prefix-caching-hash-algo, PYTHONHASHSEED, block size, LoRA and tokenizer"
+	}
+	bs := ev.BlockSize
+	blk := ev.Tokens[:bs]
+	ex := a.extras(ev)
+	for _, algo := range []string{"sha256", "sha256_cbor", "xxhash", "xxhash_cbor"} {
+		s := *cfg.Spec
+		s.Algo = algo
+		c, err := hashcore.New(s)
+		if err != nil {
+			continue
+		}
+		if k := hashcore.Keys(c, nil, blk, ex); len(k) == 1 && k[0] == ev.Hashes[0] {
+			if algo == cfg.Spec.Algo || (cfg.Spec.Algo == "" && algo == "sha256") {
+				return "extras: the contract matches on a plain block; check LoRA names and cache salts"
+			}
+			return fmt.Sprintf("algo: the engine hashes with %s, the rule with %s", algo, cfg.Chain.Name())
+		}
+	}
+	if ex != nil {
+		s := *cfg.Spec
+		if c, err := hashcore.New(s); err == nil {
+			if k := hashcore.Keys(c, nil, blk, nil); len(k) == 1 && k[0] == ev.Hashes[0] {
+				return "LoRA: the engine's keys carry no LoRA name"
+			}
+		}
+	}
+	return "seed: no algo reproduces the engine's root block with the rule's seed; the engine's PYTHONHASHSEED differs (or it is an older vLLM with a random NONE_HASH: no parity possible)"
+}
+
+func (a *applier) removed(ev *Event) {
+	e := a.e
+	cfg := &e.m.cfg
+	e.c.removed.Inc()
+	e.tiers[ev.Medium].Add(-int64(len(ev.Hashes)))
+	if !cfg.Routed.Has(ev.Medium) {
+		return
+	}
+	var n int
+	if e.fast.Load() {
+		a.rm = a.rm[:0]
+		for _, h := range ev.Hashes {
+			if b := e.blocks.get(h); b != nil {
+				if b.hasF {
+					a.rm = append(a.rm, b.fkey)
+				}
+				e.blocks.del(h)
+			}
+		}
+		n = cfg.Inventory.Remove(e.cfg.Index, a.rm)
+	} else {
+		n = cfg.Inventory.Remove(e.cfg.Index, ev.Hashes)
+		for _, h := range ev.Hashes {
+			e.blocks.del(h)
+		}
+	}
+	e.c.keysRemoved.Add(n)
+}

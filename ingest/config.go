@@ -1,0 +1,234 @@
+// Package ingest keeps each endpoint's inventory in step with what its engine caches,
+// from the engine's own KV events: vLLM and SGLang over ZeroMQ (seq window, replay),
+// TensorRT-LLM through its destructive HTTP drain. It proves live that kvgate's block
+// keys equal the engine's (parity attestation) and falls back to its own re-hashed keys
+// when they do not.
+package ingest
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/kvgate/kvgate/hashcore"
+)
+
+// KeyMode says which keys an endpoint's inventory holds.
+type KeyMode uint8
+
+const (
+	// KeysAuto indexes the engine's keys while parity holds and switches an endpoint to
+	// kvgate's re-hashed keys when its parity fails.
+	KeysAuto KeyMode = iota
+	// KeysEngine always indexes the engine's keys.
+	KeysEngine
+	// KeysRehash always indexes kvgate's fast keys computed from the events' token_ids.
+	KeysRehash
+)
+
+func (m KeyMode) String() string {
+	switch m {
+	case KeysEngine:
+		return "engine"
+	case KeysRehash:
+		return "rehash"
+	}
+	return "auto"
+}
+
+// ParseKeyMode parses the -kv-keys flag value: engine, rehash or auto ("" = auto).
+func ParseKeyMode(s string) (KeyMode, error) {
+	switch s {
+	case "", "auto":
+		return KeysAuto, nil
+	case "engine":
+		return KeysEngine, nil
+	case "rehash":
+		return KeysRehash, nil
+	}
+	return KeysAuto, fmt.Errorf("ingest: -kv-keys %q: want engine, rehash or auto", s)
+}
+
+// Engine names with an event contract. llama.cpp has none: a KV-Exact rule naming a
+// llama.cpp endpoint is refused by the proxy before it gets here.
+const (
+	EngineVLLM   = "vllm"
+	EngineSGLang = "sglang"
+	EngineTRTLLM = "trtllm"
+)
+
+// EventEngines lists the engines ingest can follow.
+var EventEngines = []string{EngineVLLM, EngineSGLang, EngineTRTLLM}
+
+// HasEvents reports whether engine publishes KV events kvgate can follow.
+func HasEvents(engine string) bool {
+	switch engine {
+	case EngineVLLM, EngineSGLang, EngineTRTLLM:
+		return true
+	}
+	return false
+}
+
+// Inventory is the part of shard.Inventory ingest writes to.
+type Inventory interface {
+	Add(ep int, keys []uint64) int
+	Remove(ep int, keys []uint64) int
+	ClearEndpoint(ep int)
+	Count(ep int) int
+}
+
+// EndpointConfig is one engine endpoint to follow.
+type EndpointConfig struct {
+	Name   string
+	Index  int    // slot in the inventory
+	Engine string // "vllm" | "sglang" | "trtllm"
+	Events string // ZeroMQ PUB endpoint, e.g. tcp://127.0.0.1:5557 (rank r uses port+r)
+	Replay string // optional ROUTER replay endpoint (rank r uses port+r)
+	DP     int    // data-parallel ranks, default 1
+	Topic  string // "" accepts every topic
+	URL    string // trtllm: base URL whose POST /kv_cache_events is drained
+}
+
+// Media is a set of cache tiers, one bit per Medium.
+type Media uint8
+
+// MediaGPU is the default routed set: only blocks in GPU memory count for routing.
+const MediaGPU Media = 1 << MediumGPU
+
+// Has reports whether m holds tier t.
+func (m Media) Has(t Medium) bool { return m&(1<<t) != 0 }
+
+// ParseMedia parses a comma list of tiers (gpu, cpu, storage).
+func ParseMedia(s string) (Media, error) {
+	var m Media
+	for _, f := range strings.Split(s, ",") {
+		switch strings.ToUpper(strings.TrimSpace(f)) {
+		case "GPU":
+			m |= 1 << MediumGPU
+		case "CPU":
+			m |= 1 << MediumCPU
+		case "STORAGE", "DISK":
+			m |= 1 << MediumStorage
+		case "":
+		default:
+			return 0, fmt.Errorf("ingest: medium %q: want gpu, cpu or storage", f)
+		}
+	}
+	if m == 0 {
+		return 0, errors.New("ingest: no medium to route on")
+	}
+	return m, nil
+}
+
+// Config is shared by every endpoint of a rule.
+type Config struct {
+	Inventory Inventory // normally a *shard.Inventory
+	// Chain is the rule's contract: used to attest parity and, in engine/auto mode, the
+	// keys the request path computes. nil disables attestation (parity stays unknown).
+	Chain hashcore.Chain
+	// Spec is the contract Chain was built from; with it a mismatch is diagnosed (seed,
+	// algo, block size) by trying the alternatives once. Optional.
+	Spec *hashcore.Spec
+	// Fast is kvgate's own key chain for re-hashed keys (and TensorRT-LLM). nil =
+	// hashcore.NewFast(Chain's block size).
+	Fast hashcore.Chain
+	Keys KeyMode
+	// Routed is the set of cache tiers whose blocks are indexed for routing (default GPU).
+	// The inventory is a set, so a tier either counts fully or not at all; every tier's
+	// block count is tracked either way.
+	Routed Media
+	// BlockMapSize bounds the per-endpoint engine-hash -> digest map (default 1<<17).
+	BlockMapSize int
+	// SeqWindow is the largest gap that keeps the inventory (default 64).
+	SeqWindow int
+
+	RetryInterval    time.Duration // first redial delay (default 1s)
+	MaxRetryInterval time.Duration // backoff cap (default 30s)
+	DialTimeout      time.Duration // TCP connect + ZMTP handshake (default 3s)
+	ReplayTimeout    time.Duration // whole bootstrap replay (default 5s)
+	// TensorRT-LLM drain polling: BusyPoll after a non-empty drain, growing to IdlePoll.
+	BusyPoll, IdlePoll time.Duration // defaults 5ms, 50ms
+	HTTPTimeout        time.Duration // one drain request (default 2s)
+
+	Logger  *slog.Logger
+	Metrics *metrics.Set // nil = no exported metrics (counters still feed Status)
+}
+
+func (c *Config) defaults() error {
+	if c.Inventory == nil {
+		return errors.New("ingest: no inventory")
+	}
+	if c.Fast == nil {
+		bs := 16
+		if c.Chain != nil {
+			bs = c.Chain.BlockSize()
+		}
+		c.Fast = hashcore.NewFast(bs)
+	}
+	if c.Routed == 0 {
+		c.Routed = MediaGPU
+	}
+	if c.BlockMapSize <= 0 {
+		c.BlockMapSize = 1 << 17
+	}
+	if c.SeqWindow <= 0 {
+		c.SeqWindow = 64
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.RetryInterval, time.Second)
+	def(&c.MaxRetryInterval, 30*time.Second)
+	if c.MaxRetryInterval < c.RetryInterval {
+		c.MaxRetryInterval = c.RetryInterval
+	}
+	def(&c.DialTimeout, 3*time.Second)
+	def(&c.ReplayTimeout, 5*time.Second)
+	def(&c.BusyPoll, 5*time.Millisecond)
+	def(&c.IdlePoll, 50*time.Millisecond)
+	def(&c.HTTPTimeout, 2*time.Second)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+func (e *EndpointConfig) validate() error {
+	if e.Name == "" {
+		return errors.New("ingest: endpoint without a name")
+	}
+	if e.Index < 0 {
+		return fmt.Errorf("ingest: %s: negative index", e.Name)
+	}
+	if e.DP <= 0 {
+		e.DP = 1
+	}
+	switch e.Engine {
+	case EngineVLLM, EngineSGLang:
+		if _, _, err := splitTCP(e.Events); err != nil {
+			return fmt.Errorf("ingest: %s: events endpoint: %w", e.Name, err)
+		}
+		if e.Replay != "" {
+			if _, _, err := splitTCP(e.Replay); err != nil {
+				return fmt.Errorf("ingest: %s: replay endpoint: %w", e.Name, err)
+			}
+		}
+	case EngineTRTLLM:
+		u, err := url.Parse(e.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("ingest: %s: trtllm needs an http(s) base URL, got %q", e.Name, e.URL)
+		}
+	case "llamacpp", "llama.cpp":
+		return fmt.Errorf("ingest: %s: llama.cpp publishes no KV events; KV-Exact cannot follow it (use -select chwbl)", e.Name)
+	default:
+		return fmt.Errorf("ingest: %s: engine %q has no event contract (want vllm, sglang or trtllm)", e.Name, e.Engine)
+	}
+	return nil
+}

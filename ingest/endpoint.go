@@ -1,0 +1,239 @@
+package ingest
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/VictoriaMetrics/metrics"
+)
+
+// Parity states.
+const (
+	parityUnknown int32 = iota
+	parityOK
+	parityMismatch
+)
+
+var parityNames = [...]string{"unknown", "ok", "mismatch"}
+
+// counters are an endpoint's event counters; they feed both Status and /metrics.
+type counters struct {
+	reconnects, dialFailures                         *metrics.Counter
+	batches, replayed                                *metrics.Counter
+	stored, removed, cleared, unknown                *metrics.Counter
+	keysAdded, keysRemoved                           *metrics.Counter
+	gapsKept, gapsCleared, restarts, clearedByEngine *metrics.Counter
+	modeSwitches                                     *metrics.Counter
+	decodeErrors, topicSkipped, duplicates           *metrics.Counter
+	parityOK, parityMismatch, paritySkipped, orphans *metrics.Counter
+	unkeyable                                        *metrics.Counter
+}
+
+// EndpointStatus is a snapshot of one endpoint's ingest state (/debug/inventory).
+type EndpointStatus struct {
+	Name      string
+	Engine    string
+	Index     int
+	Connected bool  // every rank (or the drain) is connected
+	Ranks     int   // ranks followed
+	RanksUp   int   // ranks connected
+	LastSeq   int64 // highest seq applied on any rank (TensorRT-LLM: event_id); -1 = none
+	Parity    string
+	Cause     string // the likely cause of a parity mismatch, once diagnosed
+	Keys      int    // keys the endpoint holds in the inventory
+	Rehash    bool   // the inventory holds kvgate's fast keys
+	Tiers     map[string]int64
+
+	Reconnects, DialFailures, Batches, ReplayedBatches             uint64
+	EventsStored, EventsRemoved, EventsCleared, EventsUnknown      uint64
+	KeysAdded, KeysRemoved                                         uint64
+	GapsKept, GapsCleared, Restarts, ClearedByEngine, ModeSwitches uint64
+	DecodeErrors, TopicSkipped, Duplicates                         uint64
+	ParityOK, ParityMismatch, ParitySkipped, Orphans, Unkeyable    uint64
+}
+
+// endpoint is the state every rank of one engine endpoint shares.
+type endpoint struct {
+	cfg  EndpointConfig
+	m    *Manager
+	c    counters
+	set  *metrics.Set
+	keys KeyMode
+
+	fast    atomic.Bool  // inventory holds fast keys
+	parity  atomic.Int32 // parityUnknown/OK/Mismatch
+	cause   atomic.Pointer[string]
+	ranksUp atomic.Int32
+	lastSeq atomic.Int64
+	tiers   [numMedia]atomic.Int64
+
+	// mu serializes applying batches (ranks of one endpoint share the block map).
+	mu     sync.Mutex
+	blocks blockMap
+}
+
+func metricName(base, ep, extra string) string {
+	if extra != "" {
+		return fmt.Sprintf(`%s{endpoint=%q,%s}`, base, ep, extra)
+	}
+	return fmt.Sprintf(`%s{endpoint=%q}`, base, ep)
+}
+
+// labelSafe keeps a name usable as a Prometheus label value.
+func labelSafe(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '"' || r == '\\' || r == '\n' || r < 0x20 {
+			return '_'
+		}
+		return r
+	}, s)
+}
+
+func newEndpoint(m *Manager, cfg EndpointConfig) *endpoint {
+	e := &endpoint{cfg: cfg, m: m, keys: m.cfg.Keys}
+	e.lastSeq.Store(-1)
+	set := m.cfg.Metrics
+	if set == nil {
+		set = metrics.NewSet() // private: counters still feed Status
+	}
+	e.set = set
+	n := labelSafe(cfg.Name)
+	ctr := func(base, extra string) *metrics.Counter {
+		return set.GetOrCreateCounter(metricName(base, n, extra))
+	}
+	e.c = counters{
+		reconnects:      ctr("kvgate_ingest_reconnects_total", ""),
+		dialFailures:    ctr("kvgate_ingest_dial_failures_total", ""),
+		batches:         ctr("kvgate_ingest_batches_total", ""),
+		replayed:        ctr("kvgate_ingest_replayed_batches_total", ""),
+		stored:          ctr("kvgate_ingest_events_total", `type="stored"`),
+		removed:         ctr("kvgate_ingest_events_total", `type="removed"`),
+		cleared:         ctr("kvgate_ingest_events_total", `type="cleared"`),
+		unknown:         ctr("kvgate_ingest_events_total", `type="unknown"`),
+		keysAdded:       ctr("kvgate_ingest_keys_added_total", ""),
+		keysRemoved:     ctr("kvgate_ingest_keys_removed_total", ""),
+		gapsKept:        ctr("kvgate_ingest_gaps_total", `action="kept"`),
+		gapsCleared:     ctr("kvgate_ingest_gaps_total", `action="cleared"`),
+		restarts:        ctr("kvgate_ingest_clears_total", `reason="restart"`),
+		clearedByEngine: ctr("kvgate_ingest_clears_total", `reason="engine"`),
+		modeSwitches:    ctr("kvgate_ingest_clears_total", `reason="rehash_switch"`),
+		decodeErrors:    ctr("kvgate_ingest_decode_errors_total", ""),
+		topicSkipped:    ctr("kvgate_ingest_topic_skipped_total", ""),
+		duplicates:      ctr("kvgate_ingest_duplicate_batches_total", ""),
+		parityOK:        ctr("kvgate_ingest_parity_checks_total", `result="ok"`),
+		parityMismatch:  ctr("kvgate_ingest_parity_checks_total", `result="mismatch"`),
+		paritySkipped:   ctr("kvgate_ingest_parity_checks_total", `result="skipped"`),
+		orphans:         ctr("kvgate_ingest_orphan_events_total", ""),
+		unkeyable:       ctr("kvgate_ingest_unkeyable_events_total", ""),
+	}
+	if m.cfg.Metrics != nil {
+		set.GetOrCreateGauge(metricName("kvgate_ingest_connected", n, ""), func() float64 {
+			if e.connected() {
+				return 1
+			}
+			return 0
+		})
+		set.GetOrCreateGauge(metricName("kvgate_ingest_parity", n, ""), func() float64 {
+			return float64(e.parity.Load()) // 0 unknown, 1 ok, 2 mismatch
+		})
+		set.GetOrCreateGauge(metricName("kvgate_ingest_rehash", n, ""), func() float64 {
+			if e.fast.Load() {
+				return 1
+			}
+			return 0
+		})
+		set.GetOrCreateGauge(metricName("kvgate_ingest_inventory_keys", n, ""), func() float64 {
+			return float64(m.cfg.Inventory.Count(cfg.Index))
+		})
+		for t := Medium(0); t < numMedia; t++ {
+			t := t
+			set.GetOrCreateGauge(metricName("kvgate_ingest_tier_blocks", n, `medium="`+t.String()+`"`), func() float64 {
+				return float64(e.tiers[t].Load())
+			})
+		}
+	}
+	// TensorRT-LLM events carry no engine key kvgate can reproduce: always re-hash.
+	if cfg.Engine == EngineTRTLLM || e.keys == KeysRehash {
+		e.fast.Store(true)
+	}
+	return e
+}
+
+func (e *endpoint) ranks() int {
+	if e.cfg.Engine == EngineTRTLLM {
+		return 1
+	}
+	return e.cfg.DP
+}
+
+func (e *endpoint) connected() bool { return int(e.ranksUp.Load()) == e.ranks() }
+
+func (e *endpoint) noteSeq(seq int64) {
+	for {
+		cur := e.lastSeq.Load()
+		if seq <= cur || e.lastSeq.CompareAndSwap(cur, seq) {
+			return
+		}
+	}
+}
+
+func (e *endpoint) status() EndpointStatus {
+	s := EndpointStatus{
+		Name: e.cfg.Name, Engine: e.cfg.Engine, Index: e.cfg.Index,
+		Connected: e.connected(), Ranks: e.ranks(), RanksUp: int(e.ranksUp.Load()),
+		LastSeq: e.lastSeq.Load(), Parity: parityNames[e.parity.Load()],
+		Keys: e.m.cfg.Inventory.Count(e.cfg.Index), Rehash: e.fast.Load(),
+		Tiers: map[string]int64{},
+	}
+	if c := e.cause.Load(); c != nil {
+		s.Cause = *c
+	}
+	for t := Medium(0); t < numMedia; t++ {
+		s.Tiers[t.String()] = e.tiers[t].Load()
+	}
+	c := &e.c
+	s.Reconnects, s.DialFailures = c.reconnects.Get(), c.dialFailures.Get()
+	s.Batches, s.ReplayedBatches = c.batches.Get(), c.replayed.Get()
+	s.EventsStored, s.EventsRemoved = c.stored.Get(), c.removed.Get()
+	s.EventsCleared, s.EventsUnknown = c.cleared.Get(), c.unknown.Get()
+	s.KeysAdded, s.KeysRemoved = c.keysAdded.Get(), c.keysRemoved.Get()
+	s.GapsKept, s.GapsCleared, s.Restarts = c.gapsKept.Get(), c.gapsCleared.Get(), c.restarts.Get()
+	s.ClearedByEngine, s.ModeSwitches = c.clearedByEngine.Get(), c.modeSwitches.Get()
+	s.DecodeErrors, s.TopicSkipped, s.Duplicates = c.decodeErrors.Get(), c.topicSkipped.Get(), c.duplicates.Get()
+	s.ParityOK, s.ParityMismatch, s.ParitySkipped = c.parityOK.Get(), c.parityMismatch.Get(), c.paritySkipped.Get()
+	s.Orphans, s.Unkeyable = c.orphans.Get(), c.unkeyable.Get()
+	return s
+}
+
+// splitTCP parses tcp://host:port.
+func splitTCP(ep string) (host string, port int, err error) {
+	rest, ok := strings.CutPrefix(ep, "tcp://")
+	if !ok {
+		return "", 0, fmt.Errorf("%q: want tcp://host:port", ep)
+	}
+	h, p, err := net.SplitHostPort(rest)
+	if err != nil {
+		return "", 0, fmt.Errorf("%q: %w", ep, err)
+	}
+	if h == "" || h == "*" {
+		return "", 0, fmt.Errorf("%q: name the engine's host, not a wildcard", ep)
+	}
+	port, err = strconv.Atoi(p)
+	if err != nil || port < 1 || port > 65535 {
+		return "", 0, fmt.Errorf("%q: bad port", ep)
+	}
+	return h, port, nil
+}
+
+// rankAddr is the address of data-parallel rank r: the base port plus r.
+func rankAddr(ep string, r int) string {
+	h, p, err := splitTCP(ep)
+	if err != nil {
+		return ep
+	}
+	return "tcp://" + net.JoinHostPort(h, strconv.Itoa(p+r))
+}

@@ -1,0 +1,142 @@
+package ingest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+)
+
+// Manager follows every event-publishing endpoint of a rule: one goroutine per endpoint
+// and data-parallel rank, each isolated from the others.
+type Manager struct {
+	cfg     Config
+	eps     []*endpoint
+	byIndex []*endpoint
+
+	mu      sync.Mutex
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	started bool
+}
+
+// NewManager validates the endpoints and prepares their state; nothing runs until Start.
+func NewManager(cfg Config, eps []EndpointConfig) (*Manager, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	m := &Manager{cfg: cfg}
+	names := map[string]bool{}
+	maxIdx := -1
+	for i := range eps {
+		ec := eps[i]
+		if err := ec.validate(); err != nil {
+			return nil, err
+		}
+		if names[ec.Name] {
+			return nil, fmt.Errorf("ingest: endpoint name %q used twice", ec.Name)
+		}
+		names[ec.Name] = true
+		maxIdx = max(maxIdx, ec.Index)
+		e := newEndpoint(m, ec)
+		e.blocks = newBlockMap(cfg.BlockMapSize)
+		m.eps = append(m.eps, e)
+	}
+	m.byIndex = make([]*endpoint, maxIdx+1)
+	for _, e := range m.eps {
+		if m.byIndex[e.cfg.Index] != nil {
+			return nil, fmt.Errorf("ingest: endpoints %q and %q share inventory index %d", m.byIndex[e.cfg.Index].cfg.Name, e.cfg.Name, e.cfg.Index)
+		}
+		m.byIndex[e.cfg.Index] = e
+	}
+	return m, nil
+}
+
+// Start launches the subscribers and pollers. It does not block; a second call is a no-op.
+func (m *Manager) Start(ctx context.Context) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.started {
+		return
+	}
+	m.started = true
+	ctx, m.cancel = context.WithCancel(ctx)
+	for _, e := range m.eps {
+		switch e.cfg.Engine {
+		case EngineTRTLLM:
+			p := newTRTPoller(e)
+			m.wg.Add(1)
+			go func() { defer m.wg.Done(); p.run(ctx) }()
+		default:
+			for r := 0; r < e.cfg.DP; r++ {
+				s := newRankSub(e, r)
+				m.wg.Add(1)
+				go func() { defer m.wg.Done(); s.run(ctx) }()
+			}
+		}
+	}
+}
+
+// Close stops every subscriber and waits for them.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	cancel := m.cancel
+	m.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	m.wg.Wait()
+	return nil
+}
+
+func (m *Manager) endpoint(i int) *endpoint {
+	if i < 0 || i >= len(m.byIndex) {
+		return nil
+	}
+	return m.byIndex[i]
+}
+
+// Status returns a snapshot of the endpoint at inventory index i (zero value with
+// Parity "unknown" for an index no endpoint uses).
+func (m *Manager) Status(i int) EndpointStatus {
+	e := m.endpoint(i)
+	if e == nil {
+		return EndpointStatus{Index: i, Parity: parityNames[parityUnknown], LastSeq: -1}
+	}
+	return e.status()
+}
+
+// Statuses returns every endpoint's snapshot, in configuration order.
+func (m *Manager) Statuses() []EndpointStatus {
+	out := make([]EndpointStatus, len(m.eps))
+	for i, e := range m.eps {
+		out[i] = e.status()
+	}
+	return out
+}
+
+// UsesFastKeys reports whether endpoint i's inventory holds kvgate's fast keys (so the
+// request path must compute the fast chain to score it). Lock-free.
+func (m *Manager) UsesFastKeys(i int) bool {
+	e := m.endpoint(i)
+	return e != nil && e.fast.Load()
+}
+
+// AnyFastKeys reports whether any endpoint uses fast keys.
+func (m *Manager) AnyFastKeys() bool {
+	for _, e := range m.eps {
+		if e.fast.Load() {
+			return true
+		}
+	}
+	return false
+}
+
+// AnyEngineKeys reports whether any endpoint uses the engine's (the rule's contract) keys.
+func (m *Manager) AnyEngineKeys() bool {
+	for _, e := range m.eps {
+		if !e.fast.Load() {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,274 @@
+package ingest
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"log"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+// zmq4 (pure Go) behaviours this file guards against:
+//   - Dial retries 10 times with sleeps that ignore the context: we dial once per attempt
+//     (WithDialerMaxRetries(0)) and run our own backoff loop.
+//   - The ZMTP handshake has no deadline: a peer that accepts TCP but never greets would
+//     block Dial forever. Dial runs in its own goroutine; after DialTimeout we abandon it
+//     and a janitor closes that socket when (if ever) Dial returns.
+//   - A dropped connection surfaces as a Recv error (io.EOF); the socket does not redial
+//     by itself (WithAutomaticReconnect(false)): we close it and dial a fresh one.
+//   - A socket's reader goroutine can block pushing into its 10-message queue after Close;
+//     closeSocket drains the queue so it can exit.
+//   - zmq4 logs through the std logger on handshake failures: silenced.
+
+var quietLog = log.New(io.Discard, "", 0)
+
+var errDialTimeout = errors.New("ingest: dial timed out (no ZMTP handshake)")
+
+type zsock struct {
+	s      zmq4.Socket
+	cancel context.CancelFunc
+}
+
+func dialZMQ(ctx context.Context, typ zmq4.SocketType, addr, topic string, timeout time.Duration) (*zsock, error) {
+	sctx, cancel := context.WithCancel(ctx)
+	opts := []zmq4.Option{zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(timeout),
+		zmq4.WithLogger(quietLog), zmq4.WithAutomaticReconnect(false)}
+	var s zmq4.Socket
+	switch typ {
+	case zmq4.Sub:
+		s = zmq4.NewSub(sctx, opts...)
+		if err := s.SetOption(zmq4.OptionSubscribe, topic); err != nil {
+			cancel()
+			s.Close()
+			return nil, err
+		}
+	default:
+		s = zmq4.NewDealer(sctx, opts...)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Dial(addr) }()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			cancel()
+			s.Close()
+			return nil, err
+		}
+		return &zsock{s: s, cancel: cancel}, nil
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	cancel()
+	go func() {
+		<-done
+		closeSocket(s)
+	}()
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	return nil, errDialTimeout
+}
+
+func (z *zsock) close() {
+	z.cancel()
+	closeSocket(z.s)
+}
+
+// closeSocket closes s and drains its receive queue so zmq4's reader goroutines exit.
+func closeSocket(s zmq4.Socket) {
+	s.Close()
+	for i := 0; i < 64; i++ {
+		s.Recv() // returns at once: the socket's context is cancelled
+	}
+}
+
+// rankSub follows one data-parallel rank of a vLLM/SGLang endpoint.
+type rankSub struct {
+	e          *endpoint
+	rank       int
+	addr       string
+	replayAddr string
+	a          *applier
+
+	last     int64 // last applied seq, -1 = none yet
+	dupFrom  int64 // after a replay, live seqs in [dupFrom, dupUntil] are duplicates
+	dupUntil int64
+}
+
+func newRankSub(e *endpoint, rank int) *rankSub {
+	s := &rankSub{e: e, rank: rank, addr: rankAddr(e.cfg.Events, rank), a: newApplier(e), last: -1, dupUntil: -1}
+	if e.cfg.Replay != "" {
+		s.replayAddr = rankAddr(e.cfg.Replay, rank)
+	}
+	return s
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+func (s *rankSub) run(ctx context.Context) {
+	cfg := &s.e.m.cfg
+	log := cfg.Logger.With("endpoint", s.e.cfg.Name, "rank", s.rank, "addr", s.addr)
+	delay := cfg.RetryInterval
+	everUp := false
+	for ctx.Err() == nil {
+		z, err := dialZMQ(ctx, zmq4.Sub, s.addr, s.e.cfg.Topic, cfg.DialTimeout)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.e.c.dialFailures.Inc()
+			log.Debug("ingest: dial failed", "err", err, "retry_in", delay)
+			sleepCtx(ctx, delay)
+			delay = min(2*delay, cfg.MaxRetryInterval)
+			continue
+		}
+		delay = cfg.RetryInterval
+		if everUp {
+			s.e.c.reconnects.Inc()
+		}
+		everUp = true
+		s.e.ranksUp.Add(1)
+		log.Info("ingest: subscribed")
+		if s.replayAddr != "" {
+			s.replay(ctx)
+		}
+		s.loop(z)
+		s.e.ranksUp.Add(-1)
+		z.close()
+		if ctx.Err() == nil {
+			log.Info("ingest: connection lost, redialing")
+		}
+	}
+}
+
+func (s *rankSub) loop(z *zsock) {
+	for {
+		msg, err := z.s.Recv()
+		if err != nil {
+			return
+		}
+		if msg.Type == zmq4.CmdMsg {
+			continue
+		}
+		s.handle(msg.Frames)
+	}
+}
+
+// handle applies one live message [topic, seq, payload].
+func (s *rankSub) handle(frames [][]byte) {
+	c := &s.e.c
+	if len(frames) != 3 || len(frames[1]) != 8 {
+		c.decodeErrors.Inc()
+		return
+	}
+	if t := s.e.cfg.Topic; t != "" && string(frames[0]) != t {
+		c.topicSkipped.Inc()
+		return
+	}
+	seq := int64(binary.BigEndian.Uint64(frames[1]) & (1<<63 - 1))
+	if s.accept(seq, false) {
+		s.a.apply(frames[2])
+	}
+}
+
+// accept runs the seq window: a gap up to SeqWindow keeps the inventory, a larger one or
+// a seq going backwards (an engine restart) clears it. It reports whether to apply.
+func (s *rankSub) accept(seq int64, replayed bool) bool {
+	e := s.e
+	c := &e.c
+	win := int64(e.m.cfg.SeqWindow)
+	switch {
+	case s.last < 0 || seq == s.last+1:
+	case seq <= s.last:
+		if !replayed && seq >= s.dupFrom && seq <= s.dupUntil {
+			c.duplicates.Inc()
+			return false
+		}
+		c.restarts.Inc()
+		e.m.cfg.Logger.Info("ingest: seq went backwards (engine restart): clearing endpoint",
+			"endpoint", e.cfg.Name, "rank", s.rank, "last", s.last, "seq", seq)
+		e.clear()
+	case seq-s.last-1 <= win:
+		c.gapsKept.Inc()
+	default:
+		c.gapsCleared.Inc()
+		e.m.cfg.Logger.Info("ingest: seq gap beyond window: clearing endpoint",
+			"endpoint", e.cfg.Name, "rank", s.rank, "last", s.last, "seq", seq)
+		e.clear()
+	}
+	s.last = seq
+	if seq > s.dupUntil {
+		s.dupUntil = -1
+	}
+	e.noteSeq(seq)
+	return true
+}
+
+// replay asks the engine's ROUTER for every buffered batch from the next seq on and
+// applies them, up to the end marker or ReplayTimeout.
+func (s *rankSub) replay(ctx context.Context) {
+	cfg := &s.e.m.cfg
+	rctx, cancel := context.WithTimeout(ctx, cfg.ReplayTimeout)
+	defer cancel()
+	z, err := dialZMQ(rctx, zmq4.Dealer, s.replayAddr, "", cfg.DialTimeout)
+	if err != nil {
+		cfg.Logger.Info("ingest: replay unavailable", "endpoint", s.e.cfg.Name, "rank", s.rank, "err", err)
+		return
+	}
+	defer z.close()
+	start := s.last + 1
+	var sb [8]byte
+	binary.BigEndian.PutUint64(sb[:], uint64(start))
+	if err := z.s.SendMulti(zmq4.NewMsgFrom([]byte{}, sb[:])); err != nil {
+		return
+	}
+	go func() { <-rctx.Done(); z.cancel() }() // Recv has no deadline of its own
+	n := 0
+	for {
+		msg, err := z.s.Recv()
+		if err != nil {
+			cfg.Logger.Info("ingest: replay ended without end marker", "endpoint", s.e.cfg.Name, "err", err, "batches", n)
+			break
+		}
+		f := msg.Frames
+		if len(f) > 0 && len(f[0]) == 0 {
+			f = f[1:] // the DEALER/ROUTER delimiter
+		}
+		var seqb, payload []byte
+		switch len(f) {
+		case 2: // ["", seq, payload]
+			seqb, payload = f[0], f[1]
+		case 3: // ["", topic, seq, payload]
+			seqb, payload = f[1], f[2]
+		default:
+			s.e.c.decodeErrors.Inc()
+			continue
+		}
+		if len(seqb) != 8 {
+			s.e.c.decodeErrors.Inc()
+			continue
+		}
+		seq := binary.BigEndian.Uint64(seqb)
+		if seq == ^uint64(0) {
+			break
+		}
+		s.e.c.replayed.Inc()
+		n++
+		if s.accept(int64(seq&(1<<63-1)), true) {
+			s.a.apply(payload)
+		}
+	}
+	s.dupFrom, s.dupUntil = start, s.last
+}
