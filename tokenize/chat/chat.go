@@ -1,15 +1,42 @@
 // Package chat renders Hugging Face chat templates (Jinja2) exactly as vLLM does for
-// /v1/chat/completions: transformers' apply_chat_template environment plus vLLM's message
-// preprocessing. It is a small self-contained Jinja2 engine over an ordered value model, so
-// dict key order, tojson output and Python string semantics match Jinja2 byte for byte.
+// /v1/chat/completions: transformers' apply_chat_template environment (sandboxed Jinja2 with
+// trim_blocks, lstrip_blocks, loop controls, tojson, raise_exception, strftime_now) plus
+// vLLM's message preprocessing. It is a small self-contained Jinja2 engine over an ordered
+// value model, so dict key order, tojson output and Python string semantics match Jinja2
+// byte for byte.
 package chat
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// ContentFormat is how vLLM hands message content to a template.
+type ContentFormat uint8
+
+const (
+	// ContentString joins text parts with "\n" into one string (most templates).
+	ContentString ContentFormat = iota
+	// ContentOpenAI keeps content as a list of {"type": "text", "text": ...} parts, for
+	// templates that loop over message content (detected like vLLM does).
+	ContentOpenAI
+)
+
+func (f ContentFormat) String() string {
+	if f == ContentOpenAI {
+		return "openai"
+	}
+	return "string"
+}
 
 // Template is a compiled chat template. It is immutable after Compile and safe for concurrent
 // Render calls.
 type Template struct {
-	source string
+	src    string
+	body   []*stmt
+	format ContentFormat
 }
 
 // Input is one chat request's template inputs.
@@ -17,17 +44,151 @@ type Input struct {
 	// Raw JSON from the OpenAI request: "messages", "tools", "chat_template_kwargs"; nil if absent.
 	Messages, Tools, Kwargs []byte
 	AddGenerationPrompt     bool
-	BOSToken, EOSToken      string
+	// BOSToken and EOSToken become bos_token / eos_token; an empty one is left undefined, as
+	// transformers leaves a special token that is not set.
+	BOSToken, EOSToken string
 	// Other special-token variables from tokenizer_config.json (e.g. pad_token, unk_token).
 	Special map[string]string
+	// Now is the clock strftime_now reads; the zero value means time.Now().
+	Now time.Time
 }
 
 // Compile parses a chat template once.
 func Compile(source string) (*Template, error) {
-	return &Template{source: source}, nil
+	src := normalizeNewlines(source)
+	body, err := parse(src)
+	if err != nil {
+		return nil, err
+	}
+	return &Template{src: src, body: body, format: detectContentFormat(body)}, nil
 }
 
+// ContentFormat reports the content format vLLM's auto-detection picks for this template.
+func (t *Template) ContentFormat() ContentFormat { return t.format }
+
+var rendererPool = sync.Pool{New: func() any {
+	return &renderer{vars: make([]binding, 0, 32), frames: make([]int, 0, 8)}
+}}
+
 // Render appends the rendered prompt to dst.
-func (t *Template) Render(dst []byte, in *Input) ([]byte, error) {
-	return dst, errors.New("chat: Render not implemented yet")
+func (t *Template) Render(dst []byte, in *Input) (out []byte, err error) {
+	if in == nil {
+		return dst, errors.New("chat: nil Input")
+	}
+	r := rendererPool.Get().(*renderer)
+	r.t = t
+	r.out = dst
+	r.vars = r.vars[:0]
+	r.frames = append(r.frames[:0], 0)
+	r.barrier = 0
+	r.steps = 0
+	r.depth = 0
+	r.now = in.Now
+	if r.now.IsZero() {
+		r.now = time.Now()
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			// A bug in the engine must not take the proxy down; report it as an error.
+			out, err = dst, fmt.Errorf("chat: internal error rendering template: %v", p)
+		}
+		clear(r.vars)
+		r.t, r.out = nil, nil
+		rendererPool.Put(r)
+	}()
+	if err := t.bind(r, in); err != nil {
+		return dst, err
+	}
+	mark := len(r.out)
+	if _, err := r.execBody(t.body); err != nil {
+		return r.out[:mark], err
+	}
+	return r.out, nil
+}
+
+// bind sets the variables transformers passes to the template: messages, tools, documents,
+// add_generation_prompt, the special tokens, the Jinja globals, then chat_template_kwargs.
+func (t *Template) bind(r *renderer, in *Input) error {
+	msgs, err := preprocessMessages(in.Messages, t.format)
+	if err != nil {
+		return err
+	}
+	tools := none
+	if len(in.Tools) > 0 {
+		if tools, err = preprocessTools(in.Tools); err != nil {
+			return err
+		}
+	}
+	r.vars = append(r.vars,
+		binding{"range", gRange},
+		binding{"dict", gDict},
+		binding{"namespace", gNamespace},
+		binding{"raise_exception", gRaise},
+		binding{"strftime_now", gStrftime},
+	)
+	for k, v := range in.Special {
+		r.setVar(k, strVal(v))
+	}
+	if in.BOSToken != "" {
+		r.setVar("bos_token", strVal(in.BOSToken))
+	}
+	if in.EOSToken != "" {
+		r.setVar("eos_token", strVal(in.EOSToken))
+	}
+	// Request kwargs override the special tokens ({**special_tokens_map, **kwargs}).
+	if len(in.Kwargs) > 0 {
+		kw, err := parseJSON(in.Kwargs)
+		if err != nil {
+			return fmt.Errorf("chat: chat_template_kwargs: %w", err)
+		}
+		switch kw.k {
+		case kNone:
+		case kDict:
+			for i, k := range kw.d.keys {
+				switch k {
+				case "chat_template", "tokenize":
+					return fmt.Errorf("chat: unexpected chat_template_kwargs key %q", k)
+				case "messages", "conversation", "tools", "documents", "add_generation_prompt", "continue_final_message", "reasoning_effort":
+					// Named parameters of apply_chat_template: the request's own fields win.
+					continue
+				}
+				r.setVar(k, kw.d.vals[i])
+			}
+		default:
+			return errors.New("chat: chat_template_kwargs must be a JSON object")
+		}
+	}
+	r.setVar("messages", msgs)
+	r.setVar("tools", tools)
+	r.setVar("documents", none)
+	r.setVar("add_generation_prompt", boolVal(in.AddGenerationPrompt))
+	return nil
+}
+
+// renderVars renders with exactly the variables of a JSON object plus the Jinja globals; the
+// engine tests use it to compare plain templates with Jinja2.
+func (t *Template) renderVars(dst []byte, vars []byte, now time.Time) (out []byte, err error) {
+	v, err := parseJSON(vars)
+	if err != nil {
+		return dst, err
+	}
+	if v.k != kDict {
+		return dst, errors.New("chat: vars must be a JSON object")
+	}
+	r := &renderer{t: t, out: dst, frames: []int{0}, now: now}
+	defer func() {
+		if p := recover(); p != nil {
+			out, err = dst, fmt.Errorf("chat: internal error rendering template: %v", p)
+		}
+	}()
+	r.vars = append(r.vars,
+		binding{"range", gRange}, binding{"dict", gDict}, binding{"namespace", gNamespace},
+		binding{"raise_exception", gRaise}, binding{"strftime_now", gStrftime})
+	for i, k := range v.d.keys {
+		r.setVar(k, v.d.vals[i])
+	}
+	if _, err := r.execBody(t.body); err != nil {
+		return dst, err
+	}
+	return r.out, nil
 }

@@ -1,0 +1,461 @@
+package chat
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// parseJSON decodes one JSON document into template values, keeping object key order (as
+// Python's json module and vLLM's request parser do). Integers stay integers; numbers with a
+// fraction or exponent become floats, as in Python.
+func parseJSON(data []byte) (Value, error) {
+	p := jsonParser{b: data}
+	p.ws()
+	v, err := p.value(0)
+	if err != nil {
+		return undefined, err
+	}
+	p.ws()
+	if p.i != len(p.b) {
+		return undefined, p.errf("unexpected data after the top-level value")
+	}
+	return v, nil
+}
+
+type jsonParser struct {
+	b []byte
+	i int
+}
+
+const maxJSONDepth = 512
+
+func (p *jsonParser) errf(format string, a ...any) error {
+	return fmt.Errorf("chat: invalid JSON at offset %d: %s", p.i, fmt.Sprintf(format, a...))
+}
+
+func (p *jsonParser) ws() {
+	for p.i < len(p.b) {
+		switch p.b[p.i] {
+		case ' ', '\t', '\n', '\r':
+			p.i++
+		default:
+			return
+		}
+	}
+}
+
+func (p *jsonParser) value(depth int) (Value, error) {
+	if depth > maxJSONDepth {
+		return undefined, p.errf("nested too deeply")
+	}
+	if p.i >= len(p.b) {
+		return undefined, p.errf("unexpected end of input")
+	}
+	switch c := p.b[p.i]; {
+	case c == '{':
+		p.i++
+		d := newDict(4)
+		p.ws()
+		if p.i < len(p.b) && p.b[p.i] == '}' {
+			p.i++
+			return dictValue(d), nil
+		}
+		for {
+			p.ws()
+			if p.i >= len(p.b) || p.b[p.i] != '"' {
+				return undefined, p.errf("expected a string key")
+			}
+			k, err := p.str()
+			if err != nil {
+				return undefined, err
+			}
+			p.ws()
+			if p.i >= len(p.b) || p.b[p.i] != ':' {
+				return undefined, p.errf("expected ':'")
+			}
+			p.i++
+			p.ws()
+			v, err := p.value(depth + 1)
+			if err != nil {
+				return undefined, err
+			}
+			d.set(k, v)
+			p.ws()
+			if p.i >= len(p.b) {
+				return undefined, p.errf("unexpected end of object")
+			}
+			if p.b[p.i] == ',' {
+				p.i++
+				continue
+			}
+			if p.b[p.i] == '}' {
+				p.i++
+				return dictValue(d), nil
+			}
+			return undefined, p.errf("expected ',' or '}'")
+		}
+	case c == '[':
+		p.i++
+		var items []Value
+		p.ws()
+		if p.i < len(p.b) && p.b[p.i] == ']' {
+			p.i++
+			return listOf(items), nil
+		}
+		for {
+			p.ws()
+			v, err := p.value(depth + 1)
+			if err != nil {
+				return undefined, err
+			}
+			items = append(items, v)
+			p.ws()
+			if p.i >= len(p.b) {
+				return undefined, p.errf("unexpected end of array")
+			}
+			if p.b[p.i] == ',' {
+				p.i++
+				continue
+			}
+			if p.b[p.i] == ']' {
+				p.i++
+				return listOf(items), nil
+			}
+			return undefined, p.errf("expected ',' or ']'")
+		}
+	case c == '"':
+		s, err := p.str()
+		return strVal(s), err
+	case c == 't':
+		return p.lit("true", vTrue)
+	case c == 'f':
+		return p.lit("false", vFalse)
+	case c == 'n':
+		return p.lit("null", none)
+	case c == 'N':
+		return p.lit("NaN", floatVal(math.NaN()))
+	case c == 'I':
+		return p.lit("Infinity", floatVal(math.Inf(1)))
+	case c == '-' || (c >= '0' && c <= '9'):
+		if c == '-' && p.i+1 < len(p.b) && p.b[p.i+1] == 'I' {
+			p.i++
+			return p.lit("Infinity", floatVal(math.Inf(-1)))
+		}
+		return p.number()
+	}
+	return undefined, p.errf("unexpected character %q", p.b[p.i])
+}
+
+func (p *jsonParser) lit(word string, v Value) (Value, error) {
+	if len(p.b)-p.i >= len(word) && string(p.b[p.i:p.i+len(word)]) == word {
+		p.i += len(word)
+		return v, nil
+	}
+	return undefined, p.errf("invalid literal")
+}
+
+func (p *jsonParser) number() (Value, error) {
+	start := p.i
+	if p.b[p.i] == '-' {
+		p.i++
+	}
+	if p.i >= len(p.b) {
+		return undefined, p.errf("bad number")
+	}
+	if p.b[p.i] == '0' {
+		p.i++
+	} else if p.b[p.i] >= '1' && p.b[p.i] <= '9' {
+		for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
+			p.i++
+		}
+	} else {
+		return undefined, p.errf("bad number")
+	}
+	isFloat := false
+	if p.i < len(p.b) && p.b[p.i] == '.' {
+		isFloat = true
+		p.i++
+		d := p.i
+		for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
+			p.i++
+		}
+		if p.i == d {
+			return undefined, p.errf("bad number")
+		}
+	}
+	if p.i < len(p.b) && (p.b[p.i] == 'e' || p.b[p.i] == 'E') {
+		isFloat = true
+		p.i++
+		if p.i < len(p.b) && (p.b[p.i] == '+' || p.b[p.i] == '-') {
+			p.i++
+		}
+		d := p.i
+		for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
+			p.i++
+		}
+		if p.i == d {
+			return undefined, p.errf("bad number")
+		}
+	}
+	text := string(p.b[start:p.i])
+	if !isFloat {
+		if n, err := strconv.ParseInt(text, 10, 64); err == nil {
+			return intVal(n), nil
+		}
+		return undefined, p.errf("integer %s does not fit in 64 bits", text)
+	}
+	f, err := strconv.ParseFloat(text, 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		return undefined, p.errf("bad number")
+	}
+	return floatVal(f), nil
+}
+
+func (p *jsonParser) str() (string, error) {
+	p.i++ // opening quote
+	start := p.i
+	for p.i < len(p.b) {
+		c := p.b[p.i]
+		if c == '"' {
+			s := string(p.b[start:p.i])
+			p.i++
+			return s, nil
+		}
+		if c == '\\' || c < 0x20 {
+			break
+		}
+		p.i++
+	}
+	buf := append([]byte(nil), p.b[start:p.i]...)
+	for p.i < len(p.b) {
+		c := p.b[p.i]
+		switch {
+		case c == '"':
+			p.i++
+			return string(buf), nil
+		case c < 0x20:
+			return "", p.errf("control character in string")
+		case c == '\\':
+			p.i++
+			if p.i >= len(p.b) {
+				return "", p.errf("unterminated escape")
+			}
+			e := p.b[p.i]
+			p.i++
+			switch e {
+			case '"', '\\', '/':
+				buf = append(buf, e)
+			case 'b':
+				buf = append(buf, '\b')
+			case 'f':
+				buf = append(buf, '\f')
+			case 'n':
+				buf = append(buf, '\n')
+			case 'r':
+				buf = append(buf, '\r')
+			case 't':
+				buf = append(buf, '\t')
+			case 'u':
+				r, ok := p.hex4()
+				if !ok {
+					return "", p.errf("bad \\u escape")
+				}
+				if utf16.IsSurrogate(r) && p.i+6 <= len(p.b) && p.b[p.i] == '\\' && p.b[p.i+1] == 'u' {
+					save := p.i
+					p.i += 2
+					r2, ok2 := p.hex4()
+					if dec := utf16.DecodeRune(r, r2); ok2 && dec != utf8.RuneError {
+						r = dec
+					} else {
+						p.i = save
+					}
+				}
+				buf = utf8.AppendRune(buf, r)
+			default:
+				return "", p.errf("bad escape \\%c", e)
+			}
+		default:
+			buf = append(buf, c)
+			p.i++
+		}
+	}
+	return "", p.errf("unterminated string")
+}
+
+func (p *jsonParser) hex4() (rune, bool) {
+	if p.i+4 > len(p.b) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range p.b[p.i : p.i+4] {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c - 'a' + 10)
+		case c >= 'A' && c <= 'F':
+			r |= rune(c - 'A' + 10)
+		default:
+			return 0, false
+		}
+	}
+	p.i += 4
+	return r, true
+}
+
+// jsonOpts are the json.dumps arguments transformers' tojson filter forwards.
+type jsonOpts struct {
+	indent      string
+	hasIndent   bool
+	itemSep     string
+	keySep      string
+	sortKeys    bool
+	ensureASCII bool
+}
+
+func defaultJSONOpts() jsonOpts { return jsonOpts{itemSep: ", ", keySep: ": "} }
+
+// appendJSON appends json.dumps(v, ...) exactly as Python writes it.
+func appendJSON(dst []byte, v Value, o *jsonOpts, level int) ([]byte, error) {
+	switch v.k {
+	case kNone:
+		return append(dst, "null"...), nil
+	case kBool:
+		if v.n != 0 {
+			return append(dst, "true"...), nil
+		}
+		return append(dst, "false"...), nil
+	case kInt:
+		return strconv.AppendInt(dst, v.n, 10), nil
+	case kFloat:
+		f := v.float()
+		switch {
+		case math.IsNaN(f):
+			return append(dst, "NaN"...), nil
+		case math.IsInf(f, 1):
+			return append(dst, "Infinity"...), nil
+		case math.IsInf(f, -1):
+			return append(dst, "-Infinity"...), nil
+		}
+		return appendPyFloat(dst, f), nil
+	case kString:
+		return appendJSONString(dst, v.s, o.ensureASCII), nil
+	case kList:
+		if len(v.l.items) == 0 {
+			return append(dst, "[]"...), nil
+		}
+		dst = append(dst, '[')
+		for i, it := range v.l.items {
+			if i > 0 {
+				dst = append(dst, o.itemSep...)
+			}
+			dst = o.newline(dst, level+1)
+			var err error
+			if dst, err = appendJSON(dst, it, o, level+1); err != nil {
+				return dst, err
+			}
+		}
+		dst = o.newline(dst, level)
+		return append(dst, ']'), nil
+	case kDict, kNS:
+		d := v.d
+		if len(d.keys) == 0 {
+			return append(dst, "{}"...), nil
+		}
+		order := ident(len(d.keys))
+		if o.sortKeys {
+			sort.SliceStable(order, func(a, b int) bool { return d.keys[order[a]] < d.keys[order[b]] })
+		}
+		dst = append(dst, '{')
+		for n, i := range order {
+			if n > 0 {
+				dst = append(dst, o.itemSep...)
+			}
+			dst = o.newline(dst, level+1)
+			dst = appendJSONString(dst, d.keys[i], o.ensureASCII)
+			dst = append(dst, o.keySep...)
+			var err error
+			if dst, err = appendJSON(dst, d.vals[i], o, level+1); err != nil {
+				return dst, err
+			}
+		}
+		dst = o.newline(dst, level)
+		return append(dst, '}'), nil
+	}
+	return dst, fmt.Errorf("Object of type %s is not JSON serializable", v.typeName())
+}
+
+func ident(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
+}
+
+func (o *jsonOpts) newline(dst []byte, level int) []byte {
+	if !o.hasIndent {
+		return dst
+	}
+	dst = append(dst, '\n')
+	for i := 0; i < level; i++ {
+		dst = append(dst, o.indent...)
+	}
+	return dst
+}
+
+// appendJSONString escapes like Python's json encoder: ", \, \n, \r, \t, \b, \f and other
+// controls as \u00XX; non-ASCII kept unless ensure_ascii.
+func appendJSONString(dst []byte, s string, ensureASCII bool) []byte {
+	dst = append(dst, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch c {
+			case '"':
+				dst = append(dst, '\\', '"')
+			case '\\':
+				dst = append(dst, '\\', '\\')
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			case '\b':
+				dst = append(dst, '\\', 'b')
+			case '\f':
+				dst = append(dst, '\\', 'f')
+			default:
+				if c < 0x20 {
+					dst = append(dst, '\\', 'u', '0', '0', hexDigit[c>>4], hexDigit[c&15])
+				} else {
+					dst = append(dst, c)
+				}
+			}
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if !ensureASCII {
+			dst = append(dst, s[i:i+n]...)
+		} else if r > 0xffff {
+			r1, r2 := utf16.EncodeRune(r)
+			dst = append(dst, '\\', 'u')
+			dst = appendHex(dst, uint32(r1), 4)
+			dst = append(dst, '\\', 'u')
+			dst = appendHex(dst, uint32(r2), 4)
+		} else {
+			dst = append(dst, '\\', 'u')
+			dst = appendHex(dst, uint32(r), 4)
+		}
+		i += n
+	}
+	return append(dst, '"')
+}

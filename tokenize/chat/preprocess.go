@@ -1,0 +1,263 @@
+package chat
+
+import (
+	"errors"
+	"fmt"
+)
+
+// preprocessMessages turns the request's messages into the conversation vLLM hands to the
+// template (vllm/entrypoints/chat_utils.py, parse_chat_messages):
+//   - each message becomes {"role", "content", ...} with the extra keys in vLLM's order:
+//     assistant "tool_calls" (when present and not null), "reasoning" and "reasoning_content"
+//     (from "reasoning"), tool "tool_call_id", then "name";
+//   - content: a string or a list of text parts; absent/null content is an empty part list.
+//     Format "string" joins the texts with "\n"; "openai" keeps [{"type":"text","text":...}]
+//     (tool messages are flattened back to a string unless a part is not text);
+//   - assistant tool-call "arguments" JSON strings become objects ({} when not valid JSON);
+//     an empty tool_calls list is dropped.
+func preprocessMessages(raw []byte, format ContentFormat) (Value, error) {
+	if len(raw) == 0 {
+		return undefined, errors.New("chat: request has no messages")
+	}
+	v, err := parseJSON(raw)
+	if err != nil {
+		return undefined, fmt.Errorf("chat: messages: %w", err)
+	}
+	if v.k != kList {
+		return undefined, errors.New("chat: messages must be a JSON array")
+	}
+	out := make([]Value, len(v.l.items))
+	for i, m := range v.l.items {
+		cm, err := convertMessage(m, format)
+		if err != nil {
+			return undefined, fmt.Errorf("chat: messages[%d]: %w", i, err)
+		}
+		out[i] = cm
+	}
+	return listOf(out), nil
+}
+
+func convertMessage(m Value, format ContentFormat) (Value, error) {
+	if m.k != kDict {
+		return undefined, errors.New("message must be an object")
+	}
+	role, ok := m.d.get("role")
+	if !ok || role.k != kString {
+		return undefined, errors.New(`message needs a string "role"`)
+	}
+	texts, err := contentTexts(m)
+	if err != nil {
+		return undefined, err
+	}
+	d := newDict(4)
+	d.set("role", role)
+	if format == ContentOpenAI {
+		parts := make([]Value, len(texts))
+		for i, t := range texts {
+			p := newDict(2)
+			p.set("type", strVal("text"))
+			p.set("text", strVal(t))
+			parts[i] = dictValue(p)
+		}
+		if role.s == "tool" {
+			// vLLM flattens all-text tool content back to one string.
+			d.set("content", strVal(joinLines(texts)))
+		} else {
+			d.set("content", listOf(parts))
+		}
+	} else {
+		d.set("content", strVal(joinLines(texts)))
+	}
+	switch role.s {
+	case "assistant":
+		if tc, ok := m.d.get("tool_calls"); ok && tc.k != kNone {
+			calls, err := convertToolCalls(tc)
+			if err != nil {
+				return undefined, err
+			}
+			if len(calls.l.items) > 0 {
+				d.set("tool_calls", calls)
+			}
+		}
+		if rs, ok := m.d.get("reasoning"); ok && rs.k != kNone {
+			d.set("reasoning", rs)
+			d.set("reasoning_content", rs)
+		}
+	case "tool":
+		if id, ok := m.d.get("tool_call_id"); ok {
+			d.set("tool_call_id", id)
+		}
+	}
+	if name, ok := m.d.get("name"); ok && name.k == kString {
+		d.set("name", name)
+	}
+	return dictValue(d), nil
+}
+
+func joinLines(texts []string) string {
+	switch len(texts) {
+	case 0:
+		return ""
+	case 1:
+		return texts[0]
+	}
+	n := len(texts) - 1
+	for _, t := range texts {
+		n += len(t)
+	}
+	b := make([]byte, 0, n)
+	for i, t := range texts {
+		if i > 0 {
+			b = append(b, '\n')
+		}
+		b = append(b, t...)
+	}
+	return string(b)
+}
+
+// contentTexts returns the text parts of a message's content. Parts that are not text (images,
+// audio) cannot be routed by a text tokenizer and are refused.
+func contentTexts(m Value) ([]string, error) {
+	c, _ := m.d.get("content")
+	switch c.k {
+	case kUndefined, kNone:
+		return nil, nil
+	case kString:
+		return []string{c.s}, nil
+	case kList:
+		texts := make([]string, 0, len(c.l.items))
+		for i, p := range c.l.items {
+			switch p.k {
+			case kString:
+				texts = append(texts, p.s)
+				continue
+			case kDict:
+			default:
+				return nil, fmt.Errorf("content[%d] must be a string or an object", i)
+			}
+			typ, _ := p.d.get("type")
+			field := ""
+			switch typ.s {
+			case "text", "input_text", "output_text":
+				field = "text"
+			case "refusal":
+				field = "refusal"
+			case "thinking":
+				field = "thinking"
+			default:
+				return nil, fmt.Errorf("content[%d]: unsupported content part type %q for text routing", i, typ.s)
+			}
+			t, _ := p.d.get(field)
+			switch t.k {
+			case kUndefined, kNone:
+				continue // vLLM skips text parts without text
+			case kString:
+				texts = append(texts, t.s)
+			default:
+				return nil, fmt.Errorf("content[%d].%s must be a string", i, field)
+			}
+		}
+		return texts, nil
+	}
+	return nil, errors.New(`"content" must be a string, an array of parts or null`)
+}
+
+func convertToolCalls(tc Value) (Value, error) {
+	if tc.k != kList {
+		return undefined, errors.New(`"tool_calls" must be an array`)
+	}
+	out := make([]Value, len(tc.l.items))
+	for i, call := range tc.l.items {
+		if call.k != kDict {
+			return undefined, fmt.Errorf("tool_calls[%d] must be an object", i)
+		}
+		fn, ok := call.d.get("function")
+		if !ok || fn.k != kDict {
+			return undefined, fmt.Errorf(`tool_calls[%d] needs a "function" object`, i)
+		}
+		args, _ := fn.d.get("arguments")
+		var parsed Value
+		switch args.k {
+		case kString:
+			var err error
+			if parsed, err = parseJSON([]byte(args.s)); err != nil {
+				parsed = dictValue(newDict(0))
+			}
+		case kDict, kList:
+			parsed = args
+		default:
+			parsed = dictValue(newDict(0))
+		}
+		nf := newDict(len(fn.d.keys))
+		for j, k := range fn.d.keys {
+			nf.set(k, fn.d.vals[j])
+		}
+		nf.set("arguments", parsed)
+		nc := newDict(len(call.d.keys))
+		for j, k := range call.d.keys {
+			nc.set(k, call.d.vals[j])
+		}
+		nc.set("function", dictValue(nf))
+		out[i] = dictValue(nc)
+	}
+	return listOf(out), nil
+}
+
+// preprocessTools mirrors vLLM's tool.model_dump(): each tool becomes {"type", "function":
+// {"name", "description", "parameters", extras...}, extras...}, with null for an absent
+// description or parameters.
+func preprocessTools(raw []byte) (Value, error) {
+	v, err := parseJSON(raw)
+	if err != nil {
+		return undefined, fmt.Errorf("chat: tools: %w", err)
+	}
+	if v.k == kNone {
+		return none, nil
+	}
+	if v.k != kList {
+		return undefined, errors.New("chat: tools must be a JSON array")
+	}
+	out := make([]Value, len(v.l.items))
+	for i, t := range v.l.items {
+		if t.k != kDict {
+			return undefined, fmt.Errorf("chat: tools[%d] must be an object", i)
+		}
+		fn, ok := t.d.get("function")
+		if !ok || fn.k != kDict {
+			return undefined, fmt.Errorf(`chat: tools[%d] needs a "function" object`, i)
+		}
+		name, ok := fn.d.get("name")
+		if !ok || name.k != kString {
+			return undefined, fmt.Errorf(`chat: tools[%d].function needs a string "name"`, i)
+		}
+		nf := newDict(len(fn.d.keys) + 2)
+		nf.set("name", name)
+		for _, k := range [...]string{"description", "parameters"} {
+			x, ok := fn.d.get(k)
+			if !ok {
+				x = none
+			}
+			nf.set(k, x)
+		}
+		for j, k := range fn.d.keys {
+			nf.set(k, fn.d.vals[j])
+		}
+		typ, ok := t.d.get("type")
+		if !ok {
+			typ = strVal("function")
+		}
+		if typ.k != kString || typ.s != "function" {
+			return undefined, fmt.Errorf(`chat: tools[%d].type must be "function"`, i)
+		}
+		nt := newDict(len(t.d.keys) + 1)
+		nt.set("type", typ)
+		nt.set("function", dictValue(nf))
+		for j, k := range t.d.keys {
+			if k != "function" {
+				nt.set(k, t.d.vals[j])
+			}
+		}
+		out[i] = dictValue(nt)
+	}
+	return listOf(out), nil
+}

