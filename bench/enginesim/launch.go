@@ -1,6 +1,7 @@
 package enginesim
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -129,4 +130,16 @@ func (s *Sim) zmq() *ZMQSink {
 		return z.ZMQSink
 	}
 	return nil
+}
+
+// WaitSubscribed waits until a subscriber joined the event PUB socket (ZeroMQ drops
+// messages published before that). Engines without ZeroMQ events return at once.
+func (s *Sim) WaitSubscribed(ctx context.Context, timeout time.Duration) error {
+	z := s.zmq()
+	if z == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return z.Pub.WaitSubscribed(ctx)
 }

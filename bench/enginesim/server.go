@@ -1,10 +1,12 @@
 package enginesim
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -243,10 +245,10 @@ type prepared struct {
 	kv     kvTransfer
 }
 
-func (s *Sim) prepare(r *http.Request, chat bool) (*prepared, error) {
+func (s *Sim) prepare(body io.Reader, chat bool) (*prepared, error) {
 	var p prepared
 	p.chat = chat
-	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 64<<20))
+	dec := json.NewDecoder(io.LimitReader(body, 64<<20))
 	if err := dec.Decode(&p.req); err != nil {
 		return nil, badRequest("invalid JSON body: %v", err)
 	}
@@ -373,7 +375,7 @@ func writeError(w http.ResponseWriter, err error) {
 }
 
 func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
-	p, err := s.prepare(r, chat)
+	p, err := s.prepare(r.Body, chat)
 	if err != nil {
 		s.reqErr.Add(1)
 		writeError(w, err)
@@ -721,16 +723,29 @@ type Probe struct {
 // cached tokens it would get now, without running it. The oracle placement uses it.
 func (s *Sim) serveProbe(w http.ResponseWriter, r *http.Request) {
 	chat := r.URL.Query().Get("api") != "completions"
-	p, err := s.prepare(r, chat)
+	p, err := s.prepare(r.Body, chat)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	run, wait := s.sched.load()
-	pr := Probe{PromptTokens: len(p.tokens), CachedTokens: s.pool.Probe(p.keys, len(p.tokens)), Running: run, Waiting: wait}
-	b, _ := json.Marshal(pr)
+	b, _ := json.Marshal(s.probe(p))
 	w.Header().Set("Content-Type", "application/json")
 	w.Write(b)
+}
+
+func (s *Sim) probe(p *prepared) Probe {
+	run, wait := s.sched.load()
+	return Probe{PromptTokens: len(p.tokens), CachedTokens: s.pool.Probe(p.keys, len(p.tokens)), Running: run, Waiting: wait}
+}
+
+// ProbeBody is POST /debug/probe in-process: what an OpenAI body (chat when chat is set)
+// would get from the cache now.
+func (s *Sim) ProbeBody(body []byte, chat bool) (Probe, error) {
+	p, err := s.prepare(bytes.NewReader(body), chat)
+	if err != nil {
+		return Probe{}, err
+	}
+	return s.probe(p), nil
 }
 
 func (s *Sim) serveTRTEvents(w http.ResponseWriter, r *http.Request) {

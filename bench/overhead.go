@@ -1,0 +1,394 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/kvgate/kvgate/bench/enginesim"
+)
+
+// OverheadConfig measures what routing through kvgate costs per request: the same chat
+// requests go to a zero-latency engine directly, through kvgate (KV-Exact mode 3, so the
+// whole routing path runs: parse, template, tokenize, hash, score) and, when nginx is
+// installed, through nginx proxy_pass as a plain-proxy baseline.
+type OverheadConfig struct {
+	Sim           enginesim.Spec // latency fields are zeroed
+	Kvgate        string
+	KvgateArgs    []string
+	Tokenizer     string
+	Words         []string
+	PromptTokens  []int         // default 1024 and 4096
+	Requests      int           // sequential requests per size and path (default 300)
+	Warmup        int           // unmeasured requests first (default 30)
+	Concurrency   int           // clients in the req/s measurement (default 8)
+	ThroughputFor time.Duration // default 3s
+	Nginx         string        // nginx binary; skipped when it does not exist
+	Progress      io.Writer
+}
+
+// OverheadRow is one path at one prompt size.
+type OverheadRow struct {
+	PromptTokens int // requested size in words (the engine's count is Tokens)
+	Tokens       int // prompt tokens as the engine counted them
+	Path         string
+	N, Errors    int
+	P50, P99     time.Duration
+	AddedP50     time.Duration // vs direct
+	AddedP99     time.Duration
+	RPS          float64
+}
+
+// OverheadResult is the overhead comparison.
+type OverheadResult struct {
+	Rows   []OverheadRow
+	Stages []string // kvgate's per-stage timing lines from its /metrics, if it exports them
+	Note   string
+	Procs  int
+}
+
+type ohPath struct {
+	name string
+	url  string
+}
+
+// RunOverhead runs the measurement and stops everything it started.
+func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, error) {
+	if len(cfg.PromptTokens) == 0 {
+		cfg.PromptTokens = []int{1024, 4096}
+	}
+	if cfg.Requests <= 0 {
+		cfg.Requests = 300
+	}
+	if cfg.Warmup <= 0 {
+		cfg.Warmup = 30
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 8
+	}
+	if cfg.ThroughputFor <= 0 {
+		cfg.ThroughputFor = 3 * time.Second
+	}
+	sp := cfg.Sim
+	sp.PrefillBase, sp.PrefillPerToken, sp.DecodePerToken = 0, 0, 0
+	sp.DefaultMaxTokens = 1
+	sp.MaxBatch = 256
+	sp.NumBlocks = 1 << 16
+	bcfg := Config{Engines: 1, Sim: sp, Kvgate: cfg.Kvgate, Tokenizer: cfg.Tokenizer, KvgateArgs: cfg.KvgateArgs}
+	sims, err := startSims(bcfg)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		for _, s := range sims {
+			s.Close()
+		}
+	}()
+	env := &Env{Sims: sims, Engine: sims[0].Config().Engine, HashAlgo: sp.HashAlgo, HashSeed: sp.HashSeed, SeedSet: sp.SeedSet,
+		BlockSize: sims[0].Config().Chain.BlockSize(), Model: sims[0].Config().Model, Tokenizer: cfg.Tokenizer,
+		Kvgate: cfg.Kvgate, KvgateArgs: cfg.KvgateArgs}
+	admin, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	target, stopKv, err := startKvgateAdmin(ctx, env, true, []string{"-select", "rr", "-kv-mode", "3", "-kv-score", "overlap"}, admin)
+	if err != nil {
+		return nil, err
+	}
+	defer stopKv()
+	kvURL, _ := target.Route(nil, true)
+	paths := []ohPath{{"direct", sims[0].URL()}, {"kvgate", kvURL}}
+	res := &OverheadResult{Procs: runtime.GOMAXPROCS(0)}
+	if st, err := os.Stat(cfg.Nginx); err == nil && !st.IsDir() {
+		url, stopNg, err := startNginx(ctx, cfg.Nginx, sims[0].Addr())
+		if err != nil {
+			res.Note = fmt.Sprintf("nginx baseline failed to start: %v", err)
+		} else {
+			defer stopNg()
+			paths = append(paths, ohPath{"nginx", url})
+		}
+	} else {
+		res.Note = fmt.Sprintf("nginx baseline skipped: %s not installed", cfg.Nginx)
+	}
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	for _, size := range cfg.PromptTokens {
+		system := Text(cfg.Words, uint64(size), size)
+		body := func(i int) []byte {
+			b, _ := json.Marshal(&requestBody{Model: env.Model, MaxTokens: 1, Messages: []chatMessage{
+				{Role: "system", Content: system}, {Role: "user", Content: "question " + strconv.Itoa(i)}}})
+			return b
+		}
+		lat := make([][]time.Duration, len(paths))
+		errs := make([]int, len(paths))
+		tokens := 0
+		total := cfg.Warmup + cfg.Requests
+		for i := 0; i < total; i++ {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			b := body(i)
+			// Interleave the paths so machine noise hits them alike.
+			for j, p := range paths {
+				d, pt, err := doOnce(ctx, hc, p.url+"/v1/chat/completions", b)
+				if i < cfg.Warmup {
+					continue
+				}
+				if err != nil {
+					errs[j]++
+					continue
+				}
+				tokens = pt
+				lat[j] = append(lat[j], d)
+			}
+			if cfg.Progress != nil && i%10 == 0 {
+				progress(cfg.Progress, fmt.Sprintf("overhead %d", size), i, total, 0)
+			}
+		}
+		if cfg.Progress != nil {
+			progress(cfg.Progress, fmt.Sprintf("overhead %d", size), total, total, 0)
+			fmt.Fprintln(cfg.Progress)
+		}
+		var base OverheadRow
+		for j, p := range paths {
+			slices.Sort(lat[j])
+			row := OverheadRow{PromptTokens: size, Tokens: tokens, Path: p.name, N: len(lat[j]), Errors: errs[j],
+				P50: Percentile(lat[j], 50), P99: Percentile(lat[j], 99)}
+			row.RPS = throughput(ctx, hc, p.url+"/v1/chat/completions", body, cfg.Concurrency, cfg.ThroughputFor)
+			if j == 0 {
+				base = row
+			} else {
+				row.AddedP50, row.AddedP99 = row.P50-base.P50, row.P99-base.P99
+			}
+			res.Rows = append(res.Rows, row)
+		}
+	}
+	res.Stages = scrapeStages("http://" + admin + "/metrics")
+	return res, nil
+}
+
+// doOnce sends one non-streaming request and returns its latency and prompt tokens.
+func doOnce(ctx context.Context, hc *http.Client, url string, body []byte) (time.Duration, int, error) {
+	start := time.Now()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return 0, 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	d := time.Since(start)
+	if err != nil {
+		return 0, 0, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 0, 0, fmt.Errorf("HTTP %d: %.200s", resp.StatusCode, b)
+	}
+	var u struct {
+		Usage struct {
+			PromptTokens int `json:"prompt_tokens"`
+		} `json:"usage"`
+	}
+	_ = json.Unmarshal(b, &u)
+	return d, u.Usage.PromptTokens, nil
+}
+
+// throughput runs conc clients back to back for d and returns completed requests per second.
+func throughput(ctx context.Context, hc *http.Client, url string, body func(int) []byte, conc int, d time.Duration) float64 {
+	var n atomic.Int64
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(d)
+	start := time.Now()
+	for c := 0; c < conc; c++ {
+		wg.Add(1)
+		go func(c int) {
+			defer wg.Done()
+			for i := 0; time.Now().Before(deadline) && ctx.Err() == nil; i++ {
+				if _, _, err := doOnce(ctx, hc, url, body(c*1000000+i)); err == nil {
+					n.Add(1)
+				}
+			}
+		}(c)
+	}
+	wg.Wait()
+	return float64(n.Load()) / time.Since(start).Seconds()
+}
+
+// scrapeStages keeps kvgate's metric lines that time request stages (names containing
+// "stage"), summed series only, so the report can show where the overhead goes.
+func scrapeStages(url string) []string {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	var out []string
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<16), 1<<22)
+	for sc.Scan() {
+		l := sc.Text()
+		if strings.HasPrefix(l, "#") || !strings.Contains(l, "stage") {
+			continue
+		}
+		name := l
+		if i := strings.IndexAny(l, "{ "); i >= 0 {
+			name = l[:i]
+		}
+		if strings.HasSuffix(name, "_sum") || strings.HasSuffix(name, "_count") || strings.HasSuffix(name, "_total") {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func startKvgateAdmin(ctx context.Context, env *Env, withEvents bool, flags []string, admin string) (Target, func() error, error) {
+	return startKvgateAt(ctx, env, withEvents, flags, admin)
+}
+
+// startNginx runs nginx in the foreground with a proxy_pass config to upstream.
+func startNginx(ctx context.Context, bin, upstream string) (string, func() error, error) {
+	dir, err := os.MkdirTemp("", "kvgate-bench-nginx-")
+	if err != nil {
+		return "", nil, err
+	}
+	listen, err := freePort()
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	conf := fmt.Sprintf(`worker_processes auto;
+daemon off;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path %[1]s/body;
+  proxy_temp_path %[1]s/proxy;
+  fastcgi_temp_path %[1]s/fastcgi;
+  uwsgi_temp_path %[1]s/uwsgi;
+  scgi_temp_path %[1]s/scgi;
+  client_max_body_size 64m;
+  client_body_buffer_size 1m;
+  upstream engine { server %[2]s; keepalive 256; }
+  server {
+    listen %[3]s;
+    location / {
+      proxy_pass http://engine;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+`, dir, upstream, listen)
+	cpath := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(cpath, []byte(conf), 0o644); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	cmd := exec.Command(bin, "-p", dir, "-c", cpath, "-e", filepath.Join(dir, "error.log"))
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stop := func() error {
+		select {
+		case <-exited:
+		default:
+			_ = cmd.Process.Signal(syscall.SIGQUIT)
+			select {
+			case <-exited:
+			case <-time.After(5 * time.Second):
+				_ = cmd.Process.Kill()
+				<-exited
+			}
+		}
+		return os.RemoveAll(dir)
+	}
+	url := "http://" + listen
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		select {
+		case err := <-exited:
+			exited <- err
+			stop()
+			return "", nil, fmt.Errorf("nginx exited: %v\n%s", err, out.String())
+		default:
+		}
+		resp, err := http.Get(url + "/health")
+		if err == nil {
+			resp.Body.Close()
+			return url, stop, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			stop()
+			return "", nil, fmt.Errorf("nginx not answering on %s", listen)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// WriteTable writes the overhead table.
+func (r *OverheadResult) WriteTable(w io.Writer) {
+	fmt.Fprintln(w, "| prompt (engine tokens) | path | requests | errors | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s |")
+	fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+	for _, row := range r.Rows {
+		added50, added99 := "-", "-"
+		if row.Path != "direct" {
+			added50, added99 = fmt.Sprintf("%.3f", ms64(row.AddedP50)), fmt.Sprintf("%.3f", ms64(row.AddedP99))
+		}
+		fmt.Fprintf(w, "| %d | %s | %d | %d | %.3f | %.3f | %s | %s | %.0f |\n", row.Tokens, row.Path, row.N, row.Errors,
+			ms64(row.P50), ms64(row.P99), added50, added99, row.RPS)
+	}
+}
+
+func ms64(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// WriteReport writes the overhead report.
+func (r *OverheadResult) WriteReport(w io.Writer) {
+	fmt.Fprintln(w, "# kvgate routing overhead")
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "Chat requests (max_tokens 1, not streamed) to a zero-latency engine simulator, sequential and interleaved across paths; req/s with concurrent clients. GOMAXPROCS=%d.\n", r.Procs)
+	fmt.Fprintln(w, "kvgate runs KV-Exact mode 3, so every request is parsed, templated, tokenized, hashed and scored.")
+	fmt.Fprintln(w)
+	r.WriteTable(w)
+	fmt.Fprintln(w)
+	if r.Note != "" {
+		fmt.Fprintln(w, r.Note)
+		fmt.Fprintln(w)
+	}
+	if len(r.Stages) > 0 {
+		fmt.Fprintln(w, "## Per-stage timing (kvgate /metrics)")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "```")
+		for _, l := range r.Stages {
+			fmt.Fprintln(w, l)
+		}
+		fmt.Fprintln(w, "```")
+	} else {
+		fmt.Fprintln(w, "kvgate exported no per-stage timing series (metric names containing \"stage\").")
+	}
+}

@@ -1,0 +1,126 @@
+package bench
+
+import (
+	"fmt"
+	"image/color"
+	"os"
+	"path/filepath"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+// WritePlots writes the figures as SVG into dir and returns their file names:
+// ttft-cdf.svg (TTFT CDF per policy), hit-ratio.svg (delivered hit ratio per policy) and
+// load.svg (prefill work per endpoint per policy).
+func (r *Result) WritePlots(dir string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, f := range []struct {
+		name string
+		make func() (*plot.Plot, error)
+	}{
+		{"ttft-cdf.svg", r.ttftCDF},
+		{"hit-ratio.svg", r.hitRatioBars},
+		{"load.svg", r.loadBars},
+	} {
+		p, err := f.make()
+		if err != nil {
+			return names, fmt.Errorf("%s: %w", f.name, err)
+		}
+		if err := p.Save(7*vg.Inch, 4*vg.Inch, filepath.Join(dir, f.name)); err != nil {
+			return names, fmt.Errorf("%s: %w", f.name, err)
+		}
+		names = append(names, f.name)
+	}
+	return names, nil
+}
+
+func (r *Result) ttftCDF() (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = "TTFT CDF per policy"
+	p.X.Label.Text = "time to first token (ms)"
+	p.Y.Label.Text = "fraction of requests"
+	p.Y.Min, p.Y.Max = 0, 1
+	p.Legend.Top, p.Legend.Left = false, false
+	p.Add(plotter.NewGrid())
+	for i, pr := range r.Policies {
+		if len(pr.TTFT) == 0 {
+			continue
+		}
+		xy := make(plotter.XYs, len(pr.TTFT))
+		for j, d := range pr.TTFT {
+			xy[j].X = float64(d) / float64(time.Millisecond)
+			xy[j].Y = float64(j+1) / float64(len(pr.TTFT))
+		}
+		l, err := plotter.NewLine(xy)
+		if err != nil {
+			return nil, err
+		}
+		l.Color = plotutil.Color(i)
+		l.Width = vg.Points(1.5)
+		l.Dashes = plotutil.Dashes(i)
+		p.Add(l)
+		p.Legend.Add(pr.Policy, l)
+	}
+	return p, nil
+}
+
+func (r *Result) hitRatioBars() (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = "Delivered cache-hit ratio (cached / prompt tokens)"
+	p.Y.Label.Text = "hit ratio"
+	p.Y.Min, p.Y.Max = 0, 1
+	vals := make(plotter.Values, len(r.Policies))
+	names := make([]string, len(r.Policies))
+	for i, pr := range r.Policies {
+		vals[i] = pr.HitRatio()
+		names[i] = pr.Policy
+	}
+	b, err := plotter.NewBarChart(vals, vg.Points(40))
+	if err != nil {
+		return nil, err
+	}
+	b.Color = color.RGBA{R: 0x33, G: 0x66, B: 0xcc, A: 0xff}
+	p.Add(plotter.NewGrid(), b)
+	p.NominalX(names...)
+	return p, nil
+}
+
+func (r *Result) loadBars() (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = "Prefill work per endpoint (uncached prompt tokens)"
+	p.Y.Label.Text = "tokens"
+	p.Legend.Top = true
+	n := len(r.Policies)
+	w := vg.Points(float64(60 / max(n, 1)))
+	p.Add(plotter.NewGrid())
+	for i, pr := range r.Policies {
+		vals := make(plotter.Values, r.Engines)
+		for j, e := range pr.Endpoints {
+			if j < len(vals) {
+				vals[j] = float64(e.PromptTokens - e.CachedTokens)
+			}
+		}
+		b, err := plotter.NewBarChart(vals, w)
+		if err != nil {
+			return nil, err
+		}
+		b.Color = plotutil.Color(i)
+		b.LineStyle.Width = 0
+		b.Offset = w * vg.Length(float64(i)-float64(n-1)/2)
+		p.Add(b)
+		p.Legend.Add(pr.Policy, b)
+	}
+	names := make([]string, r.Engines)
+	for i := range names {
+		names[i] = fmt.Sprintf("e%d", i)
+	}
+	p.NominalX(names...)
+	return p, nil
+}

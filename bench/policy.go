@@ -1,0 +1,286 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/kvgate/kvgate/bench/enginesim"
+)
+
+// Target decides where one request goes: the base URL (http://host:port) of kvgate or of
+// an engine.
+type Target interface {
+	Route(body []byte, chat bool) (string, error)
+}
+
+// fixedTarget sends everything to one URL (kvgate).
+type fixedTarget string
+
+func (f fixedTarget) Route([]byte, bool) (string, error) { return string(f), nil }
+
+// Env is what a policy gets to start from: the engines of this run.
+type Env struct {
+	Sims []*enginesim.Sim
+	// Engine, BlockSize, HashAlgo, HashSeed, SeedSet, Model, Tokenizer describe the sims
+	// (a router must be configured with the same contract).
+	Engine, HashAlgo, HashSeed, Model, Tokenizer string
+	SeedSet                                      bool
+	BlockSize                                    int
+	// Kvgate is the kvgate binary; KvgateArgs are extra serve flags.
+	Kvgate     string
+	KvgateArgs []string
+}
+
+// Policy is one routing choice under test. Start returns the target and a stop function
+// that must release everything Start started.
+type Policy struct {
+	Name  string
+	Start func(ctx context.Context, env *Env) (Target, func() error, error)
+}
+
+// KvgatePolicy runs `kvgate serve` with the given routing flags in front of the sims.
+// withEvents subscribes it to every sim's KV events (KV-Exact needs them).
+func KvgatePolicy(name string, withEvents bool, flags ...string) Policy {
+	return Policy{Name: name, Start: func(ctx context.Context, env *Env) (Target, func() error, error) {
+		return startKvgate(ctx, env, withEvents, flags)
+	}}
+}
+
+// StandardPolicies are the comparisons the issue asks for: round-robin, CHWBL, KV-Exact
+// mode 3 with both scorers, and the oracle placement.
+func StandardPolicies() []Policy {
+	return []Policy{
+		KvgatePolicy("rr", false, "-select", "rr", "-kv-mode", "off"),
+		KvgatePolicy("chwbl", false, "-select", "chwbl", "-kv-mode", "off"),
+		KvgatePolicy("kv-exact-overlap", true, "-select", "rr", "-kv-mode", "3", "-kv-score", "overlap"),
+		KvgatePolicy("kv-exact-prefix", true, "-select", "rr", "-kv-mode", "3", "-kv-score", "prefix"),
+		OraclePolicy(),
+	}
+}
+
+// PolicyByName returns a standard policy, "direct-rr" (round-robin in the harness, no
+// kvgate: for when no kvgate binary is available) or "oracle".
+func PolicyByName(name string) (Policy, bool) {
+	if name == "direct-rr" {
+		return DirectRRPolicy(), true
+	}
+	for _, p := range StandardPolicies() {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return Policy{}, false
+}
+
+// freePort reserves a loopback port number for a child process.
+func freePort() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// syncBuffer collects a child's output for error messages.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.b.Len() > 64<<10 {
+		return len(p), nil
+	}
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// ServeArgs are the `kvgate serve` flags for env's engines plus the policy flags.
+func ServeArgs(env *Env, listen, admin string, withEvents bool, flags []string) []string {
+	args := []string{"serve", "-listen", listen, "-admin-listen", admin}
+	for i, s := range env.Sims {
+		ep := fmt.Sprintf("name=e%d,url=%s,engine=%s,role=both", i, s.URL(), env.Engine)
+		if withEvents && s.EventsAddr() != "" {
+			ep += ",events=" + s.EventsAddr()
+		}
+		args = append(args, "-endpoint", ep)
+	}
+	if env.Model != "" {
+		args = append(args, "-model", env.Model)
+	}
+	if env.Tokenizer != "" {
+		args = append(args, "-tokenizer", env.Tokenizer)
+	}
+	if withEvents {
+		args = append(args, "-kv-block-size", fmt.Sprint(env.BlockSize))
+		if env.HashAlgo != "" {
+			args = append(args, "-kv-hash-algo", env.HashAlgo)
+		}
+		if env.SeedSet {
+			args = append(args, "-kv-hash-seed", env.HashSeed)
+		}
+	}
+	args = append(args, env.KvgateArgs...)
+	return append(args, flags...)
+}
+
+func startKvgate(ctx context.Context, env *Env, withEvents bool, flags []string) (Target, func() error, error) {
+	admin, err := freePort()
+	if err != nil {
+		return nil, nil, err
+	}
+	return startKvgateAt(ctx, env, withEvents, flags, admin)
+}
+
+// startKvgateAt runs kvgate serve with its admin listener on admin, waits until it is
+// ready (and subscribed to every engine's events when withEvents), and returns its URL.
+func startKvgateAt(ctx context.Context, env *Env, withEvents bool, flags []string, admin string) (Target, func() error, error) {
+	if env.Kvgate == "" {
+		return nil, nil, fmt.Errorf("no kvgate binary to run")
+	}
+	listen, err := freePort()
+	if err != nil {
+		return nil, nil, err
+	}
+	args := ServeArgs(env, listen, admin, withEvents, flags)
+	cmd := exec.Command(env.Kvgate, args...)
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return nil, nil, err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stop := func() error {
+		select {
+		case <-exited:
+			return nil
+		default:
+		}
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		return nil
+	}
+	fail := func(err error) (Target, func() error, error) {
+		stop()
+		return nil, nil, fmt.Errorf("kvgate %s: %v\n%s", strings.Join(args, " "), err, tail(out.String(), 2000))
+	}
+	// Ready: the admin /readyz answers 200.
+	deadline := time.Now().Add(30 * time.Second)
+	hc := &http.Client{Timeout: time.Second}
+	for {
+		select {
+		case err := <-exited:
+			exited <- err
+			return fail(fmt.Errorf("exited before ready: %v", err))
+		case <-ctx.Done():
+			return fail(ctx.Err())
+		default:
+		}
+		resp, err := hc.Get("http://" + admin + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			return fail(fmt.Errorf("not ready after 30s (last: %v)", err))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if withEvents {
+		// ZeroMQ PUB drops what it sends before a subscriber joined: wait for kvgate's.
+		for _, s := range env.Sims {
+			if err := s.WaitSubscribed(ctx, 15*time.Second); err != nil {
+				return fail(fmt.Errorf("engine %s: no event subscriber: %v", s.Config().Name, err))
+			}
+		}
+	}
+	return fixedTarget("http://" + listen), stop, nil
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+// OraclePolicy places each request on the engine that would serve the most of its prompt
+// from cache right now (it asks every engine's pool directly), breaking ties by the least
+// loaded engine, then round-robin. It is the ceiling a KV-aware router can reach.
+func OraclePolicy() Policy {
+	return Policy{Name: "oracle", Start: func(ctx context.Context, env *Env) (Target, func() error, error) {
+		return &oracle{sims: env.Sims}, func() error { return nil }, nil
+	}}
+}
+
+type oracle struct {
+	sims []*enginesim.Sim
+	mu   sync.Mutex
+	next int
+}
+
+func (o *oracle) Route(body []byte, chat bool) (string, error) {
+	// Probe and pick under one lock so two concurrent first-time prefixes see each other's load.
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	best, bestCached, bestLoad := -1, -1, 0
+	n := len(o.sims)
+	for j := 0; j < n; j++ {
+		i := (o.next + j) % n
+		pr, err := o.sims[i].ProbeBody(body, chat)
+		if err != nil {
+			return "", err
+		}
+		load := pr.Running + pr.Waiting
+		if pr.CachedTokens > bestCached || (pr.CachedTokens == bestCached && load < bestLoad) {
+			best, bestCached, bestLoad = i, pr.CachedTokens, load
+		}
+	}
+	o.next = (o.next + 1) % n
+	return o.sims[best].URL(), nil
+}
+
+// DirectRRPolicy is round-robin done by the harness itself, without kvgate.
+func DirectRRPolicy() Policy {
+	return Policy{Name: "direct-rr", Start: func(ctx context.Context, env *Env) (Target, func() error, error) {
+		urls := make([]string, len(env.Sims))
+		for i, s := range env.Sims {
+			urls[i] = s.URL()
+		}
+		return &rrTarget{urls: urls}, func() error { return nil }, nil
+	}}
+}
+
+type rrTarget struct {
+	urls []string
+	n    atomic.Uint64
+}
+
+func (r *rrTarget) Route([]byte, bool) (string, error) {
+	return r.urls[(r.n.Add(1)-1)%uint64(len(r.urls))], nil
+}

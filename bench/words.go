@@ -1,0 +1,42 @@
+package bench
+
+// Words is the default filler vocabulary: common lowercase English words, each a single
+// token (with its leading space) in the large byte-level BPE vocabularies kvgate ships
+// tokenizers for. FilterWords keeps only the ones that are for a given tokenizer.
+var Words = []string{
+	"the", "and", "that", "for", "was", "with", "not", "this", "are", "his", "from", "which", "but",
+	"have", "they", "you", "were", "her", "she", "there", "one", "all", "their", "has", "been",
+	"more", "when", "will", "would", "who", "out", "into", "only", "new", "some", "could", "time",
+	"these", "two", "may", "then", "first", "any", "now", "such", "like", "our", "over", "man",
+	"even", "most", "made", "after", "also", "did", "many", "before", "must", "through", "back",
+	"years", "where", "much", "your", "way", "well", "down", "should", "because", "each", "just",
+	"those", "people", "how", "too", "little", "state", "good", "very", "make", "world", "still",
+	"own", "see", "men", "work", "long", "here", "get", "both", "between", "life", "being", "under",
+	"never", "day", "same", "another", "know", "while", "last", "might", "great", "old", "year",
+	"off", "come", "since", "against", "came", "right", "used", "take", "three", "states", "himself",
+	"few", "house", "use", "during", "without", "again", "place", "around", "however", "home",
+	"small", "found", "thought", "went", "say", "part", "once", "general", "high", "upon", "school",
+	"every", "does", "got", "united", "left", "number", "course", "war", "until", "always", "away",
+	"something", "fact", "though", "water", "less", "public", "put", "think", "almost", "hand",
+	"enough", "far", "took", "head", "yet", "government", "system", "better", "set", "told",
+	"nothing", "night", "end", "why", "called", "didn", "find", "going", "look", "asked", "later",
+	"point", "knew", "city", "next", "program", "business", "give", "group", "toward", "young",
+	"days", "let", "room", "president", "side", "social", "given", "present", "several", "order",
+	"national", "possible", "rather", "second", "face", "per", "among", "form", "important", "often",
+	"things", "looked", "early", "white", "case", "john", "large", "need", "big", "four", "within",
+	"felt", "children", "along", "saw", "best", "church", "ever", "least", "power", "development",
+	"light", "thing", "seemed", "family", "interest", "want", "members", "others", "mind", "country",
+	"area", "done", "turned", "although", "open", "god", "service", "certain", "kind", "problem",
+	"began", "different", "door", "thus", "help", "sense", "means", "whole", "matter", "perhaps",
+	"itself", "york", "times", "law", "human", "line", "above", "name", "example", "action",
+	"company", "hands", "local", "show", "five", "history", "whether", "gave", "either", "act",
+	"today", "feet", "across", "taken", "past", "quite", "anything", "seen", "having", "death",
+	"experience", "body", "word", "half", "really", "week", "field", "car", "words", "already",
+	"themselves", "information", "tell", "together", "college", "shall", "money", "period", "held",
+	"keep", "sure", "probably", "free", "seems", "political", "real", "behind", "cannot", "miss",
+	"question", "air", "office", "making", "brought", "whose", "special", "heard", "major",
+	"problems", "ago", "became", "federal", "moment", "study", "available", "known", "result",
+	"street", "economic", "boy", "position", "reason", "change", "south", "board", "individual",
+	"job", "areas", "society", "west", "close", "turn", "love", "community", "true", "court", "force",
+	"full",
+}

