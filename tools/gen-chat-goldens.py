@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.environ.get("KVGATE_CACHE") or os.path.join(ROOT, ".cache")
 OUT = os.path.join(ROOT, "testdata", "chat")
 FIXED_NOW = datetime.datetime(2024, 7, 26, 9, 30, 5)
-MODELS = ["qwen3", "llama3", "deepseek_v3", "gemma3"]
+MODELS = ["qwen3", "llama3", "llama3_1", "deepseek_v3", "gemma3"]
 
 
 class GenerationTag(jinja2.ext.Extension):

@@ -9,7 +9,31 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"golang.org/x/text/cases"
+	"golang.org/x/text/language"
 )
+
+// Python's str.upper/lower use full Unicode case mappings ("ß".upper() == "SS"). A Caser
+// keeps state, so each non-ASCII call makes its own.
+
+func toUpper(s string) string {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return cases.Upper(language.Und).String(s)
+		}
+	}
+	return strings.ToUpper(s)
+}
+
+func toLower(s string) string {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return cases.Lower(language.Und).String(s)
+		}
+	}
+	return strings.ToLower(s)
+}
 
 func isDictMethod(name string) bool {
 	switch name {
@@ -216,9 +240,9 @@ func (r *renderer) strMethod(s, name string, args []Value, kw []kwArg, pos int) 
 		}
 		return listOf(items), nil
 	case "lower", "casefold":
-		return strVal(strings.ToLower(s)), nil
+		return strVal(toLower(s)), nil
 	case "upper":
-		return strVal(strings.ToUpper(s)), nil
+		return strVal(toUpper(s)), nil
 	case "swapcase":
 		return strVal(strings.Map(func(c rune) rune {
 			if unicode.IsUpper(c) {
@@ -464,7 +488,7 @@ func pyCapitalize(s string) string {
 		return s
 	}
 	c, n := utf8.DecodeRuneInString(s)
-	return string(unicode.ToTitle(c)) + strings.ToLower(s[n:])
+	return string(unicode.ToTitle(c)) + toLower(s[n:])
 }
 
 // pyTitle is str.title(): a cased character after an uncased one starts a word.
@@ -853,9 +877,9 @@ func (r *renderer) applyTest(e *expr, v Value) (bool, error) {
 		}
 		return !m.truth(), nil
 	case "lower":
-		return v.k == kString && v.s == strings.ToLower(v.s), nil
+		return v.k == kString && v.s == toLower(v.s), nil
 	case "upper":
-		return v.k == kString && v.s == strings.ToUpper(v.s), nil
+		return v.k == kString && v.s == toUpper(v.s), nil
 	case "eq", "equalto", "==":
 		a, err := arg()
 		return err == nil && equal(v, a), err
@@ -948,9 +972,9 @@ func (r *renderer) filter(name string, v Value, args []Value, kw []kwArg, pos in
 		}
 		return strVal(pyStrip(s, true, true)), nil
 	case "upper":
-		return strVal(strings.ToUpper(toStr(v))), nil
+		return strVal(toUpper(toStr(v))), nil
 	case "lower":
-		return strVal(strings.ToLower(toStr(v))), nil
+		return strVal(toLower(toStr(v))), nil
 	case "capitalize":
 		return strVal(pyCapitalize(toStr(v))), nil
 	case "title":
@@ -1049,7 +1073,7 @@ func (r *renderer) filter(name string, v Value, args []Value, kw []kwArg, pos in
 				k = x.l.items[1]
 			}
 			if !caseSens && k.k == kString {
-				k = strVal(strings.ToLower(k.s))
+				k = strVal(toLower(k.s))
 			}
 			return k, nil
 		}, rev, pos)
@@ -1071,7 +1095,7 @@ func (r *renderer) filter(name string, v Value, args []Value, kw []kwArg, pos in
 				}
 			}
 			if !caseSens && x.k == kString {
-				x = strVal(strings.ToLower(x.s))
+				x = strVal(toLower(x.s))
 			}
 			return x, nil
 		}, rev, pos)
@@ -1087,7 +1111,7 @@ func (r *renderer) filter(name string, v Value, args []Value, kw []kwArg, pos in
 			for _, o := range out {
 				a, b := it, o
 				if a.k == kString && b.k == kString {
-					a, b = strVal(strings.ToLower(a.s)), strVal(strings.ToLower(b.s))
+					a, b = strVal(toLower(a.s)), strVal(toLower(b.s))
 				}
 				if equal(a, b) {
 					dup = true
@@ -1217,7 +1241,7 @@ func (r *renderer) filter(name string, v Value, args []Value, kw []kwArg, pos in
 		for _, it := range items[1:] {
 			a, b := it, best
 			if a.k == kString && b.k == kString {
-				a, b = strVal(strings.ToLower(a.s)), strVal(strings.ToLower(b.s))
+				a, b = strVal(toLower(a.s)), strVal(toLower(b.s))
 			}
 			lt, ok := less(a, b)
 			if !ok {

@@ -124,7 +124,7 @@ func inputFor(g *goldenFile, c *goldenCase) *Input {
 	return in
 }
 
-var goldenModels = []string{"qwen3", "llama3", "deepseek_v3", "gemma3"}
+var goldenModels = []string{"qwen3", "llama3", "llama3_1", "deepseek_v3", "gemma3"}
 
 // TestTemplatesMatchJinja2 renders every conversation shape with the real templates and
 // requires byte-identical output to Python Jinja2 set up like transformers + vLLM.
