@@ -1208,6 +1208,12 @@ func (r *renderer) filter(name string, v Value, args []Value, kw []kwArg, pos in
 		case "floor":
 			x = math.Floor(x)
 		default:
+			if prec >= 0 {
+				// Python's round() rounds the exact binary value, half to even, like
+				// strconv's correctly rounded formatting.
+				f, _ := strconv.ParseFloat(strconv.FormatFloat(v.num(), 'f', prec, 64), 64)
+				return floatVal(f), nil
+			}
 			x = math.RoundToEven(x)
 		}
 		return floatVal(x / m), nil
