@@ -371,7 +371,7 @@ func testEventsLayout(t *testing.T, layout string) {
 	c, _ := hashcore.New(hashcore.Spec{Engine: "vllm", Algo: "sha256_cbor", BlockSize: 4})
 	A, B := []uint32{1, 2, 3, 4, 5, 6, 7, 8}, []uint32{50, 51, 52, 53, 54, 55, 56, 57}
 	ka, kb := hashcore.Keys(c, nil, A, nil), hashcore.Keys(c, nil, B, nil)
-	complete(t, s, `{"prompt":[1,2,3,4,5,6,7,8],"max_tokens":1}`)        // stores A0, A1 (3 blocks of 4)
+	complete(t, s, `{"prompt":[1,2,3,4,5,6,7,8],"max_tokens":1}`)         // stores A0, A1 (3 blocks of 4)
 	complete(t, s, `{"prompt":[50,51,52,53,54,55,56,57],"max_tokens":1}`) // evicts A1, stores B0, B1
 	post(t, s.URL()+"/reset_prefix_cache", "")
 
