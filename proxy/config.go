@@ -242,6 +242,7 @@ type Config struct {
 	AffinityMax int
 
 	ShutdownGrace time.Duration
+	AdminToken    string // when set, the admin listener wants Authorization: Bearer <token>
 }
 
 // Defaults returns a Config with every documented default filled in.
@@ -313,12 +314,6 @@ func (c *Config) Validate() error {
 		case RoleDecode:
 			decode++
 		}
-		if c.KVMode != KVOff && e.Engine == EngineLlamaCpp {
-			return refuse("-kv-mode", "endpoint %q has engine=llamacpp: llama.cpp publishes no KV-cache events, so KV-Exact has no event contract to follow; use -kv-mode off with -select chwbl for prefix affinity", e.Name)
-		}
-		if c.KVMode != KVOff && e.Engine != EngineTRTLLM && e.Events == "" {
-			return refuse("-endpoint", "endpoint %q: KV-Exact needs events=tcp://host:port (the engine's KV event publisher)", e.Name)
-		}
 		if e.Replay != "" && e.Events == "" {
 			return refuse("-endpoint", "endpoint %q: replay= without events=", e.Name)
 		}
@@ -345,6 +340,14 @@ func (c *Config) Validate() error {
 		}
 	}
 	if c.KVMode != KVOff {
+		for _, e := range c.Endpoints {
+			if e.Engine == EngineLlamaCpp {
+				return refuse("-kv-mode", "endpoint %q has engine=llamacpp: llama.cpp publishes no KV-cache events, so KV-Exact has no event contract to follow; use -kv-mode off with -select chwbl for prefix affinity", e.Name)
+			}
+			if e.Engine != EngineTRTLLM && e.Events == "" {
+				return refuse("-endpoint", "endpoint %q: KV-Exact needs events=tcp://host:port (the engine's KV event publisher)", e.Name)
+			}
+		}
 		if len(c.Tokenizers) == 0 {
 			return refuse("-tokenizer", "KV-Exact needs at least one served model mapped to a tokenizer directory (-model NAME -tokenizer DIR)")
 		}

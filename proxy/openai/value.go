@@ -328,3 +328,58 @@ func AppendRewritten(dst, body []byte, r *Request, extra []byte, drop ...Field) 
 	}
 	return append(dst, '}')
 }
+
+// AppendObjectWith appends the JSON object obj to dst with member key set to the raw
+// value val (replacing any existing member of that name, placed first).
+func AppendObjectWith(dst, obj []byte, key string, val []byte) []byte {
+	dst = append(dst, '{', '"')
+	dst = append(dst, key...)
+	dst = append(dst, '"', ':')
+	dst = append(dst, val...)
+	i := skipWS(obj, 0)
+	if i >= len(obj) || obj[i] != '{' {
+		return append(dst, '}')
+	}
+	i = skipWS(obj, i+1)
+	for i < len(obj) && obj[i] == '"' {
+		ke, _, err := skipString(obj, i)
+		if err != nil {
+			break
+		}
+		k := obj[i:ke]
+		j := skipWS(obj, ke)
+		if j >= len(obj) || obj[j] != ':' {
+			break
+		}
+		vs := skipWS(obj, j+1)
+		ve, err := skipValue(obj, vs, 1)
+		if err != nil {
+			break
+		}
+		if !quotedEq(k, key) {
+			dst = append(dst, ',')
+			dst = append(dst, k...)
+			dst = append(dst, ':')
+			dst = append(dst, obj[vs:ve]...)
+		}
+		i = skipWS(obj, ve)
+		if i < len(obj) && obj[i] == ',' {
+			i = skipWS(obj, i+1)
+		}
+	}
+	return append(dst, '}')
+}
+
+// FirstElement returns the first element of the JSON array v, or nil.
+func FirstElement(v []byte) []byte {
+	i := skipWS(v, 0)
+	if i >= len(v) || v[i] != '[' {
+		return nil
+	}
+	i = skipWS(v, i+1)
+	e, err := skipValue(v, i, 1)
+	if err != nil {
+		return nil
+	}
+	return v[i:e]
+}

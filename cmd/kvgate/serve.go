@@ -1,0 +1,201 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cloudwego/hertz/pkg/common/hlog"
+
+	"github.com/kvgate/kvgate/proxy"
+)
+
+func init() { register("serve", "run the proxy: one rule from flags", runServe) }
+
+type serveList []string
+
+func (m *serveList) String() string     { return strings.Join(*m, " ") }
+func (m *serveList) Set(v string) error { *m = append(*m, v); return nil }
+
+// serveFlags parses args into a rule. It is separate from runServe so tests can check
+// refusals without listening.
+func serveFlags(args []string, stderr io.Writer) (proxy.Config, string, error) {
+	cfg := proxy.Defaults()
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var endpoints, models, tokenizers, loras serveList
+	var endpointsFile, sel, kvMode, kvScore, logLevel string
+	fs.StringVar(&cfg.Listen, "listen", ":8080", "public listener address (OpenAI API)")
+	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "admin listener address (/metrics, /debug/*, /healthz, /readyz, /admin/*); empty disables it")
+	fs.StringVar(&cfg.AdminToken, "admin-token", "", "when set, admin requests need 'Authorization: Bearer <token>' (except /healthz, /readyz)")
+	fs.Var(&endpoints, "endpoint", "upstream engine, repeatable: name=..,url=http://host:port,engine=vllm|sglang|trtllm|llamacpp,role=both|prefill|decode,events=tcp://host:5557,replay=tcp://host:5558,topic=..,dp=N,weight=W,down=true,bootstrap_port=N")
+	fs.StringVar(&endpointsFile, "endpoints-file", "", "file with one -endpoint value per line (# comments)")
+	fs.StringVar(&sel, "select", "rr", "selector for non-KV routing and KV misses: rr | chwbl")
+	fs.StringVar(&kvMode, "kv-mode", "off", "KV-Exact routing: off | 3 (converged pool) | 1 (prefill/decode)")
+	fs.IntVar(&cfg.KVBlockSize, "kv-block-size", cfg.KVBlockSize, "engine block size in tokens (SGLang: page size)")
+	fs.StringVar(&cfg.KVHashAlgo, "kv-hash-algo", "", "vLLM --prefix-caching-hash-algo: sha256 (default) | sha256_cbor | xxhash | xxhash_cbor")
+	fs.StringVar(&cfg.KVHashSeed, "kv-hash-seed", "", "the engines' PYTHONHASHSEED; omit when they run with it unset")
+	fs.StringVar(&cfg.KVKeys, "kv-keys", cfg.KVKeys, "which keys to match: auto (engine keys while parity holds, kvgate's fast re-hash otherwise) | engine | fast")
+	fs.StringVar(&kvScore, "kv-score", "overlap", "scoring: overlap (matching blocks) | prefix (leading run)")
+	fs.IntVar(&cfg.KVMinMatchTokens, "kv-min-match-tokens", cfg.KVMinMatchTokens, "a KV hit below this many matched tokens is a miss (shallow)")
+	fs.Float64Var(&cfg.LoadFactor, "kv-load-factor", cfg.LoadFactor, "bounded-load epsilon: an endpoint above ceil((1+eps) x mean in-flight) is skipped (KV winner and chwbl)")
+	fs.IntVar(&cfg.CHWBLPrefixBytes, "chwbl-prefix-bytes", cfg.CHWBLPrefixBytes, "bytes of the system message / prompt in the chwbl key")
+	fs.Var(&models, "model", "served model name for the -tokenizer of the same position; NAME[,ALIAS...] (repeatable)")
+	fs.Var(&tokenizers, "tokenizer", "tokenizer directory (holding tokenizer.json): DIR paired with -model, or NAME=DIR (repeatable)")
+	fs.Var(&loras, "lora", "LoRA adapter served name and its base model: ADAPTER=BASE (repeatable)")
+	fs.IntVar(&cfg.BreakerFailures, "breaker-failures", cfg.BreakerFailures, "consecutive connect failures that open an endpoint's circuit breaker")
+	fs.DurationVar(&cfg.BreakerOpenFor, "breaker-open", cfg.BreakerOpenFor, "how long an open breaker stays open before half-open trials")
+	fs.IntVar(&cfg.BreakerHalfOpen, "breaker-half-open", cfg.BreakerHalfOpen, "trial requests allowed while half-open")
+	fs.IntVar(&cfg.Breaker5xxStreak, "breaker-5xx", 0, "consecutive 5xx answers that open the breaker (0: 5xx never open it)")
+	fs.DurationVar(&cfg.HealthInterval, "health-interval", cfg.HealthInterval, "active health check interval (0 disables)")
+	fs.DurationVar(&cfg.HealthTimeout, "health-timeout", cfg.HealthTimeout, "active health check timeout")
+	fs.StringVar(&cfg.HealthPath, "health-path", cfg.HealthPath, "active health check path")
+	fs.DurationVar(&cfg.ConnectTimeout, "connect-timeout", cfg.ConnectTimeout, "upstream connect timeout (a failure retries on the next-best endpoint)")
+	fs.DurationVar(&cfg.UpstreamTimeout, "upstream-timeout", cfg.UpstreamTimeout, "max wait for upstream response headers and between streamed reads (504 after)")
+	fs.IntVar(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "request body limit (413 above)")
+	fs.IntVar(&cfg.MaxRetries, "max-retries", 0, "retries after connect failures (0: up to the number of endpoints)")
+	fs.DurationVar(&cfg.AffinityTTL, "affinity-ttl", cfg.AffinityTTL, "mode 1 session affinity lifetime")
+	fs.IntVar(&cfg.AffinityMax, "affinity-max", cfg.AffinityMax, "mode 1 session affinity entries (LRU beyond; 0 disables)")
+	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "on SIGINT/SIGTERM, how long in-flight requests may finish")
+	fs.StringVar(&logLevel, "log-level", "info", "debug | info | warn | error")
+	if err := fs.Parse(args); err != nil {
+		return cfg, "", err
+	}
+	if fs.NArg() > 0 {
+		return cfg, "", fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "kv-hash-seed" {
+			cfg.KVHashSeedSet = true
+		}
+	})
+	for _, e := range endpoints {
+		sp, err := proxy.ParseEndpoint(e)
+		if err != nil {
+			return cfg, "", &proxy.FlagError{Flag: "-endpoint", Msg: err.Error()}
+		}
+		cfg.Endpoints = append(cfg.Endpoints, sp)
+	}
+	if endpointsFile != "" {
+		eps, err := proxy.ReadEndpointsFile(endpointsFile)
+		if err != nil {
+			return cfg, "", &proxy.FlagError{Flag: "-endpoints-file", Msg: err.Error()}
+		}
+		cfg.Endpoints = append(cfg.Endpoints, eps...)
+	}
+	switch sel {
+	case "rr":
+		cfg.Select = proxy.SelectRR
+	case "chwbl":
+		cfg.Select = proxy.SelectCHWBL
+	default:
+		return cfg, "", &proxy.FlagError{Flag: "-select", Msg: fmt.Sprintf("%q: want rr or chwbl", sel)}
+	}
+	switch kvMode {
+	case "off", "0", "":
+		cfg.KVMode = proxy.KVOff
+	case "3":
+		cfg.KVMode = proxy.KVConverged
+	case "1":
+		cfg.KVMode = proxy.KVDisaggregated
+	default:
+		return cfg, "", &proxy.FlagError{Flag: "-kv-mode", Msg: fmt.Sprintf("%q: want off, 3 or 1", kvMode)}
+	}
+	switch kvScore {
+	case "overlap":
+	case "prefix":
+		cfg.KVScorePrefix = true
+	default:
+		return cfg, "", &proxy.FlagError{Flag: "-kv-score", Msg: fmt.Sprintf("%q: want overlap or prefix", kvScore)}
+	}
+	bare := 0
+	for _, t := range tokenizers {
+		if name, dir, ok := strings.Cut(t, "="); ok {
+			cfg.Tokenizers = append(cfg.Tokenizers, proxy.TokenizerSpec{Model: name, Dir: dir})
+			continue
+		}
+		if bare >= len(models) {
+			return cfg, "", &proxy.FlagError{Flag: "-tokenizer", Msg: fmt.Sprintf("%s: no -model names it (use -model NAME -tokenizer DIR or -tokenizer NAME=DIR)", t)}
+		}
+		names := strings.Split(models[bare], ",")
+		cfg.Tokenizers = append(cfg.Tokenizers, proxy.TokenizerSpec{Model: names[0], Dir: t, Aliases: names[1:]})
+		bare++
+	}
+	if bare < len(models) {
+		return cfg, "", &proxy.FlagError{Flag: "-model", Msg: fmt.Sprintf("%q has no -tokenizer DIR", models[bare])}
+	}
+	for _, l := range loras {
+		a, base, ok := strings.Cut(l, "=")
+		if !ok || a == "" || base == "" {
+			return cfg, "", &proxy.FlagError{Flag: "-lora", Msg: fmt.Sprintf("%q: want ADAPTER=BASE", l)}
+		}
+		if cfg.LoRA == nil {
+			cfg.LoRA = map[string]string{}
+		}
+		cfg.LoRA[a] = base
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, "", err
+	}
+	return cfg, logLevel, nil
+}
+
+func runServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	cfg, level, err := serveFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "kvgate serve:", err)
+		return 2
+	}
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		fmt.Fprintln(stderr, "kvgate serve: -log-level:", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lv}))
+	// hertz logs through its own logger: keep warnings and errors, as slog records.
+	hlog.SetLevel(hlog.LevelWarn)
+	hlog.SetOutput(slogWriter{log})
+
+	s, err := proxy.New(cfg, proxy.Options{Logger: log})
+	if err != nil {
+		fmt.Fprintln(stderr, "kvgate serve:", err)
+		var fe *proxy.FlagError
+		if errors.As(err, &fe) {
+			return 2
+		}
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := s.Start(ctx); err != nil {
+		fmt.Fprintln(stderr, "kvgate serve:", err)
+		return 1
+	}
+	log.Info("kvgate serving", "listen", s.PublicAddr(), "admin", s.AdminAddr(), "endpoints", len(cfg.Endpoints))
+	<-ctx.Done()
+	log.Info("shutting down: draining in-flight requests", "grace", cfg.ShutdownGrace)
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace+time.Second)
+	defer cancel()
+	if err := s.Shutdown(sctx); err != nil {
+		log.Warn("shutdown", "err", err)
+	}
+	return 0
+}
+
+// slogWriter turns hertz's log lines into slog warnings.
+type slogWriter struct{ log *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	w.log.Warn("hertz", "msg", strings.TrimSpace(string(p)))
+	return len(p), nil
+}

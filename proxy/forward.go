@@ -1,0 +1,423 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/cloudwego/hertz/pkg/app"
+	errs "github.com/cloudwego/hertz/pkg/common/errors"
+	"github.com/cloudwego/hertz/pkg/network"
+	"github.com/cloudwego/hertz/pkg/protocol"
+	"github.com/cloudwego/hertz/pkg/protocol/http1/resp"
+
+	"github.com/kvgate/kvgate/proxy/openai"
+)
+
+// decision is where one request goes and why.
+type decision struct {
+	ep        int
+	route     Route
+	predicted int // predicted cached prompt tokens (hit blocks x block size)
+	decode    int // mode 1: the decode endpoint
+	prefill   int // mode 1 decode leg: the prefill endpoint + 1 (0: none)
+
+	prefillName string
+}
+
+func prefillName(d *decision) string { return d.prefillName }
+
+type outcomeKind uint8
+
+const (
+	outDone  outcomeKind = iota // a response (or an error response) went to the client
+	outRetry                    // connect failure before any byte reached the client
+)
+
+type outcome struct {
+	kind outcomeKind
+	err  error
+}
+
+// hopHeaders are per-connection headers a proxy must not forward (RFC 9110 7.6.1).
+var hopHeaders = [...]string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+const (
+	hdrEndpoint  = "x-kvgate-endpoint"
+	hdrRoute     = "x-kvgate-route"
+	hdrRequestID = "X-Request-Id"
+	hdrPrefill   = "x-kvgate-prefill"
+)
+
+var (
+	hdrXFF        = []byte("X-Forwarded-For")
+	hdrRequestIDb = []byte(hdrRequestID)
+)
+
+// buildUpstream fills req from the client's request for endpoint ep with body.
+func (s *Server) buildUpstream(c *app.RequestContext, req *protocol.Request, ep *endpoint, body []byte, path []byte) {
+	c.Request.Header.CopyTo(&req.Header)
+	if conn := c.Request.Header.Peek("Connection"); len(conn) > 0 {
+		for _, f := range bytes.Split(conn, []byte{','}) {
+			if f = bytes.TrimSpace(f); len(f) > 0 {
+				req.Header.DelBytes(f)
+			}
+		}
+	}
+	for _, h := range hopHeaders {
+		req.Header.Del(h)
+	}
+	req.Header.ResetConnectionClose()
+	uri := make([]byte, 0, 64)
+	uri = append(uri, "http://"...)
+	uri = append(uri, ep.spec.host...)
+	if path == nil {
+		path = c.Request.URI().RequestURI()
+	}
+	uri = append(uri, path...)
+	req.SetRequestURI(string(uri))
+	req.Header.SetHost(ep.spec.host)
+	req.Header.SetMethodBytes(c.Request.Header.Method())
+	var ip []byte
+	if ra := c.RemoteAddr(); ra != nil {
+		if ta, ok := ra.(*net.TCPAddr); ok {
+			ip = []byte(ta.IP.String())
+		} else if h, _, err := net.SplitHostPort(ra.String()); err == nil {
+			ip = []byte(h)
+		}
+	}
+	if len(ip) > 0 {
+		if prior := c.Request.Header.Peek("X-Forwarded-For"); len(prior) > 0 {
+			xff := append(append(append([]byte{}, prior...), ", "...), ip...)
+			req.Header.SetBytesKV(hdrXFF, xff)
+		} else {
+			req.Header.SetBytesKV(hdrXFF, ip)
+		}
+	}
+	if len(req.Header.Peek("X-Forwarded-Proto")) == 0 {
+		req.Header.Set("X-Forwarded-Proto", "http")
+	}
+	req.Header.SetBytesKV(hdrRequestIDb, requestID(c))
+	req.SetBody(body)
+}
+
+// requestID returns the client's X-Request-Id or makes one, and keeps it on the request
+// so both legs of a P/D flow and the response carry the same value.
+func requestID(c *app.RequestContext) []byte {
+	if id := c.Request.Header.Peek(hdrRequestID); len(id) > 0 && len(id) <= 256 {
+		return id
+	}
+	var b [16]byte
+	rand.Read(b[:]) //nolint:errcheck // crypto/rand never fails on Linux
+	id := hex.AppendEncode(nil, b[:])
+	c.Request.Header.SetBytesKV(hdrRequestIDb, id)
+	return id
+}
+
+// classify turns a client.Do error into the upstream error kind.
+func classify(ctx context.Context, err error) UpstreamError {
+	var de *dialError
+	switch {
+	case errors.As(err, &de):
+		return ErrConnect
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, errs.ErrTimeout),
+		errors.Is(err, context.DeadlineExceeded):
+		return ErrTimeout
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return ErrTimeout
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, errs.ErrConnectionClosed) ||
+		errors.Is(err, errs.ErrBadPoolConn) {
+		return ErrConnect
+	}
+	if isTimeoutText(err) {
+		return ErrTimeout
+	}
+	return ErrConnect
+}
+
+func isTimeoutText(err error) bool {
+	return bytes.Contains([]byte(err.Error()), []byte("timeout"))
+}
+
+// forward sends body to d.ep and relays the answer. It never writes to the client when
+// it returns outRetry.
+func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqState, d *decision, body []byte, relay bool) outcome {
+	ep := s.eps[d.ep]
+	req := protocol.AcquireRequest()
+	res := protocol.AcquireResponse()
+	defer protocol.ReleaseRequest(req)
+	defer protocol.ReleaseResponse(res)
+	s.buildUpstream(c, req, ep, body, nil)
+	s.loads.Inc(d.ep)
+	defer s.loads.Dec(d.ep)
+	err := s.client.Do(ctx, req, res)
+	if err != nil {
+		if ctx.Err() != nil {
+			ep.breaker.Neutral()
+			s.m.clientGone.Inc()
+			return outcome{kind: outDone}
+		}
+		kind := classify(ctx, err)
+		s.m.upstream[kind][d.ep].Inc()
+		ep.breaker.Failure()
+		if kind == ErrTimeout {
+			writeError(c, 504, "upstream_timeout", "endpoint "+ep.spec.Name+" did not answer within -upstream-timeout")
+			return outcome{kind: outDone}
+		}
+		s.log.Warn("upstream connect failure", "endpoint", ep.spec.Name, "err", err)
+		return outcome{kind: outRetry, err: err}
+	}
+	if code := res.StatusCode(); code >= 500 {
+		s.m.upstream[Err5xx][d.ep].Inc()
+		ep.breaker.FiveXX()
+	} else {
+		ep.breaker.Success()
+	}
+	s.m.routed[d.route][d.ep].Inc()
+	s.relayResponse(ctx, c, st, d, ep, res)
+	return outcome{kind: outDone}
+}
+
+// setDecisionHeaders adds the evidence headers a user reads to see each decision.
+func setDecisionHeaders(c *app.RequestContext, ep *endpoint, d *decision) {
+	c.Response.Header.Set(hdrEndpoint, ep.spec.Name)
+	c.Response.Header.Set(hdrRoute, d.route.String())
+	c.Response.Header.SetBytesV(hdrRequestID, requestID(c))
+	if d.prefill > 0 {
+		c.Response.Header.Set(hdrPrefill, prefillName(d))
+	}
+}
+
+// copyResponseHeader copies res's status and headers minus hop-by-hop ones.
+func copyResponseHeader(c *app.RequestContext, res *protocol.Response) {
+	res.Header.CopyTo(&c.Response.Header)
+	for _, h := range hopHeaders {
+		c.Response.Header.Del(h)
+	}
+	c.Response.Header.ResetConnectionClose()
+}
+
+// relayResponse copies status, headers and body from res to the client. Event streams
+// and bodies of unknown length are relayed read by read, each flushed at once; small
+// bodies are read whole so their usage receipt can be parsed.
+func (s *Server) relayResponse(ctx context.Context, c *app.RequestContext, st *reqState, d *decision, ep *endpoint, res *protocol.Response) {
+	copyResponseHeader(c, res)
+	setDecisionHeaders(c, ep, d)
+	body := res.BodyStream()
+	sse := bytes.HasPrefix(res.Header.ContentType(), []byte("text/event-stream"))
+	cl := res.Header.ContentLength()
+	if !sse && cl >= 0 && cl <= 1<<20 {
+		st.out = st.out[:0]
+		for {
+			if len(st.out) == cap(st.out) {
+				st.out = append(st.out, 0)[:len(st.out)]
+			}
+			n, err := body.Read(st.out[len(st.out):cap(st.out)])
+			st.out = st.out[:len(st.out)+n]
+			if err != nil {
+				if err != io.EOF {
+					s.m.upstream[ErrMidStream][d.ep].Inc()
+					c.SetConnectionClose()
+				}
+				break
+			}
+		}
+		res.CloseBodyStream() //nolint:errcheck
+		c.Response.SetBody(st.out)
+		s.receipt(d, st.out)
+		return
+	}
+	s.streamBody(ctx, c, st, d, res, sse)
+}
+
+// abortableWriter is hertz's chunked writer that, once aborted, does not write the
+// terminating chunk: the client sees a broken stream instead of a clean end.
+type abortableWriter struct {
+	network.ExtWriter
+	aborted bool
+}
+
+var errAborted = errors.New("upstream stream broke; connection aborted")
+
+func (w *abortableWriter) Finalize() error {
+	if w.aborted {
+		return errAborted
+	}
+	return w.ExtWriter.Finalize()
+}
+
+// streamBody relays res's body as it arrives. A client disconnect (sensed by hertz)
+// or a failed write force-closes the upstream connection, cancelling the engine's work.
+func (s *Server) streamBody(ctx context.Context, c *app.RequestContext, st *reqState, d *decision, res *protocol.Response, sse bool) {
+	c.Response.Header.Del("Content-Length")
+	w := &abortableWriter{ExtWriter: resp.NewChunkedBodyWriter(&c.Response, c.GetWriter())}
+	c.Response.HijackWriter(w)
+	body := res.BodyStream()
+	fc, _ := body.(interface{ ForceClose() error })
+	done := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		if fc != nil {
+			fc.ForceClose() //nolint:errcheck
+		}
+		close(done)
+	})
+	var rs receiptScanner
+	clientGone := false
+	for {
+		n, err := body.Read(st.relay)
+		if n > 0 {
+			if _, werr := w.Write(st.relay[:n]); werr != nil {
+				clientGone = true
+			} else if ferr := w.Flush(); ferr != nil {
+				clientGone = true
+			}
+			if sse && !clientGone {
+				rs.feed(st, st.relay[:n])
+			}
+		}
+		if clientGone {
+			break
+		}
+		if err != nil {
+			if err != io.EOF {
+				if ctx.Err() != nil {
+					clientGone = true
+				} else {
+					s.m.upstream[ErrMidStream][d.ep].Inc()
+					w.aborted = true
+				}
+			}
+			break
+		}
+	}
+	if !stop() && ctx.Err() != nil {
+		<-done
+	}
+	if clientGone {
+		s.m.clientGone.Inc()
+		if fc != nil {
+			fc.ForceClose() //nolint:errcheck
+		}
+		w.aborted = true
+	}
+	res.CloseBodyStream() //nolint:errcheck
+	if rs.found {
+		s.recordReceipt(d, rs.cached, rs.prompt)
+	}
+}
+
+// receiptScanner finds usage.prompt_tokens_details.cached_tokens in SSE data lines as
+// they pass, without holding any of them back.
+type receiptScanner struct {
+	found    bool
+	skipLine bool
+	cached   int64
+	prompt   int64
+}
+
+const maxReceiptLine = 64 << 10
+
+func (r *receiptScanner) feed(st *reqState, p []byte) {
+	for len(p) > 0 {
+		nl := bytes.IndexByte(p, '\n')
+		if nl < 0 {
+			if !r.skipLine {
+				if len(st.tail)+len(p) > maxReceiptLine {
+					r.skipLine = true
+					st.tail = st.tail[:0]
+				} else {
+					st.tail = append(st.tail, p...)
+				}
+			}
+			return
+		}
+		if !r.skipLine {
+			var line []byte
+			if len(st.tail) > 0 {
+				st.tail = append(st.tail, p[:nl]...)
+				line = st.tail
+			} else {
+				line = p[:nl]
+			}
+			r.line(line)
+		}
+		st.tail = st.tail[:0]
+		r.skipLine = false
+		p = p[nl+1:]
+	}
+}
+
+var dataPrefix = []byte("data:")
+
+func (r *receiptScanner) line(l []byte) {
+	if !bytes.HasPrefix(l, dataPrefix) || !bytes.Contains(l, []byte(`"cached_tokens"`)) {
+		return
+	}
+	l = bytes.TrimSpace(l[len(dataPrefix):])
+	if n, ok := openai.Int(openai.Path(l, "usage", "prompt_tokens_details", "cached_tokens")); ok {
+		r.found, r.cached = true, n
+		r.prompt, _ = openai.Int(openai.Path(l, "usage", "prompt_tokens"))
+	}
+}
+
+// receipt reads the delivery receipt from a whole JSON body.
+func (s *Server) receipt(d *decision, body []byte) {
+	usage := openai.Path(body, "usage")
+	if usage == nil {
+		return
+	}
+	if n, ok := openai.Int(openai.Path(usage, "prompt_tokens_details", "cached_tokens")); ok {
+		p, _ := openai.Int(openai.Path(usage, "prompt_tokens"))
+		s.recordReceipt(d, n, p)
+	}
+}
+
+func (s *Server) recordReceipt(d *decision, cached, prompt int64) {
+	ep := d.ep
+	if d.decode >= 0 && s.cfg.KVMode == KVDisaggregated {
+		ep = d.decode
+	}
+	s.m.receipts[ep].Inc()
+	s.m.delivered[ep].Add(int(cached))
+	s.m.predicted[ep].Add(d.predicted)
+	s.m.promptToks[ep].Add(int(prompt))
+	s.checkGap(ep)
+}
+
+// checkGap warns (at most once a minute per endpoint) when the engine delivers far fewer
+// cached tokens than kvgate predicted: the usual cause is a tokenizer or chat template
+// that differs from the engine's.
+func (s *Server) checkGap(ep int) {
+	r := s.m.receipts[ep].Get()
+	if r < 20 || r%20 != 0 {
+		return
+	}
+	pred, del := s.m.predicted[ep].Get(), s.m.delivered[ep].Get()
+	if pred < 1000 || float64(del) >= 0.5*float64(pred) {
+		return
+	}
+	now := time.Now().Unix()
+	last := s.gapWarned[ep].Load()
+	if now-last < 60 || !s.gapWarned[ep].CompareAndSwap(last, now) {
+		return
+	}
+	s.log.Warn("engine delivered far fewer cached tokens than predicted: tokenizer, chat template or hash settings likely differ from the engine's",
+		"endpoint", s.eps[ep].spec.Name, "predicted", pred, "delivered", del, "receipts", r)
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

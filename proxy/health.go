@@ -1,0 +1,59 @@
+package proxy
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/cloudwego/hertz/pkg/protocol"
+)
+
+// healthLoop probes every endpoint's health path each interval, concurrently, so a
+// dead endpoint leaves the eligible set before a request fails on it.
+func (s *Server) healthLoop() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.HealthInterval)
+	defer t.Stop()
+	for {
+		s.checkAll()
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Server) checkAll() {
+	var wg sync.WaitGroup
+	for _, e := range s.eps {
+		wg.Add(1)
+		go func(e *endpoint) {
+			defer wg.Done()
+			ok := s.probe(e)
+			was := e.healthy.Swap(ok)
+			e.checked.Store(true)
+			if was != ok {
+				s.log.Warn("endpoint health changed", "endpoint", e.spec.Name, "healthy", ok)
+			}
+		}(e)
+	}
+	wg.Wait()
+}
+
+func (s *Server) probe(e *endpoint) bool {
+	req := protocol.AcquireRequest()
+	res := protocol.AcquireResponse()
+	defer protocol.ReleaseRequest(req)
+	defer protocol.ReleaseResponse(res)
+	req.SetRequestURI(e.spec.URL + s.cfg.HealthPath)
+	req.Header.SetMethod("GET")
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HealthTimeout)
+	defer cancel()
+	err := s.client.DoTimeout(ctx, req, res, s.cfg.HealthTimeout)
+	if err != nil {
+		return false
+	}
+	res.CloseBodyStream() //nolint:errcheck
+	return res.StatusCode() >= 200 && res.StatusCode() < 300
+}

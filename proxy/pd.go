@@ -1,0 +1,326 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"io"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/cloudwego/hertz/pkg/app"
+	"github.com/cloudwego/hertz/pkg/protocol"
+
+	"github.com/kvgate/kvgate/proxy/openai"
+)
+
+// decidePD runs the mode-1 ladder: session affinity -> KV-Exact over prefill endpoints
+// -> prefill by minimum in-flight load (round-robin on ties); decode by minimum load.
+func (s *Server) decidePD(st *reqState, d *decision, explain bool) {
+	d.ep, d.decode, d.predicted, d.route = -1, -1, 0, RouteRR
+	elP := s.baseEligible(st, st.eligible, s.prefillMask)
+	elD := s.baseEligible(st, st.scratch, s.decodeMask)
+	if p, dec, ok := s.aff.get(st.sessKey, time.Now()); ok && elP.Has(p) && elD.Has(dec) {
+		d.ep, d.decode, d.route = p, dec, RouteAffinity
+		if !explain {
+			s.m.affinity.Inc()
+		}
+		return
+	}
+	if s.kv != nil {
+		s.kv.route(st, elP, d)
+	}
+	if d.ep < 0 {
+		d.ep = s.prefRR.MinLoad(elP, s.loads)
+		if !d.route.IsMiss() {
+			d.route = RoutePDLoad
+		}
+	}
+	d.decode = s.decRR.MinLoad(elD, s.loads)
+}
+
+// sessionKey is the OpenAI `user` field or the X-Conversation-Id header.
+func sessionKey(c *app.RequestContext, st *reqState) []byte {
+	if u := st.oa.Value[openai.FUser]; u.Present() {
+		return u.Bytes(st.body)
+	}
+	if c != nil {
+		if v := c.Request.Header.Peek("X-Conversation-Id"); len(v) > 0 {
+			return v
+		}
+	}
+	return nil
+}
+
+// servePD proxies one request through a prefill endpoint and a decode endpoint with
+// the engine's two-step protocol, retrying each leg on connect failures.
+func (s *Server) servePD(ctx context.Context, c *app.RequestContext, st *reqState) {
+	st.sessKey = append(st.sessKey[:0], sessionKey(c, st)...)
+	requestID(c) // fix the id before legs may run concurrently
+	for attempt := 0; attempt < len(s.eps); attempt++ {
+		var d decision
+		t0 := time.Now()
+		s.decidePD(st, &d, false)
+		s.m.stage[StageSelect].UpdateDuration(t0)
+		if d.ep < 0 || d.decode < 0 {
+			break
+		}
+		if !s.eps[d.ep].breaker.Allow() {
+			st.excluded.Set(d.ep)
+			continue
+		}
+		if !s.eps[d.decode].breaker.Allow() {
+			s.eps[d.ep].breaker.Neutral()
+			st.excluded.Set(d.decode)
+			continue
+		}
+		if attempt > 0 {
+			s.m.retries.Inc()
+		}
+		var failed int
+		var out outcome
+		switch s.eps[d.ep].spec.Engine {
+		case EngineSGLang:
+			out, failed = s.pdSGLang(ctx, c, st, &d)
+		case EngineTRTLLM:
+			out, failed = s.pdTRT(ctx, c, st, &d)
+		default:
+			out, failed = s.pdVLLM(ctx, c, st, &d)
+		}
+		if out.kind == outDone {
+			s.aff.put(st.sessKey, d.ep, d.decode, time.Now())
+			return
+		}
+		st.excluded.Set(failed)
+	}
+	s.m.noHealthy.Inc()
+	writeError(c, 503, "service_unavailable", "no healthy prefill and decode endpoints are available for this request")
+}
+
+// exchange sends body to endpoint i and reads the whole answer into dst, without
+// writing to the client. kind is meaningful when err != nil.
+func (s *Server) exchange(ctx context.Context, c *app.RequestContext, i int, body, dst []byte) (status int, resp []byte, kind UpstreamError, err error) {
+	ep := s.eps[i]
+	req := protocol.AcquireRequest()
+	res := protocol.AcquireResponse()
+	defer protocol.ReleaseRequest(req)
+	defer protocol.ReleaseResponse(res)
+	s.buildUpstream(c, req, ep, body, nil)
+	req.Header.Del("Accept") // the prefill leg is never streamed
+	s.loads.Inc(i)
+	defer s.loads.Dec(i)
+	if err = s.client.Do(ctx, req, res); err != nil {
+		if ctx.Err() != nil {
+			ep.breaker.Neutral()
+			return 0, dst, ErrConnect, err
+		}
+		kind = classify(ctx, err)
+		s.m.upstream[kind][i].Inc()
+		ep.breaker.Failure()
+		return 0, dst, kind, err
+	}
+	dst = dst[:0]
+	buf := make([]byte, 32<<10)
+	r := res.BodyStream()
+	for {
+		n, rerr := r.Read(buf)
+		dst = append(dst, buf[:n]...)
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			res.CloseBodyStream() //nolint:errcheck
+			s.m.upstream[ErrMidStream][i].Inc()
+			ep.breaker.Failure()
+			return 0, dst, ErrMidStream, rerr
+		}
+		if len(dst) > 64<<20 {
+			break
+		}
+	}
+	res.CloseBodyStream() //nolint:errcheck
+	status = res.StatusCode()
+	if status >= 500 {
+		s.m.upstream[Err5xx][i].Inc()
+		ep.breaker.FiveXX()
+	} else {
+		ep.breaker.Success()
+	}
+	return status, dst, 0, nil
+}
+
+// legFailed turns a failed prefill exchange into the client's answer or a retry.
+func (s *Server) legFailed(c *app.RequestContext, i int, kind UpstreamError, err error) (outcome, int) {
+	if kind == ErrTimeout {
+		writeError(c, 504, "upstream_timeout", "prefill endpoint "+s.eps[i].spec.Name+" did not answer within -upstream-timeout")
+		return outcome{kind: outDone}, i
+	}
+	return outcome{kind: outRetry, err: err}, i
+}
+
+// relayLegError sends a non-2xx prefill answer to the client as it came.
+func (s *Server) relayLegError(c *app.RequestContext, d *decision, status int, body []byte) {
+	c.Response.Reset()
+	c.Response.SetStatusCode(status)
+	c.Response.Header.SetContentType("application/json")
+	setDecisionHeaders(c, s.eps[d.ep], d)
+	c.Response.SetBody(body)
+}
+
+// decodeLeg forwards the decode request, moving to another decode endpoint on a
+// connect failure (the prefill's KV stays where it is).
+func (s *Server) decodeLeg(ctx context.Context, c *app.RequestContext, st *reqState, d *decision, body []byte) (outcome, int) {
+	for {
+		dd := *d
+		dd.ep = d.decode
+		dd.prefill = d.ep + 1
+		dd.prefillName = s.eps[d.ep].spec.Name
+		out := s.forward(ctx, c, st, &dd, body, true)
+		if out.kind == outDone {
+			return out, -1
+		}
+		st.excluded.Set(d.decode)
+		el := s.baseEligible(st, st.scratch, s.decodeMask)
+		next := s.decRR.MinLoad(el, s.loads)
+		if next < 0 || !s.eps[next].breaker.Allow() {
+			return out, d.decode
+		}
+		s.m.retries.Inc()
+		d.decode = next
+	}
+}
+
+// pdVLLM: the prefill request gets max_tokens=1, stream=false and
+// kv_transfer_params{do_remote_decode:true}; the decode request carries the
+// kv_transfer_params the prefill answered with and streams to the client.
+func (s *Server) pdVLLM(ctx context.Context, c *app.RequestContext, st *reqState, d *decision) (outcome, int) {
+	extra := []byte(`"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null},"stream":false,"max_tokens":1`)
+	if st.oa.Member[openai.FMaxCompletionTokens].Present() {
+		extra = append(extra, `,"max_completion_tokens":1`...)
+	}
+	st.legA = openai.AppendRewritten(st.legA[:0], st.body, &st.oa, extra,
+		openai.FKVTransferParams, openai.FStream, openai.FStreamOptions, openai.FMaxTokens, openai.FMaxCompletionTokens)
+	status, resp, kind, err := s.exchange(ctx, c, d.ep, st.legA, st.legResp)
+	st.legResp = resp
+	if err != nil {
+		return s.legFailed(c, d.ep, kind, err)
+	}
+	if status != 200 {
+		s.relayLegError(c, d, status, resp)
+		return outcome{kind: outDone}, -1
+	}
+	ktp := openai.Path(resp, "kv_transfer_params")
+	if len(ktp) == 0 {
+		writeError(c, 502, "upstream_error", "prefill endpoint "+s.eps[d.ep].spec.Name+" answered without kv_transfer_params (is it started with a KV connector and kv_role kv_producer/kv_both?)")
+		return outcome{kind: outDone}, -1
+	}
+	st.legB = append(st.legB[:0], `"kv_transfer_params":`...)
+	st.legB = append(st.legB, ktp...)
+	st.legA = openai.AppendRewritten(st.legA[:0], st.body, &st.oa, st.legB, openai.FKVTransferParams)
+	return s.decodeLeg(ctx, c, st, d, st.legA)
+}
+
+// pdSGLang sends the same request, tagged with the prefill server's bootstrap host,
+// port and a fresh room, to prefill and decode at once; the decode answer is relayed.
+func (s *Server) pdSGLang(ctx context.Context, c *app.RequestContext, st *reqState, d *decision) (outcome, int) {
+	p := s.eps[d.ep]
+	host, _, err := net.SplitHostPort(p.spec.host)
+	if err != nil {
+		host = p.spec.host
+	}
+	port := p.spec.BootstrapPort
+	if port == 0 {
+		port = 8998 // SGLang's --disaggregation-bootstrap-port default
+	}
+	var rb [8]byte
+	rand.Read(rb[:]) //nolint:errcheck
+	room := binary.BigEndian.Uint64(rb[:]) >> 1
+	extra := append(st.legB[:0], `"bootstrap_host":`...)
+	extra = appendJSONString(extra, host)
+	extra = append(extra, `,"bootstrap_port":`...)
+	extra = strconv.AppendInt(extra, int64(port), 10)
+	extra = append(extra, `,"bootstrap_room":`...)
+	extra = strconv.AppendUint(extra, room, 10)
+	st.legB = extra
+	st.legA = openai.AppendRewritten(st.legA[:0], st.body, &st.oa, extra,
+		openai.FBootstrapHost, openai.FBootstrapPort, openai.FBootstrapRoom)
+	type result struct {
+		kind UpstreamError
+		err  error
+	}
+	done := make(chan result, 1)
+	prefillBody := append([]byte(nil), st.legA...)
+	go func() {
+		_, _, kind, err := s.exchange(ctx, c, d.ep, prefillBody, nil)
+		done <- result{kind, err}
+	}()
+	out, failed := s.decodeLeg(ctx, c, st, d, st.legA)
+	r := <-done
+	if r.err != nil && ctx.Err() == nil {
+		s.log.Warn("sglang prefill leg failed", "endpoint", p.spec.Name, "err", r.err)
+	}
+	return out, failed
+}
+
+// pdTRT: the context request carries disaggregated_params{request_type:context_only}
+// and stream=false; when the context answer already finished (finish_reason other than
+// length/not_finished) it is the answer; otherwise the generation request carries the
+// returned disaggregated_params with request_type generation_only.
+func (s *Server) pdTRT(ctx context.Context, c *app.RequestContext, st *reqState, d *decision) (outcome, int) {
+	st.legA = openai.AppendRewritten(st.legA[:0], st.body, &st.oa,
+		[]byte(`"disaggregated_params":{"request_type":"context_only"},"stream":false`),
+		openai.FDisaggregatedParams, openai.FStream, openai.FStreamOptions)
+	status, resp, kind, err := s.exchange(ctx, c, d.ep, st.legA, st.legResp)
+	st.legResp = resp
+	if err != nil {
+		return s.legFailed(c, d.ep, kind, err)
+	}
+	if status != 200 {
+		s.relayLegError(c, d, status, resp)
+		return outcome{kind: outDone}, -1
+	}
+	choice := openai.FirstElement(openai.Path(resp, "choices"))
+	fr := openai.Path(choice, "finish_reason")
+	if !bytes.Equal(fr, []byte(`"length"`)) && !bytes.Equal(fr, []byte(`"not_finished"`)) && len(fr) > 0 && fr[0] == '"' {
+		s.earlyExit(c, st, d, resp)
+		return outcome{kind: outDone}, -1
+	}
+	dp := openai.Path(choice, "disaggregated_params")
+	if len(dp) == 0 || dp[0] != '{' {
+		writeError(c, 502, "upstream_error", "context endpoint "+s.eps[d.ep].spec.Name+" answered without disaggregated_params")
+		return outcome{kind: outDone}, -1
+	}
+	extra := append(st.legB[:0], `"disaggregated_params":`...)
+	extra = openai.AppendObjectWith(extra, dp, "request_type", []byte(`"generation_only"`))
+	drop := []openai.Field{openai.FDisaggregatedParams}
+	if !st.chat {
+		if ids := openai.Path(resp, "prompt_token_ids"); len(ids) > 0 && ids[0] == '[' {
+			extra = append(extra, `,"prompt":`...)
+			extra = append(extra, ids...)
+			drop = append(drop, openai.FPrompt)
+		}
+	}
+	st.legB = extra
+	st.legA = openai.AppendRewritten(st.legA[:0], st.body, &st.oa, extra, drop...)
+	return s.decodeLeg(ctx, c, st, d, st.legA)
+}
+
+// earlyExit answers with the context server's finished response; a streaming client
+// gets it as one SSE event followed by [DONE].
+func (s *Server) earlyExit(c *app.RequestContext, st *reqState, d *decision, resp []byte) {
+	c.Response.Reset()
+	c.Response.SetStatusCode(200)
+	setDecisionHeaders(c, s.eps[d.ep], d)
+	if st.oa.Stream {
+		c.Response.Header.SetContentType("text/event-stream")
+		b := append([]byte("data: "), resp...)
+		b = append(b, "\n\ndata: [DONE]\n\n"...)
+		c.Response.SetBody(b)
+	} else {
+		c.Response.Header.SetContentType("application/json")
+		c.Response.SetBody(resp)
+	}
+	s.receipt(d, resp)
+}

@@ -1,0 +1,96 @@
+package proxy
+
+import (
+	"time"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvgate/kvgate/proxy/openai"
+	"github.com/kvgate/kvgate/shard"
+)
+
+// baseEligible fills m with the endpoints that may take a new request: not excluded
+// for this request, not administratively down, passing health checks, breaker not
+// open; restricted to role when role is non-nil.
+func (s *Server) baseEligible(st *reqState, m shard.Mask, role shard.Mask) shard.Mask {
+	clear(m)
+	for i, e := range s.eps {
+		if st.excluded.Has(i) || e.down.Load() || !e.healthy.Load() {
+			continue
+		}
+		if role != nil && !role.Has(i) {
+			continue
+		}
+		if !e.breaker.Ready() {
+			continue
+		}
+		m.Set(i)
+	}
+	return m
+}
+
+// decide routes an OpenAI request in a converged pool (mode off or 3).
+func (s *Server) decide(st *reqState, d *decision, _ bool) {
+	d.ep, d.decode, d.predicted = -1, -1, 0
+	el := s.baseEligible(st, st.eligible, nil)
+	if s.kv != nil {
+		s.kv.route(st, el, d)
+		if d.ep >= 0 {
+			return
+		}
+	}
+	t0 := time.Now()
+	s.decideFallback(st, d, el, nil)
+	s.m.stage[StageSelect].UpdateDuration(t0)
+}
+
+// decideFallback picks by the rule's selector. key overrides the request-derived
+// CHWBL key (pass-through paths hash their path).
+func (s *Server) decideFallback(st *reqState, d *decision, el shard.Mask, key []byte) {
+	miss := d.route.IsMiss()
+	if s.cfg.Select == SelectCHWBL {
+		var h uint64
+		if key != nil {
+			h = xxh3.Hash(key)
+		} else {
+			h = s.chwblKey(st)
+		}
+		d.ep = s.ring.Pick(h, el, s.loads, s.cfg.LoadFactor)
+		if !miss {
+			d.route = RouteCHWBL
+		}
+		if d.ep >= 0 {
+			return
+		}
+	}
+	d.ep = s.rr.Pick(el)
+	if !miss && s.cfg.Select == SelectRR {
+		d.route = RouteRR
+	}
+}
+
+// chwblKey is the content-affinity key: model (LoRA adapters are served under their own
+// names) plus the first system message (chat) or the prompt's first bytes, falling
+// back to the first user message.
+func (s *Server) chwblKey(st *reqState) uint64 {
+	b := st.body
+	buf := st.text[:0]
+	buf = append(buf, st.oa.Value[openai.FModel].Bytes(b)...)
+	buf = append(buf, 0)
+	var content []byte
+	if st.oa.Value[openai.FMessages].Present() {
+		msgs := st.oa.Value[openai.FMessages].Bytes(b)
+		content = openai.MessageContent(msgs, "system")
+		if content == nil {
+			content = openai.MessageContent(msgs, "user")
+		}
+	} else {
+		content = st.oa.Value[openai.FPrompt].Bytes(b)
+	}
+	if len(content) > s.cfg.CHWBLPrefixBytes {
+		content = content[:s.cfg.CHWBLPrefixBytes]
+	}
+	buf = append(buf, content...)
+	st.text = buf
+	return xxh3.Hash(buf)
+}

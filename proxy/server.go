@@ -1,0 +1,453 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cloudwego/hertz/pkg/app"
+	"github.com/cloudwego/hertz/pkg/app/client"
+	"github.com/cloudwego/hertz/pkg/app/server"
+	"github.com/cloudwego/hertz/pkg/network"
+	"github.com/cloudwego/hertz/pkg/network/dialer"
+
+	"github.com/kvgate/kvgate/proxy/balance"
+	"github.com/kvgate/kvgate/proxy/openai"
+	"github.com/kvgate/kvgate/shard"
+)
+
+// endpoint is one upstream engine and its live state.
+type endpoint struct {
+	spec    EndpointSpec
+	idx     int
+	breaker *Breaker
+	down    atomic.Bool // administratively drained
+	healthy atomic.Bool // last active health check passed (true when checks are off)
+	checked atomic.Bool // at least one health check completed
+}
+
+// Server is one running rule: the public proxy listener, the admin listener, the
+// endpoints' state and the KV-Exact machinery when enabled.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	eps    []*endpoint
+	names  []string
+	loads  *balance.Loads
+	rr     *balance.RR
+	ring   *balance.Ring
+	prefRR *balance.RR // mode 1 prefill min-load ties
+	decRR  *balance.RR // mode 1 decode min-load ties
+	client *client.Client
+	m      *proxyMetrics
+	kv     *kvRouter
+	aff    *affinity
+
+	prefillMask, decodeMask shard.Mask
+
+	h        *server.Hertz
+	admin    *http.Server
+	adminLn  net.Listener
+	publicLn net.Listener
+	wg       sync.WaitGroup
+	stop     context.CancelFunc
+	ctx      context.Context
+	ready    atomic.Bool
+
+	pool      sync.Pool // *reqState
+	gapWarned []atomic.Int64
+}
+
+// Options are runtime hooks that are not part of the rule.
+type Options struct {
+	Logger *slog.Logger
+	// PublicListener and AdminListener, when set, are used instead of listening on
+	// Config.Listen / Config.AdminListen (tests bind :0 first).
+	PublicListener net.Listener
+	AdminListener  net.Listener
+}
+
+// New builds a Server from a validated Config. It loads tokenizers and sets up the
+// inventory and subscribers (not yet started) when KV-Exact is on.
+func New(cfg Config, opt Options) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := opt.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{cfg: cfg, log: log}
+	n := len(cfg.Endpoints)
+	s.names = make([]string, n)
+	weights := make([]int, n)
+	s.prefillMask, s.decodeMask = shard.NewMask(n), shard.NewMask(n)
+	for i, sp := range cfg.Endpoints {
+		e := &endpoint{spec: sp, idx: i,
+			breaker: NewBreaker(cfg.BreakerFailures, cfg.BreakerOpenFor, cfg.BreakerHalfOpen, cfg.Breaker5xxStreak)}
+		e.down.Store(sp.Down)
+		e.healthy.Store(true)
+		s.eps = append(s.eps, e)
+		s.names[i] = sp.Name
+		weights[i] = sp.Weight
+		switch sp.Role {
+		case RolePrefill:
+			s.prefillMask.Set(i)
+		case RoleDecode:
+			s.decodeMask.Set(i)
+		}
+	}
+	s.gapWarned = make([]atomic.Int64, n)
+	s.loads = balance.NewLoads(n)
+	s.rr, s.prefRR, s.decRR = balance.NewRR(n), balance.NewRR(n), balance.NewRR(n)
+	s.ring = balance.NewRing(s.names, weights)
+	s.m = newProxyMetrics(s.names)
+	s.aff = newAffinity(cfg.AffinityTTL, cfg.AffinityMax)
+	s.pool.New = func() any { return newReqState(n) }
+
+	c, err := client.NewClient(
+		client.WithDialer(connectDialer{dialer.DefaultDialer()}),
+		client.WithDialTimeout(cfg.ConnectTimeout),
+		client.WithClientReadTimeout(cfg.UpstreamTimeout),
+		client.WithResponseBodyStream(true),
+		client.WithMaxConnsPerHost(1<<16),
+		client.WithMaxIdleConnDuration(90*time.Second),
+		client.WithDisableHeaderNamesNormalizing(true),
+		client.WithRetryConfig(),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: hertz client: %w", err)
+	}
+	s.client = c
+
+	if cfg.KVMode != KVOff {
+		kv, err := newKVRouter(s)
+		if err != nil {
+			return nil, err
+		}
+		s.kv = kv
+	}
+	return s, nil
+}
+
+// connectDialer marks dial failures so a connect failure (retry elsewhere) can be told
+// from a timeout or a broken exchange after the engine accepted the request.
+type connectDialer struct{ network.Dialer }
+
+type dialError struct{ err error }
+
+func (e *dialError) Error() string { return "connect: " + e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
+
+func (d connectDialer) DialConnection(n, address string, timeout time.Duration, tlsConfig *tls.Config) (network.Conn, error) {
+	c, err := d.Dialer.DialConnection(n, address, timeout, tlsConfig)
+	if err != nil {
+		return nil, &dialError{err}
+	}
+	return c, nil
+}
+
+// Start opens the listeners, starts subscribers and health checks, and serves until
+// Shutdown. It returns once both listeners accept connections.
+func (s *Server) Start(ctx context.Context) error {
+	s.ctx, s.stop = context.WithCancel(ctx)
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("-listen %s: %w", s.cfg.Listen, err)
+	}
+	s.publicLn = ln
+	return s.start()
+}
+
+// StartWith is Start with listeners the caller opened (tests bind 127.0.0.1:0).
+func (s *Server) StartWith(ctx context.Context, public, admin net.Listener) error {
+	s.ctx, s.stop = context.WithCancel(ctx)
+	s.publicLn, s.adminLn = public, admin
+	return s.start()
+}
+
+func (s *Server) start() error {
+	if s.adminLn == nil && s.cfg.AdminListen != "" {
+		ln, err := net.Listen("tcp", s.cfg.AdminListen)
+		if err != nil {
+			s.publicLn.Close()
+			return fmt.Errorf("-admin-listen %s: %w", s.cfg.AdminListen, err)
+		}
+		s.adminLn = ln
+	}
+	if s.kv != nil {
+		if err := s.kv.start(s.ctx); err != nil {
+			return err
+		}
+	}
+	if s.cfg.HealthInterval > 0 {
+		s.wg.Add(1)
+		go s.healthLoop()
+	}
+	s.h = server.New(
+		server.WithListener(s.publicLn),
+		server.WithStreamBody(true),
+		server.WithSenseClientDisconnection(true),
+		server.WithDisablePrintRoute(true),
+		server.WithExitWaitTime(s.cfg.ShutdownGrace),
+		server.WithMaxHeaderBytes(64<<10),
+		server.WithDisableHeaderNamesNormalizing(true),
+		server.WithIdleTimeout(120*time.Second),
+	)
+	s.h.NoHijackConnPool = true
+	s.routes()
+	errc := make(chan error, 1)
+	go func() { errc <- s.h.Run() }()
+	if s.adminLn != nil {
+		s.admin = &http.Server{Handler: s.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := s.admin.Serve(s.adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				s.log.Error("admin listener", "err", err)
+			}
+		}()
+	}
+	// Wait until hertz serves (or failed).
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-errc:
+			return fmt.Errorf("-listen: %w", err)
+		default:
+		}
+		if s.h.IsRunning() {
+			s.ready.Store(true)
+			return nil
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return errors.New("proxy: server did not start within 5s")
+}
+
+// PublicAddr and AdminAddr are the bound listener addresses.
+func (s *Server) PublicAddr() string { return s.publicLn.Addr().String() }
+
+// AdminAddr is the admin listener's address ("" when disabled).
+func (s *Server) AdminAddr() string {
+	if s.adminLn == nil {
+		return ""
+	}
+	return s.adminLn.Addr().String()
+}
+
+// Shutdown stops accepting, lets in-flight requests finish within ctx (or the
+// configured grace), then stops subscribers and health checks.
+func (s *Server) Shutdown(ctx context.Context) error {
+	var err error
+	if s.h != nil {
+		err = s.h.Shutdown(ctx)
+	}
+	if s.admin != nil {
+		s.admin.Shutdown(ctx) //nolint:errcheck
+	}
+	if s.stop != nil {
+		s.stop()
+	}
+	if s.kv != nil {
+		s.kv.close()
+	}
+	s.wg.Wait()
+	s.client.CloseIdleConnections()
+	return err
+}
+
+func (s *Server) routes() {
+	s.h.POST("/v1/completions", func(ctx context.Context, c *app.RequestContext) { s.handleOpenAI(ctx, c, false) })
+	s.h.POST("/v1/chat/completions", func(ctx context.Context, c *app.RequestContext) { s.handleOpenAI(ctx, c, true) })
+	s.h.NoRoute(func(ctx context.Context, c *app.RequestContext) { s.handlePassThrough(ctx, c) })
+	s.h.NoMethod(func(ctx context.Context, c *app.RequestContext) { s.handlePassThrough(ctx, c) })
+}
+
+// reqState is the per-request scratch, pooled so steady-state routing allocates nothing.
+type reqState struct {
+	body     []byte
+	oa       openai.Request
+	chat     bool
+	text     []byte
+	tokens   []uint32
+	keys     []uint64
+	fastKeys []uint64
+	scores   []int32
+	scores2  []int32
+	eligible shard.Mask
+	excluded shard.Mask
+	scratch  shard.Mask
+	out      []byte
+	relay    []byte
+	tail     []byte
+	sessKey  []byte
+	legA     []byte
+	legB     []byte
+	legResp  []byte
+}
+
+func newReqState(n int) *reqState {
+	return &reqState{
+		body:     make([]byte, 0, 16<<10),
+		scores:   make([]int32, n),
+		scores2:  make([]int32, n),
+		eligible: shard.NewMask(n),
+		excluded: shard.NewMask(n),
+		scratch:  shard.NewMask(n),
+		relay:    make([]byte, 32<<10),
+	}
+}
+
+func (st *reqState) reset() {
+	st.body = st.body[:0]
+	st.chat = false
+	clear(st.excluded)
+	st.tail = st.tail[:0]
+}
+
+func (s *Server) getState() *reqState {
+	st := s.pool.Get().(*reqState)
+	st.reset()
+	return st
+}
+
+func (s *Server) putState(st *reqState) {
+	if cap(st.body) > 4<<20 { // do not pin huge bodies in the pool
+		st.body = make([]byte, 0, 16<<10)
+	}
+	s.pool.Put(st)
+}
+
+// readBody reads the request body into st.body, refusing more than the limit.
+func (s *Server) readBody(c *app.RequestContext, st *reqState) (ok bool) {
+	limit := s.cfg.MaxBodyBytes
+	if cl := c.Request.Header.ContentLength(); cl > limit {
+		s.m.bad[BadTooLarge].Inc()
+		writeError(c, 413, "invalid_request_error", "request body exceeds the limit of "+itoa(limit)+" bytes")
+		return false
+	}
+	if !c.Request.IsBodyStream() {
+		b := c.Request.Body()
+		if len(b) > limit {
+			s.m.bad[BadTooLarge].Inc()
+			writeError(c, 413, "invalid_request_error", "request body exceeds the limit of "+itoa(limit)+" bytes")
+			return false
+		}
+		st.body = append(st.body[:0], b...)
+		return true
+	}
+	r := c.Request.BodyStream()
+	for {
+		if len(st.body) == cap(st.body) {
+			st.body = append(st.body, 0)[:len(st.body)]
+		}
+		n, err := r.Read(st.body[len(st.body):cap(st.body)])
+		st.body = st.body[:len(st.body)+n]
+		if len(st.body) > limit {
+			s.m.bad[BadTooLarge].Inc()
+			writeError(c, 413, "invalid_request_error", "request body exceeds the limit of "+itoa(limit)+" bytes")
+			c.SetConnectionClose()
+			return false
+		}
+		if err == io.EOF {
+			return true
+		}
+		if err != nil {
+			s.m.bad[BadReadBody].Inc()
+			writeError(c, 400, "invalid_request_error", "reading request body: "+err.Error())
+			c.SetConnectionClose()
+			return false
+		}
+	}
+}
+
+func (s *Server) handleOpenAI(ctx context.Context, c *app.RequestContext, chat bool) {
+	st := s.getState()
+	defer s.putState(st)
+	if !s.readBody(c, st) {
+		return
+	}
+	st.chat = chat
+	t0 := time.Now()
+	if err := openai.Scan(st.body, &st.oa); err != nil {
+		s.m.bad[BadJSON].Inc()
+		writeError(c, 400, "invalid_request_error", "malformed request body: "+err.Error())
+		return
+	}
+	s.m.stage[StageParse].UpdateDuration(t0)
+	if s.cfg.KVMode == KVDisaggregated {
+		s.servePD(ctx, c, st)
+		return
+	}
+	s.serveOne(ctx, c, st, true)
+}
+
+func (s *Server) handlePassThrough(ctx context.Context, c *app.RequestContext) {
+	st := s.getState()
+	defer s.putState(st)
+	if !s.readBody(c, st) {
+		return
+	}
+	st.oa.Reset()
+	s.serveOne(ctx, c, st, false)
+}
+
+// serveOne selects an endpoint, forwards, and on a connect failure before any byte
+// reached the client excludes it and selects again.
+func (s *Server) serveOne(ctx context.Context, c *app.RequestContext, st *reqState, openAI bool) {
+	maxAttempts := len(s.eps)
+	if s.cfg.MaxRetries > 0 && s.cfg.MaxRetries+1 < maxAttempts {
+		maxAttempts = s.cfg.MaxRetries + 1
+	}
+	var lastErr error
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		var d decision
+		if openAI {
+			s.decide(st, &d, false)
+		} else {
+			s.decideFallback(st, &d, s.baseEligible(st, st.eligible, nil), passThroughKey(c))
+		}
+		if d.ep < 0 {
+			break
+		}
+		ep := s.eps[d.ep]
+		if !ep.breaker.Allow() {
+			st.excluded.Set(d.ep)
+			attempt--
+			if st.excluded.Count() >= len(s.eps) {
+				break
+			}
+			continue
+		}
+		if attempt > 0 {
+			s.m.retries.Inc()
+		}
+		out := s.forward(ctx, c, st, &d, st.body, true)
+		switch out.kind {
+		case outDone:
+			return
+		case outRetry:
+			lastErr = out.err
+			st.excluded.Set(d.ep)
+			continue
+		}
+		return
+	}
+	s.m.noHealthy.Inc()
+	if lastErr != nil {
+		writeError(c, 502, "upstream_error", "no endpoint could be reached: "+lastErr.Error())
+		return
+	}
+	writeError(c, 503, "service_unavailable", "no healthy endpoint is available for this request")
+}
+
+func passThroughKey(c *app.RequestContext) []byte { return c.Request.URI().Path() }
