@@ -70,22 +70,22 @@ func b2u(b bool) uint64 {
 }
 
 type inventoryEndpoint struct {
-	Name       string `json:"name"`
-	URL        string `json:"url"`
-	Engine     string `json:"engine"`
-	Role       string `json:"role"`
-	Keys       int    `json:"keys"`
-	Parity     string `json:"parity"`
-	Connected  bool   `json:"connected"`
-	LastSeq    int64  `json:"last_seq"`
-	Breaker    string `json:"breaker"`
-	Healthy    bool   `json:"healthy"`
-	Down       bool   `json:"down"`
-	InFlight   int64  `json:"in_flight"`
-	Predicted  uint64 `json:"predicted_cached_tokens"`
-	Delivered  uint64 `json:"delivered_cached_tokens"`
-	Receipts   uint64 `json:"receipts"`
-	KVHits     uint64 `json:"kv_hits"`
+	Name      string `json:"name"`
+	URL       string `json:"url"`
+	Engine    string `json:"engine"`
+	Role      string `json:"role"`
+	Keys      int    `json:"keys"`
+	Parity    string `json:"parity"`
+	Connected bool   `json:"connected"`
+	LastSeq   int64  `json:"last_seq"`
+	Breaker   string `json:"breaker"`
+	Healthy   bool   `json:"healthy"`
+	Down      bool   `json:"down"`
+	InFlight  int64  `json:"in_flight"`
+	Predicted uint64 `json:"predicted_cached_tokens"`
+	Delivered uint64 `json:"delivered_cached_tokens"`
+	Receipts  uint64 `json:"receipts"`
+	KVHits    uint64 `json:"kv_hits"`
 }
 
 func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {

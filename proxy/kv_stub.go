@@ -16,9 +16,9 @@ func newKVRouter(*Server) (*kvRouter, error) {
 	return nil, &FlagError{Flag: "-kv-mode", Msg: "KV-Exact is not built into this binary yet"}
 }
 
-func (k *kvRouter) start(context.Context) error                 { return errors.New("unreachable") }
-func (k *kvRouter) close()                                      {}
-func (k *kvRouter) route(*reqState, shard.Mask, *decision)      {}
+func (k *kvRouter) start(context.Context) error            { return errors.New("unreachable") }
+func (k *kvRouter) close()                                 {}
+func (k *kvRouter) route(*reqState, shard.Mask, *decision) {}
 func (k *kvRouter) inventory(i int) (keys int, parity string, connected bool, lastSeq int64) {
 	return 0, "unknown", false, -1
 }

@@ -41,8 +41,8 @@ func (r Route) IsMiss() bool { return r >= RouteMissTextEmpty && r <= RouteMissS
 type Stage uint8
 
 const (
-	StageParse Stage = iota
-	StageTokenize // template + tokenizer
+	StageParse    Stage = iota
+	StageTokenize       // template + tokenizer
 	StageHash
 	StageScore
 	StageSelect
