@@ -122,11 +122,8 @@ func ServeArgs(env *Env, listen, admin string, withEvents bool, flags []string) 
 		}
 		args = append(args, "-endpoint", ep)
 	}
-	if env.Model != "" {
-		args = append(args, "-model", env.Model)
-	}
-	if env.Tokenizer != "" {
-		args = append(args, "-tokenizer", env.Tokenizer)
+	if env.Model != "" && env.Tokenizer != "" {
+		args = append(args, "-model", env.Model, "-tokenizer", env.Tokenizer)
 	}
 	if withEvents {
 		args = append(args, "-kv-block-size", fmt.Sprint(env.BlockSize))

@@ -1,0 +1,186 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/bench/enginesim"
+)
+
+func TestTraceWorkload(t *testing.T) {
+	jsonl := `{"timestamp": 0, "input_length": 1100, "output_length": 500, "hash_ids": [0, 1, 2]}
+{"timestamp": 2000, "input_length": 1030, "output_length": 3, "hash_ids": [0, 1, 7]}
+
+{"timestamp": 1000, "input_length": 600, "output_length": 10, "hash_ids": [5, 6]}
+`
+	w, err := Trace{Path: "t.jsonl", BlockTokens: 8, TimeScale: 0.5, MaxTokens: 100}.read(strings.NewReader(jsonl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Sessions) != 3 || w.Requests() != 3 {
+		t.Fatalf("%d sessions", len(w.Sessions))
+	}
+	// Sorted by arrival, scaled by 0.5.
+	s0, s1, s2 := w.Sessions[0], w.Sessions[1], w.Sessions[2]
+	if s0.At != 0 || s1.At != 500*time.Millisecond || s2.At != time.Second {
+		t.Fatalf("arrivals %v %v %v", s0.At, s1.At, s2.At)
+	}
+	if s0.MaxTokens != 100 || s2.MaxTokens != 3 || s0.Chat {
+		t.Fatalf("max tokens %d %d (cap 100), chat %v", s0.MaxTokens, s2.MaxTokens, s0.Chat)
+	}
+	words := func(s string) []string { return strings.Fields(s) }
+	a, b := words(s0.Prompts[0]), words(s2.Prompts[0])
+	// Line 1: ids 0,1 full (8 words each) + last block 1100-1024 = 76 of 512 tokens -> 76*8/512 = 1 word.
+	// Line 2: ids 0,1 full + 1030-1024 = 6 tokens -> max(1, 0) = 1 word.
+	if len(a) != 17 || len(b) != 17 {
+		t.Fatalf("prompt words %d and %d, want 17", len(a), len(b))
+	}
+	if strings.Join(a[:16], " ") != strings.Join(b[:16], " ") {
+		t.Fatal("requests sharing hash ids 0,1 must share their first 16 words")
+	}
+	if c := words(s1.Prompts[0]); len(c) != 8+(600-512)*8/512 || c[0] == a[0] && c[1] == a[1] && c[2] == a[2] {
+		t.Fatalf("hash ids 5,6: %d words, or shares id 0's text", len(c))
+	}
+	for _, bad := range []string{`{"timestamp": 0, "input_length": 10, "hash_ids": []}`, `{"timestamp": 0`, `{"timestamp": -1, "input_length": 10, "hash_ids": [1]}`} {
+		if _, err := (Trace{Path: "bad.jsonl"}).read(strings.NewReader("\n" + bad)); err == nil || !strings.Contains(err.Error(), "bad.jsonl:2") {
+			t.Errorf("%s: err %v, want one naming bad.jsonl:2", bad, err)
+		}
+	}
+}
+
+func TestSharedPrefixAndRAGWorkloads(t *testing.T) {
+	w := SharedPrefix{SystemPrompts: 3, Users: 7, Turns: 2, SystemTokens: 50, TurnTokens: 5, MaxTokens: 4, Spread: time.Second, Seed: 9}.Build()
+	if len(w.Sessions) != 7 || w.Requests() != 14 {
+		t.Fatalf("%d sessions, %d requests", len(w.Sessions), w.Requests())
+	}
+	systems := map[string]int{}
+	for _, s := range w.Sessions {
+		systems[s.System]++
+		if !s.Chat || len(s.Prompts) != 2 || s.At < 0 || s.At >= time.Second || s.Prompts[0] == s.Prompts[1] {
+			t.Fatalf("session %+v", s)
+		}
+	}
+	if len(systems) != 3 {
+		t.Fatalf("%d distinct system prompts, want 3", len(systems))
+	}
+	again := SharedPrefix{SystemPrompts: 3, Users: 7, Turns: 2, SystemTokens: 50, TurnTokens: 5, MaxTokens: 4, Spread: time.Second, Seed: 9}.Build()
+	if again.Sessions[3].Prompts[1] != w.Sessions[3].Prompts[1] {
+		t.Fatal("the same seed must build the same workload")
+	}
+	r := RAG{Documents: 5, DocTokens: 20, Queries: 10, DocsPerQuery: 2, QueryTokens: 4, Seed: 1}.Build()
+	if len(r.Sessions) != 10 || strings.Count(r.Sessions[0].Prompts[0], "Document ") != 2 {
+		t.Fatalf("rag %d sessions, first %q", len(r.Sessions), r.Sessions[0].Prompts[0])
+	}
+}
+
+var (
+	buildOnce sync.Once
+	kvgateBin string
+	buildErr  error
+)
+
+// buildKvgate compiles ./cmd/kvgate once per test binary: the harness runs it as the router.
+func buildKvgate(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "kvgate-bench-test-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		kvgateBin = filepath.Join(dir, "kvgate")
+		gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+		cmd := exec.Command(gobin, "build", "-o", kvgateBin, "../cmd/kvgate")
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Run(); err != nil {
+			buildErr = err
+			kvgateBin = out.String()
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("go build ./cmd/kvgate: %v\n%s", buildErr, kvgateBin)
+	}
+	return kvgateBin
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if kvgateBin != "" && buildErr == nil {
+		os.RemoveAll(filepath.Dir(kvgateBin))
+	}
+	os.Exit(code)
+}
+
+// tinyConfig is a shared-prefix workload of a few seconds: 2 system prompts, 8 users,
+// 3 turns, on 4 engines.
+func tinyConfig(t *testing.T, policies ...Policy) Config {
+	w := SharedPrefix{SystemPrompts: 2, Users: 8, Turns: 3, SystemTokens: 200, TurnTokens: 20, MaxTokens: 4,
+		Spread: 400 * time.Millisecond, Think: 20 * time.Millisecond, Seed: 3}.Build()
+	return Config{Engines: 4, Workload: w, Policies: policies, Kvgate: buildKvgate(t),
+		Sim: enginesim.Spec{Encoder: enginesim.WordEncoder{}, Model: "m", BlockSize: 16, NumBlocks: 512, MaxBatch: 8,
+			PrefillBase: time.Millisecond, PrefillPerToken: 10 * time.Microsecond, DecodePerToken: time.Millisecond}}
+}
+
+// A short run through kvgate: the report has its shape, every request succeeds, and the
+// oracle placement delivers more cache hits than round-robin on a shared-prefix workload.
+func TestEndToEndReport(t *testing.T) {
+	rr, _ := PolicyByName("rr")
+	cfg := tinyConfig(t, rr, OraclePolicy())
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Policies) != 2 {
+		t.Fatalf("%d policy results", len(res.Policies))
+	}
+	for _, p := range res.Policies {
+		if p.Requests != 24 || p.Errors != 0 || len(p.TTFT) != 24 || len(p.Endpoints) != 4 {
+			t.Fatalf("%s: %d requests, %d errors (%s), %d TTFTs, %d endpoints", p.Policy, p.Requests, p.Errors, p.FirstErr, len(p.TTFT), len(p.Endpoints))
+		}
+		var served uint64
+		for _, e := range p.Endpoints {
+			served += e.Requests
+		}
+		if served != 24 {
+			t.Fatalf("%s: engines served %d requests, want 24", p.Policy, served)
+		}
+	}
+	rrRes, or := res.Find("rr"), res.Find("oracle")
+	// rr spreads each user's turns over the engines, so a turn's history is cached only
+	// where its previous turn ran; the oracle follows it.
+	if !(or.HitRatio() > rrRes.HitRatio()) {
+		t.Fatalf("hit ratio oracle %.3f <= rr %.3f", or.HitRatio(), rrRes.HitRatio())
+	}
+	if rrRes.RequestImbalance() > 1.01 {
+		t.Fatalf("rr request imbalance %.2f: round-robin over 24 requests on 4 engines is even", rrRes.RequestImbalance())
+	}
+	dir := t.TempDir()
+	plots, err := res.WritePlots(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var md bytes.Buffer
+	res.WriteReport(&md, "test", plots)
+	rep := md.String()
+	for _, want := range []string{"| policy | requests | errors | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms |", "\n| rr | 24 | 0 |",
+		"\n| oracle | 24 | 0 |", "## Load per endpoint", "![ttft-cdf](ttft-cdf.svg)", "![hit-ratio](hit-ratio.svg)", "![load](load.svg)"} {
+		if !strings.Contains(rep, want) {
+			t.Errorf("report lacks %q:\n%s", want, rep)
+		}
+	}
+	for _, p := range plots {
+		b, err := os.ReadFile(filepath.Join(dir, p))
+		if err != nil || !bytes.Contains(b, []byte("<svg")) || !bytes.Contains(b, []byte("oracle")) && p != "hit-ratio.svg" {
+			t.Errorf("%s: not an SVG naming the policies (%v)", p, err)
+		}
+	}
+}
