@@ -1,0 +1,178 @@
+package tokenize
+
+import "unicode"
+
+// addedToken is one entry of tokenizer.json's added_tokens.
+type addedToken struct {
+	id                 uint32
+	content            string
+	singleWord, lstrip bool
+	rstrip, normalized bool
+	special            bool
+}
+
+// tokenTrie finds added tokens in text, leftmost-longest, non-overlapping (what HF's
+// Aho-Corasick with MatchKind::LeftmostLongest does), then applies single_word, lstrip and
+// rstrip as HF AddedVocabulary::find_matches.
+type tokenTrie struct {
+	root   [256]int32 // child of the root per first byte, 0 = none
+	nodes  []trieNode // nodes[0] is the root
+	tokens []addedToken
+	empty  bool
+}
+
+type trieNode struct {
+	edges []trieEdge
+	token int32 // index into tokens, -1 when no token ends here
+}
+
+type trieEdge struct {
+	b  byte
+	to int32
+}
+
+func newTokenTrie(tokens []addedToken, pattern func(addedToken) string) *tokenTrie {
+	t := &tokenTrie{nodes: []trieNode{{token: -1}}, empty: true}
+	for _, tok := range tokens {
+		p := pattern(tok)
+		if p == "" {
+			continue
+		}
+		t.empty = false
+		cur := int32(0)
+		for i := 0; i < len(p); i++ {
+			b := p[i]
+			var next int32
+			if cur == 0 {
+				next = t.root[b]
+			} else {
+				for _, e := range t.nodes[cur].edges {
+					if e.b == b {
+						next = e.to
+						break
+					}
+				}
+			}
+			if next == 0 {
+				next = int32(len(t.nodes))
+				t.nodes = append(t.nodes, trieNode{token: -1})
+				if cur == 0 {
+					t.root[b] = next
+				} else {
+					t.nodes[cur].edges = append(t.nodes[cur].edges, trieEdge{b, next})
+				}
+			}
+			cur = next
+		}
+		if t.nodes[cur].token < 0 { // the first of equal patterns wins
+			t.nodes[cur].token = int32(len(t.tokens))
+			t.tokens = append(t.tokens, tok)
+		}
+	}
+	return t
+}
+
+// longestAt returns the token index and end of the longest token starting at i, or -1.
+func (t *tokenTrie) longestAt(s string, i int) (int32, int) {
+	cur := t.root[s[i]]
+	if cur == 0 {
+		return -1, 0
+	}
+	best, bestEnd := int32(-1), 0
+	for j := i + 1; ; j++ {
+		if tk := t.nodes[cur].token; tk >= 0 {
+			best, bestEnd = tk, j
+		}
+		if j >= len(s) {
+			break
+		}
+		b := s[j]
+		next := int32(0)
+		for _, e := range t.nodes[cur].edges {
+			if e.b == b {
+				next = e.to
+				break
+			}
+		}
+		if next == 0 {
+			break
+		}
+		cur = next
+	}
+	return best, bestEnd
+}
+
+// addedMatch is one added token found in a piece of text: [start, end) after stripping.
+type addedMatch struct {
+	start, end int
+	id         uint32
+}
+
+// find appends the matches in s to out, as HF AddedVocabulary::find_matches.
+func (t *tokenTrie) find(out []addedMatch, s string) []addedMatch {
+	if t.empty {
+		return out
+	}
+	startOffset := 0
+	for i := 0; i < len(s); {
+		tk, end := t.longestAt(s, i)
+		if tk < 0 {
+			i++
+			continue
+		}
+		start, stop := i, end
+		i = end
+		tok := &t.tokens[tk]
+		if tok.singleWord {
+			startSpace := start == 0 || !endsWithWord(s[:start])
+			stopSpace := stop == len(s) || !startsWithWord(s[stop:])
+			if !startSpace || !stopSpace {
+				continue
+			}
+		}
+		if tok.lstrip {
+			ns := start
+			for ns > 0 {
+				r, n := lastRune(s[:ns])
+				if !unicode.Is(unicode.White_Space, r) {
+					break
+				}
+				ns -= n
+			}
+			start = max(ns, startOffset)
+		}
+		if tok.rstrip {
+			for stop < len(s) {
+				r, n := firstRune(s[stop:])
+				if !unicode.Is(unicode.White_Space, r) {
+					break
+				}
+				stop += n
+			}
+		}
+		out = append(out, addedMatch{start, stop, tok.id})
+		startOffset = stop
+	}
+	return out
+}
+
+func isWordChar(r rune) bool {
+	// Rust's char::is_alphanumeric or '_' (HF ends_with_word / starts_with_word).
+	return r == '_' || unicode.IsLetter(r) || unicode.IsNumber(r)
+}
+
+func endsWithWord(s string) bool {
+	if s == "" {
+		return false
+	}
+	r, _ := lastRune(s)
+	return isWordChar(r)
+}
+
+func startsWithWord(s string) bool {
+	if s == "" {
+		return false
+	}
+	r, _ := firstRune(s)
+	return isWordChar(r)
+}

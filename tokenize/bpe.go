@@ -1,0 +1,297 @@
+package tokenize
+
+import (
+	"fmt"
+	"unicode/utf8"
+)
+
+// bpeModel is an HF BPE model. Merges apply lowest rank first, ties leftmost (HF's Word::merge_all).
+//
+// Byte-level tokenizers (a ByteLevel pre-tokenizer) work on raw bytes: the vocabulary is keyed
+// by the bytes its byte-level strings stand for, so words never go through the byte-to-char
+// mapping. Other tokenizers work on UTF-8 characters with byte_fallback and unk handling.
+type bpeModel struct {
+	byteLevel      bool
+	vocab          map[string]uint32 // raw bytes (byteLevel) or UTF-8 token strings
+	merges         map[uint64]uint64 // left<<32|right -> rank<<32|newID
+	byteID         [256]int64        // byteLevel: id of each byte's token, -1 if absent
+	asciiID        [128]int64        // char-level: id of each ASCII char's token, -1 if absent
+	fallback       [256]int64        // byte_fallback: id of <0xXX>, -1 if absent
+	byteFallback   bool
+	fuseUnk        bool
+	unkID          int64 // -1 when no unk token
+	ignoreMerges   bool
+	prefix, suffix string // continuing_subword_prefix, end_of_word_suffix (char-level only)
+	vocabSize      int
+	vocabStrings   map[string]uint32 // load time only: the vocabulary as written in the file
+}
+
+// symbol is one node of the doubly linked list a word is merged in.
+type symbol struct {
+	id         uint32
+	prev, next int32
+	dead       bool
+}
+
+// mergeItem is a candidate merge in the heap: lower rank first, then lower position.
+type mergeItem struct {
+	rank, pos, newID uint32
+}
+
+// bpeScratch holds the per-call buffers of one word merge.
+type bpeScratch struct {
+	syms []symbol
+	heap []mergeItem
+	str  []byte
+}
+
+func (m *bpeModel) mergeOf(a, b uint32) (rank, newID uint32, ok bool) {
+	v, ok := m.merges[uint64(a)<<32|uint64(b)]
+	return uint32(v >> 32), uint32(v), ok
+}
+
+// encodeWord appends the ids of word w (a pre-tokenized piece) to dst.
+func (m *bpeModel) encodeWord(dst []uint32, w string, sc *bpeScratch) []uint32 {
+	if len(w) == 0 {
+		return dst
+	}
+	if m.ignoreMerges {
+		if id, ok := m.vocab[w]; ok {
+			return append(dst, id)
+		}
+	}
+	syms := sc.syms[:0]
+	if m.byteLevel {
+		for i := 0; i < len(w); i++ {
+			if id := m.byteID[w[i]]; id >= 0 {
+				syms = append(syms, symbol{id: uint32(id)})
+			}
+		}
+	} else {
+		syms = m.charSymbols(syms, w, sc)
+	}
+	for i := range syms {
+		syms[i].prev = int32(i - 1)
+		syms[i].next = int32(i + 1)
+	}
+	if len(syms) > 0 {
+		syms[len(syms)-1].next = -1
+	}
+	syms = m.mergeAll(syms, sc)
+	for i := 0; i >= 0 && i < len(syms); i = int(syms[i].next) {
+		dst = append(dst, syms[i].id)
+	}
+	sc.syms = syms
+	return dst
+}
+
+// charSymbols splits w into initial symbols as HF BPE::merge_word does: one per character,
+// byte_fallback tokens for unknown characters, and (fused) unk tokens otherwise.
+func (m *bpeModel) charSymbols(syms []symbol, w string, sc *bpeScratch) []symbol {
+	unk := false // an unk symbol is pending (fuse_unk)
+	for i := 0; i < len(w); {
+		var id int64 = -1
+		n := 1
+		if c := w[i]; c < utf8.RuneSelf && m.prefix == "" && m.suffix == "" {
+			id = m.asciiID[c]
+		} else {
+			_, n = utf8.DecodeRuneInString(w[i:])
+			if m.prefix == "" && m.suffix == "" {
+				if v, ok := m.vocab[w[i:i+n]]; ok {
+					id = int64(v)
+				}
+			} else {
+				s := sc.str[:0]
+				if i > 0 {
+					s = append(s, m.prefix...)
+				}
+				s = append(s, w[i:i+n]...)
+				if i+n == len(w) {
+					s = append(s, m.suffix...)
+				}
+				sc.str = s
+				if v, ok := m.vocab[string(s)]; ok {
+					id = int64(v)
+				}
+			}
+		}
+		if id >= 0 {
+			if unk {
+				syms = append(syms, symbol{id: uint32(m.unkID)})
+				unk = false
+			}
+			syms = append(syms, symbol{id: uint32(id)})
+			i += n
+			continue
+		}
+		if m.byteFallback && m.fallbackCovers(w[i:i+n]) {
+			for k := i; k < i+n; k++ {
+				syms = append(syms, symbol{id: uint32(m.fallback[w[k]])})
+			}
+			i += n
+			continue
+		}
+		if m.unkID >= 0 {
+			if unk && !m.fuseUnk {
+				syms = append(syms, symbol{id: uint32(m.unkID)})
+			}
+			unk = true
+		}
+		i += n
+	}
+	if unk {
+		syms = append(syms, symbol{id: uint32(m.unkID)})
+	}
+	return syms
+}
+
+func (m *bpeModel) fallbackCovers(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if m.fallback[s[i]] < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// mergeAll applies merges until none applies. Small words use a linear scan; long ones a heap.
+func (m *bpeModel) mergeAll(syms []symbol, sc *bpeScratch) []symbol {
+	if len(syms) < 2 {
+		return syms
+	}
+	if len(syms) <= 24 {
+		return m.mergeLinear(syms)
+	}
+	h := sc.heap[:0]
+	for i := 0; i+1 < len(syms); i++ {
+		if rank, nid, ok := m.mergeOf(syms[i].id, syms[i+1].id); ok {
+			h = heapPush(h, mergeItem{rank, uint32(i), nid})
+		}
+	}
+	for len(h) > 0 {
+		var top mergeItem
+		top, h = heapPop(h)
+		s := &syms[top.pos]
+		if s.dead || s.next < 0 {
+			continue
+		}
+		right := &syms[s.next]
+		rank, nid, ok := m.mergeOf(s.id, right.id)
+		if !ok || rank != top.rank || nid != top.newID {
+			continue // stale entry
+		}
+		s.id = nid
+		right.dead = true
+		s.next = right.next
+		if s.next >= 0 {
+			syms[s.next].prev = int32(top.pos)
+		}
+		if s.prev >= 0 {
+			if r, n, ok := m.mergeOf(syms[s.prev].id, s.id); ok {
+				h = heapPush(h, mergeItem{r, uint32(s.prev), n})
+			}
+		}
+		if s.next >= 0 {
+			if r, n, ok := m.mergeOf(s.id, syms[s.next].id); ok {
+				h = heapPush(h, mergeItem{r, top.pos, n})
+			}
+		}
+	}
+	sc.heap = h
+	return syms
+}
+
+// mergeLinear is mergeAll for short words: find the lowest-rank (leftmost on ties) pair, merge, repeat.
+func (m *bpeModel) mergeLinear(syms []symbol) []symbol {
+	for {
+		best, bestRank, bestID := -1, uint32(0), uint32(0)
+		for i := 0; i >= 0 && syms[i].next >= 0; i = int(syms[i].next) {
+			if rank, nid, ok := m.mergeOf(syms[i].id, syms[syms[i].next].id); ok && (best < 0 || rank < bestRank) {
+				best, bestRank, bestID = i, rank, nid
+			}
+		}
+		if best < 0 {
+			return syms
+		}
+		s := &syms[best]
+		right := &syms[s.next]
+		s.id = bestID
+		right.dead = true
+		s.next = right.next
+		if s.next >= 0 {
+			syms[s.next].prev = int32(best)
+		}
+	}
+}
+
+func lessMerge(a, b mergeItem) bool {
+	return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos)
+}
+
+func heapPush(h []mergeItem, x mergeItem) []mergeItem {
+	h = append(h, x)
+	i := len(h) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !lessMerge(h[i], h[p]) {
+			break
+		}
+		h[i], h[p] = h[p], h[i]
+		i = p
+	}
+	return h
+}
+
+func heapPop(h []mergeItem) (mergeItem, []mergeItem) {
+	top := h[0]
+	n := len(h) - 1
+	h[0] = h[n]
+	h = h[:n]
+	i := 0
+	for {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		c := l
+		if r := l + 1; r < n && lessMerge(h[r], h[l]) {
+			c = r
+		}
+		if !lessMerge(h[c], h[i]) {
+			break
+		}
+		h[i], h[c] = h[c], h[i]
+		i = c
+	}
+	return top, h
+}
+
+// bytesToUnicode is GPT-2's byte-to-character table used by ByteLevel.
+func bytesToUnicode() [256]rune {
+	var t [256]rune
+	n := 0
+	for b := 0; b < 256; b++ {
+		if (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff) {
+			t[b] = rune(b)
+		} else {
+			t[b] = rune(256 + n)
+			n++
+		}
+	}
+	return t
+}
+
+// decodeByteLevel turns a byte-level token string back into the raw bytes it stands for.
+func decodeByteLevel(s string, inv map[rune]byte) (string, bool) {
+	out := make([]byte, 0, len(s))
+	for _, r := range s {
+		b, ok := inv[r]
+		if !ok {
+			return "", false
+		}
+		out = append(out, b)
+	}
+	return string(out), true
+}
+
+func fallbackToken(b byte) string { return fmt.Sprintf("<0x%02X>", b) }

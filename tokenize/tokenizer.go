@@ -1,0 +1,265 @@
+// Package tokenize loads HF tokenizer.json files and encodes text to token IDs exactly as the
+// HF tokenizers library does (the engines' tokenizer), in pure Go. It also renders chat
+// templates (subpackage chat) and keeps a pool of models keyed by served model name.
+package tokenize
+
+import (
+	"strings"
+	"sync"
+	"unicode/utf8"
+	"unsafe"
+)
+
+// Tokenizer is a loaded tokenizer.json. It is safe for concurrent use.
+type Tokenizer struct {
+	norm       []normStep
+	pre        []preStep
+	model      *bpeModel
+	rawTrie    *tokenTrie // added tokens matched on raw text
+	normTrie   *tokenTrie // added tokens matched on normalized text
+	postPrefix []uint32   // add_special_tokens=true: IDs before the sequence
+	postSuffix []uint32   // ... and after it
+
+	addedByContent map[string]uint32
+	cache          *wordCache
+	scratch        sync.Pool // *encodeState
+	fileBytes      int64
+}
+
+// encodeState is the per-call scratch, pooled.
+type encodeState struct {
+	normBuf  [2][]byte
+	matches  []addedMatch
+	nmatches []addedMatch
+	spans    [2][]span
+	text     []byte // rebuilt text for pre-tokenizers that change content
+	valid    []byte // input with invalid UTF-8 replaced
+	bpe      bpeScratch
+}
+
+func (t *Tokenizer) init() {
+	t.cache = newWordCache()
+	t.model.vocabStrings = nil
+	t.scratch.New = func() any { return &encodeState{} }
+}
+
+// TokenID returns the ID of an added token or vocabulary entry (the raw string as written
+// in tokenizer.json), and whether it exists.
+func (t *Tokenizer) TokenID(s string) (uint32, bool) {
+	if id, ok := t.addedByContent[s]; ok {
+		return id, true
+	}
+	if !t.model.byteLevel {
+		id, ok := t.model.vocab[s]
+		return id, ok
+	}
+	return 0, false
+}
+
+// Encode appends the token IDs of text to dst[:0] and returns it. With addSpecialTokens the
+// post-processor's special tokens are added (e.g. the BOS of Llama 2 / Gemma), as HF does for
+// encode(text, add_special_tokens=True). Invalid UTF-8 is read as U+FFFD per bad byte, as Go's
+// JSON decoder would have turned it.
+func (t *Tokenizer) Encode(dst []uint32, text string, addSpecialTokens bool) ([]uint32, error) {
+	dst = dst[:0]
+	if addSpecialTokens {
+		dst = append(dst, t.postPrefix...)
+	}
+	st := t.scratch.Get().(*encodeState)
+	st.text = st.text[:0]
+	if !utf8.ValidString(text) {
+		st.valid = appendValidUTF8(st.valid[:0], text)
+		text = unsafeString(st.valid)
+	}
+	// 1. Added tokens that match raw text split it first.
+	st.matches = t.rawTrie.find(st.matches[:0], text)
+	prev := 0
+	for _, m := range st.matches {
+		if prev < m.start {
+			dst = t.encodeSegment(dst, st, text[prev:m.start], prev == 0)
+		}
+		dst = append(dst, m.id)
+		prev = m.end
+	}
+	if prev < len(text) {
+		dst = t.encodeSegment(dst, st, text[prev:], prev == 0)
+	}
+	t.scratch.Put(st)
+	if addSpecialTokens {
+		dst = append(dst, t.postSuffix...)
+	}
+	return dst, nil
+}
+
+// encodeSegment normalizes a piece of raw text between added tokens, splits it on the
+// normalized added tokens, and tokenizes the rest. first: the piece starts the input.
+func (t *Tokenizer) encodeSegment(dst []uint32, st *encodeState, seg string, first bool) []uint32 {
+	n := seg
+	if len(t.norm) > 0 {
+		n = normalize(t.norm, seg, &st.normBuf)
+	}
+	if t.normTrie.empty {
+		return t.encodeNormalized(dst, st, n, first)
+	}
+	st.nmatches = t.normTrie.find(st.nmatches[:0], n)
+	if len(st.nmatches) == 0 {
+		return t.encodeNormalized(dst, st, n, first)
+	}
+	// encodeNormalized may reuse nmatches' scratch only through st.spans/text, not nmatches.
+	matches := st.nmatches
+	prev := 0
+	for _, m := range matches {
+		if prev < m.start {
+			dst = t.encodeNormalized(dst, st, n[prev:m.start], first && prev == 0)
+		}
+		dst = append(dst, m.id)
+		prev = m.end
+	}
+	if prev < len(n) {
+		dst = t.encodeNormalized(dst, st, n[prev:], first && prev == 0)
+	}
+	return dst
+}
+
+// encodeNormalized pre-tokenizes normalized text and runs the model on each word.
+func (t *Tokenizer) encodeNormalized(dst []uint32, st *encodeState, s string, first bool) []uint32 {
+	if len(t.pre) == 0 {
+		return t.encodeWord(dst, st, s)
+	}
+	text := s
+	cur := append(st.spans[0][:0], span{0, int32(len(s))})
+	next := st.spans[1][:0]
+	for i := range t.pre {
+		p := &t.pre[i]
+		next = next[:0]
+		switch p.kind {
+		case preSplit:
+			if p.pat == nil {
+				next = append(next, cur...)
+				break
+			}
+			for _, sp := range cur {
+				next = splitStep(next, text[sp.start:sp.end], sp.start, p.pat, p.beh, p.invert)
+			}
+		case preCharSplit:
+			for _, sp := range cur {
+				next = splitStep(next, text[sp.start:sp.end], sp.start, p.pat, p.beh, false)
+			}
+		case preByteLevel:
+			if p.addPrefixSpace {
+				text, cur = rebuild(st, text, cur, func(b []byte, piece string, _ int32) []byte {
+					if len(piece) > 0 && piece[0] != ' ' {
+						b = append(b, ' ')
+					}
+					return append(b, piece...)
+				})
+			}
+			if p.useRegex {
+				for _, sp := range cur {
+					next = splitStep(next, text[sp.start:sp.end], sp.start, p.pat, behIsolated, false)
+				}
+			} else {
+				next = append(next, cur...)
+			}
+		case preMetaspace:
+			rep := p.replacement
+			text, cur = rebuild(st, text, cur, func(b []byte, piece string, start int32) []byte {
+				switch p.prependScheme {
+				case prependAlways, prependFirst:
+					if p.prependScheme == prependFirst && !(first && start == 0) {
+						break
+					}
+					if !strings.HasPrefix(piece, " ") && !strings.HasPrefix(piece, rep) {
+						b = append(b, rep...)
+					}
+				}
+				for j := 0; j < len(piece); j++ {
+					if piece[j] == ' ' {
+						b = append(b, rep...)
+					} else {
+						b = append(b, piece[j])
+					}
+				}
+				return b
+			})
+			if p.split {
+				mp := pattern{lit: rep}
+				for _, sp := range cur {
+					next = splitStep(next, text[sp.start:sp.end], sp.start, &mp, behMergedWithNext, false)
+				}
+			} else {
+				next = append(next, cur...)
+			}
+		}
+		cur, next = next, cur
+	}
+	for _, sp := range cur {
+		dst = t.encodeWord(dst, st, text[sp.start:sp.end])
+	}
+	st.spans[0], st.spans[1] = cur[:0], next[:0]
+	return dst
+}
+
+// rebuild maps each piece through f into a fresh text (in st.text), returning the new text and
+// spans. Pieces of the old text stay valid: st.text only grows within one Encode.
+func rebuild(st *encodeState, text string, cur []span, f func([]byte, string, int32) []byte) (string, []span) {
+	b := st.text[len(st.text):]
+	if cap(b) < 2*len(text)+64*len(cur) {
+		b = make([]byte, 0, 2*len(text)+64*len(cur)+64)
+	}
+	for i, sp := range cur {
+		start := len(b)
+		b = f(b, text[sp.start:sp.end], sp.start)
+		cur[i] = span{int32(start), int32(len(b))}
+	}
+	st.text = b
+	return unsafeString(b), cur
+}
+
+// encodeWord runs the model on one word, through the word cache.
+func (t *Tokenizer) encodeWord(dst []uint32, st *encodeState, w string) []uint32 {
+	if len(w) == 0 {
+		return dst
+	}
+	m := t.model
+	if len(w) == 1 && m.byteLevel {
+		if id := m.byteID[w[0]]; id >= 0 {
+			return append(dst, uint32(id))
+		}
+		return dst
+	}
+	if len(w) > maxCachedWord {
+		return m.encodeWord(dst, w, &st.bpe)
+	}
+	if d, ok := t.cache.get(dst, w); ok {
+		return d
+	}
+	n := len(dst)
+	dst = m.encodeWord(dst, w, &st.bpe)
+	t.cache.put(w, dst[n:])
+	return dst
+}
+
+// appendValidUTF8 appends s with each invalid byte replaced by U+FFFD.
+func appendValidUTF8(dst []byte, s string) []byte {
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n == 1 {
+			dst = append(dst, "\uFFFD"...)
+		} else {
+			dst = append(dst, s[i:i+n]...)
+		}
+		i += n
+	}
+	return dst
+}
+
+func unsafeString(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
+}
+
+func firstRune(s string) (rune, int) { return utf8.DecodeRuneInString(s) }
+func lastRune(s string) (rune, int)  { return utf8.DecodeLastRuneInString(s) }
