@@ -25,8 +25,8 @@ func (e *RenderError) Error() string {
 
 // Limits that keep a hostile template or request from hanging or exhausting memory.
 const (
-	maxRange      = 100000   // Jinja2's sandbox MAX_RANGE
-	maxLoopSteps  = 10000000 // loop iterations per render
+	maxRange      = 100000  // Jinja2's sandbox MAX_RANGE
+	maxLoopSteps  = 1000000 // loop iterations per render
 	maxMacroDepth = 64
 	maxOutput     = 64 << 20
 )
