@@ -1,5 +1,11 @@
 package hashcore
 
+import (
+	"encoding/binary"
+	"math/bits"
+	"slices"
+)
+
 // Hand-written canonical CBOR (RFC 8949 §4.2.1 "core deterministic": shortest heads,
 // definite lengths) for exactly the values vLLM hashes: the block tuple
 // (parent bytes, [token uints], null | [text...]) and the NONE_HASH seed text.
@@ -37,23 +43,49 @@ func appendCBORText(dst []byte, s string) []byte {
 	return append(dst, s...)
 }
 
-// appendCBORTokens appends the token tuple as an array of unsigned ints. The loop is
-// the hot part of the sha256_cbor contract, so the common widths are inlined.
-func appendCBORTokens(dst []byte, tokens []uint32) []byte {
-	dst = appendCBORHead(dst, cborMajorArray, uint64(len(tokens)))
-	for _, t := range tokens {
+// cborUintForm describes the canonical encoding of an unsigned int of a given bit length:
+// the head byte, how far to shift the byte-swapped value, and the encoded size.
+type cborUintForm struct {
+	head, swapShift, headShift, size uint8
+}
+
+// cborUintForms is indexed by bits.Len32(v). Values < 24 are the head byte itself;
+// then 1, 2 or 4 big-endian argument bytes after heads 0x18, 0x19, 0x1a.
+var cborUintForms = func() (f [33]cborUintForm) {
+	for n := range f {
 		switch {
-		case t < 24:
-			dst = append(dst, byte(t))
-		case t <= 0xff:
-			dst = append(dst, 24, byte(t))
-		case t <= 0xffff:
-			dst = append(dst, 25, byte(t>>8), byte(t))
+		case n <= 4: // v < 16 < 24; 16..23 are handled below
+			f[n] = cborUintForm{0, 24, 0, 1}
+		case n <= 8:
+			f[n] = cborUintForm{24, 24, 8, 2}
+		case n <= 16:
+			f[n] = cborUintForm{25, 16, 8, 3}
 		default:
-			dst = append(dst, 26, byte(t>>24), byte(t>>16), byte(t>>8), byte(t))
+			f[n] = cborUintForm{26, 0, 8, 5}
 		}
 	}
-	return dst
+	return f
+}()
+
+// appendCBORTokens appends the token tuple as an array of unsigned ints. It is the hot
+// loop of the CBOR contracts: token widths are unpredictable, so each token is written
+// branch-free as one 8-byte store of a table-built word, then the length advances by the
+// encoded size (the buffer keeps 8 bytes of slack).
+func appendCBORTokens(dst []byte, tokens []uint32) []byte {
+	dst = appendCBORHead(dst, cborMajorArray, uint64(len(tokens)))
+	pos := len(dst)
+	dst = slices.Grow(dst, 5*len(tokens)+8)
+	buf := dst[:cap(dst)]
+	for _, t := range tokens {
+		f := cborUintForms[bits.Len32(t)]
+		if t-16 < 8 { // 16..23 have bit length 5 but still fit in the head byte
+			f = cborUintForms[0]
+		}
+		w := uint64(f.head) | uint64(bits.ReverseBytes32(t)>>f.swapShift)<<f.headShift
+		binary.LittleEndian.PutUint64(buf[pos:pos+8], w)
+		pos += int(f.size)
+	}
+	return dst[:pos]
 }
 
 // appendBlockCBOR appends canonical CBOR of (parent, tuple(tokens), extra_keys), where

@@ -46,6 +46,7 @@ func FuzzBlockCBOR(f *testing.F) {
 	f.Add([]byte{1, 2, 3}, []byte{1, 0, 0, 0, 2, 0, 0, 0, 255, 255, 255, 255}, "", "", uint64(0))
 	f.Add(bytes.Repeat([]byte{9}, 32), []byte{23, 0, 0, 0, 24, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0}, "my-lora", "salt", uint64(1<<40))
 	f.Add(bytes.Repeat([]byte{7}, 16), bytes.Repeat([]byte{0xff, 0, 1, 0}, 70), "中文", "", uint64(255))
+	f.Add(bytes.Repeat([]byte{8}, 32), []byte{16, 0, 0, 0, 23, 0, 0, 0, 24, 0, 0, 0, 15, 0, 0, 0}, "", "s", uint64(23))
 	f.Fuzz(func(t *testing.T, parent, raw []byte, lora, salt string, n uint64) {
 		if !utf8.ValidString(lora) || !utf8.ValidString(salt) {
 			return // refused by ValidateExtras before encoding
@@ -57,6 +58,17 @@ func FuzzBlockCBOR(f *testing.F) {
 		got := appendBlockCBOR(nil, parent, tokens, lora, salt)
 		if want := referenceBlockCBOR(t, parent, tokens, lora, salt); !bytes.Equal(got, want) {
 			t.Fatalf("block CBOR differs\n got %x\nwant %x", got, want)
+		}
+		// The hot-path encoder writes the same bytes.
+		if len(parent) <= 32 {
+			d := Digest{N: uint8(len(parent))}
+			copy(d.B[:], parent)
+			e := newCBORBlockEncoder(len(tokens))
+			ex := appendCBORExtras(nil, lora, salt)
+			buf := make([]byte, 0, e.maxLen(len(tokens), len(ex)))
+			if fast := e.encode(buf, &d, tokens, ex); !bytes.Equal(fast, got) {
+				t.Fatalf("fast block CBOR differs\n got %x\nwant %x", fast, got)
+			}
 		}
 		// Heads of every width, and the NONE_HASH seed text.
 		want, err := canonicalCBOR.Marshal(n)

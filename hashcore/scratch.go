@@ -10,6 +10,7 @@ import (
 // warm. A Chain holds only immutable configuration, so it is safe for concurrent use.
 type scratch struct {
 	buf []byte
+	ex  []byte // pre-encoded extra keys
 	pk  pickler
 }
 

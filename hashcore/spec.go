@@ -35,6 +35,13 @@ type Spec struct {
 // means the engine's default (vLLM: sha256, SGLang: sha256, kvgate: fast).
 // SGLang's page hash has no seed and no extra keys: Seed is ignored for it.
 func New(s Spec) (Chain, error) {
+	switch s.Engine {
+	case "vllm", "sglang", "kvgate":
+	case "":
+		return nil, errors.New("hashcore: engine not set (want vllm, sglang or kvgate)")
+	default:
+		return nil, fmt.Errorf("hashcore: unknown engine %q (want vllm, sglang or kvgate)", s.Engine)
+	}
 	if s.BlockSize < 1 {
 		return nil, fmt.Errorf("hashcore: block size %d: must be at least 1", s.BlockSize)
 	}
@@ -49,20 +56,16 @@ func New(s Spec) (Chain, error) {
 			return nil, fmt.Errorf("hashcore: sglang algo %q: SGLang pages use sha256 only", s.Algo)
 		}
 		return &sglangChain{blockSize: s.BlockSize}, nil
-	case "kvgate":
+	default: // "kvgate"
 		if s.Algo != "" && s.Algo != "fast" {
 			return nil, fmt.Errorf("hashcore: kvgate algo %q: want fast", s.Algo)
 		}
 		return NewFast(s.BlockSize), nil
-	case "":
-		return nil, errors.New("hashcore: engine not set (want vllm, sglang or kvgate)")
-	default:
-		return nil, fmt.Errorf("hashcore: unknown engine %q (want vllm, sglang or kvgate)", s.Engine)
 	}
 }
 
 func newVLLM(s Spec) (Chain, error) {
-	c := &vllmChain{blockSize: s.BlockSize}
+	c := &vllmChain{blockSize: s.BlockSize, cbor: newCBORBlockEncoder(s.BlockSize)}
 	algo := s.Algo
 	if algo == "" {
 		algo = "sha256"

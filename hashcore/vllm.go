@@ -3,6 +3,7 @@ package hashcore
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"slices"
 
 	"github.com/zeebo/xxh3"
 )
@@ -22,6 +23,7 @@ type vllmChain struct {
 	root      Digest
 	pickle    bool // encoding: pickle (else CBOR)
 	xxh       bool // digest: XXH3-128 (else SHA-256)
+	cbor      cborBlockEncoder
 }
 
 func (c *vllmChain) Name() string   { return c.name }
@@ -74,14 +76,23 @@ func (c *vllmChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, ex 
 	d := parent
 	sc := getScratch()
 	buf := sc.buf
+	var ex0, exN []byte // CBOR extra keys of block 0 and of later blocks
+	if !c.pickle {
+		sc.ex = appendCBORExtras(sc.ex[:0], lora, salt)
+		n0 := len(sc.ex)
+		sc.ex = appendCBORExtras(sc.ex, lora, "")
+		ex0, exN = sc.ex[:n0], sc.ex[n0:]
+		buf = slices.Grow(buf[:0], c.cbor.maxLen(bs, len(ex0)))
+	}
 	for i := 0; i < nb; i++ {
 		blk := tokens[i*bs : (i+1)*bs]
 		if c.pickle {
 			buf = appendBlockPickle(&sc.pk, buf[:0], d.B[:d.N], blk, lora, salt)
+			salt = "" // the cache salt enters block 0 only
 		} else {
-			buf = appendBlockCBOR(buf[:0], d.B[:d.N], blk, lora, salt)
+			buf = c.cbor.encode(buf, &d, blk, ex0)
+			ex0 = exN
 		}
-		salt = "" // the cache salt enters block 0 only
 		var key uint64
 		if c.xxh {
 			h := xxh3.Hash128(buf)
