@@ -65,6 +65,15 @@ func (t *Tokenizer) Encode(dst []uint32, text string, addSpecialTokens bool) ([]
 	if addSpecialTokens {
 		dst = append(dst, t.postPrefix...)
 	}
+	dst = t.appendEncode(dst, text)
+	if addSpecialTokens {
+		dst = append(dst, t.postSuffix...)
+	}
+	return dst, nil
+}
+
+// appendEncode appends the IDs of text (no post-processing) to dst.
+func (t *Tokenizer) appendEncode(dst []uint32, text string) []uint32 {
 	st := t.scratch.Get().(*encodeState)
 	st.text = st.text[:0]
 	if !utf8.ValidString(text) {
@@ -85,10 +94,7 @@ func (t *Tokenizer) Encode(dst []uint32, text string, addSpecialTokens bool) ([]
 		dst = t.encodeSegment(dst, st, text[prev:], prev == 0)
 	}
 	t.scratch.Put(st)
-	if addSpecialTokens {
-		dst = append(dst, t.postSuffix...)
-	}
-	return dst, nil
+	return dst
 }
 
 // encodeSegment normalizes a piece of raw text between added tokens, splits it on the
