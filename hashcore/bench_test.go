@@ -112,3 +112,33 @@ func BenchmarkSHA256Raw(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkEncodeBlocks is the encoding share of a chain: every block's message, no
+// digest. HashChain minus SHA256Raw should be about this.
+func BenchmarkEncodeBlocks(b *testing.B) {
+	toks := benchPrompt()
+	for _, algo := range []string{"sha256_cbor", "sha256"} {
+		c, err := New(Spec{Engine: "vllm", Algo: algo, BlockSize: benchBlock})
+		if err != nil {
+			b.Fatal(err)
+		}
+		vc := c.(*vllmChain)
+		b.Run(fmt.Sprintf("%s/tokens=%d/block=%d", algo, benchTokens, benchBlock), func(b *testing.B) {
+			b.SetBytes(4 * benchTokens)
+			b.ReportAllocs()
+			d := vc.Root()
+			ex := appendCBORExtras(nil, "", "")
+			buf := make([]byte, 0, vc.cbor.maxLen(benchBlock, len(ex)))
+			var p pickler
+			for b.Loop() {
+				for i := 0; i < len(toks); i += benchBlock {
+					if vc.pickle {
+						buf = appendBlockPickle(&p, buf[:0], d.Bytes(), toks[i:i+benchBlock], "", "")
+					} else {
+						buf = vc.cbor.encode(buf, &d, toks[i:i+benchBlock], ex)
+					}
+				}
+			}
+		})
+	}
+}

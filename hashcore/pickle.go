@@ -1,6 +1,11 @@
 package hashcore
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"math/bits"
+	"slices"
+	"unsafe"
+)
 
 // Python pickle protocol 5, as CPython's C pickler writes it for exactly the values vLLM
 // hashes with its default `sha256` algo: the block tuple
@@ -152,8 +157,43 @@ func (p *pickler) tupleClose(n int) {
 	p.memoize()
 }
 
-// ints writes token ints, each preceded by the frame boundary check.
+// pickleIntWords is indexed by bits.Len32(v): opcode bytes | shift<<16 | size<<24, where
+// the encoded int is the little-endian word opcode | v<<shift, size bytes long.
+var pickleIntWords = func() (w [33]uint32) {
+	for n := range w {
+		switch {
+		case n <= 8:
+			w[n] = pkBinInt1 | 8<<16 | 2<<24
+		case n <= 16:
+			w[n] = pkBinInt2 | 8<<16 | 3<<24
+		case n <= 31:
+			w[n] = pkBinInt | 8<<16 | 5<<24
+		default: // LONG1, 5 bytes: the value and a zero sign byte
+			w[n] = pkLong1 | 5<<8 | 16<<16 | 7<<24
+		}
+	}
+	return w
+}()
+
+// ints writes token ints, each preceded by the frame boundary check. When the whole run
+// cannot reach the frame target, the checks are skipped and each int is one
+// branch-free 8-byte store (token widths are unpredictable).
 func (p *pickler) ints(tokens []uint32) {
+	if len(p.buf)-p.frameStart-pkFrameHeader+7*len(tokens) < pkFrameTarget {
+		pos := len(p.buf)
+		p.buf = slices.Grow(p.buf, 7*len(tokens)+8)
+		buf := p.buf[:cap(p.buf)]
+		_ = buf[pos+7*len(tokens)+7] // one bounds check for every store below
+		base := unsafe.Pointer(unsafe.SliceData(buf))
+		for _, t := range tokens {
+			f := pickleIntWords[bits.Len32(t)]
+			w := uint64(f&0xffff) | uint64(t)<<((f>>16)&63)
+			binary.LittleEndian.PutUint64((*[8]byte)(unsafe.Add(base, pos))[:], w)
+			pos += int(f >> 24)
+		}
+		p.buf = buf[:pos]
+		return
+	}
 	buf := p.buf
 	for _, t := range tokens {
 		if len(buf)-p.frameStart-pkFrameHeader >= pkFrameTarget {
