@@ -62,6 +62,8 @@ type Server struct {
 	ctx      context.Context
 	ready    atomic.Bool
 
+	active    atomic.Int64 // handlers running
+	draining  atomic.Bool
 	pool      sync.Pool // *reqState
 	gapWarned []atomic.Int64
 }
@@ -245,11 +247,32 @@ func (s *Server) AdminAddr() string {
 }
 
 // Shutdown stops accepting, lets in-flight requests finish within ctx (or the
-// configured grace), then stops subscribers and health checks.
+// configured grace), then stops subscribers and health checks. Keep-alive connections
+// idle between requests do not hold it up: once no handler runs, it proceeds.
 func (s *Server) Shutdown(ctx context.Context) error {
 	var err error
+	s.draining.Store(true)
 	if s.h != nil {
-		err = s.h.Shutdown(ctx)
+		drained, cancel := context.WithCancel(ctx)
+		go func() {
+			defer cancel()
+			t := time.NewTicker(20 * time.Millisecond)
+			defer t.Stop()
+			for s.active.Load() > 0 {
+				select {
+				case <-drained.Done():
+					return
+				case <-t.C:
+				}
+			}
+			// Let the last responses flush before connections go.
+			time.Sleep(20 * time.Millisecond)
+		}()
+		err = s.h.Shutdown(drained)
+		if errors.Is(err, context.Canceled) && ctx.Err() == nil {
+			err = nil
+		}
+		cancel()
 	}
 	if s.admin != nil {
 		s.admin.Shutdown(ctx) //nolint:errcheck
@@ -263,6 +286,15 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.wg.Wait()
 	s.client.CloseIdleConnections()
 	return err
+}
+
+// track counts a running handler; while draining, responses close their connection.
+func (s *Server) track(c *app.RequestContext) func() {
+	s.active.Add(1)
+	if s.draining.Load() {
+		c.SetConnectionClose()
+	}
+	return func() { s.active.Add(-1) }
 }
 
 func (s *Server) routes() {
@@ -371,6 +403,7 @@ func (s *Server) readBody(c *app.RequestContext, st *reqState) (ok bool) {
 }
 
 func (s *Server) handleOpenAI(ctx context.Context, c *app.RequestContext, chat bool) {
+	defer s.track(c)()
 	st := s.getState()
 	defer s.putState(st)
 	if !s.readBody(c, st) {
@@ -392,6 +425,7 @@ func (s *Server) handleOpenAI(ctx context.Context, c *app.RequestContext, chat b
 }
 
 func (s *Server) handlePassThrough(ctx context.Context, c *app.RequestContext) {
+	defer s.track(c)()
 	st := s.getState()
 	defer s.putState(st)
 	if !s.readBody(c, st) {
