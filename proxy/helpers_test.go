@@ -187,7 +187,7 @@ func post(t *testing.T, url, body string, hdr ...string) (*http.Response, string
 	return res, string(b)
 }
 
-func (s *Server) url(path string) string   { return "http://" + s.PublicAddr() + path }
+func (s *Server) url(path string) string    { return "http://" + s.PublicAddr() + path }
 func (s *Server) admURL(path string) string { return "http://" + s.AdminAddr() + path }
 
 // checkErrorBody asserts an OpenAI-style error body.
