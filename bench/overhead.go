@@ -59,6 +59,7 @@ type OverheadResult struct {
 	Rows   []OverheadRow
 	Stages []string // kvgate's per-stage timing lines from its /metrics, if it exports them
 	Note   string
+	Mode   string
 	Procs  int
 }
 
@@ -84,38 +85,65 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 	if cfg.ThroughputFor <= 0 {
 		cfg.ThroughputFor = 3 * time.Second
 	}
-	sp := cfg.Sim
-	sp.PrefillBase, sp.PrefillPerToken, sp.DecodePerToken = 0, 0, 0
-	sp.DefaultMaxTokens = 1
-	sp.MaxBatch = 256
-	sp.NumBlocks = 1 << 16
-	bcfg := Config{Engines: 1, Sim: sp, Kvgate: cfg.Kvgate, Tokenizer: cfg.Tokenizer, KvgateArgs: cfg.KvgateArgs}
-	sims, err := startSims(bcfg)
+	// The engine runs as its own process (`kvgate engine-sim`), so the load generator's
+	// garbage and scheduling do not land on it.
+	simAddr, err := freePort()
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		for _, s := range sims {
-			s.Close()
-		}
-	}()
-	env := &Env{Sims: sims, Engine: sims[0].Config().Engine, HashAlgo: sp.HashAlgo, HashSeed: sp.HashSeed, SeedSet: sp.SeedSet,
-		BlockSize: sims[0].Config().Chain.BlockSize(), Model: sims[0].Config().Model, Tokenizer: cfg.Tokenizer,
-		Kvgate: cfg.Kvgate, KvgateArgs: cfg.KvgateArgs}
+	evAddr, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	sp := cfg.Sim
+	tok := cfg.Tokenizer
+	if tok == "" {
+		tok = "words"
+	}
+	simArgs := []string{"engine-sim", "-listen", simAddr, "-name", "e0", "-model", orDefault(sp.Model, "sim"), "-tokenizer", tok,
+		"-prefill-base", "0s", "-prefill-per-token", "0s", "-decode-per-token", "0s", "-max-tokens", "1",
+		"-num-blocks", "65536", "-max-batch", "256", "-kv-events", "tcp://" + evAddr}
+	if sp.BlockSize > 0 {
+		simArgs = append(simArgs, "-block-size", strconv.Itoa(sp.BlockSize))
+	}
+	if sp.HashAlgo != "" {
+		simArgs = append(simArgs, "-prefix-caching-hash-algo", sp.HashAlgo)
+	}
+	if sp.SeedSet {
+		simArgs = append(simArgs, "-hash-seed", sp.HashSeed)
+	}
+	stopSim, err := startChild(ctx, cfg.Kvgate, simArgs, "http://"+simAddr+"/health")
+	if err != nil {
+		return nil, fmt.Errorf("engine-sim: %w", err)
+	}
+	defer stopSim()
+	bs := sp.BlockSize
+	if bs <= 0 {
+		bs = 16
+	}
+	env := &Env{Remote: []RemoteEngine{{URL: "http://" + simAddr, Events: "tcp://" + evAddr}}, Engine: "vllm",
+		HashAlgo: sp.HashAlgo, HashSeed: sp.HashSeed, SeedSet: sp.SeedSet, BlockSize: bs, Model: orDefault(sp.Model, "sim"),
+		Tokenizer: cfg.Tokenizer, Kvgate: cfg.Kvgate, KvgateArgs: cfg.KvgateArgs}
 	admin, err := freePort()
 	if err != nil {
 		return nil, err
 	}
-	target, stopKv, err := startKvgateAdmin(ctx, env, true, []string{"-select", "rr", "-kv-mode", "3", "-kv-score", "overlap"}, admin)
+	mode := "KV-Exact mode 3: every request is parsed, templated, tokenized, hashed and scored"
+	flags := []string{"-select", "rr", "-kv-mode", "3", "-kv-score", "overlap"}
+	if cfg.Tokenizer == "" {
+		mode = "-kv-mode off (no tokenizer given): proxying cost only, no routing work"
+		flags = []string{"-select", "rr", "-kv-mode", "off"}
+	}
+	target, stopKv, err := startKvgateAt(ctx, env, cfg.Tokenizer != "", flags, admin)
 	if err != nil {
 		return nil, err
 	}
 	defer stopKv()
 	kvURL, _ := target.Route(nil, true)
-	paths := []ohPath{{"direct", sims[0].URL()}, {"kvgate", kvURL}}
-	res := &OverheadResult{Procs: runtime.GOMAXPROCS(0)}
+	paths := []ohPath{{"direct", "http://" + simAddr}, {"kvgate", kvURL}}
+	res := &OverheadResult{Procs: runtime.GOMAXPROCS(0), Mode: mode}
 	if st, err := os.Stat(cfg.Nginx); err == nil && !st.IsDir() {
-		url, stopNg, err := startNginx(ctx, cfg.Nginx, sims[0].Addr())
+		url, stopNg, err := startNginx(ctx, cfg.Nginx, simAddr)
 		if err != nil {
 			res.Note = fmt.Sprintf("nginx baseline failed to start: %v", err)
 		} else {
@@ -164,12 +192,26 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 			progress(cfg.Progress, fmt.Sprintf("overhead %d", size), total, total, 0)
 			fmt.Fprintln(cfg.Progress)
 		}
+		// req/s: pre-built bodies, paths alternating over three rounds so that machine noise
+		// (other processes on the box) hits them alike.
+		bodies := make([][]byte, 64)
+		for i := range bodies {
+			bodies[i] = body(total + i)
+		}
+		counts := make([]int64, len(paths))
+		spent := make([]time.Duration, len(paths))
+		for round := 0; round < 3; round++ {
+			for j, p := range paths {
+				n, d := throughput(ctx, hc, p.url+"/v1/chat/completions", bodies, cfg.Concurrency, cfg.ThroughputFor/3)
+				counts[j] += n
+				spent[j] += d
+			}
+		}
 		var base OverheadRow
 		for j, p := range paths {
 			slices.Sort(lat[j])
 			row := OverheadRow{PromptTokens: size, Tokens: tokens, Path: p.name, N: len(lat[j]), Errors: errs[j],
-				P50: Percentile(lat[j], 50), P99: Percentile(lat[j], 99)}
-			row.RPS = throughput(ctx, hc, p.url+"/v1/chat/completions", body, cfg.Concurrency, cfg.ThroughputFor)
+				P50: Percentile(lat[j], 50), P99: Percentile(lat[j], 99), RPS: float64(counts[j]) / spent[j].Seconds()}
 			if j == 0 {
 				base = row
 			} else {
@@ -212,8 +254,9 @@ func doOnce(ctx context.Context, hc *http.Client, url string, body []byte) (time
 	return d, u.Usage.PromptTokens, nil
 }
 
-// throughput runs conc clients back to back for d and returns completed requests per second.
-func throughput(ctx context.Context, hc *http.Client, url string, body func(int) []byte, conc int, d time.Duration) float64 {
+// throughput runs conc clients back to back for d and returns the completed requests and
+// the time they took.
+func throughput(ctx context.Context, hc *http.Client, url string, bodies [][]byte, conc int, d time.Duration) (int64, time.Duration) {
 	var n atomic.Int64
 	var wg sync.WaitGroup
 	deadline := time.Now().Add(d)
@@ -222,15 +265,15 @@ func throughput(ctx context.Context, hc *http.Client, url string, body func(int)
 		wg.Add(1)
 		go func(c int) {
 			defer wg.Done()
-			for i := 0; time.Now().Before(deadline) && ctx.Err() == nil; i++ {
-				if _, _, err := doOnce(ctx, hc, url, body(c*1000000+i)); err == nil {
+			for i := c; time.Now().Before(deadline) && ctx.Err() == nil; i++ {
+				if _, pt, err := doOnce(ctx, hc, url, bodies[i%len(bodies)]); err == nil && pt > 0 {
 					n.Add(1)
 				}
 			}
 		}(c)
 	}
 	wg.Wait()
-	return float64(n.Load()) / time.Since(start).Seconds()
+	return n.Load(), time.Since(start)
 }
 
 // scrapeStages keeps kvgate's metric lines that time request stages (names containing
@@ -260,8 +303,51 @@ func scrapeStages(url string) []string {
 	return out
 }
 
-func startKvgateAdmin(ctx context.Context, env *Env, withEvents bool, flags []string, admin string) (Target, func() error, error) {
-	return startKvgateAt(ctx, env, withEvents, flags, admin)
+// startChild runs a child process and waits until readyURL answers 200.
+func startChild(ctx context.Context, bin string, args []string, readyURL string) (func() error, error) {
+	cmd := exec.Command(bin, args...)
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stop := func() error {
+		select {
+		case <-exited:
+			return nil
+		default:
+		}
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		return nil
+	}
+	hc := &http.Client{Timeout: time.Second}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		select {
+		case err := <-exited:
+			exited <- err
+			return nil, fmt.Errorf("%s exited: %v\n%s", strings.Join(args, " "), err, tail(out.String(), 2000))
+		default:
+		}
+		if resp, err := hc.Get(readyURL); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return stop, nil
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			stop()
+			return nil, fmt.Errorf("%s not ready: %s", strings.Join(args, " "), tail(out.String(), 2000))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // startNginx runs nginx in the foreground with a proxy_pass config to upstream.
@@ -372,7 +458,7 @@ func (r *OverheadResult) WriteReport(w io.Writer) {
 	fmt.Fprintln(w, "# kvgate routing overhead")
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "Chat requests (max_tokens 1, not streamed) to a zero-latency engine simulator, sequential and interleaved across paths; req/s with concurrent clients. GOMAXPROCS=%d.\n", r.Procs)
-	fmt.Fprintln(w, "kvgate runs KV-Exact mode 3, so every request is parsed, templated, tokenized, hashed and scored.")
+	fmt.Fprintf(w, "kvgate runs %s.\n", r.Mode)
 	fmt.Fprintln(w)
 	r.WriteTable(w)
 	fmt.Fprintln(w)

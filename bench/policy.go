@@ -30,6 +30,8 @@ func (f fixedTarget) Route([]byte, bool) (string, error) { return string(f), nil
 // Env is what a policy gets to start from: the engines of this run.
 type Env struct {
 	Sims []*enginesim.Sim
+	// Remote are engines running outside this process (used instead of Sims when set).
+	Remote []RemoteEngine
 	// Engine, BlockSize, HashAlgo, HashSeed, SeedSet, Model, Tokenizer describe the sims
 	// (a router must be configured with the same contract).
 	Engine, HashAlgo, HashSeed, Model, Tokenizer string
@@ -38,6 +40,20 @@ type Env struct {
 	// Kvgate is the kvgate binary; KvgateArgs are extra serve flags.
 	Kvgate     string
 	KvgateArgs []string
+}
+
+// RemoteEngine is an engine in another process: its base URL and event PUB address.
+type RemoteEngine struct{ URL, Events string }
+
+func (env *Env) engines() []RemoteEngine {
+	if len(env.Remote) > 0 {
+		return env.Remote
+	}
+	out := make([]RemoteEngine, len(env.Sims))
+	for i, s := range env.Sims {
+		out[i] = RemoteEngine{URL: s.URL(), Events: s.EventsAddr()}
+	}
+	return out
 }
 
 // Policy is one routing choice under test. Start returns the target and a stop function
@@ -115,10 +131,10 @@ func (s *syncBuffer) String() string {
 // ServeArgs are the `kvgate serve` flags for env's engines plus the policy flags.
 func ServeArgs(env *Env, listen, admin string, withEvents bool, flags []string) []string {
 	args := []string{"serve", "-listen", listen, "-admin-listen", admin}
-	for i, s := range env.Sims {
-		ep := fmt.Sprintf("name=e%d,url=%s,engine=%s,role=both", i, s.URL(), env.Engine)
-		if withEvents && s.EventsAddr() != "" {
-			ep += ",events=" + s.EventsAddr()
+	for i, e := range env.engines() {
+		ep := fmt.Sprintf("name=e%d,url=%s,engine=%s,role=both", i, e.URL, env.Engine)
+		if withEvents && e.Events != "" {
+			ep += ",events=" + e.Events
 		}
 		args = append(args, "-endpoint", ep)
 	}

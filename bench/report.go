@@ -43,7 +43,7 @@ func (r *Result) WriteReport(w io.Writer, title string, plots []string) {
 	fmt.Fprintln(w)
 	r.WriteTable(w)
 	fmt.Fprintln(w)
-	r.writeTargets(w)
+	r.WriteTargets(w)
 	fmt.Fprintln(w, "## Load per endpoint")
 	fmt.Fprintln(w)
 	fmt.Fprint(w, "| policy |")
@@ -88,8 +88,8 @@ func (r *Result) WriteReport(w io.Writer, title string, plots []string) {
 	fmt.Fprintln(w, "work (uncached prompt tokens) over the mean (1.00 = even).")
 }
 
-// writeTargets states the TTFT targets against this run when the policies are there.
-func (r *Result) writeTargets(w io.Writer) {
+// WriteTargets states the TTFT targets against this run when the policies are there.
+func (r *Result) WriteTargets(w io.Writer) {
 	rr, kv, ch, or := r.Find("rr"), r.Find("kv-exact-overlap"), r.Find("chwbl"), r.Find("oracle")
 	if kv == nil {
 		kv = r.Find("kv-exact-prefix")

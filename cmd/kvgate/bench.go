@@ -162,15 +162,13 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		// Sized to finish in well under a minute per policy on 2 cores: engine pools hold about
 		// a quarter of the system prompts each, so placement decides what stays cached.
 		cfg.Engines = 4
-		shp = bench.SharedPrefix{SystemPrompts: 16, Users: 48, Turns: 3, SystemTokens: 1024, TurnTokens: 48,
-			MaxTokens: 16, Spread: 5 * time.Second, Think: 200 * time.Millisecond}
+		cfg.Sim.NumBlocks = 768 // 12k tokens: a quarter of the 8 system prompts plus histories
+		shp = bench.SharedPrefix{SystemPrompts: 8, Users: 64, Turns: 3, SystemTokens: 2048, TurnTokens: 48,
+			Spread: 5 * time.Second, Think: 200 * time.Millisecond}
 		*workload = "shared-prefix"
 		names = []string{"rr", "kv-exact-overlap", "oracle"}
 	}
 	shp.Seed, shp.MaxTokens, shp.Words = *seed, *maxTokens, words
-	if *demo {
-		shp.MaxTokens = 16
-	}
 	switch *workload {
 	case "shared-prefix":
 		cfg.Workload = shp.Build()
@@ -213,6 +211,8 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stdout)
 	res.WriteTable(stdout)
+	fmt.Fprintln(stdout)
+	res.WriteTargets(stdout)
 	plots, perr := res.WritePlots(*out)
 	if perr != nil {
 		fmt.Fprintf(stderr, "bench: plots: %v\n", perr)

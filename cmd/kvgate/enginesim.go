@@ -27,7 +27,7 @@ func runEngineSim(args []string, stdin io.Reader, stdout, stderr io.Writer) int 
 	fs.StringVar(&sp.Engine, "engine", "vllm", "engine to play: vllm, sglang or trtllm")
 	fs.StringVar(&sp.Model, "model", "sim", "served model name")
 	loras := fs.String("lora", "", "comma-separated LoRA adapter names served as extra models")
-	tokDir := fs.String("tokenizer", "", "tokenizer directory (tokenizer.json + tokenizer_config.json); empty: prompts must be token-id lists")
+	tokDir := fs.String("tokenizer", "", "tokenizer directory (tokenizer.json + tokenizer_config.json); \"words\": one token per word; empty: prompts must be token-id lists")
 	fs.StringVar(&sp.Role, "role", "both", "P/D role: both, prefill (returns kv_transfer_params) or decode (accepts them)")
 	fs.IntVar(&sp.BlockSize, "block-size", 0, "tokens per KV block (default: vllm 16, sglang page 1, trtllm 32)")
 	fs.StringVar(&sp.HashAlgo, "prefix-caching-hash-algo", "sha256", "vLLM block hash: sha256, sha256_cbor, xxhash or xxhash_cbor")
@@ -63,7 +63,9 @@ func runEngineSim(args []string, stdin io.Reader, stdout, stderr io.Writer) int 
 	if *loras != "" {
 		sp.LoRAs = strings.Split(*loras, ",")
 	}
-	if *tokDir != "" {
+	if *tokDir == "words" {
+		sp.Encoder = enginesim.WordEncoder{}
+	} else if *tokDir != "" {
 		enc, err := enginesim.LoadEncoder(sp.Model, *tokDir)
 		if err != nil {
 			fmt.Fprintf(stderr, "engine-sim: -tokenizer: %v\n", err)
