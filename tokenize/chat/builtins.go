@@ -1422,9 +1422,52 @@ func (r *renderer) selectFilter(name string, v Value, args []Value, kw []kwArg, 
 	return listOf(out), nil
 }
 
+// appendToJSON writes {{ v | tojson(...) }} straight into dst.
+func (r *renderer) appendToJSON(dst []byte, e *expr, v Value) ([]byte, error) {
+	var argBuf [4]Value
+	args := argBuf[:0]
+	for _, a := range e.args {
+		x, err := r.eval(a)
+		if err != nil {
+			return dst, err
+		}
+		args = append(args, x)
+	}
+	var kw []kwArg
+	for _, k := range e.kw {
+		x, err := r.eval(k.e)
+		if err != nil {
+			return dst, err
+		}
+		kw = append(kw, kwArg{k.name, x})
+	}
+	o, err := r.jsonOptions(args, kw)
+	if err != nil {
+		return dst, err
+	}
+	mark := len(dst)
+	dst, err = appendJSON(dst, v, &o, 0)
+	if err != nil {
+		return dst[:mark], r.errf(e.pos, "%v", err)
+	}
+	return dst, nil
+}
+
 // toJSON is transformers' tojson filter: json.dumps(x, ensure_ascii=False, indent=indent,
 // separators=separators, sort_keys=sort_keys). Key order is insertion order unless sort_keys.
 func (r *renderer) toJSON(v Value, args []Value, kw []kwArg, pos int) (Value, error) {
+	o, err := r.jsonOptions(args, kw)
+	if err != nil {
+		return undefined, err
+	}
+	out, err := appendJSON(nil, v, &o, 0)
+	if err != nil {
+		return undefined, r.errf(pos, "%v", err)
+	}
+	return strVal(string(out)), nil
+}
+
+func (r *renderer) jsonOptions(args []Value, kw []kwArg) (jsonOpts, error) {
 	o := defaultJSONOpts()
 	if ea := argOr(args, kw, 0, "ensure_ascii", vFalse); ea.truth() {
 		o.ensureASCII = true
@@ -1445,9 +1488,5 @@ func (r *renderer) toJSON(v Value, args []Value, kw []kwArg, pos int) (Value, er
 		o.itemSep, o.keySep = toStr(sep.l.items[0]), toStr(sep.l.items[1])
 	}
 	o.sortKeys = argOr(args, kw, 3, "sort_keys", vFalse).truth()
-	out, err := appendJSON(nil, v, &o, 0)
-	if err != nil {
-		return undefined, r.errf(pos, "%v", err)
-	}
-	return strVal(string(out)), nil
+	return o, nil
 }

@@ -93,6 +93,7 @@ func (t *Template) Render(dst []byte, in *Input) (out []byte, err error) {
 			out, err = dst, fmt.Errorf("chat: internal error rendering template: %v", p)
 		}
 		clear(r.vars)
+		r.a.reset()
 		r.t, r.out = nil, nil
 		rendererPool.Put(r)
 	}()
@@ -109,13 +110,13 @@ func (t *Template) Render(dst []byte, in *Input) (out []byte, err error) {
 // bind sets the variables transformers passes to the template: messages, tools, documents,
 // add_generation_prompt, the special tokens, the Jinja globals, then chat_template_kwargs.
 func (t *Template) bind(r *renderer, in *Input) error {
-	msgs, err := preprocessMessages(in.Messages, t.format)
+	msgs, err := preprocessMessages(&r.a, in.Messages, t.format)
 	if err != nil {
 		return err
 	}
 	tools := none
 	if len(in.Tools) > 0 {
-		if tools, err = preprocessTools(in.Tools); err != nil {
+		if tools, err = preprocessTools(&r.a, in.Tools); err != nil {
 			return err
 		}
 	}
@@ -137,7 +138,7 @@ func (t *Template) bind(r *renderer, in *Input) error {
 	}
 	// Request kwargs override the special tokens ({**special_tokens_map, **kwargs}).
 	if len(in.Kwargs) > 0 {
-		kw, err := parseJSON(in.Kwargs)
+		kw, err := parseJSONIn(&r.a, in.Kwargs)
 		if err != nil {
 			return fmt.Errorf("chat: chat_template_kwargs: %w", err)
 		}

@@ -53,7 +53,7 @@ type renderer struct {
 	now     time.Time
 	steps   int
 	depth   int
-	line    int
+	a       arena
 }
 
 func (r *renderer) errf(pos int, format string, a ...any) error {
@@ -208,6 +208,14 @@ func (r *renderer) capture(body []*stmt) (Value, error) {
 // output writes {{ e }}. Chains of string "+" or "~" are streamed into the output instead of
 // building intermediate strings; operands are evaluated once, left to right, as in Python.
 func (r *renderer) output(e *expr) error {
+	if e.op == eFilter && e.name == "tojson" {
+		v, err := r.eval(e.a)
+		if err != nil {
+			return err
+		}
+		r.out, err = r.appendToJSON(r.out, e, v)
+		return err
+	}
 	if e.op == eBin && (e.name == "+" || e.name == "~") {
 		var buf [16]*expr
 		leaves := collectChain(buf[:0], e, e.name)
@@ -347,8 +355,8 @@ func (r *renderer) execFor(s *stmt) (ctl, error) {
 	if len(items) == 0 {
 		return r.execBody(s.els)
 	}
-	ls := &loopState{items: items}
-	loopVal := Value{k: kLoop, o: &object{loop: ls}}
+	ls, obj := r.a.loop(items)
+	loopVal := Value{k: kLoop, o: obj}
 	for i, it := range items {
 		r.steps++
 		if r.steps > maxLoopSteps {
@@ -797,11 +805,17 @@ func (r *renderer) slice(obj, start, stop, step Value, pos int) (Value, error) {
 		if err != nil {
 			return undefined, r.errf(pos, "%v", err)
 		}
-		var out []Value
-		for i := a; (st > 0 && i < b) || (st < 0 && i > b); i += st {
-			out = append(out, obj.l.items[i])
+		n := 0
+		if st > 0 && b > a {
+			n = (b - a + st - 1) / st
+		} else if st < 0 && a > b {
+			n = (a - b - st - 1) / -st
 		}
-		return Value{k: kList, l: &listVal{items: out, isTuple: obj.l.isTuple}}, nil
+		out := r.a.valSlice(n)
+		for j := range out {
+			out[j] = obj.l.items[a+j*st]
+		}
+		return r.a.list(out, obj.l.isTuple), nil
 	case kString:
 		runes := []rune(obj.s)
 		a, b, st, err := sliceBounds(len(runes), start, stop, step)

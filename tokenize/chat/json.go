@@ -2,6 +2,7 @@ package chat
 
 import (
 	"errors"
+	"unsafe"
 	"fmt"
 	"math"
 	"sort"
@@ -13,8 +14,12 @@ import (
 // parseJSON decodes one JSON document into template values, keeping object key order (as
 // Python's json module and vLLM's request parser do). Integers stay integers; numbers with a
 // fraction or exponent become floats, as in Python.
-func parseJSON(data []byte) (Value, error) {
-	p := jsonParser{b: data}
+func parseJSON(data []byte) (Value, error) { return parseJSONIn(nil, data) }
+
+// parseJSONIn parses into arena a (nil: the heap). Unescaped strings point into data without a
+// copy, so data must stay unchanged while the values are in use (one Render call).
+func parseJSONIn(a *arena, data []byte) (Value, error) {
+	p := jsonParser{b: data, a: a}
 	p.ws()
 	v, err := p.value(0)
 	if err != nil {
@@ -30,6 +35,11 @@ func parseJSON(data []byte) (Value, error) {
 type jsonParser struct {
 	b []byte
 	i int
+	a *arena
+	// Scratch stacks for the members of the objects and arrays being parsed; each container
+	// copies its own members out into exactly sized slices when it closes.
+	keys []string
+	vals []Value
 }
 
 const maxJSONDepth = 512
@@ -59,12 +69,12 @@ func (p *jsonParser) value(depth int) (Value, error) {
 	switch c := p.b[p.i]; {
 	case c == '{':
 		p.i++
-		d := newDict(4)
 		p.ws()
 		if p.i < len(p.b) && p.b[p.i] == '}' {
 			p.i++
-			return dictValue(d), nil
+			return dictValue(p.a.dict(0)), nil
 		}
+		kb, vb := len(p.keys), len(p.vals)
 		for {
 			p.ws()
 			if p.i >= len(p.b) || p.b[p.i] != '"' {
@@ -84,7 +94,8 @@ func (p *jsonParser) value(depth int) (Value, error) {
 			if err != nil {
 				return undefined, err
 			}
-			d.set(k, v)
+			p.keys = append(p.keys, k)
+			p.vals = append(p.vals, v)
 			p.ws()
 			if p.i >= len(p.b) {
 				return undefined, p.errf("unexpected end of object")
@@ -95,25 +106,32 @@ func (p *jsonParser) value(depth int) (Value, error) {
 			}
 			if p.b[p.i] == '}' {
 				p.i++
+				d := p.a.dict(len(p.keys) - kb)
+				for j := kb; j < len(p.keys); j++ {
+					d.set(p.keys[j], p.vals[vb+j-kb]) // a repeated key keeps its first place, last value
+				}
+				clear(p.keys[kb:])
+				clear(p.vals[vb:])
+				p.keys, p.vals = p.keys[:kb], p.vals[:vb]
 				return dictValue(d), nil
 			}
 			return undefined, p.errf("expected ',' or '}'")
 		}
 	case c == '[':
 		p.i++
-		var items []Value
 		p.ws()
 		if p.i < len(p.b) && p.b[p.i] == ']' {
 			p.i++
-			return listOf(items), nil
+			return p.a.list(nil, false), nil
 		}
+		base := len(p.vals)
 		for {
 			p.ws()
 			v, err := p.value(depth + 1)
 			if err != nil {
 				return undefined, err
 			}
-			items = append(items, v)
+			p.vals = append(p.vals, v)
 			p.ws()
 			if p.i >= len(p.b) {
 				return undefined, p.errf("unexpected end of array")
@@ -124,7 +142,11 @@ func (p *jsonParser) value(depth int) (Value, error) {
 			}
 			if p.b[p.i] == ']' {
 				p.i++
-				return listOf(items), nil
+				items := p.a.valSlice(len(p.vals) - base)
+				copy(items, p.vals[base:])
+				clear(p.vals[base:])
+				p.vals = p.vals[:base]
+				return p.a.list(items, false), nil
 			}
 			return undefined, p.errf("expected ',' or ']'")
 		}
@@ -219,17 +241,21 @@ func (p *jsonParser) number() (Value, error) {
 func (p *jsonParser) str() (string, error) {
 	p.i++ // opening quote
 	start := p.i
-	for p.i < len(p.b) {
-		c := p.b[p.i]
-		if c == '"' {
-			s := string(p.b[start:p.i])
-			p.i++
-			return s, nil
-		}
-		if c == '\\' || c < 0x20 {
-			break
-		}
+	// Fast path: no escapes. A local index and a table keep the scan tight.
+	b, i := p.b, p.i
+	for i < len(b) && jsonPlain[b[i]] {
+		i++
+	}
+	p.i = i
+	if i < len(b) && b[i] == '"' {
 		p.i++
+		if i == start {
+			return "", nil
+		}
+		if p.a != nil {
+			return unsafe.String(&b[start], i-start), nil
+		}
+		return string(b[start:i]), nil
 	}
 	buf := append([]byte(nil), p.b[start:p.i]...)
 	for p.i < len(p.b) {
@@ -286,6 +312,14 @@ func (p *jsonParser) str() (string, error) {
 	}
 	return "", p.errf("unterminated string")
 }
+
+// jsonPlain marks the bytes a JSON string holds without an escape.
+var jsonPlain = func() (t [256]bool) {
+	for c := 0x20; c < 256; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
 
 func (p *jsonParser) hex4() (rune, bool) {
 	if p.i+4 > len(p.b) {
@@ -368,12 +402,17 @@ func appendJSON(dst []byte, v Value, o *jsonOpts, level int) ([]byte, error) {
 		if len(d.keys) == 0 {
 			return append(dst, "{}"...), nil
 		}
-		order := ident(len(d.keys))
+		var order []int
 		if o.sortKeys {
+			order = ident(len(d.keys))
 			sort.SliceStable(order, func(a, b int) bool { return d.keys[order[a]] < d.keys[order[b]] })
 		}
 		dst = append(dst, '{')
-		for n, i := range order {
+		for n := range d.keys {
+			i := n
+			if order != nil {
+				i = order[n]
+			}
 			if n > 0 {
 				dst = append(dst, o.itemSep...)
 			}

@@ -3,6 +3,7 @@ package chat
 import (
 	"errors"
 	"fmt"
+	"unsafe"
 )
 
 // preprocessMessages turns the request's messages into the conversation vLLM hands to the
@@ -15,29 +16,29 @@ import (
 //     (tool messages are flattened back to a string unless a part is not text);
 //   - assistant tool-call "arguments" JSON strings become objects ({} when not valid JSON);
 //     an empty tool_calls list is dropped.
-func preprocessMessages(raw []byte, format ContentFormat) (Value, error) {
+func preprocessMessages(a *arena, raw []byte, format ContentFormat) (Value, error) {
 	if len(raw) == 0 {
 		return undefined, errors.New("chat: request has no messages")
 	}
-	v, err := parseJSON(raw)
+	v, err := parseJSONIn(a, raw)
 	if err != nil {
 		return undefined, fmt.Errorf("chat: messages: %w", err)
 	}
 	if v.k != kList {
 		return undefined, errors.New("chat: messages must be a JSON array")
 	}
-	out := make([]Value, len(v.l.items))
+	out := a.valSlice(len(v.l.items))
 	for i, m := range v.l.items {
-		cm, err := convertMessage(m, format)
+		cm, err := convertMessage(a, m, format)
 		if err != nil {
 			return undefined, fmt.Errorf("chat: messages[%d]: %w", i, err)
 		}
 		out[i] = cm
 	}
-	return listOf(out), nil
+	return a.list(out, false), nil
 }
 
-func convertMessage(m Value, format ContentFormat) (Value, error) {
+func convertMessage(a *arena, m Value, format ContentFormat) (Value, error) {
 	if m.k != kDict {
 		return undefined, errors.New("message must be an object")
 	}
@@ -45,16 +46,16 @@ func convertMessage(m Value, format ContentFormat) (Value, error) {
 	if !ok || role.k != kString {
 		return undefined, errors.New(`message needs a string "role"`)
 	}
-	texts, err := contentTexts(m)
+	texts, err := contentTexts(a, m)
 	if err != nil {
 		return undefined, err
 	}
-	d := newDict(4)
+	d := a.dict(6)
 	d.set("role", role)
 	if format == ContentOpenAI {
-		parts := make([]Value, len(texts))
+		parts := a.valSlice(len(texts))
 		for i, t := range texts {
-			p := newDict(2)
+			p := a.dict(2)
 			p.set("type", strVal("text"))
 			p.set("text", strVal(t))
 			parts[i] = dictValue(p)
@@ -63,7 +64,7 @@ func convertMessage(m Value, format ContentFormat) (Value, error) {
 			// vLLM flattens all-text tool content back to one string.
 			d.set("content", strVal(joinLines(texts)))
 		} else {
-			d.set("content", listOf(parts))
+			d.set("content", a.list(parts, false))
 		}
 	} else {
 		d.set("content", strVal(joinLines(texts)))
@@ -71,7 +72,7 @@ func convertMessage(m Value, format ContentFormat) (Value, error) {
 	switch role.s {
 	case "assistant":
 		if tc, ok := m.d.get("tool_calls"); ok && tc.k != kNone {
-			calls, err := convertToolCalls(tc)
+			calls, err := convertToolCalls(a, tc)
 			if err != nil {
 				return undefined, err
 			}
@@ -117,15 +118,17 @@ func joinLines(texts []string) string {
 
 // contentTexts returns the text parts of a message's content. Parts that are not text (images,
 // audio) cannot be routed by a text tokenizer and are refused.
-func contentTexts(m Value) ([]string, error) {
+func contentTexts(a *arena, m Value) ([]string, error) {
 	c, _ := m.d.get("content")
 	switch c.k {
 	case kUndefined, kNone:
 		return nil, nil
 	case kString:
-		return []string{c.s}, nil
+		t := a.strSlice(1)
+		t[0] = c.s
+		return t, nil
 	case kList:
-		texts := make([]string, 0, len(c.l.items))
+		texts := a.strSlice(len(c.l.items))[:0]
 		for i, p := range c.l.items {
 			switch p.k {
 			case kString:
@@ -162,11 +165,11 @@ func contentTexts(m Value) ([]string, error) {
 	return nil, errors.New(`"content" must be a string, an array of parts or null`)
 }
 
-func convertToolCalls(tc Value) (Value, error) {
+func convertToolCalls(a *arena, tc Value) (Value, error) {
 	if tc.k != kList {
 		return undefined, errors.New(`"tool_calls" must be an array`)
 	}
-	out := make([]Value, len(tc.l.items))
+	out := a.valSlice(len(tc.l.items))
 	for i, call := range tc.l.items {
 		if call.k != kDict {
 			return undefined, fmt.Errorf("tool_calls[%d] must be an object", i)
@@ -180,34 +183,35 @@ func convertToolCalls(tc Value) (Value, error) {
 		switch args.k {
 		case kString:
 			var err error
-			if parsed, err = parseJSON([]byte(args.s)); err != nil {
-				parsed = dictValue(newDict(0))
+			// args.s may point into the request bytes, which stay put during Render.
+			if parsed, err = parseJSONIn(a, unsafe.Slice(unsafe.StringData(args.s), len(args.s))); err != nil {
+				parsed = dictValue(a.dict(0))
 			}
 		case kDict, kList:
 			parsed = args
 		default:
-			parsed = dictValue(newDict(0))
+			parsed = dictValue(a.dict(0))
 		}
-		nf := newDict(len(fn.d.keys))
+		nf := a.dict(len(fn.d.keys))
 		for j, k := range fn.d.keys {
 			nf.set(k, fn.d.vals[j])
 		}
 		nf.set("arguments", parsed)
-		nc := newDict(len(call.d.keys))
+		nc := a.dict(len(call.d.keys))
 		for j, k := range call.d.keys {
 			nc.set(k, call.d.vals[j])
 		}
 		nc.set("function", dictValue(nf))
 		out[i] = dictValue(nc)
 	}
-	return listOf(out), nil
+	return a.list(out, false), nil
 }
 
 // preprocessTools mirrors vLLM's tool.model_dump(): each tool becomes {"type", "function":
 // {"name", "description", "parameters", extras...}, extras...}, with null for an absent
 // description or parameters.
-func preprocessTools(raw []byte) (Value, error) {
-	v, err := parseJSON(raw)
+func preprocessTools(a *arena, raw []byte) (Value, error) {
+	v, err := parseJSONIn(a, raw)
 	if err != nil {
 		return undefined, fmt.Errorf("chat: tools: %w", err)
 	}
@@ -217,7 +221,7 @@ func preprocessTools(raw []byte) (Value, error) {
 	if v.k != kList {
 		return undefined, errors.New("chat: tools must be a JSON array")
 	}
-	out := make([]Value, len(v.l.items))
+	out := a.valSlice(len(v.l.items))
 	for i, t := range v.l.items {
 		if t.k != kDict {
 			return undefined, fmt.Errorf("chat: tools[%d] must be an object", i)
@@ -230,7 +234,7 @@ func preprocessTools(raw []byte) (Value, error) {
 		if !ok || name.k != kString {
 			return undefined, fmt.Errorf(`chat: tools[%d].function needs a string "name"`, i)
 		}
-		nf := newDict(len(fn.d.keys) + 2)
+		nf := a.dict(len(fn.d.keys) + 2)
 		nf.set("name", name)
 		for _, k := range [...]string{"description", "parameters"} {
 			x, ok := fn.d.get(k)
@@ -249,7 +253,7 @@ func preprocessTools(raw []byte) (Value, error) {
 		if typ.k != kString || typ.s != "function" {
 			return undefined, fmt.Errorf(`chat: tools[%d].type must be "function"`, i)
 		}
-		nt := newDict(len(t.d.keys) + 1)
+		nt := a.dict(len(t.d.keys) + 1)
 		nt.set("type", typ)
 		nt.set("function", dictValue(nf))
 		for j, k := range t.d.keys {
@@ -259,5 +263,5 @@ func preprocessTools(raw []byte) (Value, error) {
 		}
 		out[i] = dictValue(nt)
 	}
-	return listOf(out), nil
+	return a.list(out, false), nil
 }

@@ -1,0 +1,94 @@
+package chat
+
+// arena hands out the per-render objects (dicts, lists, key and value slices, loop state) from
+// slabs the pooled renderer keeps between renders, so a steady stream of requests allocates
+// little. Nothing built from an arena outlives the Render call that built it: the output is
+// copied bytes, and reset clears the slabs before reuse.
+type arena struct {
+	strs  []string
+	vals  []Value
+	dicts []dictVal
+	lists []listVal
+	loops []loopState
+	objs  []object
+}
+
+const slabSize = 512
+
+func (a *arena) reset() {
+	clear(a.strs)
+	a.strs = a.strs[:0]
+	clear(a.vals)
+	a.vals = a.vals[:0]
+	clear(a.dicts)
+	a.dicts = a.dicts[:0]
+	clear(a.lists)
+	a.lists = a.lists[:0]
+	clear(a.loops)
+	a.loops = a.loops[:0]
+	clear(a.objs)
+	a.objs = a.objs[:0]
+}
+
+func (a *arena) strSlice(n int) []string {
+	if a == nil {
+		return make([]string, n)
+	}
+	if n > cap(a.strs)-len(a.strs) {
+		a.strs = make([]string, 0, max(n, slabSize))
+	}
+	l := len(a.strs)
+	a.strs = a.strs[:l+n]
+	return a.strs[l : l+n : l+n]
+}
+
+func (a *arena) valSlice(n int) []Value {
+	if a == nil {
+		return make([]Value, n)
+	}
+	if n > cap(a.vals)-len(a.vals) {
+		a.vals = make([]Value, 0, max(n, slabSize))
+	}
+	l := len(a.vals)
+	a.vals = a.vals[:l+n]
+	return a.vals[l : l+n : l+n]
+}
+
+// dict returns an empty dict with room for n keys.
+func (a *arena) dict(n int) *dictVal {
+	if a == nil {
+		return newDict(n)
+	}
+	if len(a.dicts) == cap(a.dicts) {
+		a.dicts = make([]dictVal, 0, slabSize/4)
+	}
+	a.dicts = a.dicts[:len(a.dicts)+1]
+	d := &a.dicts[len(a.dicts)-1]
+	d.keys = a.strSlice(n)[:0]
+	d.vals = a.valSlice(n)[:0]
+	return d
+}
+
+func (a *arena) list(items []Value, tuple bool) Value {
+	if a == nil {
+		return Value{k: kList, l: &listVal{items: items, isTuple: tuple}}
+	}
+	if len(a.lists) == cap(a.lists) {
+		a.lists = make([]listVal, 0, slabSize/4)
+	}
+	a.lists = append(a.lists, listVal{items: items, isTuple: tuple})
+	return Value{k: kList, l: &a.lists[len(a.lists)-1]}
+}
+
+func (a *arena) loop(items []Value) (*loopState, *object) {
+	if len(a.loops) == cap(a.loops) {
+		a.loops = make([]loopState, 0, 64)
+	}
+	a.loops = append(a.loops, loopState{items: items})
+	ls := &a.loops[len(a.loops)-1]
+	if len(a.objs) == cap(a.objs) {
+		a.objs = make([]object, 0, 64)
+	}
+	a.objs = append(a.objs, object{loop: ls})
+	return ls, &a.objs[len(a.objs)-1]
+}
