@@ -2,13 +2,13 @@ package chat
 
 import (
 	"errors"
-	"unsafe"
 	"fmt"
 	"math"
 	"sort"
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // parseJSON decodes one JSON document into template values, keeping object key order (as
