@@ -215,7 +215,7 @@ type Config struct {
 	KVHashAlgo       string
 	KVHashSeed       string
 	KVHashSeedSet    bool
-	KVKeys           string // auto | engine | fast
+	KVKeys           string // auto | engine | rehash
 	KVScorePrefix    bool   // false: overlap
 	KVMinMatchTokens int
 	LoadFactor       float64 // epsilon in ceil((1+epsilon) x mean)
@@ -358,17 +358,19 @@ func (c *Config) Validate() error {
 			return refuse("-kv-min-match-tokens", "must be >= 0")
 		}
 		switch c.KVKeys {
-		case "auto", "engine", "fast":
+		case "auto", "engine", "rehash":
+		case "fast":
+			c.KVKeys = "rehash"
 		default:
-			return refuse("-kv-keys", "%q: want auto, engine or fast", c.KVKeys)
+			return refuse("-kv-keys", "%q: want auto, engine or rehash", c.KVKeys)
 		}
 		var hashEng = -1
 		for _, e := range c.Endpoints {
 			if e.Engine == EngineTRTLLM {
 				continue
 			}
-			if hashEng >= 0 && Engine(hashEng) != e.Engine && c.KVKeys != "fast" {
-				return refuse("-kv-keys", "vllm and sglang endpoints hash blocks differently; one rule follows one engine contract unless -kv-keys fast re-hashes every event")
+			if hashEng >= 0 && Engine(hashEng) != e.Engine && c.KVKeys != "rehash" {
+				return refuse("-kv-keys", "vllm and sglang endpoints hash blocks differently; one rule follows one engine contract unless -kv-keys rehash re-hashes every event into kvgate's keys")
 			}
 			hashEng = int(e.Engine)
 		}

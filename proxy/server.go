@@ -325,6 +325,9 @@ type reqState struct {
 	legA     []byte
 	legB     []byte
 	legResp  []byte
+	salt     []byte
+	engMask  shard.Mask
+	fastMask shard.Mask
 }
 
 func newReqState(n int) *reqState {
@@ -335,6 +338,8 @@ func newReqState(n int) *reqState {
 		eligible: shard.NewMask(n),
 		excluded: shard.NewMask(n),
 		scratch:  shard.NewMask(n),
+		engMask:  shard.NewMask(n),
+		fastMask: shard.NewMask(n),
 		relay:    make([]byte, 32<<10),
 	}
 }

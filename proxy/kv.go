@@ -1,0 +1,306 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+	"unsafe"
+
+	"github.com/kvgate/kvgate/hashcore"
+	"github.com/kvgate/kvgate/ingest"
+	"github.com/kvgate/kvgate/proxy/openai"
+	"github.com/kvgate/kvgate/shard"
+	"github.com/kvgate/kvgate/tokenize"
+)
+
+// kvRouter is KV-Exact: it turns a request into the engine's block keys (template,
+// tokenizer, hash chain), scores them against every endpoint's mirrored inventory and
+// picks the best overlap under the guard ladder.
+type kvRouter struct {
+	s         *Server
+	pool      *tokenize.Pool
+	inv       *shard.Inventory
+	chain     hashcore.Chain // the engines' contract; nil when every endpoint is re-hashed
+	fast      hashcore.Chain // kvgate's own keys (TensorRT-LLM, failed parity, -kv-keys rehash)
+	mgr       *ingest.Manager
+	mode      shard.Mode
+	blockSize int
+	lora      map[string]loraAdapter
+}
+
+type loraAdapter struct{ name, base string }
+
+func newKVRouter(s *Server) (*kvRouter, error) {
+	cfg := &s.cfg
+	k := &kvRouter{s: s, pool: tokenize.NewPool(), blockSize: cfg.KVBlockSize, mode: shard.Overlap,
+		lora: map[string]loraAdapter{}}
+	if cfg.KVScorePrefix {
+		k.mode = shard.Prefix
+	}
+	for _, t := range cfg.Tokenizers {
+		if err := k.pool.Add(t.Model, t.Dir, t.Aliases...); err != nil {
+			return nil, refuse("-tokenizer", "%s=%s: %v", t.Model, t.Dir, err)
+		}
+	}
+	for a, base := range cfg.LoRA {
+		k.lora[a] = loraAdapter{name: a, base: base}
+	}
+	inv, err := shard.New(shard.Config{Endpoints: len(cfg.Endpoints)})
+	if err != nil {
+		return nil, fmt.Errorf("proxy: inventory: %w", err)
+	}
+	k.inv = inv
+	k.fast = hashcore.NewFast(cfg.KVBlockSize)
+	var spec *hashcore.Spec
+	for _, e := range cfg.Endpoints {
+		switch e.Engine {
+		case EngineVLLM:
+			spec = &hashcore.Spec{Engine: "vllm", Algo: cfg.KVHashAlgo, BlockSize: cfg.KVBlockSize,
+				Seed: cfg.KVHashSeed, SeedSet: cfg.KVHashSeedSet}
+		case EngineSGLang:
+			spec = &hashcore.Spec{Engine: "sglang", Algo: cfg.KVHashAlgo, BlockSize: cfg.KVBlockSize}
+		default:
+			continue
+		}
+		break
+	}
+	if spec != nil {
+		c, err := hashcore.New(*spec)
+		if err != nil {
+			flag := "-kv-hash-algo"
+			if strings.Contains(err.Error(), "PYTHONHASHSEED") || strings.Contains(err.Error(), "seed") {
+				flag = "-kv-hash-seed"
+			} else if strings.Contains(err.Error(), "block size") {
+				flag = "-kv-block-size"
+			}
+			return nil, refuse(flag, "%v", err)
+		}
+		k.chain = c
+	}
+	keys, err := ingest.ParseKeyMode(cfg.KVKeys)
+	if err != nil {
+		return nil, refuse("-kv-keys", "%v", err)
+	}
+	eps := make([]ingest.EndpointConfig, len(cfg.Endpoints))
+	for i, e := range cfg.Endpoints {
+		eps[i] = ingest.EndpointConfig{Name: e.Name, Index: i, Engine: e.Engine.String(),
+			Events: e.Events, Replay: e.Replay, DP: e.DP, Topic: e.Topic, URL: e.URL}
+	}
+	mgr, err := ingest.NewManager(ingest.Config{Inventory: inv, Chain: k.chain, Spec: spec, Fast: k.fast,
+		Keys: keys, Logger: s.log, Metrics: s.m.set}, eps)
+	if err != nil {
+		return nil, refuse("-endpoint", "%v", err)
+	}
+	k.mgr = mgr
+	return k, nil
+}
+
+func (k *kvRouter) start(ctx context.Context) error { k.mgr.Start(ctx); return nil }
+func (k *kvRouter) close()                          { k.mgr.Close() }
+func (k *kvRouter) loaded() bool                    { return true } // tokenizers load in New
+
+func (k *kvRouter) inventory(i int) (keys int, parity string, connected bool, lastSeq int64) {
+	st := k.mgr.Status(i)
+	return k.inv.Count(i), st.Parity, st.Connected, st.LastSeq
+}
+
+func (k *kvRouter) explain(st *reqState, el shard.Mask, d *decision) (tokens, blocks int) {
+	k.routeExplain(st, el, d, true)
+	blocks = len(st.keys)
+	if len(st.fastKeys) > blocks {
+		blocks = len(st.fastKeys)
+	}
+	return len(st.tokens), blocks
+}
+
+// bstr views b as a string without copying; the callee must not keep it.
+func bstr(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+func (k *kvRouter) miss(st *reqState, d *decision, r Route, explain bool) {
+	d.ep, d.route = -1, r
+	if !explain {
+		k.s.m.misses[r].Inc()
+	}
+}
+
+func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) { k.routeExplain(st, el, d, false) }
+
+// routeExplain is the guard ladder: text_empty, model_unknown, tokenize, no_blocks,
+// no_worker, shallow; then the winner's load bound (next-best overlap when over it).
+// el already excludes endpoints that are excluded, admin-down, unhealthy or whose
+// breaker is open. On a miss d.ep is -1 and d.route names the reason.
+func (k *kvRouter) routeExplain(st *reqState, el shard.Mask, d *decision, explain bool) {
+	s := k.s
+	b := st.body
+	oa := &st.oa
+	st.tokens, st.keys, st.fastKeys = st.tokens[:0], st.keys[:0], st.fastKeys[:0]
+	clear(st.scores)
+	if st.chat {
+		m := oa.Value[openai.FMessages]
+		if !m.Present() || openai.FirstElement(m.Bytes(b)) == nil {
+			k.miss(st, d, RouteMissTextEmpty, explain)
+			return
+		}
+	} else if p := oa.Value[openai.FPrompt]; !p.Present() || p.End-p.Start <= 2 || oa.Prompt == openai.PromptNone {
+		k.miss(st, d, RouteMissTextEmpty, explain)
+		return
+	}
+	// Model -> tokenizer; LoRA adapters are served under their own names.
+	mv := oa.Value[openai.FModel]
+	if !mv.Present() {
+		k.miss(st, d, RouteMissModelUnknown, explain)
+		return
+	}
+	st.text = openai.AppendUnquoted(st.text[:0], mv.Bytes(b))
+	name := bstr(st.text)
+	var ex hashcore.Extras
+	if a, ok := k.lora[name]; ok {
+		ex.LoRAName = a.name
+		name = a.base
+	}
+	model := k.pool.Get(name)
+	if model == nil {
+		if !explain {
+			s.m.unknownMdl.Inc()
+		}
+		k.miss(st, d, RouteMissModelUnknown, explain)
+		return
+	}
+	t0 := time.Now()
+	var err error
+	switch {
+	case st.chat:
+		in := tokenize.ChatInput{
+			Messages:            oa.Value[openai.FMessages].Bytes(b),
+			Tools:               oa.Value[openai.FTools].Bytes(b),
+			TemplateKwargs:      oa.Value[openai.FChatTemplateKwargs].Bytes(b),
+			AddGenerationPrompt: oa.AddGenerationPrompt,
+		}
+		st.tokens, err = model.EncodeChat(st.tokens, &in)
+	case oa.Prompt == openai.PromptString || oa.Prompt == openai.PromptStrings:
+		p := oa.Value[openai.FPrompt].Bytes(b)
+		if oa.Prompt == openai.PromptStrings {
+			p = openai.FirstElement(p)
+		}
+		st.out = openai.AppendUnquoted(st.out[:0], p)
+		if len(st.out) == 0 {
+			k.miss(st, d, RouteMissTextEmpty, explain)
+			return
+		}
+		st.tokens, err = model.EncodePrompt(st.tokens, bstr(st.out))
+	default: // token ids: the engine uses them as they are
+		var ok bool
+		if st.tokens, ok = openai.AppendTokens(st.tokens[:0], oa.Value[openai.FPrompt].Bytes(b)); !ok {
+			err = errBadTokens
+		}
+	}
+	if !explain {
+		s.m.stage[StageTokenize].UpdateDuration(t0)
+	}
+	if err != nil {
+		k.miss(st, d, RouteMissTokenize, explain)
+		return
+	}
+	if salt := oa.Value[openai.FCacheSalt]; salt.Present() {
+		st.salt = openai.AppendUnquoted(st.salt[:0], salt.Bytes(b))
+		ex.CacheSalt = bstr(st.salt)
+	}
+	// Split the eligible endpoints by the keys their inventory holds.
+	t1 := time.Now()
+	engMask, fastMask := st.engMask, st.fastMask
+	clear(engMask)
+	clear(fastMask)
+	nEng, nFast := 0, 0
+	for i := range s.eps {
+		if !el.Has(i) {
+			continue
+		}
+		if k.chain == nil || k.mgr.UsesFastKeys(i) {
+			fastMask.Set(i)
+			nFast++
+		} else {
+			engMask.Set(i)
+			nEng++
+		}
+	}
+	var exp *hashcore.Extras
+	if ex.LoRAName != "" || ex.CacheSalt != "" {
+		exp = &ex
+	}
+	if nEng > 0 {
+		st.keys = hashcore.Keys(k.chain, st.keys[:0], st.tokens, exp)
+	}
+	if nFast > 0 {
+		st.fastKeys = hashcore.Keys(k.fast, st.fastKeys[:0], st.tokens, exp)
+	}
+	if !explain {
+		s.m.stage[StageHash].UpdateDuration(t1)
+	}
+	if len(st.keys) == 0 && len(st.fastKeys) == 0 {
+		if len(st.tokens) >= k.blockSize && nEng+nFast == 0 {
+			k.miss(st, d, RouteMissNoWorker, explain)
+			return
+		}
+		k.miss(st, d, RouteMissNoBlocks, explain)
+		return
+	}
+	t2 := time.Now()
+	if nEng > 0 {
+		k.inv.Score(st.keys, engMask, k.mode, st.scores)
+	}
+	if nFast > 0 {
+		k.inv.Score(st.fastKeys, fastMask, k.mode, st.scores2)
+		for i := range s.eps {
+			if fastMask.Has(i) {
+				st.scores[i] = st.scores2[i]
+			}
+		}
+	}
+	if !explain {
+		s.m.stage[StageScore].UpdateDuration(t2)
+	}
+	// Best overlap, then the load bound: over it, the next-best overlap wins.
+	best := -1
+	for i := range s.eps {
+		if el.Has(i) && st.scores[i] > 0 && (best < 0 || st.scores[i] > st.scores[best]) {
+			best = i
+		}
+	}
+	if best < 0 {
+		k.miss(st, d, RouteMissNoWorker, explain)
+		return
+	}
+	minBlocks := int32((s.cfg.KVMinMatchTokens + k.blockSize - 1) / k.blockSize)
+	if st.scores[best] < minBlocks {
+		k.miss(st, d, RouteMissShallow, explain)
+		return
+	}
+	winner := best
+	bound := s.loads.Bound(el, s.cfg.LoadFactor)
+	if !s.loads.Under(best, bound) {
+		winner = -1
+		for i := range s.eps {
+			if i == best || !el.Has(i) || st.scores[i] < minBlocks || st.scores[i] == 0 || !s.loads.Under(i, bound) {
+				continue
+			}
+			if winner < 0 || st.scores[i] > st.scores[winner] {
+				winner = i
+			}
+		}
+		if winner < 0 {
+			k.miss(st, d, RouteMissNoWorker, explain)
+			return
+		}
+		if !explain {
+			s.m.nextBest.Inc()
+		}
+	}
+	d.ep, d.route = winner, RouteKVHit
+	d.predicted = int(st.scores[winner]) * k.blockSize
+	if !explain {
+		s.m.hits[winner].Inc()
+	}
+}
+
+var errBadTokens = fmt.Errorf("prompt token ids must be integers in [0, 2^32)")
