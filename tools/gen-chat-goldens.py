@@ -117,6 +117,12 @@ def detect_content_format(source):
                 items.append(loop.target.name)
         for loop in ast.find_all(jinja2.nodes.For):
             if any(_var_or_elems(loop.iter, n, "content") for n in items):
+                if not isinstance(loop.target, jinja2.nodes.Name):
+                    return "string"
+                return "openai"
+            if isinstance(loop.iter, jinja2.nodes.Name) and loop.iter.name == "content":
+                if not isinstance(loop.target, jinja2.nodes.Name):
+                    return "string"
                 return "openai"
         return "string"
     except Exception:
@@ -177,7 +183,42 @@ def convert_message(msg, fmt):
             out["tool_call_id"] = msg["tool_call_id"]
     if isinstance(msg.get("name"), str):
         out["name"] = msg["name"]
+    if isinstance(msg.get("task"), str):
+        out["task"] = msg["task"]
+    if role == "developer":
+        out["tools"] = msg.get("tools")
     return out
+
+
+def developer_to_system(source, conv):
+    """Templates that never name the developer role get developer messages as system ones;
+    system messages then merge into one leading message when needed."""
+    if not any(m["role"] == "developer" for m in conv):
+        return conv
+    if '"developer"' in source or "'developer'" in source:
+        return conv
+    converted = []
+    for m in conv:
+        if m["role"] == "developer":
+            m = {k: v for k, v in m.items() if k != "tools"}
+            m["role"] = "system"
+        converted.append(m)
+    system, rest, merge = [], [], False
+    for i, m in enumerate(converted):
+        if m["role"] != "system":
+            rest.append(m)
+            continue
+        if i > 0 or system:
+            merge = True
+        c = m.get("content", "")
+        if isinstance(c, list):
+            c = "\n".join(p["text"] if isinstance(p, dict) else p for p in c
+                          if isinstance(p, str) or (isinstance(p, dict) and "text" in p))
+        if c:
+            system.append(c)
+    if not merge:
+        return converted
+    return [{"role": "system", "content": "\n\n".join(system)}] + rest
 
 
 def model_dump_tool(t):
@@ -196,9 +237,9 @@ NAMED_PARAMS = {"messages", "conversation", "tools", "documents", "add_generatio
                 "continue_final_message", "reasoning_effort"}
 
 
-def render_chat(template, fmt, special, case):
+def render_chat(source, template, fmt, special, case):
     messages = json.loads(case["messages"])
-    conv = [convert_message(m, fmt) for m in messages]
+    conv = developer_to_system(source, [convert_message(m, fmt) for m in messages])
     tools = None
     if case.get("tools") is not None:
         tools = [model_dump_tool(t) for t in json.loads(case["tools"])]
@@ -278,6 +319,12 @@ CASES = [
     ("special_chars", [{"role": "user", "content": "Quotes ' \" and braces {{ x }} {% y %} <tag> & \\ backslash"}],
      None, None, True),
     ("kwargs_custom_var", [{"role": "user", "content": "hi"}], None, {"custom_flag": True, "enable_thinking": False}, True),
+    ("developer_role", [{"role": "developer", "content": "Answer in French.", "tools": None},
+                        {"role": "user", "content": "Hello"},
+                        {"role": "developer", "content": [{"type": "text", "text": "Be terse."}]},
+                        {"role": "user", "content": "Bye"}], None, None, True),
+    ("developer_after_system", [SYS, {"role": "developer", "content": "Extra rule."},
+                                {"role": "user", "content": "Go", "name": "alice", "task": "t1"}], None, None, True),
     ("alternation_violation", [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], None, None, True),
 ]
 
@@ -374,7 +421,7 @@ def main():
                     "kwargs": None if kwargs is None else json.dumps(kwargs, ensure_ascii=False),
                     "add_generation_prompt": agp}
             try:
-                case["expected"] = render_chat(template, fmt, special, case)
+                case["expected"] = render_chat(source, template, fmt, special, case)
             except Exception as e:  # the template refuses this shape: Go must refuse it too
                 case["error"] = "%s: %s" % (type(e).__name__, e)
             cases.append(case)

@@ -9,6 +9,7 @@ package chat
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 )
@@ -37,6 +38,9 @@ type Template struct {
 	src    string
 	body   []*stmt
 	format ContentFormat
+	// developerRole: the template names the "developer" role itself; otherwise vLLM turns
+	// developer messages into system messages.
+	developerRole bool
 }
 
 // Input is one chat request's template inputs.
@@ -60,7 +64,8 @@ func Compile(source string) (*Template, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Template{src: src, body: body, format: detectContentFormat(body)}, nil
+	return &Template{src: src, body: body, format: detectContentFormat(body),
+		developerRole: strings.Contains(source, `"developer"`) || strings.Contains(source, `'developer'`)}, nil
 }
 
 // ContentFormat reports the content format vLLM's auto-detection picks for this template.
@@ -113,6 +118,9 @@ func (t *Template) bind(r *renderer, in *Input) error {
 	msgs, err := preprocessMessages(&r.a, in.Messages, t.format)
 	if err != nil {
 		return err
+	}
+	if !t.developerRole {
+		msgs = developerToSystem(&r.a, msgs)
 	}
 	tools := none
 	if len(in.Tools) > 0 {

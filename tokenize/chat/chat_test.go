@@ -158,6 +158,7 @@ func TestContentFormatDetection(t *testing.T) {
 		{`{% set a = messages %}{% set b = a|list %}{% for m in b %}{% for p in m.content %}{% endfor %}{% endfor %}`, ContentOpenAI},
 		{`{% for m in other %}{% for p in m.content %}{% endfor %}{% endfor %}`, ContentString},
 		{`{% for m in messages %}{% for p in m.parts %}{% endfor %}{% endfor %}`, ContentString},
+		{`{% for m in messages %}{% set content = m.content %}{% for item in content %}{% endfor %}{% endfor %}`, ContentOpenAI},
 		// vLLM's detector asserts a plain name target; a tuple target makes it fall back.
 		{`{% for i, m in messages %}{% for p in m.content %}{% endfor %}{% endfor %}`, ContentString},
 	}

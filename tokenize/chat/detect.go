@@ -3,7 +3,7 @@ package chat
 // detectContentFormat reproduces vLLM's auto-detection of a template's content format: the
 // format is "openai" when the template loops over the content of a message, where a message is
 // a loop variable over "messages" (or over a variable assigned from it, possibly through
-// filters, tests or slices), and "string" otherwise.
+// filters, tests or slices), or over a variable named "content"; "string" otherwise.
 func detectContentFormat(body []*stmt) ContentFormat {
 	var assigns, loops []*stmt
 	walkStmts(body, func(s *stmt) {
@@ -45,8 +45,19 @@ func detectContentFormat(body []*stmt) ContentFormat {
 	for _, l := range loops {
 		for _, v := range msgItems {
 			if isVarOrElems(l.e, v, "content") {
+				if len(l.targets) != 1 {
+					return ContentString // vLLM's assertion fails: the default
+				}
 				return ContentOpenAI
 			}
+		}
+		// Newer vLLM also counts a loop over a variable named "content"
+		// ({% set content = message.content %}{% for item in content %}).
+		if l.e.op == eName && l.e.name == "content" {
+			if len(l.targets) != 1 {
+				return ContentString
+			}
+			return ContentOpenAI
 		}
 	}
 	return ContentString

@@ -3,6 +3,7 @@ package chat
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"unsafe"
 )
 
@@ -92,7 +93,93 @@ func convertMessage(a *arena, m Value, format ContentFormat) (Value, error) {
 	if name, ok := m.d.get("name"); ok && name.k == kString {
 		d.set("name", name)
 	}
+	if task, ok := m.d.get("task"); ok && task.k == kString {
+		d.set("task", task)
+	}
+	if role.s == "developer" {
+		tools, ok := m.d.get("tools")
+		if !ok {
+			tools = none
+		}
+		d.set("tools", tools)
+	}
 	return dictValue(d), nil
+}
+
+// developerToSystem is what vLLM does when a conversation has a "developer" message and the
+// template never mentions that role: developer messages become system messages (without
+// "tools"), and when a system message then sits anywhere but first (or there are several),
+// all system contents merge, "\n\n"-joined, into one {"role", "content"} message in front.
+func developerToSystem(a *arena, msgs Value) Value {
+	items := msgs.l.items
+	hasDev := false
+	for _, m := range items {
+		if r, _ := m.d.get("role"); r.s == "developer" {
+			hasDev = true
+		}
+	}
+	if !hasDev {
+		return msgs
+	}
+	conv := a.valSlice(len(items))
+	for i, m := range items {
+		if r, _ := m.d.get("role"); r.s == "developer" {
+			d := a.dict(len(m.d.keys))
+			for j, k := range m.d.keys {
+				if k != "tools" {
+					d.set(k, m.d.vals[j])
+				}
+			}
+			d.set("role", strVal("system"))
+			m = dictValue(d)
+		}
+		conv[i] = m
+	}
+	var sys []string
+	var rest []Value
+	merge := false
+	for i, m := range conv {
+		if r, _ := m.d.get("role"); r.s != "system" {
+			rest = append(rest, m)
+			continue
+		}
+		if i > 0 || len(sys) > 0 {
+			merge = true
+		}
+		c, _ := m.d.get("content")
+		text := ""
+		switch c.k {
+		case kString:
+			text = c.s
+		case kList:
+			var parts []string
+			for _, p := range c.l.items {
+				switch p.k {
+				case kDict:
+					if t, ok := p.d.get("text"); ok {
+						parts = append(parts, toStr(t))
+					}
+				case kString:
+					parts = append(parts, p.s)
+				}
+			}
+			text = joinLines(parts)
+		default:
+			if c.k != kUndefined && c.k != kNone {
+				text = toStr(c)
+			}
+		}
+		if text != "" {
+			sys = append(sys, text)
+		}
+	}
+	if !merge {
+		return a.list(conv, false)
+	}
+	d := a.dict(2)
+	d.set("role", strVal("system"))
+	d.set("content", strVal(strings.Join(sys, "\n\n")))
+	return a.list(append([]Value{dictValue(d)}, rest...), false)
 }
 
 func joinLines(texts []string) string {
