@@ -24,6 +24,51 @@ type bpeModel struct {
 	prefix, suffix string // continuing_subword_prefix, end_of_word_suffix (char-level only)
 	vocabSize      int
 	vocabStrings   map[string]uint32 // load time only: the vocabulary as written in the file
+	// metaChunks: char-level model whose long words may be cut before each run of '▁'
+	// (see Tokenizer.encodeChunks); metaUnsafe lists the characters some token joins to a
+	// following '▁', before which no cut is made.
+	metaChunks bool
+	metaUnsafe []rune
+}
+
+const metaChar = '\u2581'
+
+// setupMetaChunks decides whether long words can be cut before runs of '▁'.
+func (m *bpeModel) setupMetaChunks() {
+	if m.byteLevel || m.prefix != "" || m.suffix != "" {
+		return
+	}
+	if _, ok := m.vocab[string(metaChar)]; !ok {
+		return
+	}
+	unsafe := map[rune]bool{}
+	for tok := range m.vocab {
+		prev := metaChar
+		for _, r := range tok {
+			if r == metaChar && prev != metaChar {
+				unsafe[prev] = true
+			}
+			prev = r
+		}
+	}
+	for r := range unsafe {
+		m.metaUnsafe = append(m.metaUnsafe, r)
+	}
+	m.metaChunks = true
+}
+
+// metaUnsafeBefore reports whether the last character of s may join a following '▁'.
+func (m *bpeModel) metaUnsafeBefore(s string) bool {
+	if len(m.metaUnsafe) == 0 {
+		return false
+	}
+	r, _ := utf8.DecodeLastRuneInString(s)
+	for _, u := range m.metaUnsafe {
+		if u == r {
+			return true
+		}
+	}
+	return false
 }
 
 // symbol is one node of the doubly linked list a word is merged in.

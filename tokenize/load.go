@@ -412,6 +412,7 @@ func parseBPE(raw json.RawMessage, byteLevel bool) (*bpeModel, error) {
 		m.vocab = jm.Vocab
 	}
 	m.vocabStrings = jm.Vocab
+	m.setupMetaChunks()
 	return m, nil
 }
 

@@ -235,6 +235,9 @@ func (t *Tokenizer) encodeWord(dst []uint32, st *encodeState, w string) []uint32
 		return dst
 	}
 	if len(w) > maxCachedWord {
+		if m.metaChunks {
+			return t.encodeChunks(dst, st, w)
+		}
 		return m.encodeWord(dst, w, &st.bpe)
 	}
 	if d, ok := t.cache.get(dst, w); ok {
@@ -242,6 +245,41 @@ func (t *Tokenizer) encodeWord(dst []uint32, st *encodeState, w string) []uint32
 	}
 	n := len(dst)
 	dst = m.encodeWord(dst, w, &st.bpe)
+	t.cache.put(w, dst[n:])
+	return dst
+}
+
+// encodeChunks encodes a long word of a SentencePiece-style model (where spaces became '▁') as
+// the words that start at each run of '▁'. This gives the same IDs as merging the whole word:
+// a merge across such a boundary would make a token holding "c▁" for the character c before
+// the run, and the load checked that no token holds it (metaUnsafe lists the exceptions,
+// where the word is not cut).
+func (t *Tokenizer) encodeChunks(dst []uint32, st *encodeState, w string) []uint32 {
+	m := t.model
+	start := 0
+	prevMeta := true // no cut at 0
+	for i := 0; i < len(w); {
+		r, n := utf8.DecodeRuneInString(w[i:])
+		isMeta := r == metaChar
+		if isMeta && !prevMeta && !m.metaUnsafeBefore(w[:i]) {
+			dst = t.encodeChunk(dst, st, w[start:i])
+			start = i
+		}
+		prevMeta = isMeta
+		i += n
+	}
+	return t.encodeChunk(dst, st, w[start:])
+}
+
+func (t *Tokenizer) encodeChunk(dst []uint32, st *encodeState, w string) []uint32 {
+	if len(w) > maxCachedWord {
+		return t.model.encodeWord(dst, w, &st.bpe)
+	}
+	if d, ok := t.cache.get(dst, w); ok {
+		return d
+	}
+	n := len(dst)
+	dst = t.model.encodeWord(dst, w, &st.bpe)
 	t.cache.put(w, dst[n:])
 	return dst
 }
