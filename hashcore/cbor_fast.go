@@ -11,15 +11,14 @@ import (
 // once per call, the parent digest is a fixed-size copy, and tokens are stored
 // branch-free. It produces exactly appendBlockCBOR's bytes (tested).
 type cborBlockEncoder struct {
-	tokHead  [9]byte // array head for blockSize tokens
-	tokHeadN int
+	tokHeadWord uint64 // array head for blockSize tokens, little-endian in a word
+	tokHeadN    int    // its length: at most 5 bytes as blockSize <= MaxBlockSize
 }
 
 func newCBORBlockEncoder(blockSize int) cborBlockEncoder {
-	var e cborBlockEncoder
-	h := appendCBORHead(e.tokHead[:0], cborMajorArray, uint64(blockSize))
-	e.tokHeadN = len(h)
-	return e
+	var b [9]byte
+	h := appendCBORHead(b[:0], cborMajorArray, uint64(blockSize))
+	return cborBlockEncoder{tokHeadWord: binary.LittleEndian.Uint64(b[:8]), tokHeadN: len(h)}
 }
 
 // maxLen bounds one encoded block (plus 8 bytes of store slack) for extras of n bytes.
@@ -46,27 +45,45 @@ func (e *cborBlockEncoder) encode(buf []byte, parent *Digest, tokens []uint32, e
 		pos = len(appendCBORHead(buf[:1], cborMajorBytes, uint64(parent.N)))
 		pos += copy(buf[pos:], parent.B[:parent.N])
 	}
-	pos += copy(buf[pos:], e.tokHead[:e.tokHeadN])
+	binary.LittleEndian.PutUint64(buf[pos:pos+8], e.tokHeadWord)
+	pos += e.tokHeadN
 	_ = buf[pos+5*len(tokens)+7] // one bounds check for every token store below
 	base := unsafe.Pointer(unsafe.SliceData(buf))
 	for _, t := range tokens {
-		f := cborUintWords[bits.Len32(t)]
-		if t-16 < 8 {
-			f = cborUintWords[0]
+		f := cborTokenForms[bits.Len32(t)]
+		if t-16 < 8 { // 16..23 share bit length 5 with 24..31 but fit in the head byte
+			f = cborTokenForms[0]
 		}
-		w := uint64(f&0xff) | uint64(bits.ReverseBytes32(t)>>((f>>8)&31))<<((f>>16)&63)
+		// ReverseBytes64 puts t's big-endian bytes at the top of the word; one shift
+		// moves the significant ones right behind the head byte.
+		w := bits.ReverseBytes64(uint64(t))>>(f&63) | uint64(f>>8&0xff)
 		binary.LittleEndian.PutUint64((*[8]byte)(unsafe.Add(base, pos))[:], w)
-		pos += int(f >> 24)
+		pos += int(f >> 16)
 	}
-	pos += copy(buf[pos:], extras)
+	if len(extras) == 1 {
+		buf[pos] = extras[0]
+		pos++
+	} else {
+		pos += copy(buf[pos:], extras)
+	}
 	return buf[:pos]
 }
 
-// cborUintWords packs cborUintForms into one word per entry: head | swapShift<<8 |
-// headShift<<16 | size<<24, so the token loop does one table load.
-var cborUintWords = func() (w [33]uint32) {
-	for i, f := range cborUintForms {
-		w[i] = uint32(f.head) | uint32(f.swapShift)<<8 | uint32(f.headShift)<<16 | uint32(f.size)<<24
+// cborTokenForms is indexed by bits.Len32(v): the right shift that brings the
+// byte-reversed value behind the head (bits 0-7), the head byte (8-15) and the encoded
+// size (16-23). Values < 24 are their own head.
+var cborTokenForms = func() (w [33]uint32) {
+	for n := range w {
+		switch {
+		case n <= 4:
+			w[n] = 56 | 0<<8 | 1<<16
+		case n <= 8:
+			w[n] = 48 | 24<<8 | 2<<16
+		case n <= 16:
+			w[n] = 40 | 25<<8 | 3<<16
+		default:
+			w[n] = 24 | 26<<8 | 5<<16
+		}
 	}
 	return w
 }()

@@ -2,6 +2,7 @@ package hashcore
 
 import (
 	"encoding/binary"
+	"slices"
 	"unsafe"
 
 	"github.com/zeebo/xxh3"
@@ -44,6 +45,7 @@ func (c *fastChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, ex 
 	if nb == 0 {
 		return dst, parent
 	}
+	dst = slices.Grow(dst, nb)
 	var loraMix, saltMix uint64
 	if ex != nil {
 		if ex.LoRAName != "" {

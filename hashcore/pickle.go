@@ -157,22 +157,23 @@ func (p *pickler) tupleClose(n int) {
 	p.memoize()
 }
 
-// pickleIntWords is indexed by bits.Len32(v): opcode bytes | shift<<16 | size<<24, where
-// the encoded int is the little-endian word opcode | v<<shift, size bytes long.
-var pickleIntWords = func() (w [33]uint32) {
-	for n := range w {
+// pickleIntForms is indexed by bits.Len32(v): the int is the little-endian word
+// opcodes + v*mul, size bytes long (BININT1/2/BININT: v after one opcode byte; LONG1:
+// after the opcode and the length byte 5, with a zero sign byte last).
+var pickleIntForms = func() (f [33]struct{ ops, mul, size uint64 }) {
+	for n := range f {
 		switch {
 		case n <= 8:
-			w[n] = pkBinInt1 | 8<<16 | 2<<24
+			f[n].ops, f[n].mul, f[n].size = pkBinInt1, 1<<8, 2
 		case n <= 16:
-			w[n] = pkBinInt2 | 8<<16 | 3<<24
+			f[n].ops, f[n].mul, f[n].size = pkBinInt2, 1<<8, 3
 		case n <= 31:
-			w[n] = pkBinInt | 8<<16 | 5<<24
-		default: // LONG1, 5 bytes: the value and a zero sign byte
-			w[n] = pkLong1 | 5<<8 | 16<<16 | 7<<24
+			f[n].ops, f[n].mul, f[n].size = pkBinInt, 1<<8, 5
+		default:
+			f[n].ops, f[n].mul, f[n].size = pkLong1|5<<8, 1<<16, 7
 		}
 	}
-	return w
+	return f
 }()
 
 // ints writes token ints, each preceded by the frame boundary check. When the whole run
@@ -186,10 +187,9 @@ func (p *pickler) ints(tokens []uint32) {
 		_ = buf[pos+7*len(tokens)+7] // one bounds check for every store below
 		base := unsafe.Pointer(unsafe.SliceData(buf))
 		for _, t := range tokens {
-			f := pickleIntWords[bits.Len32(t)]
-			w := uint64(f&0xffff) | uint64(t)<<((f>>16)&63)
-			binary.LittleEndian.PutUint64((*[8]byte)(unsafe.Add(base, pos))[:], w)
-			pos += int(f >> 24)
+			f := &pickleIntForms[bits.Len32(t)]
+			binary.LittleEndian.PutUint64((*[8]byte)(unsafe.Add(base, pos))[:], f.ops+uint64(t)*f.mul)
+			pos += int(f.size)
 		}
 		p.buf = buf[:pos]
 		return

@@ -3,6 +3,7 @@ package hashcore
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"slices"
 )
 
 // sglangChain is SGLang's page hash: SHA-256 over the parent page's raw 32-byte digest
@@ -24,6 +25,7 @@ func (c *sglangChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, _
 	if nb == 0 {
 		return dst, parent
 	}
+	dst = slices.Grow(dst, nb)
 	d := parent
 	sc := getScratch()
 	buf := sc.buf

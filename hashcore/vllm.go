@@ -60,6 +60,7 @@ func (c *vllmChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, ex 
 	if nb == 0 {
 		return dst, parent
 	}
+	dst = slices.Grow(dst, nb)
 	var lora, salt string
 	if ex != nil {
 		if ValidateExtras(ex) != nil {
