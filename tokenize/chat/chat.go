@@ -85,7 +85,7 @@ func (t *Template) Render(dst []byte, in *Input) (out []byte, err error) {
 	r.out = dst
 	r.vars = r.vars[:0]
 	r.frames = append(r.frames[:0], 0)
-	r.barrier = 0
+	r.barrier, r.visTop = 0, 0
 	r.steps = 0
 	r.depth = 0
 	r.now = in.Now

@@ -49,7 +49,10 @@ type renderer struct {
 	out     []byte
 	vars    []binding
 	frames  []int // start of each frame in vars; frames[0] holds the globals
-	barrier int   // frames in [1, barrier) are hidden (inside a macro call)
+	// Inside a macro call, frames in (visTop, barrier) are hidden: the macro sees its own
+	// frame (barrier) and the frames up to where it was defined (visTop), as Jinja2 does.
+	barrier int
+	visTop  int
 	now     time.Time
 	steps   int
 	depth   int
@@ -67,8 +70,8 @@ func (r *renderer) errf(pos int, format string, a ...any) error {
 func (r *renderer) lookup(name string) (Value, bool) {
 	top := len(r.frames) - 1
 	for f := top; f >= 0; f-- {
-		if f > 0 && f < r.barrier {
-			f = 1 // skip hidden frames; the loop's f-- lands on the globals
+		if f < r.barrier && f > r.visTop {
+			f = r.visTop + 1 // skip the caller's frames; f-- lands on visTop
 			continue
 		}
 		end := len(r.vars)
@@ -434,6 +437,7 @@ func (r *renderer) loopAttr(ls *loopState, name string) Value {
 }
 
 func (r *renderer) macroValue(s *stmt) Value {
+	defFrame := len(r.frames) - 1
 	return Value{k: kFunc, o: &object{name: s.targets[0], fn: func(r *renderer, args []Value, kw []kwArg) (Value, error) {
 		if r.depth >= maxMacroDepth {
 			return undefined, r.errf(s.pos, "macro recursion too deep")
@@ -441,14 +445,15 @@ func (r *renderer) macroValue(s *stmt) Value {
 		if len(args) > len(s.params) {
 			return undefined, r.errf(s.pos, "macro '%s' takes not more than %d argument(s)", s.targets[0], len(s.params))
 		}
-		savedBarrier := r.barrier
+		savedBarrier, savedVis := r.barrier, r.visTop
 		r.pushFrame()
 		r.barrier = len(r.frames) - 1
+		r.visTop = min(defFrame, r.barrier-1)
 		r.depth++
 		defer func() {
 			r.depth--
 			r.popFrame()
-			r.barrier = savedBarrier
+			r.barrier, r.visTop = savedBarrier, savedVis
 		}()
 		firstDef := len(s.params) - len(s.defs)
 		for i, p := range s.params {
