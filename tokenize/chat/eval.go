@@ -45,10 +45,10 @@ const (
 )
 
 type renderer struct {
-	t       *Template
-	out     []byte
-	vars    []binding
-	frames  []int // start of each frame in vars; frames[0] holds the globals
+	t      *Template
+	out    []byte
+	vars   []binding
+	frames []int // start of each frame in vars; frames[0] holds the globals
 	// Inside a macro call, frames in (visTop, barrier) are hidden: the macro sees its own
 	// frame (barrier) and the frames up to where it was defined (visTop), as Jinja2 does.
 	barrier int
