@@ -39,6 +39,11 @@ func (r *Result) WriteReport(w io.Writer, title string, plots []string) {
 	s := r.Sim
 	fmt.Fprintf(w, "Engine model: %s, block size %d, %d KV blocks, batch %d; prefill = %v + %v x uncached token; decode %v per output token.\n\n",
 		orDefault(s.Engine, "vllm"), s.BlockSize, s.NumBlocks, s.MaxBatch, s.PrefillBase, s.PrefillPerToken, s.DecodePerToken)
+	if len(r.KvgateArgs) > 0 {
+		fmt.Fprintf(w, "kvgate flags added to every kvgate policy: `%s`.\n\n", strings.Join(r.KvgateArgs, " "))
+	}
+	fmt.Fprintln(w, "Policies: rr = `-select rr -kv-mode off`; chwbl = `-select chwbl -kv-mode off`; kv-exact-overlap / kv-exact-prefix = `-kv-mode 3 -kv-score overlap|prefix` (misses fall back to rr); oracle = the harness places each request on the engine whose pool would serve the most of it now (ties: least loaded), no kvgate.")
+	fmt.Fprintln(w)
 	fmt.Fprintln(w, "## Comparison")
 	fmt.Fprintln(w)
 	r.WriteTable(w)

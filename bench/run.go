@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -91,7 +92,9 @@ type Result struct {
 	Workload string
 	Engines  int
 	Sim      enginesim.Spec
-	Policies []PolicyResult
+	// KvgateArgs are the serve flags added to every kvgate policy.
+	KvgateArgs []string
+	Policies   []PolicyResult
 }
 
 // Run runs the workload once per policy, each against fresh engines.
@@ -102,15 +105,22 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 60 * time.Second
 	}
-	res := &Result{Workload: cfg.Workload.Name, Engines: cfg.Engines, Sim: cfg.Sim}
+	res := &Result{Workload: cfg.Workload.Name, Engines: cfg.Engines, Sim: cfg.Sim, KvgateArgs: cfg.KvgateArgs}
+	// A policy that cannot start is reported and skipped; the others still run.
+	var errs []error
 	for _, p := range cfg.Policies {
+		if ctx.Err() != nil {
+			errs = append(errs, ctx.Err())
+			break
+		}
 		pr, err := RunPolicy(ctx, cfg, p)
 		if err != nil {
-			return res, fmt.Errorf("policy %s: %w", p.Name, err)
+			errs = append(errs, fmt.Errorf("policy %s: %w", p.Name, err))
+			continue
 		}
 		res.Policies = append(res.Policies, *pr)
 	}
-	return res, nil
+	return res, errors.Join(errs...)
 }
 
 // startSims launches n engines from the template, each with its own event socket.

@@ -167,6 +167,12 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			Spread: 5 * time.Second, Think: 200 * time.Millisecond}
 		*workload = "shared-prefix"
 		names = []string{"rr", "kv-exact-overlap", "oracle"}
+		// kvgate's default bound (epsilon 0.25 over the mean in-flight count) turns KV hits
+		// away when only a few requests are in flight per engine, as here; 1.0 lets an
+		// engine take up to twice the mean before a hit is sent elsewhere.
+		if !hasFlag(kvArgs, "-kv-load-factor") {
+			cfg.KvgateArgs = append([]string{"-kv-load-factor", "1"}, cfg.KvgateArgs...)
+		}
 	}
 	shp.Seed, shp.MaxTokens, shp.Words = *seed, *maxTokens, words
 	switch *workload {
@@ -201,6 +207,9 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "workload: %s, %d requests over ~%.1fs, %d engines; policies: %s\n",
 		cfg.Workload.Name, cfg.Workload.Requests(), cfg.Workload.Span().Seconds(), cfg.Engines, strings.Join(names, ", "))
+	if len(cfg.KvgateArgs) > 0 {
+		fmt.Fprintf(stdout, "kvgate flags for every kvgate policy: %s\n", strings.Join(cfg.KvgateArgs, " "))
+	}
 	start := time.Now()
 	res, err := bench.Run(ctx, cfg)
 	if err != nil {
@@ -243,6 +252,15 @@ func writeFile(path string, write func(io.Writer)) error {
 
 // IsTTY reports whether f is a terminal.
 func IsTTY(f *os.File) bool { return bench.IsTerminal(f) }
+
+func hasFlag(args []string, name string) bool {
+	for _, a := range args {
+		if a == name || a == "-"+name || strings.HasPrefix(a, name+"=") || strings.HasPrefix(a, "-"+name+"=") {
+			return true
+		}
+	}
+	return false
+}
 
 type multiFlag []string
 
