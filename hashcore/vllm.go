@@ -77,23 +77,37 @@ func (c *vllmChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, ex 
 	d := parent
 	sc := getScratch()
 	buf := sc.buf
-	var ex0, exN []byte // CBOR extra keys of block 0 and of later blocks
-	if !c.pickle {
+	// The parts of a block message that repeat, encoded once: the extra keys (CBOR) or
+	// everything after the token ints (pickle), for block 0 and for the blocks after it.
+	var ex0, exN []byte
+	pickleFast := false
+	if c.pickle {
+		sc.ex = appendPickleSuffix(sc.ex[:0], bs, lora, salt)
+		n0 := len(sc.ex)
+		sc.ex = appendPickleSuffix(sc.ex, bs, lora, "")
+		ex0, exN = sc.ex[:n0], sc.ex[n0:]
+		if pickleFast = pickleFits(int(d.N), bs, len(ex0)) && pickleFits(int(d.N), bs, len(exN)); pickleFast {
+			buf = slices.Grow(buf[:0], pickleMaxLen(int(d.N), bs, max(len(ex0), len(exN))))
+		}
+	} else {
 		sc.ex = appendCBORExtras(sc.ex[:0], lora, salt)
 		n0 := len(sc.ex)
 		sc.ex = appendCBORExtras(sc.ex, lora, "")
 		ex0, exN = sc.ex[:n0], sc.ex[n0:]
-		buf = slices.Grow(buf[:0], c.cbor.maxLen(bs, len(ex0)))
+		buf = slices.Grow(buf[:0], c.cbor.maxLen(bs, max(len(ex0), len(exN))))
 	}
 	for i := 0; i < nb; i++ {
 		blk := tokens[i*bs : (i+1)*bs]
-		if c.pickle {
+		switch {
+		case pickleFast:
+			buf = encodeBlockPickle(buf, &d, blk, ex0)
+		case c.pickle: // blocks too big for one pickle frame
 			buf = appendBlockPickle(&sc.pk, buf[:0], d.B[:d.N], blk, lora, salt)
-			salt = "" // the cache salt enters block 0 only
-		} else {
+			salt = ""
+		default:
 			buf = c.cbor.encode(buf, &d, blk, ex0)
-			ex0 = exN
 		}
+		ex0 = exN // the cache salt enters block 0 only
 		var key uint64
 		if c.xxh {
 			h := xxh3.Hash128(buf)

@@ -1,0 +1,96 @@
+package hashcore
+
+import (
+	"encoding/binary"
+	"math/bits"
+	"unsafe"
+)
+
+// The hot path of the pickle contracts. A block whose single frame stays under 64 KiB is
+// laid out as
+//
+//	PROTO 5 | FRAME len | SHORT_BINBYTES parent MEMOIZE | [MARK] ints | suffix
+//
+// where the suffix (tuple close, extra keys, TUPLE3 MEMOIZE STOP) is the same for every
+// block after the first, so it is encoded once per call. The bytes equal what the general
+// pickler writes (tested against it; it is tested against Python).
+
+// appendPickleSuffix appends everything after the token ints of a block of n tokens.
+// Memo slots: 0 parent, 1 token tuple, 2.. the extra-key strings.
+func appendPickleSuffix(dst []byte, n int, lora, salt string) []byte {
+	p := pickler{buf: dst, frameStart: 1 << 40} // never at a frame boundary: pickleFits decides
+	p.memo = 1
+	p.tupleClose(n)
+	k := 0
+	if lora != "" {
+		k++
+	}
+	if salt != "" {
+		k++
+	}
+	if k == 0 {
+		p.buf = append(p.buf, pkNone)
+	} else {
+		loraSlot := -1
+		if lora != "" {
+			loraSlot = p.memo
+			p.str(lora, -1)
+		}
+		if salt != "" {
+			same := -1
+			if loraSlot >= 0 && salt == lora && sharedPyStr(salt) {
+				same = loraSlot
+			}
+			p.str(salt, same)
+		}
+		p.tupleClose(k)
+	}
+	p.tupleClose(3)
+	return append(p.buf, pkStop)
+}
+
+// pickleFits reports whether a block of n tokens with this suffix fits one frame, so that
+// no frame boundary can occur inside it.
+func pickleFits(parentLen, n, suffixLen int) bool {
+	return 2+parentLen+1+1+7*n+suffixLen <= pkFrameTarget
+}
+
+// pickleMaxLen bounds the encoded block plus 8 bytes of store slack.
+func pickleMaxLen(parentLen, n, suffixLen int) int {
+	return 2 + pkFrameHeader + 2 + parentLen + 1 + 1 + 7*n + suffixLen + 8
+}
+
+// encodeBlockPickle writes the block into buf[:cap(buf)] (pickleMaxLen bytes) and
+// returns it. parent.N must be below 256 and pickleFits must hold.
+func encodeBlockPickle(buf []byte, parent *Digest, tokens []uint32, suffix []byte) []byte {
+	buf = buf[:cap(buf)]
+	buf[0], buf[1], buf[2] = pkProto, 5, pkFrame
+	buf[11], buf[12] = pkShortBinBytes, parent.N
+	pos := 13
+	switch parent.N {
+	case 32:
+		*(*[32]byte)(buf[13:45]) = parent.B
+		pos = 45
+	case 16:
+		*(*[16]byte)(buf[13:29]) = *(*[16]byte)(parent.B[:16])
+		pos = 29
+	default:
+		pos += copy(buf[pos:], parent.B[:parent.N])
+	}
+	buf[pos] = pkMemoize
+	pos++
+	if len(tokens) > 3 {
+		buf[pos] = pkMark
+		pos++
+	}
+	_ = buf[pos+7*len(tokens)+7] // one bounds check for every token store below
+	base := unsafe.Pointer(unsafe.SliceData(buf))
+	for _, t := range tokens {
+		f := &pickleIntForms[bits.Len32(t)]
+		binary.LittleEndian.PutUint64((*[8]byte)(unsafe.Add(base, pos))[:], f.ops+uint64(t)*f.mul)
+		pos += int(f.size)
+	}
+	pos += copy(buf[pos:], suffix)
+	binary.LittleEndian.PutUint64(buf[3:11], uint64(pos-2-pkFrameHeader))
+	return buf[:pos]
+}
