@@ -3,8 +3,10 @@ package bench
 import (
 	"fmt"
 	"image/color"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"gonum.org/v1/plot"
@@ -16,7 +18,10 @@ import (
 // WritePlots writes the figures as SVG into dir and returns their file names:
 // ttft-cdf.svg (TTFT CDF per policy), hit-ratio.svg (delivered hit ratio per policy) and
 // load.svg (prefill work per endpoint per policy).
-func (r *Result) WritePlots(dir string) ([]string, error) {
+func (r *Result) WritePlots(dir string) ([]string, error) { return r.WritePlotsAs(dir, "svg") }
+
+// WritePlotsAs is WritePlots in another format gonum/plot supports: svg, png, pdf, eps.
+func (r *Result) WritePlotsAs(dir, ext string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -25,9 +30,9 @@ func (r *Result) WritePlots(dir string) ([]string, error) {
 		name string
 		make func() (*plot.Plot, error)
 	}{
-		{"ttft-cdf.svg", r.ttftCDF},
-		{"hit-ratio.svg", r.hitRatioBars},
-		{"load.svg", r.loadBars},
+		{"ttft-cdf." + ext, r.ttftCDF},
+		{"hit-ratio." + ext, r.hitRatioBars},
+		{"load." + ext, r.loadBars},
 	} {
 		p, err := f.make()
 		if err != nil {
@@ -44,7 +49,10 @@ func (r *Result) WritePlots(dir string) ([]string, error) {
 func (r *Result) ttftCDF() (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = "TTFT CDF per policy"
-	p.X.Label.Text = "time to first token (ms)"
+	p.X.Label.Text = "time to first token (ms, log scale)"
+	// TTFTs span hits (milliseconds) to cold prefills (hundreds of ms): a log axis shows both.
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = ticks125{}
 	p.Y.Label.Text = "fraction of requests"
 	p.Y.Min, p.Y.Max = 0, 1
 	p.Legend.Top, p.Legend.Left = false, false
@@ -55,7 +63,7 @@ func (r *Result) ttftCDF() (*plot.Plot, error) {
 		}
 		xy := make(plotter.XYs, len(pr.TTFT))
 		for j, d := range pr.TTFT {
-			xy[j].X = float64(d) / float64(time.Millisecond)
+			xy[j].X = max(float64(d)/float64(time.Millisecond), 0.01)
 			xy[j].Y = float64(j+1) / float64(len(pr.TTFT))
 		}
 		l, err := plotter.NewLine(xy)
@@ -96,8 +104,9 @@ func (r *Result) loadBars() (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = "Prefill work per endpoint (uncached prompt tokens)"
 	p.Y.Label.Text = "tokens"
-	p.Legend.Top = true
+	p.Legend.Top, p.Legend.Left = true, true
 	n := len(r.Policies)
+	var top float64
 	w := vg.Points(float64(60 / max(n, 1)))
 	p.Add(plotter.NewGrid())
 	for i, pr := range r.Policies {
@@ -105,6 +114,7 @@ func (r *Result) loadBars() (*plot.Plot, error) {
 		for j, e := range pr.Endpoints {
 			if j < len(vals) {
 				vals[j] = float64(e.PromptTokens - e.CachedTokens)
+				top = max(top, vals[j])
 			}
 		}
 		b, err := plotter.NewBarChart(vals, w)
@@ -117,10 +127,29 @@ func (r *Result) loadBars() (*plot.Plot, error) {
 		p.Add(b)
 		p.Legend.Add(pr.Policy, b)
 	}
+	// Headroom above the tallest bar for the legend.
+	p.Y.Min, p.Y.Max = 0, top*(1.15+0.08*float64(n))+1
 	names := make([]string, r.Engines)
 	for i := range names {
 		names[i] = fmt.Sprintf("e%d", i)
 	}
 	p.NominalX(names...)
 	return p, nil
+}
+
+// ticks125 labels a log axis at 1, 2 and 5 times each power of ten, so short ranges (a few
+// milliseconds to a few hundred) still get several labels.
+type ticks125 struct{}
+
+func (ticks125) Ticks(lo, hi float64) []plot.Tick {
+	var ts []plot.Tick
+	for e := math.Floor(math.Log10(lo)); math.Pow(10, e) <= hi; e++ {
+		for _, m := range []float64{1, 2, 5} {
+			v := m * math.Pow(10, e)
+			if v >= lo && v <= hi {
+				ts = append(ts, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'g', -1, 64)})
+			}
+		}
+	}
+	return ts
 }

@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"time"
 )
@@ -85,7 +86,7 @@ func (r *Result) WriteReport(w io.Writer, title string, plots []string) {
 		fmt.Fprintln(w, "## Plots")
 		fmt.Fprintln(w)
 		for _, p := range plots {
-			fmt.Fprintf(w, "![%s](%s)\n\n", strings.TrimSuffix(p, ".svg"), p)
+			fmt.Fprintf(w, "![%s](%s)\n\n", strings.TrimSuffix(p, filepath.Ext(p)), p)
 		}
 	}
 	fmt.Fprintln(w, "Delivered hit ratio = sum of usage.prompt_tokens_details.cached_tokens / sum of prompt_tokens over")

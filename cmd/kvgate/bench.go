@@ -57,6 +57,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.Var(&kvArgs, "kvgate-arg", "extra flag passed to kvgate serve (repeatable)")
 	progress := fs.Bool("progress", IsTTY(os.Stderr), "draw a progress bar on stderr")
 	seed := fs.Uint64("seed", 1, "workload seed")
+	plotFmt := fs.String("plot-format", "svg", "plot file format: svg, png or pdf")
 
 	var sp enginesim.Spec
 	fs.IntVar(&sp.BlockSize, "block-size", 16, "engine KV block size")
@@ -222,7 +223,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	res.WriteTable(stdout)
 	fmt.Fprintln(stdout)
 	res.WriteTargets(stdout)
-	plots, perr := res.WritePlots(*out)
+	plots, perr := res.WritePlotsAs(*out, *plotFmt)
 	if perr != nil {
 		fmt.Fprintf(stderr, "bench: plots: %v\n", perr)
 	}
