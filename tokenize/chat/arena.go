@@ -11,6 +11,9 @@ type arena struct {
 	lists []listVal
 	loops []loopState
 	objs  []object
+	// The JSON parser's member stacks, kept between parses.
+	jsonKeys []string
+	jsonVals []Value
 }
 
 const slabSize = 512

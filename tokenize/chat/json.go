@@ -1,6 +1,7 @@
 package chat
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -20,6 +21,14 @@ func parseJSON(data []byte) (Value, error) { return parseJSONIn(nil, data) }
 // copy, so data must stay unchanged while the values are in use (one Render call).
 func parseJSONIn(a *arena, data []byte) (Value, error) {
 	p := jsonParser{b: data, a: a}
+	if a != nil {
+		p.keys, p.vals = a.jsonKeys[:0], a.jsonVals[:0]
+		defer func() {
+			clear(p.keys[:cap(p.keys)])
+			clear(p.vals[:cap(p.vals)])
+			a.jsonKeys, a.jsonVals = p.keys[:0], p.vals[:0]
+		}()
+	}
 	p.ws()
 	v, err := p.value(0)
 	if err != nil {
@@ -243,6 +252,18 @@ func (p *jsonParser) str() (string, error) {
 	start := p.i
 	// Fast path: no escapes. A local index and a table keep the scan tight.
 	b, i := p.b, p.i
+	// Eight bytes at a time while none is a control, '"' or '\\'.
+	for i+8 <= len(b) {
+		x := binary.LittleEndian.Uint64(b[i:])
+		const ones, highs = 0x0101010101010101, 0x8080808080808080
+		ctl := (x - 0x20*ones) &^ x
+		q := x ^ ('"' * ones)
+		bs := x ^ ('\\' * ones)
+		if (ctl|((q-ones)&^q)|((bs-ones)&^bs))&highs != 0 {
+			break
+		}
+		i += 8
+	}
 	for i < len(b) && jsonPlain[b[i]] {
 		i++
 	}
