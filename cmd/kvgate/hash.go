@@ -61,6 +61,10 @@ func runHash(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "kvgate hash: sglang page hashes carry no extra keys: -lora-name and -cache-salt do not apply")
 		return 2
 	}
+	if *engine != "vllm" && set["seed"] {
+		fmt.Fprintf(stderr, "kvgate hash: -seed applies to vllm only: %s block keys have no seed\n", *engine)
+		return 2
+	}
 	chain, err := hashcore.New(spec)
 	if err != nil {
 		fmt.Fprintf(stderr, "kvgate hash: %v\n", err)

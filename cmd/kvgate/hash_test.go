@@ -146,6 +146,7 @@ func TestHashCommandBadInput(t *testing.T) {
 		{[]string{"-algo", "xxhash"}, "[1]", "random"},
 		{[]string{"-engine", "sglang", "-lora-name", "x"}, "[1]", "no extra keys"},
 		{[]string{"-lora-name", "\xff"}, "[1]", "UTF-8"},
+		{[]string{"-engine", "sglang", "-seed", "0"}, "[1]", "vllm only"},
 		{[]string{"-bogus"}, "[1]", "flag provided but not defined"},
 		{[]string{"extra"}, "[1]", "unexpected argument"},
 	} {
