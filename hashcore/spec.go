@@ -26,7 +26,7 @@ var ErrMultimodal = errors.New("hashcore: multimodal extra keys are not supporte
 type Spec struct {
 	Engine    string // "vllm" | "sglang" | "kvgate"
 	Algo      string // vllm: "sha256" (default) | "sha256_cbor" | "xxhash" | "xxhash_cbor"; sglang: "sha256"; kvgate: "fast"
-	BlockSize int    // tokens per block (SGLang page size)
+	BlockSize int    // tokens per hashed block: SGLang page size; vLLM's hash block size (block_size x decode-context-parallel size; hybrid models: prefix_match_unit or the GCD of group block sizes)
 	Seed      string // the engine's PYTHONHASHSEED value (vLLM only)
 	SeedSet   bool   // false: the engine runs with PYTHONHASHSEED unset
 }
