@@ -226,7 +226,7 @@ func (inv *Inventory) addLocked(s int, sh *shardState, ep int, k, h uint64, cnt 
 		r = addEvicted
 	}
 	if !ok {
-		if sh.used+1 > t.maxUsed() {
+		if sh.used+1 > t.maxUsed() || free < 0 {
 			t = inv.rebuildLocked(s, sh, int(sh.live.Load())+1)
 			_, _, free = t.find(k, t.home(h, inv.shardBits))
 		}

@@ -119,7 +119,9 @@ func (t *table) lookup(key, b uint64) uint64 {
 	if key == 0 {
 		return atomic.LoadUint64(&t.zero[0])
 	}
-	for {
+	// The load bound guarantees an empty slot, so the walk ends well before n runs
+	// out; n only keeps a broken invariant from turning into a hang.
+	for n := t.nb; n > 0; n-- {
 		bk := &t.buckets[b]
 		for j := 0; j < bucketSlots; j++ {
 			k := atomic.LoadUint64(&bk.keys[j])
@@ -134,15 +136,17 @@ func (t *table) lookup(key, b uint64) uint64 {
 			b = 0
 		}
 	}
+	return 0
 }
 
 // find returns key's slot (zeroSlot for key 0), or -1 with ok false when absent.
-// Lock-free: safe against writers. free is the slot a writer would claim for key.
+// Lock-free: safe against writers. free is the slot a writer would claim for key
+// (-1 if the table were full, which the load bound rules out).
 func (t *table) find(key, b uint64) (slot int, ok bool, free int) {
 	if key == 0 {
 		return zeroSlot, true, zeroSlot
 	}
-	for {
+	for n := t.nb; n > 0; n-- {
 		bk := &t.buckets[b]
 		for j := 0; j < bucketSlots; j++ {
 			k := atomic.LoadUint64(&bk.keys[j])
@@ -157,6 +161,7 @@ func (t *table) find(key, b uint64) (slot int, ok bool, free int) {
 			b = 0
 		}
 	}
+	return -1, false, -1 // full: cannot happen under the load bound
 }
 
 // word returns word w of slot's mask.

@@ -1,0 +1,320 @@
+package shard
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestConcurrentWritersAndReaders runs 8 writers (add / remove / clear) and 4 readers
+// against one inventory and checks, while they run:
+//   - every writer owns one endpoint, so its own model of that endpoint is exact: after
+//     each step Count and a Score of the keys it touched must match it (a lost update or
+//     a torn mask word would show here);
+//   - a pinned endpoint whose keys nobody touches keeps all of them through every
+//     rebuild, clear and eviction of others: readers must score it exactly;
+//   - writer-private keys never show bits of another writer;
+//   - every Score is self-consistent (bounds, ranking).
+//
+// and, once they stop, that every endpoint's listing equals its writer's model.
+// Run with -race.
+func TestConcurrentWritersAndReaders(t *testing.T) {
+	for _, endpoints := range []int{10, 130} {
+		t.Run(fmt.Sprintf("endpoints=%d", endpoints), func(t *testing.T) {
+			runConcurrent(t, endpoints)
+		})
+	}
+}
+
+const (
+	raceWriters = 8
+	raceReaders = 4
+)
+
+func runConcurrent(t *testing.T, endpoints int) {
+	inv, err := New(Config{Endpoints: endpoints, Shards: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinnedEP := endpoints - 1
+	r := rand.New(rand.NewPCG(11, uint64(endpoints)))
+	shared := make([]uint64, 6000) // keys every writer adds and removes
+	for i := range shared {
+		shared[i] = r.Uint64()
+	}
+	pinned := append([]uint64{0}, shared[:500]...) // shared with writers, plus key 0
+	if inv.Add(pinnedEP, pinned) != len(pinned) {
+		t.Fatal("pinned add")
+	}
+	// private(w, i) keys belong to writer w alone: the top byte names the writer.
+	private := func(w, i int) uint64 { return uint64(w+1)<<56 | uint64(i)<<8 | 0x5a }
+
+	var (
+		stop     atomic.Bool
+		failed   atomic.Bool
+		wg       sync.WaitGroup
+		models   = make([]map[uint64]bool, raceWriters)
+		failOnce sync.Once
+	)
+	fail := func(format string, args ...any) {
+		failOnce.Do(func() { t.Errorf(format, args...) })
+		failed.Store(true)
+	}
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for w := 0; w < raceWriters; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 99))
+			mine := map[uint64]bool{}
+			models[w] = mine
+			scores := make([]int32, endpoints)
+			elig := NewMask(endpoints)
+			elig.Set(w)
+			batch := make([]uint64, 0, 64)
+			for step := 0; !failed.Load() && (step < 200 || time.Now().Before(deadline)); step++ {
+				batch = batch[:0]
+				for i := 0; i < 1+r.IntN(48); i++ {
+					if r.IntN(4) == 0 {
+						batch = append(batch, private(w, r.IntN(3000)))
+					} else {
+						batch = append(batch, shared[r.IntN(len(shared))])
+					}
+				}
+				switch x := r.IntN(100); {
+				case x < 55:
+					want := 0
+					for _, k := range batch {
+						if !mine[k] {
+							mine[k] = true
+							want++
+						}
+					}
+					if got := inv.Add(w, batch); got != want {
+						fail("writer %d: Add = %d, want %d", w, got, want)
+					}
+				case x < 99:
+					want := 0
+					for _, k := range batch {
+						if mine[k] {
+							delete(mine, k)
+							want++
+						}
+					}
+					if got := inv.Remove(w, batch); got != want {
+						fail("writer %d: Remove = %d, want %d", w, got, want)
+					}
+				default:
+					inv.ClearEndpoint(w)
+					clear(mine)
+				}
+				if got := inv.Count(w); got != len(mine) {
+					fail("writer %d: Count = %d, model %d", w, got, len(mine))
+				}
+				held := 0
+				for _, k := range batch {
+					if mine[k] {
+						held++
+					}
+				}
+				if inv.Score(batch, elig, Overlap, scores); int(scores[w]) != held {
+					fail("writer %d: overlap %d, model %d", w, scores[w], held)
+				}
+			}
+		}(w)
+	}
+	var reads atomic.Int64
+	for rd := 0; rd < raceReaders; rd++ {
+		wg.Add(1)
+		go func(rd int) {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(rd), 7))
+			scores := make([]int32, endpoints)
+			all := NewMask(endpoints)
+			all.SetAll(endpoints)
+			for !stop.Load() && !failed.Load() {
+				// A chain: a pinned run, then a mix of pinned and other keys.
+				run := 1 + r.IntN(64)
+				chain := make([]uint64, 0, run+64)
+				for i := 0; i < run; i++ {
+					chain = append(chain, pinned[r.IntN(len(pinned))])
+				}
+				held := run
+				for i := 0; i < r.IntN(64); i++ {
+					switch r.IntN(3) {
+					case 0:
+						chain = append(chain, pinned[r.IntN(len(pinned))])
+						held++
+					case 1:
+						chain = append(chain, private(r.IntN(raceWriters), r.IntN(3000)))
+					default:
+						chain = append(chain, shared[500+r.IntN(len(shared)-500)])
+					}
+				}
+				for _, mode := range []Mode{Overlap, Prefix} {
+					best, second := inv.Score(chain, all, mode, scores)
+					want := held
+					if mode == Prefix {
+						want = run
+						for want < len(chain) && slices.Contains(pinned, chain[want]) {
+							want++
+						}
+					}
+					if int(scores[pinnedEP]) != want {
+						fail("reader %d: %v score of pinned endpoint %d, want %d", rd, mode, scores[pinnedEP], want)
+					}
+					checkRanking(fail, scores, best, second, len(chain))
+				}
+				// Private keys of one writer carry no other writer's bit.
+				w := r.IntN(raceWriters)
+				priv := make([]uint64, 32)
+				for i := range priv {
+					priv[i] = private(w, r.IntN(3000))
+				}
+				inv.Score(priv, all, Overlap, scores)
+				for ep, s := range scores {
+					if ep != w && s != 0 {
+						fail("reader %d: endpoint %d scores %d on writer %d's private keys", rd, ep, s, w)
+					}
+				}
+				if c := inv.Count(pinnedEP); c != len(pinned) {
+					fail("reader %d: pinned Count = %d, want %d", rd, c, len(pinned))
+				}
+				if n := inv.Len(); n < len(pinned) {
+					fail("reader %d: Len %d below the pinned keys", rd, n)
+				}
+				reads.Add(1)
+			}
+		}(rd)
+	}
+	// Readers run until the writers are done.
+	waitWriters := make(chan struct{})
+	go func() {
+		for !failed.Load() && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		close(waitWriters)
+	}()
+	<-waitWriters
+	// Writers stop at the deadline by themselves; readers need the flag.
+	time.Sleep(50 * time.Millisecond)
+	stop.Store(true)
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	if reads.Load() == 0 {
+		t.Fatal("readers never ran")
+	}
+	for w, mine := range models {
+		want := make([]uint64, 0, len(mine))
+		for k := range mine {
+			want = append(want, k)
+		}
+		slices.Sort(want)
+		if got := listAll(t, inv, w, 500); !slices.Equal(got, want) {
+			t.Fatalf("writer %d: listing has %d keys, model %d", w, len(got), len(want))
+		}
+	}
+	if got := listAll(t, inv, pinnedEP, 0); len(got) != len(pinned) {
+		t.Fatalf("pinned listing has %d keys, want %d", len(got), len(pinned))
+	}
+	st := inv.Stats()
+	if st.Rebuilds == 0 || st.EndpointClears == 0 {
+		t.Errorf("workload did not exercise rebuilds and clears: %+v", st)
+	}
+	t.Logf("%d reader rounds; stats %+v", reads.Load(), st)
+}
+
+func checkRanking(fail func(string, ...any), scores []int32, best, second, keys int) {
+	for ep, s := range scores {
+		if s < 0 || int(s) > keys {
+			fail("score %d of endpoint %d outside [0, %d]", s, ep, keys)
+		}
+	}
+	if best < 0 || second < 0 || best == second {
+		fail("best %d second %d with every endpoint eligible", best, second)
+		return
+	}
+	for ep, s := range scores {
+		if s > scores[best] || (s == scores[best] && ep < best) {
+			fail("best %d (score %d) but endpoint %d has %d", best, scores[best], ep, s)
+		}
+		if ep != best && (s > scores[second] || (s == scores[second] && ep < second)) {
+			fail("second %d (score %d) but endpoint %d has %d", second, scores[second], ep, s)
+		}
+	}
+}
+
+// TestConcurrentClearAll: ClearAll racing writers and readers leaves no negative counts,
+// no out-of-range scores, and an empty inventory once it runs last.
+func TestConcurrentClearAll(t *testing.T) {
+	inv, _ := New(Config{Endpoints: 8, Shards: 2})
+	var wg sync.WaitGroup
+	var stop atomic.Bool
+	var bad atomic.Value
+	for w := 0; w < raceWriters; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 5))
+			keys := make([]uint64, 32)
+			for !stop.Load() {
+				for i := range keys {
+					keys[i] = r.Uint64N(4000)
+				}
+				if r.IntN(2) == 0 {
+					inv.Add(w, keys)
+				} else {
+					inv.Remove(w, keys)
+				}
+				if c := inv.Count(w); c < 0 {
+					bad.Store(fmt.Sprintf("Count(%d) = %d", w, c))
+				}
+			}
+		}(w)
+	}
+	for rd := 0; rd < raceReaders; rd++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			keys := make([]uint64, 100)
+			for i := range keys {
+				keys[i] = uint64(i)
+			}
+			scores := make([]int32, 8)
+			all := NewMask(8)
+			all.SetAll(8)
+			for !stop.Load() {
+				inv.Score(keys, all, Prefix, scores)
+				for _, s := range scores {
+					if s < 0 || s > 100 {
+						bad.Store(fmt.Sprintf("score %d", s))
+					}
+				}
+			}
+		}()
+	}
+	for i := 0; i < 50; i++ {
+		time.Sleep(2 * time.Millisecond)
+		inv.ClearAll()
+	}
+	stop.Store(true)
+	wg.Wait()
+	if v := bad.Load(); v != nil {
+		t.Fatal(v)
+	}
+	inv.ClearAll()
+	if inv.Len() != 0 {
+		t.Fatalf("Len after ClearAll = %d", inv.Len())
+	}
+	for ep := 0; ep < 8; ep++ {
+		if inv.Count(ep) != 0 || len(listAll(t, inv, ep, 0)) != 0 {
+			t.Fatalf("endpoint %d not empty after ClearAll", ep)
+		}
+	}
+}
