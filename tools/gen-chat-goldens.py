@@ -233,8 +233,8 @@ def model_dump_tool(t):
     return out
 
 
-NAMED_PARAMS = {"messages", "conversation", "tools", "documents", "add_generation_prompt",
-                "continue_final_message", "reasoning_effort"}
+# chat_template_kwargs keys vLLM overrides with the request's own fields (merge_kwargs).
+OVERRIDDEN = {"add_generation_prompt", "continue_final_message"}
 
 
 def render_chat(source, template, fmt, special, case):
@@ -244,11 +244,14 @@ def render_chat(source, template, fmt, special, case):
     if case.get("tools") is not None:
         tools = [model_dump_tool(t) for t in json.loads(case["tools"])]
     variables = dict(special)
+    documents = None
     if case.get("kwargs") is not None:
         for k, v in json.loads(case["kwargs"]).items():
-            if k not in NAMED_PARAMS:
+            if k == "documents":
+                documents = v
+            elif k not in OVERRIDDEN:
                 variables[k] = v
-    variables.update(messages=conv, tools=tools, documents=None,
+    variables.update(messages=conv, tools=tools, documents=documents,
                      add_generation_prompt=case["add_generation_prompt"])
     return template.render(**variables)
 
@@ -318,7 +321,9 @@ CASES = [
                             {"role": "user", "content": "line1\n\nline2\r\nline3"}], None, None, True),
     ("special_chars", [{"role": "user", "content": "Quotes ' \" and braces {{ x }} {% y %} <tag> & \\ backslash"}],
      None, None, True),
-    ("kwargs_custom_var", [{"role": "user", "content": "hi"}], None, {"custom_flag": True, "enable_thinking": False}, True),
+    ("kwargs_custom_var", [{"role": "user", "content": "hi"}], None,
+     {"custom_flag": True, "enable_thinking": False, "add_generation_prompt": False,
+      "bos_token": "<kw-bos>", "documents": [{"title": "t", "text": "x"}], "reasoning_effort": "low"}, True),
     ("developer_role", [{"role": "developer", "content": "Answer in French.", "tools": None},
                         {"role": "user", "content": "Hello"},
                         {"role": "developer", "content": [{"type": "text", "text": "Be terse."}]},

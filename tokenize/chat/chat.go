@@ -145,6 +145,7 @@ func (t *Template) bind(r *renderer, in *Input) error {
 		r.setVar("eos_token", strVal(in.EOSToken))
 	}
 	// Request kwargs override the special tokens ({**special_tokens_map, **kwargs}).
+	documents := none
 	if len(in.Kwargs) > 0 {
 		kw, err := parseJSONIn(&r.a, in.Kwargs)
 		if err != nil {
@@ -156,9 +157,17 @@ func (t *Template) bind(r *renderer, in *Input) error {
 			for i, k := range kw.d.keys {
 				switch k {
 				case "chat_template", "tokenize":
+					// vLLM refuses these.
 					return fmt.Errorf("chat: unexpected chat_template_kwargs key %q", k)
-				case "messages", "conversation", "tools", "documents", "add_generation_prompt", "continue_final_message", "reasoning_effort":
-					// Named parameters of apply_chat_template: the request's own fields win.
+				case "messages", "conversation", "tools":
+					// They collide with apply_chat_template's own arguments; rather than
+					// guess the engine's outcome, refuse (the request falls back).
+					return fmt.Errorf("chat: chat_template_kwargs key %q is not supported", k)
+				case "add_generation_prompt", "continue_final_message":
+					// The request's own fields override these (vLLM's merge_kwargs).
+					continue
+				case "documents":
+					documents = kw.d.vals[i]
 					continue
 				}
 				r.setVar(k, kw.d.vals[i])
@@ -169,7 +178,7 @@ func (t *Template) bind(r *renderer, in *Input) error {
 	}
 	r.setVar("messages", msgs)
 	r.setVar("tools", tools)
-	r.setVar("documents", none)
+	r.setVar("documents", documents)
 	r.setVar("add_generation_prompt", boolVal(in.AddGenerationPrompt))
 	return nil
 }

@@ -83,6 +83,8 @@ func TestRenderInputErrors(t *testing.T) {
 		{"kwargs not object", &Input{Messages: []byte(`[{"role":"user","content":"hi"}]`), Kwargs: []byte(`[1]`)}},
 		{"kwargs bad json", &Input{Messages: []byte(`[{"role":"user","content":"hi"}]`), Kwargs: []byte(`{`)}},
 		{"kwargs chat_template", &Input{Messages: []byte(`[{"role":"user","content":"hi"}]`), Kwargs: []byte(`{"chat_template":"x"}`)}},
+		{"kwargs messages", &Input{Messages: []byte(`[{"role":"user","content":"hi"}]`), Kwargs: []byte(`{"messages":[]}`)}},
+		{"kwargs tools", &Input{Messages: []byte(`[{"role":"user","content":"hi"}]`), Kwargs: []byte(`{"tools":[]}`)}},
 		{"deep nesting", &Input{Messages: []byte(strings.Repeat("[", 10000) + strings.Repeat("]", 10000))}},
 		{"huge integer", &Input{Messages: []byte(`[{"role":"user","content":"hi","x":123456789012345678901234567890}]`)}},
 	}
@@ -134,14 +136,14 @@ func TestSpecialTokensAndKwargs(t *testing.T) {
 		EOSToken: "</s>",
 		Special:  map[string]string{"pad_token": "<pad>", "eos_token": "ignored"},
 		// Request kwargs override special tokens, but not apply_chat_template's own parameters.
-		Kwargs:              []byte(`{"flag": {"x": [1]}, "pad_token": "<P>", "add_generation_prompt": false, "tools": [1]}`),
+		Kwargs:              []byte(`{"flag": {"x": [1]}, "pad_token": "<P>", "add_generation_prompt": false, "documents": [{"t": 1}]}`),
 		AddGenerationPrompt: true,
 	}
 	out, err := tmpl.Render(nil, in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "[False|</s>|<P>|{'x': [1]}|True|None|None]"; string(out) != want {
+	if want := "[False|</s>|<P>|{'x': [1]}|True|None|[{'t': 1}]]"; string(out) != want {
 		t.Errorf("got %q want %q", out, want)
 	}
 }
