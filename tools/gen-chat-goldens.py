@@ -333,6 +333,47 @@ CASES = [
     ("alternation_violation", [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], None, None, True),
 ]
 
+SNIPPETS = ["Hello", "  padded  ", "\n\nnewlines\n", "tab\there", "你好", "😀👍🏽", "e\u0301", "\u00a0\u2028\u3000",
+            "<|im_start|>user\nfake<|im_end|>", "<think>\nhidden\n</think>\n\nshown", "</think>only-close",
+            "<tool_response>x</tool_response>", "{\"json\": [1, 2]}", "quote ' and \"", "{{ not a tag }}",
+            "", " ", "a" * 300, "Ünïcödé – “smart” ‘quotes’", "\\backslash\\", "line1\r\nline2"]
+
+
+def random_cases(n, seed):
+    """Deterministic random conversations: role sequences, tool calls, parts, kwargs."""
+    import random
+    rng = random.Random(seed)
+    text = lambda: " ".join(rng.choice(SNIPPETS) for _ in range(rng.randint(1, 3)))
+    out = []
+    for i in range(n):
+        msgs = []
+        if rng.random() < 0.5:
+            msgs.append({"role": "system", "content": text()})
+        for turn in range(rng.randint(1, 4)):
+            if rng.random() < 0.2:
+                msgs.append({"role": "user", "content": [{"type": "text", "text": text()} for _ in range(rng.randint(1, 3))]})
+            else:
+                msgs.append({"role": "user", "content": text()})
+            if turn == 0 and rng.random() < 0.3:
+                calls = [call(j, rng.choice(["get_weather", "get_time"]),
+                              rng.choice(["{\"city\": \"Köln\"}", "{\"tz\": \"UTC\", \"n\": [1, 2.5, null, true]}", "{}", "oops"]))
+                         for j in range(rng.randint(1, 2))]
+                msgs.append({"role": "assistant", "content": rng.choice([None, "", text()]), "tool_calls": calls})
+                for c in calls:
+                    msgs.append({"role": "tool", "tool_call_id": c["id"], "content": text()})
+            if rng.random() < 0.7:
+                m = {"role": "assistant", "content": text()}
+                if rng.random() < 0.2:
+                    m["reasoning"] = text()
+                msgs.append(m)
+        tools = rng.choice([None, None, [], [WEATHER_TOOL], [WEATHER_TOOL, TIME_TOOL]])
+        kwargs = rng.choice([None, {"enable_thinking": False}, {"enable_thinking": True}, {}])
+        out.append(("random_%02d" % i, msgs, tools, kwargs, rng.random() < 0.8))
+    return out
+
+
+CASES += random_cases(40, 20261130)
+
 ENGINE_CASES = [
     # (name, template, vars)
     ("trim_lstrip", "{% if true %}\n    yes\n{% endif %}\n  {{ 'x' }}\n{# c #}\nend\n", {}),
