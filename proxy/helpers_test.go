@@ -154,7 +154,11 @@ func testConfig(urls ...string) Config {
 
 func startProxy(t *testing.T, cfg Config) *Server {
 	t.Helper()
-	s, err := New(cfg, Options{Logger: quietLog})
+	opt := Options{Logger: quietLog}
+	if cfg.KVMode != KVOff {
+		opt.Tokenizers = sharedPool(t)
+	}
+	s, err := New(cfg, opt)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,14 +31,23 @@ type kvRouter struct {
 
 type loraAdapter struct{ name, base string }
 
-func newKVRouter(s *Server) (*kvRouter, error) {
+func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	cfg := &s.cfg
 	k := &kvRouter{s: s, pool: tokenize.NewPool(), blockSize: cfg.KVBlockSize, mode: shard.Overlap,
 		lora: map[string]loraAdapter{}}
 	if cfg.KVScorePrefix {
 		k.mode = shard.Prefix
 	}
+	if pool != nil {
+		k.pool = pool
+	}
 	for _, t := range cfg.Tokenizers {
+		if pool != nil {
+			if k.pool.Get(t.Model) == nil {
+				return nil, refuse("-tokenizer", "%s: not in the given tokenizer pool", t.Model)
+			}
+			continue
+		}
 		if err := k.pool.Add(t.Model, t.Dir, t.Aliases...); err != nil {
 			return nil, refuse("-tokenizer", "%s=%s: %v", t.Model, t.Dir, err)
 		}

@@ -102,13 +102,24 @@ func (s *Server) servePD(ctx context.Context, c *app.RequestContext, st *reqStat
 // exchange sends body to endpoint i and reads the whole answer into dst, without
 // writing to the client. kind is meaningful when err != nil.
 func (s *Server) exchange(ctx context.Context, c *app.RequestContext, i int, body, dst []byte) (status int, resp []byte, kind UpstreamError, err error) {
-	ep := s.eps[i]
-	req := protocol.AcquireRequest()
-	res := protocol.AcquireResponse()
+	req := s.prepareLeg(c, i, body)
 	defer protocol.ReleaseRequest(req)
-	defer protocol.ReleaseResponse(res)
-	s.buildUpstream(c, req, ep, body, nil)
+	return s.doLeg(ctx, i, req, dst)
+}
+
+// prepareLeg builds a leg's upstream request; it reads c, so it runs on the handler's
+// goroutine even when the leg itself runs concurrently.
+func (s *Server) prepareLeg(c *app.RequestContext, i int, body []byte) *protocol.Request {
+	req := protocol.AcquireRequest()
+	s.buildUpstream(c, req, s.eps[i], body, nil)
 	req.Header.Del("Accept") // the prefill leg is never streamed
+	return req
+}
+
+func (s *Server) doLeg(ctx context.Context, i int, req *protocol.Request, dst []byte) (status int, resp []byte, kind UpstreamError, err error) {
+	ep := s.eps[i]
+	res := protocol.AcquireResponse()
+	defer protocol.ReleaseResponse(res)
 	s.loads.Inc(i)
 	defer s.loads.Dec(i)
 	if err = s.client.Do(ctx, req, res); err != nil {
@@ -122,11 +133,13 @@ func (s *Server) exchange(ctx context.Context, c *app.RequestContext, i int, bod
 		return 0, dst, kind, err
 	}
 	dst = dst[:0]
-	buf := make([]byte, 32<<10)
 	r := res.BodyStream()
 	for {
-		n, rerr := r.Read(buf)
-		dst = append(dst, buf[:n]...)
+		if len(dst) == cap(dst) {
+			dst = append(dst, 0)[:len(dst)]
+		}
+		n, rerr := r.Read(dst[len(dst):cap(dst)])
+		dst = dst[:len(dst)+n]
 		if rerr == io.EOF {
 			break
 		}
@@ -251,9 +264,10 @@ func (s *Server) pdSGLang(ctx context.Context, c *app.RequestContext, st *reqSta
 		err  error
 	}
 	done := make(chan result, 1)
-	prefillBody := append([]byte(nil), st.legA...)
+	preq := s.prepareLeg(c, d.ep, st.legA) // SetBody copies: legA may be reused
 	go func() {
-		_, _, kind, err := s.exchange(ctx, c, d.ep, prefillBody, nil)
+		defer protocol.ReleaseRequest(preq)
+		_, _, kind, err := s.doLeg(ctx, d.ep, preq, nil)
 		done <- result{kind, err}
 	}()
 	out, failed := s.decodeLeg(ctx, c, st, d, st.legA)

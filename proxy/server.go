@@ -22,6 +22,7 @@ import (
 	"github.com/kvgate/kvgate/proxy/balance"
 	"github.com/kvgate/kvgate/proxy/openai"
 	"github.com/kvgate/kvgate/shard"
+	"github.com/kvgate/kvgate/tokenize"
 )
 
 // endpoint is one upstream engine and its live state.
@@ -75,6 +76,9 @@ type Options struct {
 	// Config.Listen / Config.AdminListen (tests bind :0 first).
 	PublicListener net.Listener
 	AdminListener  net.Listener
+	// Tokenizers, when set, is used instead of loading Config.Tokenizers (it must hold
+	// every model the rule names); tests and benchmarks share one loaded pool.
+	Tokenizers *tokenize.Pool
 }
 
 // New builds a Server from a validated Config. It loads tokenizers and sets up the
@@ -131,7 +135,7 @@ func New(cfg Config, opt Options) (*Server, error) {
 	s.client = c
 
 	if cfg.KVMode != KVOff {
-		kv, err := newKVRouter(s)
+		kv, err := newKVRouter(s, opt.Tokenizers)
 		if err != nil {
 			return nil, err
 		}

