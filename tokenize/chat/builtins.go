@@ -1291,7 +1291,16 @@ func (r *renderer) filter(name string, v Value, args []Value, kw []kwArg, pos in
 		}
 		return strVal(strings.TrimSuffix(b.String(), "\n")), nil
 	case "wordcount":
-		return intVal(int64(len(pyWhitespaceSplit(toStr(v), -1, false)))), nil
+		// Jinja2 counts matches of Python's \w+ (letters, numbers and "_").
+		n, in := 0, false
+		for _, c := range toStr(v) {
+			w := c == '_' || unicode.IsLetter(c) || unicode.IsNumber(c)
+			if w && !in {
+				n++
+			}
+			in = w
+		}
+		return intVal(int64(n)), nil
 	case "center":
 		w := int(argOr(args, kw, 0, "width", intVal(80)).n)
 		s := toStr(v)
