@@ -78,12 +78,23 @@ func normalize(steps []normStep, s string, buf *[2][]byte) string {
 				}
 			}
 		case normLowercase:
+			// Rust's char::to_lowercase, per character (tables from the HF library).
 			for _, r := range cur {
-				if r == 'İ' { // Rust's char::to_lowercase gives "i\u0307"
-					out = append(out, "i\u0307"...)
+				if r < utf8.RuneSelf {
+					if r >= 'A' && r <= 'Z' {
+						r += 'a' - 'A'
+					}
+					out = append(out, byte(r))
 					continue
 				}
-				out = utf8.AppendRune(out, unicode.ToLower(r))
+				if m, ok := lowerMulti[r]; ok {
+					out = append(out, m...)
+					continue
+				}
+				if l, ok := lowerMap[r]; ok {
+					r = l
+				}
+				out = utf8.AppendRune(out, r)
 			}
 		case normStrip:
 			t := cur

@@ -122,9 +122,6 @@ func (p *pattern) next(s string, from int) (int, int) {
 			i += n
 		}
 	default:
-		if p.re != nil {
-			return p.reNext(s, from)
-		}
 		if k := strings.Index(s[from:], p.lit); k >= 0 {
 			return from + k, from + k + len(p.lit)
 		}
@@ -132,30 +129,25 @@ func (p *pattern) next(s string, from int) (int, int) {
 	return -1, -1
 }
 
-// reNext runs the fallback regex. regexp2 reports rune offsets; they are turned into bytes.
-func (p *pattern) reNext(s string, from int) (int, int) {
-	runeFrom := utf8.RuneCountInString(s[:from])
-	m, err := p.re.FindStringMatchStartingAt(s, runeFrom)
-	for err == nil && m != nil && m.Length == 0 {
-		// The oracle skips empty matches; so do we.
-		m, err = p.re.FindNextMatch(m)
+// reMatches runs the fallback regex over s once and returns its matches as byte offsets
+// (regexp2 reports rune offsets). Empty matches are skipped, as the HF engine's are.
+func (p *pattern) reMatches(s string) []span {
+	runes := []rune(s)
+	byteAt := make([]int32, len(runes)+1)
+	b := 0
+	for i, r := range runes {
+		byteAt[i] = int32(b)
+		b += utf8.RuneLen(r)
 	}
-	if err != nil || m == nil {
-		return -1, -1
+	byteAt[len(runes)] = int32(b)
+	var out []span
+	m, err := p.re.FindRunesMatch(runes)
+	for ; err == nil && m != nil; m, err = p.re.FindNextMatch(m) {
+		if m.Length > 0 {
+			out = append(out, span{byteAt[m.Index], byteAt[m.Index+m.Length]})
+		}
 	}
-	start := byteOffset(s, from, runeFrom, m.Index)
-	end := byteOffset(s, start, m.Index, m.Index+m.Length)
-	return start, end
-}
-
-// byteOffset advances from byte offset b (rune offset r) to rune offset target.
-func byteOffset(s string, b, r, target int) int {
-	for r < target && b < len(s) {
-		_, n := utf8.DecodeRuneInString(s[b:])
-		b += n
-		r++
-	}
-	return b
+	return out
 }
 
 // span is a piece of text [start, end) in the buffer a pre-tokenizer step works on.
@@ -219,17 +211,28 @@ func splitStep(out []span, s string, base int32, p *pattern, beh uint8, invert b
 	if len(s) == 0 {
 		return out
 	}
-	for from := 0; from < len(s); {
-		ms, me := p.next(s, from)
-		if ms < 0 {
-			break
+	if p.re != nil {
+		for _, m := range p.reMatches(s) {
+			ms, me := int(m.start), int(m.end)
+			if ms > prevEnd {
+				emit(prevEnd, ms, false)
+			}
+			emit(ms, me, true)
+			prevEnd = me
 		}
-		if ms > prevEnd {
-			emit(prevEnd, ms, false)
+	} else {
+		for from := 0; from < len(s); {
+			ms, me := p.next(s, from)
+			if ms < 0 {
+				break
+			}
+			if ms > prevEnd {
+				emit(prevEnd, ms, false)
+			}
+			emit(ms, me, true)
+			prevEnd = me
+			from = me
 		}
-		emit(ms, me, true)
-		prevEnd = me
-		from = me
 	}
 	if prevEnd < len(s) {
 		emit(prevEnd, len(s), false)

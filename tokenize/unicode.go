@@ -31,6 +31,7 @@ var (
 	classesOnce sync.Once
 	classes     *classTable
 	asciiClass  [128]uint16
+	lowerMap    map[rune]rune // one-character lowercase mappings (lowerSingle)
 )
 
 func loadClasses() {
@@ -66,6 +67,10 @@ func loadClasses() {
 		}
 		classes = ct
 		copy(asciiClass[:], full[:128])
+		lowerMap = make(map[rune]rune, len(lowerSingle)/2)
+		for i := 0; i+1 < len(lowerSingle); i += 2 {
+			lowerMap[rune(lowerSingle[i])] = rune(lowerSingle[i+1])
+		}
 	})
 }
 

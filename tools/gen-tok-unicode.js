@@ -59,4 +59,35 @@ for (const [name, pattern] of classes) {
   go += '}\n';
   console.error(`gen-tok-unicode: ${pattern}: ${set.length} code points in ${ranges.length} ranges`);
 }
+
+// Lowercase normalizer: Rust's char::to_lowercase per character, as the HF library applies it.
+// Only the characters it changes are listed; a mapping to several characters is a string.
+{
+  const T = require(path.join(__dirname, 'node_modules', '@anush008', 'tokenizers'));
+  const lower = T.lowercase();
+  const singles = [];
+  const multis = [];
+  const SEP = '\n';
+  for (let lo = 0; lo < 0x110000; lo += 0x10000) {
+    const cps = [];
+    for (let c = lo; c < lo + 0x10000; c++) if ((c < 0xd800 || c > 0xdfff) && c !== 10) cps.push(c);
+    const out = lower.normalizeString(cps.map((c) => String.fromCodePoint(c)).join(SEP)).split(SEP);
+    if (out.length !== cps.length) throw new Error('lowercase output misaligned');
+    for (let i = 0; i < cps.length; i++) {
+      const src = String.fromCodePoint(cps[i]);
+      if (out[i] === src) continue;
+      const o = [...out[i]];
+      if (o.length === 1) singles.push([cps[i], o[0].codePointAt(0)]);
+      else multis.push([cps[i], out[i]]);
+    }
+  }
+  go += `\n// lowerSingle lists (from, to) pairs of the one-character lowercase mappings (${singles.length}).\nvar lowerSingle = []uint32{\n`;
+  for (let i = 0; i < singles.length; i += 4) {
+    go += '\t' + singles.slice(i, i + 4).map(([a, b]) => `0x${a.toString(16)}, 0x${b.toString(16)},`).join(' ') + '\n';
+  }
+  go += '}\n\n// lowerMulti lists the lowercase mappings to several characters.\nvar lowerMulti = map[rune]string{\n';
+  for (const [a, b] of multis) go += `\t0x${a.toString(16)}: ${JSON.stringify(b)},\n`;
+  go += '}\n';
+  console.error(`gen-tok-unicode: lowercase: ${singles.length} single, ${multis.length} multi`);
+}
 fs.writeFileSync(path.join(__dirname, '..', 'tokenize', 'unicode_tables.go'), go);
