@@ -18,7 +18,14 @@ type arena struct {
 
 const slabSize = 512
 
+// maxKeptSlab bounds what a pooled arena keeps after an unusually large request.
+const maxKeptSlab = 1 << 16
+
 func (a *arena) reset() {
+	if cap(a.vals) > maxKeptSlab || cap(a.strs) > maxKeptSlab || cap(a.jsonVals) > maxKeptSlab || cap(a.jsonKeys) > maxKeptSlab {
+		*a = arena{}
+		return
+	}
 	clear(a.strs)
 	a.strs = a.strs[:0]
 	clear(a.vals)

@@ -1,9 +1,19 @@
 // Package chat renders Hugging Face chat templates (Jinja2) exactly as vLLM does for
 // /v1/chat/completions: transformers' apply_chat_template environment (sandboxed Jinja2 with
 // trim_blocks, lstrip_blocks, loop controls, tojson, raise_exception, strftime_now) plus
-// vLLM's message preprocessing. It is a small self-contained Jinja2 engine over an ordered
-// value model, so dict key order, tojson output and Python string semantics match Jinja2
-// byte for byte.
+// vLLM's message preprocessing (content flattened per the template's detected content format,
+// tool-call arguments parsed to objects, tools as vLLM's model_dump() gives them, developer
+// messages folded into system ones for templates that do not know that role).
+//
+// It is a small self-contained Jinja2 engine (lexer, parser, tree-walking evaluator) over an
+// ordered value model, so dict key order, tojson output, Python reprs and Python string
+// methods match Jinja2 byte for byte. Go Jinja ports take Go maps (unordered) as input and
+// format values the Go way (sorted tojson keys, "1" for 1.0, HTML-escaped indented JSON);
+// matching vLLM token for token needs Python's behaviour everywhere, so the engine is ours.
+//
+// Anything the engine does not implement (call blocks, with, recursive loops, rare filters,
+// format specs) is an error, never a guess: the caller falls back to routing without KV keys.
+// Tests compare every rendering with Python Jinja2 (tools/gen-chat-goldens.py).
 package chat
 
 import (
