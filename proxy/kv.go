@@ -163,7 +163,8 @@ func (k *kvRouter) routeExplain(st *reqState, el shard.Mask, d *decision, explai
 	}
 	st.text = openai.AppendUnquoted(st.text[:0], mv.Bytes(b))
 	name := bstr(st.text)
-	var ex hashcore.Extras
+	ex := &st.ex // in the pooled state: a local would escape through the Chain interface
+	*ex = hashcore.Extras{}
 	if a, ok := k.lora[name]; ok {
 		ex.LoRAName = a.name
 		name = a.base
@@ -235,7 +236,7 @@ func (k *kvRouter) routeExplain(st *reqState, el shard.Mask, d *decision, explai
 	}
 	var exp *hashcore.Extras
 	if ex.LoRAName != "" || ex.CacheSalt != "" {
-		exp = &ex
+		exp = ex
 	}
 	if nEng > 0 {
 		st.keys = hashcore.Keys(k.chain, st.keys[:0], st.tokens, exp)

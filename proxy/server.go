@@ -19,6 +19,7 @@ import (
 	"github.com/cloudwego/hertz/pkg/network"
 	"github.com/cloudwego/hertz/pkg/network/dialer"
 
+	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/proxy/balance"
 	"github.com/kvgate/kvgate/proxy/openai"
 	"github.com/kvgate/kvgate/shard"
@@ -330,6 +331,7 @@ type reqState struct {
 	legB     []byte
 	legResp  []byte
 	salt     []byte
+	ex       hashcore.Extras
 	engMask  shard.Mask
 	fastMask shard.Mask
 }

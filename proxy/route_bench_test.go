@@ -1,0 +1,190 @@
+package proxy
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/hashcore"
+	"github.com/kvgate/kvgate/proxy/openai"
+	"github.com/kvgate/kvgate/shard"
+	"github.com/kvgate/kvgate/tokenize"
+)
+
+// chatBody4k is a chat request of about 4k tokens (Qwen3), with a system prompt, tools
+// and several turns, like an agent's context.
+func chatBody4k() []byte {
+	var msgs []map[string]any
+	msgs = append(msgs, map[string]any{"role": "system", "content": "You are a careful assistant. " + strings.Repeat("Follow the style guide: be concise, cite sources, and prefer simple words. ", 40)})
+	for i := 0; i < 12; i++ {
+		msgs = append(msgs, map[string]any{"role": "user", "content": fmt.Sprintf("Question %d: ", i) + strings.Repeat("How does the prefix cache decide which blocks to keep when memory is tight? ", 12)})
+		msgs = append(msgs, map[string]any{"role": "assistant", "content": strings.Repeat("It evicts the least recently used blocks first, keeping shared prefixes. ", 10)})
+	}
+	msgs = append(msgs, map[string]any{"role": "user", "content": "Summarize."})
+	b, _ := json.Marshal(map[string]any{
+		"model": "qwen3", "messages": msgs, "stream": true, "max_tokens": 256, "user": "u-1",
+		"chat_template_kwargs": map[string]any{"enable_thinking": false},
+	})
+	return b
+}
+
+// benchServer is a KV-Exact mode-3 rule with 8 endpoints (not started: routing only);
+// endpoint 3 holds the prompt's first half, endpoint 5 a quarter, others noise.
+func benchServer(tb testing.TB, body []byte) (*Server, *reqState) {
+	specs := make([]string, 8)
+	for i := range specs {
+		specs[i] = fmt.Sprintf("name=e%d,url=http://127.0.0.1:%d,engine=vllm,events=tcp://127.0.0.1:%d", i, 20000+i, 30000+i)
+	}
+	cfg := Defaults()
+	cfg.KVMode = KVConverged
+	cfg.KVBlockSize = blockSize
+	cfg.KVHashAlgo = "sha256_cbor"
+	cfg.HealthInterval = 0
+	cfg.Tokenizers = []TokenizerSpec{{Model: "qwen3", Dir: qwen3Dir(tb)}}
+	for _, sp := range specs {
+		e, err := ParseEndpoint(sp)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		cfg.Endpoints = append(cfg.Endpoints, e)
+	}
+	s, err := New(cfg, Options{Logger: quietLog, Tokenizers: sharedPool(tb)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	st := s.getState()
+	st.body = append(st.body[:0], body...)
+	st.chat = true
+	if err := openai.Scan(st.body, &st.oa); err != nil {
+		tb.Fatal(err)
+	}
+	m := sharedPool(tb).Get("qwen3")
+	toks, err := m.EncodeChat(nil, &tokenize.ChatInput{Messages: st.oa.Value[openai.FMessages].Bytes(st.body),
+		TemplateKwargs: st.oa.Value[openai.FChatTemplateKwargs].Bytes(st.body), AddGenerationPrompt: true})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	keys := hashcore.Keys(s.kv.chain, nil, toks, nil)
+	s.kv.inv.Add(3, keys[:len(keys)/2])
+	s.kv.inv.Add(5, keys[:len(keys)/4])
+	noise := make([]uint64, 20000)
+	for i := range noise {
+		noise[i] = uint64(i)*0x9E3779B97F4A7C15 + 1
+	}
+	for ep := 0; ep < 8; ep++ {
+		s.kv.inv.Add(ep, noise[ep*2000:(ep+1)*2000])
+	}
+	return s, st
+}
+
+// Steps 1-5 of the request path (parse, template, tokenize, hash, score, select)
+// allocate nothing in steady state.
+func TestRoutingZeroAlloc(t *testing.T) {
+	body := chatBody4k()
+	s, st := benchServer(t, body)
+	var d decision
+	route := func() {
+		if err := openai.Scan(st.body, &st.oa); err != nil {
+			t.Fatal(err)
+		}
+		s.decide(st, &d, false)
+	}
+	route()
+	if d.ep != 3 || d.route != RouteKVHit {
+		t.Fatalf("decision ep=%d route=%v (tokens %d)", d.ep, d.route, len(st.tokens))
+	}
+	if len(st.tokens) < 3500 {
+		t.Fatalf("prompt has %d tokens, want about 4k", len(st.tokens))
+	}
+	// The chat template renderer (tokenize/chat) is measured alone: kvgate's own
+	// steps must add nothing to whatever it needs.
+	m := sharedPool(t).Get("qwen3")
+	in := &tokenize.ChatInput{Messages: st.oa.Value[openai.FMessages].Bytes(st.body),
+		TemplateKwargs: st.oa.Value[openai.FChatTemplateKwargs].Bytes(st.body), AddGenerationPrompt: true}
+	toks := make([]uint32, 0, 8192)
+	tmplAllocs := testing.AllocsPerRun(20, func() { toks, _ = m.EncodeChat(toks, in) })
+	if n := testing.AllocsPerRun(20, route); n != tmplAllocs {
+		t.Errorf("routing allocates %v per request; the template+tokenizer alone %v", n, tmplAllocs)
+	}
+	if tmplAllocs != 0 {
+		t.Logf("note: tokenize.EncodeChat allocates %v per call (owned by tokenize/chat)", tmplAllocs)
+	}
+	// The completions path and the miss path (rr fallback) too.
+	st.body = append(st.body[:0], complPrompt(sharedPrefix)...)
+	st.chat = false
+	route()
+	if n := testing.AllocsPerRun(20, route); n != 0 {
+		t.Errorf("completions routing allocates %v per request (route %v)", n, d.route)
+	}
+}
+
+// BenchmarkRouteStages reports each stage of the request path for a ~4k-token chat
+// prompt against 8 endpoints.
+func BenchmarkRouteStages(b *testing.B) {
+	body := chatBody4k()
+	s, st := benchServer(b, body)
+	m := sharedPool(b).Get("qwen3")
+	in := &tokenize.ChatInput{Messages: st.oa.Value[openai.FMessages].Bytes(st.body),
+		TemplateKwargs: st.oa.Value[openai.FChatTemplateKwargs].Bytes(st.body), AddGenerationPrompt: true}
+	var rendered []byte
+	rendered, _ = m.RenderChat(rendered[:0], in)
+	toks, _ := m.EncodeChat(nil, in)
+	keys := hashcore.Keys(s.kv.chain, nil, toks, nil)
+	el := shard.NewMask(8)
+	el.SetAll(8)
+	scores := make([]int32, 8)
+	b.Run("parse", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(st.body)))
+		for b.Loop() {
+			openai.Scan(st.body, &st.oa)
+		}
+	})
+	b.Run("template", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			rendered, _ = m.RenderChat(rendered[:0], in)
+		}
+	})
+	b.Run("tokenize", func(b *testing.B) { // template + encode, as the request path runs it
+		b.ReportAllocs()
+		for b.Loop() {
+			toks, _ = m.EncodeChat(toks, in)
+		}
+		b.ReportMetric(float64(len(toks)), "tokens")
+	})
+	b.Run("hash", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			keys = hashcore.Keys(s.kv.chain, keys[:0], toks, nil)
+		}
+		b.ReportMetric(float64(len(keys)), "blocks")
+	})
+	b.Run("score", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			s.kv.inv.Score(keys, el, shard.Overlap, scores)
+		}
+	})
+	b.Run("select", func(b *testing.B) { // eligibility, ladder and load bound around a score
+		b.ReportAllocs()
+		var d decision
+		for b.Loop() {
+			s.baseEligible(st, st.eligible, nil)
+			s.loads.Bound(st.eligible, s.cfg.LoadFactor)
+			d.ep = s.rr.Pick(st.eligible)
+		}
+	})
+	b.Run("full", func(b *testing.B) {
+		b.ReportAllocs()
+		var d decision
+		t0 := time.Now()
+		for b.Loop() {
+			openai.Scan(st.body, &st.oa)
+			s.decide(st, &d, false)
+		}
+		_ = t0
+	})
+}
