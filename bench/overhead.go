@@ -54,10 +54,18 @@ type OverheadRow struct {
 	RPS          float64
 }
 
+// StageRow is the mean time of one routing stage at one prompt size.
+type StageRow struct {
+	PromptTokens int
+	Stage        string
+	Mean         time.Duration
+	Count        int64
+}
+
 // OverheadResult is the overhead comparison.
 type OverheadResult struct {
 	Rows   []OverheadRow
-	Stages []string // kvgate's per-stage timing lines from its /metrics, if it exports them
+	Stages []StageRow // kvgate's per-stage routing time, from its /metrics
 	Note   string
 	Mode   string
 	Procs  int
@@ -155,7 +163,9 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 	}
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
+	metricsURL := "http://" + admin + "/metrics"
 	for _, size := range cfg.PromptTokens {
+		before := scrapeStages(metricsURL)
 		system := Text(cfg.Words, uint64(size), size)
 		body := func(i int) []byte {
 			b, _ := json.Marshal(&requestBody{Model: env.Model, MaxTokens: 1, Messages: []chatMessage{
@@ -219,8 +229,15 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 			}
 			res.Rows = append(res.Rows, row)
 		}
+		after := scrapeStages(metricsURL)
+		for _, st := range sortedKeys(after) {
+			a, b := after[st], before[st]
+			if n := a.count - b.count; n > 0 {
+				res.Stages = append(res.Stages, StageRow{PromptTokens: tokens, Stage: st, Count: int64(n),
+					Mean: time.Duration((a.sum - b.sum) / n * float64(time.Second))})
+			}
+		}
 	}
-	res.Stages = scrapeStages("http://" + admin + "/metrics")
 	return res, nil
 }
 
@@ -276,15 +293,17 @@ func throughput(ctx context.Context, hc *http.Client, url string, bodies [][]byt
 	return n.Load(), time.Since(start)
 }
 
-// scrapeStages keeps kvgate's metric lines that time request stages (names containing
-// "stage"), summed series only, so the report can show where the overhead goes.
-func scrapeStages(url string) []string {
+type stageSum struct{ sum, count float64 }
+
+// scrapeStages reads kvgate's per-stage timing histograms (the _sum and _count series of
+// metrics whose names contain "stage", keyed by their stage label) from its /metrics.
+func scrapeStages(url string) map[string]stageSum {
+	out := map[string]stageSum{}
 	resp, err := http.Get(url)
 	if err != nil {
-		return nil
+		return out
 	}
 	defer resp.Body.Close()
-	var out []string
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<16), 1<<22)
 	for sc.Scan() {
@@ -292,15 +311,46 @@ func scrapeStages(url string) []string {
 		if strings.HasPrefix(l, "#") || !strings.Contains(l, "stage") {
 			continue
 		}
-		name := l
-		if i := strings.IndexAny(l, "{ "); i >= 0 {
-			name = l[:i]
+		sp := strings.LastIndexByte(l, ' ')
+		lb, le := strings.IndexByte(l, '{'), strings.IndexByte(l, '}')
+		if sp < 0 || lb < 0 || le < lb {
+			continue
 		}
-		if strings.HasSuffix(name, "_sum") || strings.HasSuffix(name, "_count") || strings.HasSuffix(name, "_total") {
-			out = append(out, l)
+		name := l[:lb]
+		v, err := strconv.ParseFloat(l[sp+1:], 64)
+		if err != nil {
+			continue
 		}
+		stage := ""
+		for _, kv := range strings.Split(l[lb+1:le], ",") {
+			if k, val, ok := strings.Cut(kv, "="); ok && k == "stage" {
+				stage = strings.Trim(val, `"`)
+			}
+		}
+		if stage == "" {
+			continue
+		}
+		e := out[stage]
+		switch {
+		case strings.HasSuffix(name, "_sum"):
+			e.sum = v
+		case strings.HasSuffix(name, "_count"):
+			e.count = v
+		default:
+			continue
+		}
+		out[stage] = e
 	}
 	return out
+}
+
+func sortedKeys(m map[string]stageSum) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
 }
 
 // startChild runs a child process and waits until readyURL answers 200.
@@ -451,6 +501,15 @@ func (r *OverheadResult) WriteTable(w io.Writer) {
 	}
 }
 
+// WriteStages writes the per-stage breakdown.
+func (r *OverheadResult) WriteStages(w io.Writer) {
+	fmt.Fprintln(w, "| prompt (engine tokens) | stage | requests | mean us |")
+	fmt.Fprintln(w, "|---:|---|---:|---:|")
+	for _, s := range r.Stages {
+		fmt.Fprintf(w, "| %d | %s | %d | %.1f |\n", s.PromptTokens, s.Stage, s.Count, float64(s.Mean)/float64(time.Microsecond))
+	}
+}
+
 func ms64(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // WriteReport writes the overhead report.
@@ -467,13 +526,9 @@ func (r *OverheadResult) WriteReport(w io.Writer) {
 		fmt.Fprintln(w)
 	}
 	if len(r.Stages) > 0 {
-		fmt.Fprintln(w, "## Per-stage timing (kvgate /metrics)")
+		fmt.Fprintln(w, "## Per-stage routing time (kvgate's own histograms, mean per request)")
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "```")
-		for _, l := range r.Stages {
-			fmt.Fprintln(w, l)
-		}
-		fmt.Fprintln(w, "```")
+		r.WriteStages(w)
 	} else {
 		fmt.Fprintln(w, "kvgate exported no per-stage timing series (metric names containing \"stage\").")
 	}

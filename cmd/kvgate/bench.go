@@ -149,6 +149,13 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return 1
 		}
 		res.WriteTable(stdout)
+		if len(res.Stages) > 0 {
+			fmt.Fprintln(stdout)
+			res.WriteStages(stdout)
+		}
+		if res.Note != "" {
+			fmt.Fprintf(stdout, "\n%s\n", res.Note)
+		}
 		if err := writeFile(filepath.Join(*out, "overhead.md"), func(w io.Writer) { res.WriteReport(w) }); err != nil {
 			fmt.Fprintf(stderr, "bench: %v\n", err)
 			return 1
