@@ -26,6 +26,11 @@ type Config struct {
 	// ReplayTopicFrame selects the newer reply layout ["", topic, seq, payload]; the older
 	// one (and SGLang's) is ["", seq, payload].
 	ReplayTopicFrame bool
+	// Seq is the sequence number of the first batch (default 0).
+	Seq uint64
+	// Backlog batches are put in the replay buffer before the sockets listen, as if they
+	// had been published while nobody was subscribed (e.g. during a subscriber's outage).
+	Backlog [][]Event
 }
 
 type replayEntry struct {
@@ -56,7 +61,12 @@ func New(cfg Config) (*Publisher, error) {
 	if cfg.ReplayBuffer <= 0 {
 		cfg.ReplayBuffer = 10000
 	}
-	p := &Publisher{cfg: cfg, start: time.Now()}
+	p := &Publisher{cfg: cfg, start: time.Now(), seq: cfg.Seq}
+	for _, evs := range cfg.Backlog {
+		payload := cfg.Format.AppendBatch(nil, 0, evs)
+		p.ring = append(p.ring, replayEntry{seq: p.seq, payload: payload})
+		p.seq++
+	}
 	p.pub = zmq4.NewPub(context.Background(), zmq4.WithLogger(quietLogger()))
 	if err := p.pub.Listen(cfg.Endpoint); err != nil {
 		p.pub.Close()

@@ -1,0 +1,268 @@
+package ingest
+
+import (
+	"encoding/hex"
+	"slices"
+	"strconv"
+	"testing"
+
+	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/shard"
+)
+
+// model applies golden expectations (the values the Python encoder was given) to a set:
+// what the inventory must hold after the same batches.
+type model map[uint64]bool
+
+func (m model) apply(t testing.TB, evs []goldenEvent) {
+	for _, ev := range evs {
+		if ev.Medium != "GPU" && ev.Kind != "cleared" {
+			continue
+		}
+		switch ev.Kind {
+		case "stored":
+			for _, h := range u64s(t, ev.Hashes) {
+				m[h] = true
+			}
+		case "removed":
+			for _, h := range u64s(t, ev.Hashes) {
+				delete(m, h)
+			}
+		case "cleared":
+			clear(m)
+		}
+	}
+}
+
+func (m model) keys() []uint64 {
+	var k []uint64
+	for h := range m {
+		k = append(k, h)
+	}
+	slices.Sort(k)
+	return k
+}
+
+// TestGoldenBatchesOverZMQ publishes the Python-encoded golden payloads from a Go PUB on
+// 127.0.0.1 and checks the inventory against the golden values, per flavour.
+func TestGoldenBatchesOverZMQ(t *testing.T) {
+	gs := loadBatches(t)
+	inv := newInv(t)
+	cfg := testConfig(inv)
+	eps := []EndpointConfig{
+		{Name: "vllm", Index: 0, Engine: "vllm", Topic: "kv-events"},
+		{Name: "sglang", Index: 1, Engine: "sglang"},
+		{Name: "bad", Index: 2, Engine: "vllm"},
+	}
+	pubs := make([]*enginepub.Publisher, len(eps))
+	for i := range eps {
+		eps[i].Events = freeAddr(t, 1)
+		pubs[i] = newPub(t, enginepub.Config{Endpoint: eps[i].Events, Topic: eps[i].Topic})
+	}
+	m := startManager(t, cfg, eps...)
+	for _, p := range pubs {
+		waitSubscribed(t, p)
+	}
+	models := []model{{}, {}}
+	sent := []int{0, 0, 0}
+	bad := 0
+	for _, g := range gs {
+		p, _ := hex.DecodeString(g.Payload)
+		i := 0
+		switch {
+		case g.Error:
+			i = 2
+			bad++
+		case g.Flavor == "sglang":
+			i = 1
+		}
+		if err := pubs[i].PublishRaw(p); err != nil {
+			t.Fatal(err)
+		}
+		sent[i]++
+		if i < 2 {
+			models[i].apply(t, g.Events)
+		}
+	}
+	for i := range eps {
+		waitFor(t, eps[i].Name+" batches", func() bool { return m.Status(i).Batches == uint64(sent[i]) })
+	}
+	for i := 0; i < 2; i++ {
+		st := m.Status(i)
+		if st.DecodeErrors != 0 {
+			t.Errorf("%s: %d decode errors on golden batches", eps[i].Name, st.DecodeErrors)
+		}
+		if got, want := invKeys(inv, i), models[i].keys(); !slices.Equal(got, want) {
+			t.Errorf("%s inventory:\n got %v\nwant %v", eps[i].Name, got, want)
+		}
+		if st.GapsKept+st.GapsCleared+st.Restarts != 0 || st.LastSeq != int64(sent[i]-1) {
+			t.Errorf("%s: seq state %+v", eps[i].Name, st)
+		}
+		if !st.Connected {
+			t.Errorf("%s not connected", eps[i].Name)
+		}
+	}
+	unknown := 0
+	for _, g := range gs {
+		for _, ev := range g.Events {
+			if g.Flavor == "vllm" && ev.Kind == "unknown" {
+				unknown++
+			}
+		}
+	}
+	if st := m.Status(0); unknown == 0 || st.EventsUnknown != uint64(unknown) {
+		t.Errorf("vllm unknown events %d, want %d (golden unknown tags)", st.EventsUnknown, unknown)
+	}
+	if st := m.Status(2); st.DecodeErrors != uint64(bad) {
+		t.Errorf("bad payloads: %d decode errors, want %d", st.DecodeErrors, bad)
+	}
+	// The tier gauges count CPU and STORAGE blocks without routing on them.
+	if st := m.Status(0); st.Tiers["CPU"] == 0 || st.Tiers["STORAGE"] == 0 {
+		t.Errorf("tiers not tracked: %v", st.Tiers)
+	}
+}
+
+func stored(keys ...uint64) enginepub.BlockStored {
+	return enginepub.BlockStored{Hashes: keys, BlockSize: 16}
+}
+
+// TestSeqWindowGapsAndRestart: gap 10 keeps, gap 100 clears, seq back to 0 clears.
+func TestSeqWindowGapsAndRestart(t *testing.T) {
+	inv := newInv(t)
+	addr := freeAddr(t, 1)
+	pub := newPub(t, enginepub.Config{Endpoint: addr})
+	m := startManager(t, testConfig(inv), EndpointConfig{Name: "e", Engine: "vllm", Events: addr})
+	waitSubscribed(t, pub)
+	st := func() EndpointStatus { return m.Status(0) }
+	pub.Publish(stored(1, 2))
+	pub.Publish(stored(3))
+	waitFor(t, "2 batches", func() bool { return st().Batches == 2 })
+
+	pub.SetSeq(pub.Seq() + 10) // 10 lost batches: within the window
+	pub.Publish(stored(4))
+	waitFor(t, "gap 10", func() bool { return st().Batches == 3 })
+	if s := st(); s.GapsKept != 1 || s.GapsCleared != 0 || !slices.Equal(invKeys(inv, 0), []uint64{1, 2, 3, 4}) {
+		t.Fatalf("after gap 10: %+v keys %v", s, invKeys(inv, 0))
+	}
+
+	pub.SetSeq(pub.Seq() + 100) // 100 lost: beyond the window
+	pub.Publish(stored(5))
+	waitFor(t, "gap 100", func() bool { return st().Batches == 4 })
+	if s := st(); s.GapsCleared != 1 || !slices.Equal(invKeys(inv, 0), []uint64{5}) || s.LastSeq != 113 {
+		t.Fatalf("after gap 100: %+v keys %v", s, invKeys(inv, 0))
+	}
+
+	pub.SetSeq(0) // engine restart
+	pub.Publish(stored(6))
+	waitFor(t, "restart", func() bool { return st().Batches == 5 })
+	if s := st(); s.Restarts != 1 || !slices.Equal(invKeys(inv, 0), []uint64{6}) || s.LastSeq != 113 {
+		t.Fatalf("after restart: %+v keys %v", s, invKeys(inv, 0))
+	}
+	pub.Publish(enginepub.BlockRemoved{Hashes: []uint64{6}}, stored(7), enginepub.AllBlocksCleared{}, stored(8))
+	waitFor(t, "events", func() bool { return st().Batches == 6 })
+	if s := st(); s.EventsCleared != 1 || !slices.Equal(invKeys(inv, 0), []uint64{8}) {
+		t.Fatalf("after clear: %+v keys %v", s, invKeys(inv, 0))
+	}
+}
+
+// TestReplayBootstrapAndReconnect: batches published before kvgate starts arrive by
+// replay (both reply layouts); a near reconnect keeps the inventory and replays the
+// missed batches; an engine restart clears it.
+func TestReplayBootstrapAndReconnect(t *testing.T) {
+	for _, topicFrame := range []bool{false, true} {
+		t.Run("topicFrame="+strconv.FormatBool(topicFrame), func(t *testing.T) {
+			inv := newInv(t)
+			addr, raddr := freeAddr(t, 1), freeAddr(t, 1)
+			pcfg := enginepub.Config{Endpoint: addr, Replay: raddr, Topic: "kv", ReplayTopicFrame: topicFrame,
+				Format: enginepub.Format{Layout: enginepub.LayoutMap}}
+			pub := newPub(t, pcfg)
+			for i := uint64(0); i < 20; i++ {
+				pub.Publish(stored(100 + i))
+			}
+			pub.Publish(enginepub.BlockRemoved{Hashes: []uint64{100}})
+			m := startManager(t, testConfig(inv), EndpointConfig{Name: "e", Engine: "vllm", Events: addr, Replay: raddr, Topic: "kv"})
+			st := func() EndpointStatus { return m.Status(0) }
+			waitFor(t, "replay", func() bool { return st().ReplayedBatches == 21 })
+			if s := st(); s.Keys != 19 || s.LastSeq != 20 || s.GapsCleared+s.Restarts != 0 {
+				t.Fatalf("after replay: %+v", s)
+			}
+			waitSubscribed(t, pub)
+			pub.Publish(stored(200))
+			waitFor(t, "live", func() bool { return st().Keys == 20 })
+
+			// Near reconnect: the engine's sockets go away and come back; two batches
+			// were published while kvgate was away, and replay brings them back.
+			seq := pub.Seq()
+			pub.Close()
+			waitFor(t, "disconnect", func() bool { return !st().Connected })
+			pcfg2 := pcfg
+			pcfg2.Seq = seq
+			pcfg2.Backlog = [][]enginepub.Event{{stored(201)}, {stored(202)}}
+			pub2 := newPub(t, pcfg2)
+			// The old listener may accept one last dial while it closes: reconnects >= 1.
+			waitFor(t, "reconnect", func() bool { s := st(); return s.Reconnects >= 1 && s.Keys == 22 })
+			waitSubscribed(t, pub2)
+			pub2.Publish(stored(203))
+			waitFor(t, "live after reconnect", func() bool { return st().Keys == 23 })
+			if s := st(); s.GapsCleared+s.Restarts != 0 || s.LastSeq != int64(seq+2) {
+				t.Fatalf("after reconnect: %+v", s)
+			}
+			// Engine restart: seq back to 0, its replay buffer gone.
+			pub2.SetSeq(0)
+			pub2.ResetReplay()
+			pub2.Publish(stored(300))
+			waitFor(t, "restart", func() bool { return st().Restarts == 1 })
+			waitFor(t, "restart keys", func() bool { return slices.Equal(invKeys(inv, 0), []uint64{300}) })
+		})
+	}
+}
+
+// TestDataParallelRanks: rank r publishes on base+r; both feed one inventory slot.
+func TestDataParallelRanks(t *testing.T) {
+	inv := newInv(t)
+	base := freeAddr(t, 2)
+	p0 := newPub(t, enginepub.Config{Endpoint: base, Format: enginepub.Format{DPRank: 0}})
+	p1 := newPub(t, enginepub.Config{Endpoint: rankAddr(base, 1), Format: enginepub.Format{DPRank: 1}})
+	m := startManager(t, testConfig(inv), EndpointConfig{Name: "dp", Index: 3, Engine: "vllm", Events: base, DP: 2})
+	waitSubscribed(t, p0)
+	waitSubscribed(t, p1)
+	p0.Publish(stored(1))
+	p1.Publish(stored(2))
+	waitFor(t, "both ranks", func() bool { return m.Status(3).Keys == 2 })
+	if s := m.Status(3); !s.Connected || s.Ranks != 2 || s.RanksUp != 2 {
+		t.Fatalf("%+v", s)
+	}
+	p1.Close()
+	waitFor(t, "rank 1 down", func() bool { return m.Status(3).RanksUp == 1 })
+	if m.Status(3).Connected {
+		t.Fatal("connected with a rank down")
+	}
+}
+
+// TestDialRetryAndCloseLeaksNothing: the rule starts before its engine; Close stops every
+// goroutine, including zmq4's, whether connected, dialing or never connected.
+func TestDialRetryAndCloseLeaksNothing(t *testing.T) {
+	base, _ := liveGoroutines()
+	inv, _ := shard.New(shard.Config{Endpoints: 4, Shards: 8})
+	addr := freeAddr(t, 1)
+	dead := freeAddr(t, 1)
+	m, err := NewManager(testConfig(inv), []EndpointConfig{
+		{Name: "late", Engine: "vllm", Events: addr, Replay: freeAddr(t, 1)},
+		{Name: "never", Index: 1, Engine: "sglang", Events: dead},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Start(t.Context())
+	waitFor(t, "dial failures", func() bool { return m.Status(0).DialFailures >= 2 })
+	pub, err := enginepub.New(enginepub.Config{Endpoint: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSubscribed(t, pub)
+	pub.Publish(stored(9))
+	waitFor(t, "late engine", func() bool { return m.Status(0).Keys == 1 })
+	m.Close()
+	pub.Close()
+	settleGoroutines(t, base)
+}
