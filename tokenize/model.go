@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvgate/kvgate/tokenize/chat"
 )
@@ -27,6 +28,7 @@ type Model struct {
 	// Completions: the IDs the engine's tokenizer adds around a prompt (add_special_tokens=True).
 	promptPrefix, promptSuffix []uint32
 	renderPool                 sync.Pool // *[]byte
+	now                        time.Time // tests: the clock strftime_now reads (zero: time.Now)
 }
 
 // ChatInput is the part of a /v1/chat/completions body the template needs.
@@ -236,6 +238,7 @@ func (m *Model) EncodeChat(dst []uint32, in *ChatInput) ([]uint32, error) {
 		BOSToken:            m.bos,
 		EOSToken:            m.eos,
 		Special:             m.special,
+		Now:                 m.now,
 	})
 	if err != nil {
 		*bp = out[:0]
@@ -260,7 +263,7 @@ func (m *Model) RenderChat(dst []byte, in *ChatInput) ([]byte, error) {
 		return dst, fmt.Errorf("tokenize: model %q has no chat template", m.Name)
 	}
 	return tmpl.Render(dst, &chat.Input{Messages: in.Messages, Tools: in.Tools, Kwargs: in.TemplateKwargs,
-		AddGenerationPrompt: in.AddGenerationPrompt, BOSToken: m.bos, EOSToken: m.eos, Special: m.special})
+		AddGenerationPrompt: in.AddGenerationPrompt, BOSToken: m.bos, EOSToken: m.eos, Special: m.special, Now: m.now})
 }
 
 // Pool holds the served models by name (and aliases). Reads are lock-free: a lookup loads
