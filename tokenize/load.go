@@ -322,12 +322,19 @@ func parsePreTokenizer(raw json.RawMessage) ([]preStep, error) {
 }
 
 func parseBPE(raw json.RawMessage, byteLevel bool) (*bpeModel, error) {
+	var head struct {
+		Type   string          `json:"type"`
+		Merges json.RawMessage `json:"merges"`
+	}
+	if err := json.Unmarshal(raw, &head); err != nil {
+		return nil, err
+	}
+	if head.Type != "BPE" && !(head.Type == "" && head.Merges != nil) {
+		return nil, fmt.Errorf("unsupported model type %q (only BPE is implemented)", head.Type)
+	}
 	var jm jsonBPE
 	if err := json.Unmarshal(raw, &jm); err != nil {
 		return nil, err
-	}
-	if jm.Type != "BPE" && !(jm.Type == "" && jm.Merges != nil) {
-		return nil, fmt.Errorf("unsupported model type %q (only BPE is implemented)", jm.Type)
 	}
 	if jm.Dropout != nil && *jm.Dropout > 0 {
 		return nil, fmt.Errorf("BPE dropout %v makes encoding random", *jm.Dropout)

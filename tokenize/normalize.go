@@ -42,7 +42,7 @@ func normalize(steps []normStep, s string, buf *[2][]byte) string {
 		changed := true
 		switch st.kind {
 		case normNFC, normNFD, normNFKC, normNFKD:
-			if isASCII(cur) || st.form.IsNormalString(cur) {
+			if isASCII(cur) || st.form.QuickSpanString(cur) == len(cur) {
 				changed = false
 			} else {
 				out = st.form.AppendString(out, cur)

@@ -307,3 +307,30 @@ func unsafeString(b []byte) string {
 
 func firstRune(s string) (rune, int) { return utf8.DecodeRuneInString(s) }
 func lastRune(s string) (rune, int)  { return utf8.DecodeLastRuneInString(s) }
+
+// MemoryBytes estimates the heap the tokenizer holds: vocabulary and merge tables, added-token
+// tries and the word cache at its current fill.
+func (t *Tokenizer) MemoryBytes() int64 {
+	const mapSlack = 16 // tenths: slots left empty by growth, control bytes
+	m := t.model
+	var n int64
+	for k := range m.vocab {
+		n += int64(len(k)+7) &^ 7 // each key is its own allocation
+	}
+	n += int64(len(m.vocab)) * (16 + 4 + 4 + 1) * mapSlack / 10 // string header, value, padding, control byte
+	n += int64(len(m.merges)) * (8 + 8 + 1) * mapSlack / 10
+	for _, tr := range []*tokenTrie{t.rawTrie, t.normTrie} {
+		n += int64(len(tr.nodes)) * 32
+		for _, nd := range tr.nodes {
+			n += int64(cap(nd.edges)) * 8
+		}
+		for _, tok := range tr.tokens {
+			n += int64(len(tok.content)) + 48
+		}
+	}
+	for k := range t.addedByContent {
+		n += int64(len(k)) + 32
+	}
+	n += int64(len(m.metaUnsafe))*4 + 4*256*3
+	return n + t.cache.memoryBytes()
+}

@@ -1,0 +1,129 @@
+package tokenize
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+)
+
+const tinyModel = `{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,"end_of_word_suffix":null,
+"fuse_unk":false,"byte_fallback":false,"vocab":{"a":0,"b":1,"ab":2,"<s>":3},"merges":["a b"]}`
+
+func tinyTokenizer(normalizer, pre, post, model string) string {
+	if model == "" {
+		model = tinyModel
+	}
+	return fmt.Sprintf(`{"version":"1.0","truncation":null,"padding":null,
+"added_tokens":[{"id":3,"content":"<s>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],
+"normalizer":%s,"pre_tokenizer":%s,"post_processor":%s,"decoder":null,"model":%s}`, normalizer, pre, post, model)
+}
+
+// TestUnknownComponentsFailClosed: a component the code does not implement fails the load with
+// an error naming it; nothing is guessed.
+func TestUnknownComponentsFailClosed(t *testing.T) {
+	cases := []struct {
+		json, want string
+	}{
+		{tinyTokenizer(`{"type":"BertNormalizer"}`, "null", "null", ""), `normalizer: unsupported normalizer type "BertNormalizer"`},
+		{tinyTokenizer(`{"type":"Sequence","normalizers":[{"type":"NFC"},{"type":"Precompiled","precompiled_charsmap":"AA=="}]}`, "null", "null", ""), `"Precompiled"`},
+		{tinyTokenizer("null", `{"type":"BertPreTokenizer"}`, "null", ""), `pre_tokenizer: unsupported pre-tokenizer type "BertPreTokenizer"`},
+		{tinyTokenizer("null", `{"type":"Sequence","pretokenizers":[{"type":"Punctuation","behavior":"Isolated"}]}`, "null", ""), `"Punctuation"`},
+		{tinyTokenizer("null", `{"type":"Split","pattern":{"Regex":"a"},"behavior":"Sideways","invert":false}`, "null", ""), `unknown split behavior "Sideways"`},
+		{tinyTokenizer("null", `{"type":"Split","pattern":{"Regex":"(unclosed"},"behavior":"Isolated","invert":false}`, "null", ""), `split regex "(unclosed"`},
+		{tinyTokenizer("null", `{"type":"Sequence","pretokenizers":[{"type":"ByteLevel","add_prefix_space":false,"use_regex":false},{"type":"Digits","individual_digits":true}]}`, "null", ""), "ByteLevel followed by another pre-tokenizer"},
+		{tinyTokenizer("null", "null", `{"type":"Fancy"}`, ""), `post_processor: unsupported post-processor type "Fancy"`},
+		{tinyTokenizer("null", "null", "null", `{"type":"WordPiece","vocab":{"a":0}}`), `unsupported model type "WordPiece"`},
+		{tinyTokenizer("null", "null", "null", `{"type":"Unigram","vocab":[["a",0]]}`), `unsupported model type "Unigram"`},
+		{tinyTokenizer("null", "null", "null", strings.Replace(tinyModel, `"dropout":null`, `"dropout":0.1`, 1)), "dropout"},
+		{tinyTokenizer("null", "null", "null", strings.Replace(tinyModel, `["a b"]`, `["a c"]`, 1)), "not in the vocabulary"},
+		{tinyTokenizer("null", "null", "null", strings.Replace(tinyModel, `"unk_token":null`, `"unk_token":"<unk>"`, 1)), `unk_token "<unk>"`},
+		{`{"model": null}`, "model is missing"},
+		{`not json`, "parse tokenizer.json"},
+	}
+	for _, c := range cases {
+		_, err := parseTokenizer([]byte(c.json))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("want an error containing %q, got %v", c.want, err)
+		}
+	}
+	if _, err := LoadTokenizer("/nonexistent/tokenizer.json"); err == nil {
+		t.Error("missing file accepted")
+	}
+}
+
+func TestTinyTokenizer(t *testing.T) {
+	tk, err := parseTokenizer([]byte(tinyTokenizer("null", "null",
+		`{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>","type_id":0}},{"Sequence":{"id":"A","type_id":0}},{"SpecialToken":{"id":"<s>","type_id":0}}],"pair":[],"special_tokens":{"<s>":{"id":"<s>","ids":[3],"tokens":["<s>"]}}}`, "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		in      string
+		special bool
+		want    []uint32
+	}{
+		{"ab", false, []uint32{2}},
+		{"aab", false, []uint32{0, 2}},
+		{"ab<s>ba", false, []uint32{2, 3, 1, 0}},
+		{"ab", true, []uint32{3, 2, 3}},
+		{"", true, []uint32{3, 3}},
+		{"", false, []uint32{}},
+		{"xyz", false, []uint32{}}, // no unk token: unknown characters vanish, as in HF
+		{"a\xffb", false, []uint32{2}}, // read as "a\uFFFDb"; U+FFFD is not in the vocabulary
+		{"b\xff<s>", false, []uint32{1, 3}},
+	} {
+		got, err := tk.Encode(nil, c.in, c.special)
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("Encode(%q, %v) = %v, %v; want %v", c.in, c.special, got, err, c.want)
+		}
+	}
+}
+
+// TestEncodeConcurrent: concurrent encoders share the word cache and scratch pool and get the
+// same IDs as one encoder alone (run with -race).
+func TestEncodeConcurrent(t *testing.T) {
+	docs := loadCorpus(t)[:300]
+	for _, name := range []string{"qwen3", "llama2"} {
+		tk := loadNamed(t, name)
+		want := make([][]uint32, len(docs))
+		for i, d := range docs {
+			want[i], _ = tk.Encode(nil, d, true)
+		}
+		tk.cache = newWordCache() // start cold so goroutines race to fill it
+		var wg sync.WaitGroup
+		for g := 0; g < 4; g++ {
+			wg.Add(1)
+			go func(g int) {
+				defer wg.Done()
+				var ids []uint32
+				for k := range docs {
+					i := (k*7 + g*31) % len(docs)
+					ids, _ = tk.Encode(ids, docs[i], true)
+					if !slices.Equal(ids, want[i]) {
+						t.Errorf("%s: goroutine %d doc %d differs", name, g, i)
+						return
+					}
+				}
+			}(g)
+		}
+		wg.Wait()
+	}
+}
+
+// TestEncodeZeroAlloc: in steady state Encode allocates nothing (pooled scratch, warm cache,
+// caller's buffer).
+func TestEncodeZeroAlloc(t *testing.T) {
+	text := strings.Repeat("The quick brown fox, it's 42 jumps over the lazy dog!\n\tfunc main() { return x+1 }  日本語のテキスト 😀 ", 40)
+	for _, name := range goldenNames {
+		tk := loadNamed(t, name)
+		ids, _ := tk.Encode(nil, text, true)
+		allocs := testing.AllocsPerRun(50, func() {
+			ids, _ = tk.Encode(ids, text, true)
+		})
+		if allocs != 0 {
+			t.Errorf("%s: Encode allocates %.1f times per call", name, allocs)
+		}
+	}
+}
