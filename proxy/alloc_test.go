@@ -1,0 +1,55 @@
+//go:build !race
+
+// The race detector changes allocation behaviour (sync.Pool drops items on purpose), so
+// allocation counts are proved in normal builds only.
+
+package proxy
+
+import (
+	"testing"
+
+	"github.com/kvgate/kvgate/proxy/openai"
+	"github.com/kvgate/kvgate/tokenize"
+)
+
+// Steps 1-5 of the request path (parse, template, tokenize, hash, score, select)
+// allocate nothing in steady state.
+func TestRoutingZeroAlloc(t *testing.T) {
+	body := chatBody4k()
+	s, st := benchServer(t, body)
+	var d decision
+	route := func() {
+		if err := openai.Scan(st.body, &st.oa); err != nil {
+			t.Fatal(err)
+		}
+		s.decide(st, &d, false)
+	}
+	route()
+	if d.ep != 3 || d.route != RouteKVHit {
+		t.Fatalf("decision ep=%d route=%v (tokens %d)", d.ep, d.route, len(st.tokens))
+	}
+	if len(st.tokens) < 3500 {
+		t.Fatalf("prompt has %d tokens, want about 4k", len(st.tokens))
+	}
+	// The chat template renderer (tokenize/chat) is measured alone: kvgate's own
+	// steps must add nothing to whatever it needs.
+	m := sharedPool(t).Get("qwen3")
+	in := &tokenize.ChatInput{Messages: st.oa.Value[openai.FMessages].Bytes(st.body),
+		TemplateKwargs: st.oa.Value[openai.FChatTemplateKwargs].Bytes(st.body), AddGenerationPrompt: true}
+	toks := make([]uint32, 0, 8192)
+	tmplAllocs := testing.AllocsPerRun(20, func() { toks, _ = m.EncodeChat(toks, in) })
+	if n := testing.AllocsPerRun(20, route); n != tmplAllocs {
+		t.Errorf("routing allocates %v per request; the template+tokenizer alone %v", n, tmplAllocs)
+	}
+	if tmplAllocs != 0 {
+		t.Logf("note: tokenize.EncodeChat allocates %v per call (owned by tokenize/chat)", tmplAllocs)
+	}
+	// The completions path and the miss path (rr fallback) too.
+	st.body = append(st.body[:0], complPrompt(sharedPrefix)...)
+	st.chat = false
+	route()
+	if n := testing.AllocsPerRun(20, route); n != 0 {
+		t.Errorf("completions routing allocates %v per request (route %v)", n, d.route)
+	}
+}
+

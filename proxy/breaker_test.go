@@ -1,0 +1,128 @@
+package proxy
+
+import (
+	"testing"
+	"time"
+)
+
+func TestBreakerStates(t *testing.T) {
+	now := time.Unix(1000, 0)
+	b := NewBreaker(3, 10*time.Second, 1, 2)
+	b.now = func() time.Time { return now }
+	for i := 0; i < 2; i++ {
+		b.Failure()
+	}
+	if b.State() != BreakerClosed || !b.Ready() {
+		t.Fatal("opened before the threshold")
+	}
+	b.Success() // a success resets the streak
+	b.Failure()
+	b.Failure()
+	if b.State() != BreakerClosed {
+		t.Fatal("streak not reset by success")
+	}
+	b.Failure()
+	if b.State() != BreakerOpen || b.Ready() || b.Allow() {
+		t.Fatal("not open after 3 consecutive failures")
+	}
+	now = now.Add(9 * time.Second)
+	if b.Allow() {
+		t.Fatal("admitted while open")
+	}
+	now = now.Add(time.Second)
+	if b.State() != BreakerHalfOpen || !b.Allow() {
+		t.Fatal("no half-open trial after the open period")
+	}
+	if b.Allow() || b.Ready() {
+		t.Fatal("more trials than configured")
+	}
+	b.Failure() // the trial failed: open again
+	if b.State() != BreakerOpen {
+		t.Fatal("failed trial did not reopen")
+	}
+	now = now.Add(10 * time.Second)
+	if !b.Allow() {
+		t.Fatal("no trial")
+	}
+	b.Neutral() // client left: slot released, still half-open
+	if !b.Allow() {
+		t.Fatal("slot not released")
+	}
+	b.Success()
+	if b.State() != BreakerClosed {
+		t.Fatal("successful trial did not close")
+	}
+	// 5xx streak (configured 2).
+	b.FiveXX()
+	if b.State() != BreakerClosed {
+		t.Fatal("opened on one 5xx")
+	}
+	b.FiveXX()
+	if b.State() != BreakerOpen {
+		t.Fatal("5xx streak did not open")
+	}
+	// 5xx do not count without a configured streak.
+	c := NewBreaker(1, time.Second, 1, 0)
+	for i := 0; i < 10; i++ {
+		c.FiveXX()
+	}
+	if c.State() != BreakerClosed {
+		t.Fatal("5xx opened a breaker without -breaker-5xx")
+	}
+}
+
+func TestAffinityTTLAndLRU(t *testing.T) {
+	a := newAffinity(time.Minute, 2)
+	now := time.Unix(0, 0)
+	a.put([]byte("s1"), 1, 2, now)
+	a.put([]byte("s2"), 3, 4, now)
+	if p, d, ok := a.get([]byte("s1"), now); !ok || p != 1 || d != 2 {
+		t.Fatal("s1 missing")
+	}
+	a.put([]byte("s3"), 5, 6, now) // evicts s2, the least recently used
+	if _, _, ok := a.get([]byte("s2"), now); ok {
+		t.Error("LRU bound not applied")
+	}
+	if _, _, ok := a.get([]byte("s1"), now.Add(2*time.Minute)); ok {
+		t.Error("expired entry returned")
+	}
+	if a.len() != 1 {
+		t.Errorf("len %d", a.len())
+	}
+}
+
+func TestParseEndpointAndValidate(t *testing.T) {
+	e, err := ParseEndpoint("name=p0,url=http://10.0.0.1:8000/,engine=sglang,role=prefill,events=tcp://10.0.0.1:5557,dp=2,weight=3,down=true,bootstrap_port=8998")
+	if err != nil || e.Name != "p0" || e.URL != "http://10.0.0.1:8000" || e.Engine != EngineSGLang || e.Role != RolePrefill || e.DP != 2 || e.Weight != 3 || !e.Down || e.BootstrapPort != 8998 {
+		t.Fatalf("%+v %v", e, err)
+	}
+	for _, bad := range []string{"name=x", "url=ftp://h:1", "url=http://h:1/v1", "url=http://h:1,engine=tgi", "url=http://h:1,role=x", "url=http://h:1,dp=0", "url=http://h:1,bogus=1", "url=http://h:1,weight"} {
+		if _, err := ParseEndpoint(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	cases := []struct {
+		mutate func(*Config)
+		flag   string
+	}{
+		{func(c *Config) { c.Endpoints = nil }, "-endpoint"},
+		{func(c *Config) { c.Endpoints = append(c.Endpoints, c.Endpoints[0]) }, "-endpoint"},
+		{func(c *Config) { c.KVMode = KVConverged }, "-endpoint"}, // no events=
+		{func(c *Config) { c.Endpoints[0].Role = RolePrefill }, "-kv-mode"},
+		{func(c *Config) { c.LoadFactor = -1 }, "-kv-load-factor"},
+		{func(c *Config) { c.BreakerFailures = 0 }, "-breaker-failures"},
+		{func(c *Config) { c.MaxBodyBytes = 10 }, "-max-body-bytes"},
+		{func(c *Config) { c.UpstreamTimeout = 0 }, "-upstream-timeout"},
+		{func(c *Config) { c.LoRA = map[string]string{"a": "nobase"} }, "-lora"},
+		{func(c *Config) { c.Tokenizers = []TokenizerSpec{{Model: "m", Dir: "/nonexistent"}} }, "-tokenizer"},
+	}
+	for i, tc := range cases {
+		cfg := testConfig("http://127.0.0.1:1")
+		tc.mutate(&cfg)
+		err := cfg.Validate()
+		fe, ok := err.(*FlagError)
+		if !ok || fe.Flag != tc.flag {
+			t.Errorf("case %d: %v, want refusal naming %s", i, err, tc.flag)
+		}
+	}
+}

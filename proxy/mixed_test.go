@@ -1,0 +1,110 @@
+package proxy
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/ingest/enginepub"
+)
+
+// A converged pool mixing vLLM (engine keys) and TensorRT-LLM (drained events
+// re-hashed into kvgate's fast keys): each set of endpoints is scored with its own keys
+// and the best overlap wins across both.
+func TestKVMixedEngineAndFastKeys(t *testing.T) {
+	c := vllmChain(t)
+	v := newKVEngine(t, "v", enginepub.VLLM)
+	q := &enginepub.TRTQueue{}
+	trt := trtEngine(t, "trt", func(w http.ResponseWriter, r *http.Request, body []byte) bool { return false })
+	trt.handle = func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+		if r.URL.Path == "/kv_cache_events" {
+			w.Header().Set("Content-Type", "application/json")
+			w.Write(q.Drain(nil))
+			return true
+		}
+		return false
+	}
+	cfg := kvConfig(t, KVConverged, v.spec(0, "vllm", ""), fmt.Sprintf("name=trt,url=%s,engine=trtllm", trt.url()))
+	s := startProxy(t, cfg)
+	toks := engineTokens(t, sharedPrefix)
+	v.store(t, c, toks, 2)
+	// TensorRT-LLM holds 6 blocks under its own hashes; kvgate re-hashes their tokens.
+	var blocks []enginepub.TRTBlock
+	for i := 0; i < 6; i++ {
+		blocks = append(blocks, enginepub.TRTBlock{Hash: uint64(1000 + i), Tokens: toks[i*blockSize : (i+1)*blockSize]})
+	}
+	q.Stored(0, false, blocks...)
+	waitFor(t, "events", func() bool { return s.kv.inv.Count(0) == 2 && s.kv.inv.Count(1) == 6 })
+	if !s.kv.mgr.UsesFastKeys(1) || s.kv.mgr.UsesFastKeys(0) {
+		t.Fatalf("key modes: vllm fast=%v trt fast=%v", s.kv.mgr.UsesFastKeys(0), s.kv.mgr.UsesFastKeys(1))
+	}
+	res, body := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+	if res.StatusCode != 200 || res.Header.Get("x-kvgate-endpoint") != "trt" || res.Header.Get("x-kvgate-route") != "kv-hit" {
+		t.Fatalf("%d %s %s %s", res.StatusCode, res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"), body)
+	}
+	post(t, s.admURL("/admin/endpoints/trt/down"), "")
+	res, _ = post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+	if res.Header.Get("x-kvgate-endpoint") != "v" || res.Header.Get("x-kvgate-route") != "kv-hit" {
+		t.Errorf("trt down: %s %s", res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"))
+	}
+}
+
+// A KV miss uses the rule's selector (chwbl here) and keeps the miss reason visible.
+func TestKVMissUsesCHWBL(t *testing.T) {
+	a, b := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM)
+	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""))
+	cfg.Select = SelectCHWBL
+	s := startProxy(t, cfg)
+	body := `{"model":"qwen3","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"hi"}]}`
+	var first string
+	for i := 0; i < 4; i++ {
+		res, _ := post(t, s.url("/v1/chat/completions"), body)
+		if res.Header.Get("x-kvgate-route") != "kv-miss:no_worker" {
+			t.Errorf("route %q", res.Header.Get("x-kvgate-route"))
+		}
+		if first == "" {
+			first = res.Header.Get("x-kvgate-endpoint")
+		} else if first != res.Header.Get("x-kvgate-endpoint") {
+			t.Errorf("chwbl fallback not sticky: %s vs %s", first, res.Header.Get("x-kvgate-endpoint"))
+		}
+	}
+}
+
+// An engine dying mid-stream must not look like a clean end to the client.
+func TestMidStreamFailureAborts(t *testing.T) {
+	ln := listenLocal(t)
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		buf := make([]byte, 4096)
+		conn.Read(buf)
+		io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		io.WriteString(conn, "10\r\ndata: {\"a\":1}\n\n\r\n")
+		time.Sleep(50 * time.Millisecond)
+		conn.Close() // no terminating chunk
+	}()
+	defer ln.Close()
+	s := startProxy(t, testConfig("http://"+ln.Addr().String()))
+	conn, err := net.Dial("tcp", s.PublicAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"model":"m","prompt":"x","stream":true}`
+	io.WriteString(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "+itoa(len(body))+"\r\n\r\n"+body)
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, _ := io.ReadAll(conn)
+	if !strings.Contains(string(got), `data: {"a":1}`) {
+		t.Fatalf("relayed %q", got)
+	}
+	if strings.HasSuffix(string(got), "0\r\n\r\n") {
+		t.Errorf("broken upstream stream ended cleanly for the client: %q", got)
+	}
+	waitFor(t, "mid-stream error counted", func() bool { return s.m.upstream[ErrMidStream][0].Get() == 1 })
+}
