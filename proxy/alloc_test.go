@@ -52,4 +52,3 @@ func TestRoutingZeroAlloc(t *testing.T) {
 		t.Errorf("completions routing allocates %v per request (route %v)", n, d.route)
 	}
 }
-
