@@ -70,7 +70,7 @@ func TestTinyTokenizer(t *testing.T) {
 		{"ab", true, []uint32{3, 2, 3}},
 		{"", true, []uint32{3, 3}},
 		{"", false, []uint32{}},
-		{"xyz", false, []uint32{}}, // no unk token: unknown characters vanish, as in HF
+		{"xyz", false, []uint32{}},     // no unk token: unknown characters vanish, as in HF
 		{"a\xffb", false, []uint32{2}}, // read as "a\uFFFDb"; U+FFFD is not in the vocabulary
 		{"b\xff<s>", false, []uint32{1, 3}},
 	} {
