@@ -42,7 +42,7 @@ func serveFlags(args []string, stderr io.Writer) (proxy.Config, string, error) {
 	fs.IntVar(&cfg.KVBlockSize, "kv-block-size", cfg.KVBlockSize, "engine block size in tokens (SGLang: page size)")
 	fs.StringVar(&cfg.KVHashAlgo, "kv-hash-algo", "", "vLLM --prefix-caching-hash-algo: sha256 (default) | sha256_cbor | xxhash | xxhash_cbor")
 	fs.StringVar(&cfg.KVHashSeed, "kv-hash-seed", "", "the engines' PYTHONHASHSEED; omit when they run with it unset")
-	fs.StringVar(&cfg.KVKeys, "kv-keys", cfg.KVKeys, "which keys to match: auto (engine keys while parity holds, kvgate's fast re-hash otherwise) | engine | fast")
+	fs.StringVar(&cfg.KVKeys, "kv-keys", cfg.KVKeys, "which keys to match: auto (engine keys while parity holds, kvgate's re-hashed keys otherwise) | engine | rehash (always re-hash events' token_ids into kvgate's fast keys)")
 	fs.StringVar(&kvScore, "kv-score", "overlap", "scoring: overlap (matching blocks) | prefix (leading run)")
 	fs.IntVar(&cfg.KVMinMatchTokens, "kv-min-match-tokens", cfg.KVMinMatchTokens, "a KV hit below this many matched tokens is a miss (shallow)")
 	fs.Float64Var(&cfg.LoadFactor, "kv-load-factor", cfg.LoadFactor, "bounded-load epsilon: an endpoint above ceil((1+eps) x mean in-flight) is skipped (KV winner and chwbl)")
