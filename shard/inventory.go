@@ -214,7 +214,7 @@ const (
 
 func (inv *Inventory) addLocked(s int, sh *shardState, ep int, k, h uint64, cnt *atomic.Int64) int {
 	t := inv.tabs[s].Load()
-	slot, ok, free := t.find(k, t.home(h, inv.shardBits))
+	slot, ok := t.find(k, t.home(h, inv.shardBits))
 	if ok && t.has(slot, ep) {
 		return addHeld
 	}
@@ -226,9 +226,13 @@ func (inv *Inventory) addLocked(s int, sh *shardState, ep int, k, h uint64, cnt 
 		r = addEvicted
 	}
 	if !ok {
-		if sh.used+1 > t.maxUsed() || free < 0 {
+		free := -1
+		if sh.used+1 <= t.maxUsed() {
+			free = t.freeSlot(t.home(h, inv.shardBits))
+		}
+		if free < 0 {
 			t = inv.rebuildLocked(s, sh, int(sh.live.Load())+1)
-			_, _, free = t.find(k, t.home(h, inv.shardBits))
+			free = t.freeSlot(t.home(h, inv.shardBits))
 		}
 		// The free slot's mask words are zero: set the bit, then publish the key.
 		t.setBit(free, ep)
@@ -315,7 +319,7 @@ func (inv *Inventory) Remove(ep int, keys []uint64) (removed int) {
 		sh := &inv.shards[s]
 		sh.mu.Lock()
 		t := inv.tabs[s].Load()
-		if slot, ok, _ := t.find(k, t.home(h, inv.shardBits)); ok && t.has(slot, ep) {
+		if slot, ok := t.find(k, t.home(h, inv.shardBits)); ok && t.has(slot, ep) {
 			inv.clearLocked(t, sh, slot, ep, cnt)
 			removed++
 			inv.maybeShrinkLocked(s, sh)

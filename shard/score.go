@@ -68,28 +68,58 @@ func rank(e *[maxWords]uint64, words int, scores []int32) (best, second int) {
 // overlap1 is the <= 64-endpoint overlap loop: one probe per key, then a popcount walk
 // over the eligible bits the key's mask holds.
 func (inv *Inventory) overlap1(keys []uint64, e uint64, scores []int32) {
-	for _, k := range keys {
+	var tabs [scoreBatch]*table
+	var homes [scoreBatch]uint64
+	for len(keys) > 0 {
+		n := inv.locate(keys, &tabs, &homes)
+		for i, k := range keys[:n] {
+			for m := tabs[i].lookup(k, homes[i]) & e; m != 0; m &= m - 1 {
+				scores[bits.TrailingZeros64(m)]++
+			}
+		}
+		keys = keys[n:]
+	}
+}
+
+// scoreBatch is how many keys Score locates before probing any of them.
+const scoreBatch = 8
+
+// locate finds the table and home bucket of up to scoreBatch keys and touches each home
+// bucket. The touches do not depend on one another, so the CPU has all their cache
+// misses in flight at once instead of one per probe (memory-level parallelism; Go has no
+// prefetch intrinsic, and a load whose result is folded into a sink is the portable
+// equivalent).
+func (inv *Inventory) locate(keys []uint64, tabs *[scoreBatch]*table, homes *[scoreBatch]uint64) int {
+	n := min(len(keys), scoreBatch)
+	sink := uint64(0)
+	for i, k := range keys[:n] {
 		h := mix(k)
 		t := inv.tabs[h>>inv.shift].Load()
-		for m := t.lookup(k, t.home(h, inv.shardBits)) & e; m != 0; m &= m - 1 {
-			scores[bits.TrailingZeros64(m)]++
-		}
+		b := t.home(h, inv.shardBits)
+		tabs[i], homes[i] = t, b
+		sink |= atomic.LoadUint64(&t.buckets[b].keys[0])
 	}
+	locateSink.Store(sink)
+	return n
 }
 
 // prefix1 is the <= 64-endpoint prefix loop: a running AND of masks; an endpoint's score
 // is the index of the first key it lacks, and the walk stops once no endpoint is left.
 func (inv *Inventory) prefix1(keys []uint64, run uint64, scores []int32) {
-	for j, k := range keys {
-		h := mix(k)
-		t := inv.tabs[h>>inv.shift].Load()
-		m := t.lookup(k, t.home(h, inv.shardBits)) & run
-		for gone := run &^ m; gone != 0; gone &= gone - 1 {
-			scores[bits.TrailingZeros64(gone)] = int32(j)
+	var tabs [scoreBatch]*table
+	var homes [scoreBatch]uint64
+	for base := 0; base < len(keys); {
+		n := inv.locate(keys[base:], &tabs, &homes)
+		for i, k := range keys[base : base+n] {
+			m := tabs[i].lookup(k, homes[i]) & run
+			for gone := run &^ m; gone != 0; gone &= gone - 1 {
+				scores[bits.TrailingZeros64(gone)] = int32(base + i)
+			}
+			if run = m; run == 0 {
+				return
+			}
 		}
-		if run = m; run == 0 {
-			return
-		}
+		base += n
 	}
 	for ; run != 0; run &= run - 1 {
 		scores[bits.TrailingZeros64(run)] = int32(len(keys))
@@ -100,7 +130,7 @@ func (inv *Inventory) overlapWide(keys []uint64, e *[maxWords]uint64, words int,
 	for _, k := range keys {
 		h := mix(k)
 		t := inv.tabs[h>>inv.shift].Load()
-		slot, ok, _ := t.find(k, t.home(h, inv.shardBits))
+		slot, ok := t.find(k, t.home(h, inv.shardBits))
 		if !ok {
 			continue
 		}
@@ -117,7 +147,7 @@ func (inv *Inventory) prefixWide(keys []uint64, e *[maxWords]uint64, words int, 
 	for j, k := range keys {
 		h := mix(k)
 		t := inv.tabs[h>>inv.shift].Load()
-		slot, ok, _ := t.find(k, t.home(h, inv.shardBits))
+		slot, ok := t.find(k, t.home(h, inv.shardBits))
 		left := uint64(0)
 		for w := 0; w < words; w++ {
 			m := uint64(0)
@@ -140,3 +170,6 @@ func (inv *Inventory) prefixWide(keys []uint64, e *[maxWords]uint64, words int, 
 		}
 	}
 }
+
+// locateSink keeps the compiler from dropping locate's touches.
+var locateSink atomic.Uint64

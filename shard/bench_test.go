@@ -1,0 +1,399 @@
+package shard
+
+import (
+	"fmt"
+	"math/bits"
+	"runtime"
+	"sync"
+	"testing"
+
+	"github.com/puzpuzpuz/xsync/v4"
+)
+
+// The benchmarks run the same workloads on the inventory and on two baselines, a
+// map[uint64]uint64 of masks behind a sync.RWMutex and an xsync.Map, so the ratios show
+// what the design buys.
+//
+// Workload: an inventory of N unique keys over 8 endpoints; key i is held by endpoint
+// i%8 and, one time in four, by a second endpoint. A query is a 512-key chain: 384 keys
+// endpoint 3 holds (some also held by others), then 128 keys nobody holds, as a prompt
+// whose first three quarters are cached somewhere.
+
+const (
+	benchEndpoints = 8
+	benchQueryLen  = 512
+	benchQueryHit  = 384
+)
+
+// benchKey is the i-th key of the synthetic inventory (splitmix64, so keys need no slice).
+func benchKey(i uint64) uint64 {
+	z := i*0x9e3779b97f4a7c15 + 0x632be59bd9b4e019
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return z ^ z>>31
+}
+
+// benchMask is the endpoint mask of key i.
+func benchMask(i uint64) uint64 {
+	m := uint64(1) << (i % benchEndpoints)
+	if h := benchKey(i ^ 1<<62); h&3 == 0 {
+		m |= 1 << (h >> 8 % benchEndpoints)
+	}
+	return m
+}
+
+// benchQueries returns benchQueryCount distinct queries, so a benchmark that rotates
+// through them touches ~16 MiB of index per round, as a stream of different prompts
+// would, instead of re-reading one query's cache-resident slots.
+func benchQueries(n uint64) [][]uint64 {
+	qs := make([][]uint64, benchQueryCount)
+	for v := range qs {
+		q := make([]uint64, 0, benchQueryLen)
+		for i := uint64(3 + 8*v); len(q) < benchQueryHit; i += benchEndpoints * 509 {
+			q = append(q, benchKey(i%n))
+		}
+		for i := uint64(0); len(q) < benchQueryLen; i++ {
+			q = append(q, benchKey(n+1000+uint64(v)*benchQueryLen+i))
+		}
+		qs[v] = q
+	}
+	return qs
+}
+
+const benchQueryCount = 256
+
+func fillInventory(tb testing.TB, n uint64) *Inventory {
+	inv, err := New(Config{Endpoints: benchEndpoints})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var batch [benchEndpoints][]uint64
+	for i := uint64(0); i < n; i++ {
+		for m := benchMask(i); m != 0; m &= m - 1 {
+			ep := bits.TrailingZeros64(m)
+			if batch[ep] = append(batch[ep], benchKey(i)); len(batch[ep]) == 64 {
+				inv.Add(ep, batch[ep])
+				batch[ep] = batch[ep][:0]
+			}
+		}
+	}
+	for ep := range batch {
+		inv.Add(ep, batch[ep])
+	}
+	return inv
+}
+
+type rwMap struct {
+	mu sync.RWMutex
+	m  map[uint64]uint64
+}
+
+func fillRWMap(n uint64) *rwMap {
+	r := &rwMap{m: make(map[uint64]uint64)}
+	for i := uint64(0); i < n; i++ {
+		r.m[benchKey(i)] |= benchMask(i)
+	}
+	return r
+}
+
+func fillXsync(n uint64) *xsync.Map[uint64, uint64] {
+	m := xsync.NewMap[uint64, uint64]()
+	for i := uint64(0); i < n; i++ {
+		m.Store(benchKey(i), benchMask(i))
+	}
+	return m
+}
+
+// The baselines score with the same loops as the inventory's fast path.
+
+func (r *rwMap) score(keys []uint64, e uint64, mode Mode, scores []int32) {
+	clear(scores)
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	run := e
+	for j, k := range keys {
+		m := r.m[k]
+		if mode == Overlap {
+			for m &= e; m != 0; m &= m - 1 {
+				scores[bits.TrailingZeros64(m)]++
+			}
+			continue
+		}
+		m &= run
+		for gone := run &^ m; gone != 0; gone &= gone - 1 {
+			scores[bits.TrailingZeros64(gone)] = int32(j)
+		}
+		if run = m; run == 0 {
+			return
+		}
+	}
+	for ; mode == Prefix && run != 0; run &= run - 1 {
+		scores[bits.TrailingZeros64(run)] = int32(len(keys))
+	}
+}
+
+func scoreXsync(xm *xsync.Map[uint64, uint64], keys []uint64, e uint64, mode Mode, scores []int32) {
+	clear(scores)
+	run := e
+	for j, k := range keys {
+		m, _ := xm.Load(k)
+		if mode == Overlap {
+			for m &= e; m != 0; m &= m - 1 {
+				scores[bits.TrailingZeros64(m)]++
+			}
+			continue
+		}
+		m &= run
+		for gone := run &^ m; gone != 0; gone &= gone - 1 {
+			scores[bits.TrailingZeros64(gone)] = int32(j)
+		}
+		if run = m; run == 0 {
+			return
+		}
+	}
+	for ; mode == Prefix && run != 0; run &= run - 1 {
+		scores[bits.TrailingZeros64(run)] = int32(len(keys))
+	}
+}
+
+var (
+	bench1MOnce sync.Once
+	bench1M     struct {
+		inv *Inventory
+		rw  *rwMap
+		xm  *xsync.Map[uint64, uint64]
+	}
+)
+
+func inventory1M(tb testing.TB) {
+	bench1MOnce.Do(func() {
+		bench1M.inv = fillInventory(tb, 1<<20)
+		bench1M.rw = fillRWMap(1 << 20)
+		bench1M.xm = fillXsync(1 << 20)
+	})
+}
+
+func reportPerKey(b *testing.B, keysPerOp int) {
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(keysPerOp), "ns/key")
+}
+
+// BenchmarkScore: the request path's lookup, 512 keys against a 1M-key inventory.
+// Target: <= 50 ns per key looked up, 0 allocs/op.
+func BenchmarkScore(b *testing.B) {
+	inventory1M(b)
+	qs := benchQueries(1 << 20)
+	elig := NewMask(benchEndpoints)
+	elig.SetAll(benchEndpoints)
+	scores := make([]int32, benchEndpoints)
+	for _, mode := range []Mode{Overlap, Prefix} {
+		name := fmt.Sprintf("%v/keys=%d/endpoints=%d/inventory=1M", mode, benchQueryLen, benchEndpoints)
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				bench1M.inv.Score(qs[i%benchQueryCount], elig, mode, scores)
+				i++
+			}
+			reportPerKey(b, looked(mode))
+			if mode == Prefix && scores[3] != benchQueryHit {
+				b.Fatalf("prefix score of endpoint 3 = %d, want %d", scores[3], benchQueryHit)
+			}
+		})
+	}
+}
+
+// looked is the number of keys a query looks up: prefix stops at the first key that no
+// endpoint still in the run holds.
+func looked(mode Mode) int {
+	if mode == Prefix {
+		return benchQueryHit + 1
+	}
+	return benchQueryLen
+}
+
+// BenchmarkScoreBaseline runs BenchmarkScore's workload on the baselines.
+func BenchmarkScoreBaseline(b *testing.B) {
+	inventory1M(b)
+	qs := benchQueries(1 << 20)
+	scores := make([]int32, benchEndpoints)
+	e := lowBits(benchEndpoints)
+	for _, mode := range []Mode{Overlap, Prefix} {
+		suffix := fmt.Sprintf("%v/keys=%d/endpoints=%d/inventory=1M", mode, benchQueryLen, benchEndpoints)
+		b.Run("rwmutex-map/"+suffix, func(b *testing.B) {
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				bench1M.rw.score(qs[i%benchQueryCount], e, mode, scores)
+				i++
+			}
+			reportPerKey(b, looked(mode))
+		})
+		b.Run("xsync-map/"+suffix, func(b *testing.B) {
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				scoreXsync(bench1M.xm, qs[i%benchQueryCount], e, mode, scores)
+				i++
+			}
+			reportPerKey(b, looked(mode))
+		})
+	}
+}
+
+// BenchmarkInventoryAdd: one writer applying 16-key BlockStored batches.
+// grow: into an inventory that starts empty (rebuilds included; reset every 4M keys).
+// churn: at a steady 1M keys, each batch added is matched by removing the oldest batch.
+// Target: >= 5M keys/s added by one writer. The baselines lock once per batch.
+func BenchmarkInventoryAdd(b *testing.B) {
+	const batchLen = 16
+	const resetAt = 4 << 20
+	type impl struct {
+		name   string
+		reset  func()
+		add    func(ep int, batch []uint64)
+		remove func(ep int, batch []uint64)
+	}
+	var inv *Inventory
+	var rw *rwMap
+	var xm *xsync.Map[uint64, uint64]
+	impls := []impl{
+		{"shard", func() { inv, _ = New(Config{Endpoints: benchEndpoints}) },
+			func(ep int, batch []uint64) { inv.Add(ep, batch) },
+			func(ep int, batch []uint64) { inv.Remove(ep, batch) }},
+		{"rwmutex-map", func() { rw = &rwMap{m: make(map[uint64]uint64)} },
+			func(ep int, batch []uint64) {
+				rw.mu.Lock()
+				for _, k := range batch {
+					rw.m[k] |= 1 << ep
+				}
+				rw.mu.Unlock()
+			},
+			func(ep int, batch []uint64) {
+				rw.mu.Lock()
+				for _, k := range batch {
+					if m := rw.m[k] &^ (1 << ep); m == 0 {
+						delete(rw.m, k)
+					} else {
+						rw.m[k] = m
+					}
+				}
+				rw.mu.Unlock()
+			}},
+		{"xsync-map", func() { xm = xsync.NewMap[uint64, uint64]() },
+			func(ep int, batch []uint64) {
+				for _, k := range batch {
+					xm.Compute(k, func(old uint64, _ bool) (uint64, xsync.ComputeOp) {
+						return old | 1<<ep, xsync.UpdateOp
+					})
+				}
+			},
+			func(ep int, batch []uint64) {
+				for _, k := range batch {
+					xm.Compute(k, func(old uint64, _ bool) (uint64, xsync.ComputeOp) {
+						if m := old &^ (1 << ep); m != 0 {
+							return m, xsync.UpdateOp
+						}
+						return 0, xsync.DeleteOp
+					})
+				}
+			}},
+	}
+	batch := make([]uint64, batchLen)
+	fill := func(start uint64) []uint64 {
+		for i := range batch {
+			batch[i] = benchKey(start + uint64(i))
+		}
+		return batch
+	}
+	for _, im := range impls {
+		b.Run(im.name+"/grow", func(b *testing.B) {
+			im.reset()
+			next := uint64(0)
+			b.ReportAllocs()
+			for b.Loop() {
+				if next >= resetAt {
+					b.StopTimer()
+					im.reset()
+					runtime.GC()
+					next = 0
+					b.StartTimer()
+				}
+				im.add(int(next/batchLen%benchEndpoints), fill(next))
+				next += batchLen
+			}
+			reportKeysPerSec(b, batchLen)
+			im.reset()
+		})
+		b.Run(im.name+"/churn/inventory=1M", func(b *testing.B) {
+			const size = 1 << 20
+			im.reset()
+			for i := uint64(0); i < size; i += batchLen {
+				im.add(int(i/batchLen%benchEndpoints), fill(i))
+			}
+			oldest, next := uint64(0), uint64(size)
+			b.ReportAllocs()
+			for b.Loop() {
+				im.add(int(next/batchLen%benchEndpoints), fill(next))
+				next += batchLen
+				im.remove(int(oldest/batchLen%benchEndpoints), fill(oldest))
+				oldest += batchLen
+			}
+			reportKeysPerSec(b, batchLen)
+			im.reset()
+		})
+	}
+}
+
+func reportKeysPerSec(b *testing.B, keysPerOp int) {
+	if s := b.Elapsed().Seconds(); s > 0 {
+		b.ReportMetric(float64(b.N*keysPerOp)/s/1e6, "Mkeys/s")
+	}
+}
+
+// BenchmarkInventoryMemory reports bytes per unique key at 1M and 10M keys: the Go heap
+// the index holds after a GC (heap-B/key) and, for the inventory, what MemoryBytes
+// reports (B/key). Target: <= 24 B/key at 1M keys. Run with -benchtime=1x.
+func BenchmarkInventoryMemory(b *testing.B) {
+	for _, n := range []uint64{1 << 20, 10 << 20} {
+		label := fmt.Sprintf("keys=%dM", n>>20)
+		b.Run("shard/"+label, func(b *testing.B) {
+			for b.Loop() {
+				var inv *Inventory
+				heap := heapDelta(func() { inv = fillInventory(b, n) })
+				if inv.Len() != int(n) {
+					b.Fatalf("Len = %d", inv.Len())
+				}
+				b.ReportMetric(float64(inv.MemoryBytes())/float64(n), "B/key")
+				b.ReportMetric(float64(heap)/float64(n), "heap-B/key")
+				runtime.KeepAlive(inv)
+			}
+		})
+		b.Run("rwmutex-map/"+label, func(b *testing.B) {
+			for b.Loop() {
+				var rw *rwMap
+				heap := heapDelta(func() { rw = fillRWMap(n) })
+				b.ReportMetric(float64(heap)/float64(n), "heap-B/key")
+				runtime.KeepAlive(rw)
+			}
+		})
+		b.Run("xsync-map/"+label, func(b *testing.B) {
+			for b.Loop() {
+				var xm *xsync.Map[uint64, uint64]
+				heap := heapDelta(func() { xm = fillXsync(n) })
+				b.ReportMetric(float64(heap)/float64(n), "heap-B/key")
+				runtime.KeepAlive(xm)
+			}
+		})
+	}
+}
+
+// heapDelta is the live heap build leaves behind, measured after full GCs.
+func heapDelta(build func()) int64 {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	build()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	return int64(after.HeapAlloc) - int64(before.HeapAlloc)
+}
