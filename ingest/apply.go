@@ -33,7 +33,8 @@ func newApplier(e *endpoint) *applier {
 // events decoded before the error stay applied.
 func (a *applier) apply(payload []byte) error {
 	e := a.e
-	e.c.batches.Inc()
+	// Counted once applied, so a reader that sees the count sees the batch's effects.
+	defer e.c.batches.Inc()
 	if err := a.dec.Reset(payload); err != nil {
 		e.c.decodeErrors.Inc()
 		return err

@@ -41,7 +41,7 @@ type EndpointStatus struct {
 	Connected bool  // every rank (or the drain) is connected
 	Ranks     int   // ranks followed
 	RanksUp   int   // ranks connected
-	LastSeq   int64 // highest seq applied on any rank (TensorRT-LLM: event_id); -1 = none
+	LastSeq   int64 // last seq applied, on any rank (TensorRT-LLM: event_id); -1 = none
 	Parity    string
 	Cause     string // the likely cause of a parity mismatch, once diagnosed
 	Keys      int    // keys the endpoint holds in the inventory
@@ -172,14 +172,8 @@ func (e *endpoint) ranks() int {
 
 func (e *endpoint) connected() bool { return int(e.ranksUp.Load()) == e.ranks() }
 
-func (e *endpoint) noteSeq(seq int64) {
-	for {
-		cur := e.lastSeq.Load()
-		if seq <= cur || e.lastSeq.CompareAndSwap(cur, seq) {
-			return
-		}
-	}
-}
+// noteSeq records the last seq (event_id) applied, on any rank.
+func (e *endpoint) noteSeq(seq int64) { e.lastSeq.Store(seq) }
 
 func (e *endpoint) status() EndpointStatus {
 	s := EndpointStatus{

@@ -109,11 +109,12 @@ func newTRTApplier(e *endpoint) *trtApplier { return &trtApplier{e: e, last: -1}
 func (t *trtApplier) apply(evs []TRTEvent) {
 	e := t.e
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.c.batches.Inc()
 	for i := range evs {
 		t.event(&evs[i])
 	}
+	e.mu.Unlock()
+	e.noteSeq(t.last)
+	e.c.batches.Inc()
 }
 
 func (t *trtApplier) seq(id int64) {
@@ -131,7 +132,6 @@ func (t *trtApplier) seq(id int64) {
 		e.clearLocked()
 	}
 	t.last = id
-	e.noteSeq(id)
 }
 
 func (t *trtApplier) event(ev *TRTEvent) {

@@ -180,6 +180,7 @@ func (s *rankSub) handle(frames [][]byte) {
 	seq := int64(binary.BigEndian.Uint64(frames[1]) & (1<<63 - 1))
 	if s.accept(seq, false) {
 		s.a.apply(frames[2])
+		s.e.noteSeq(seq)
 	}
 }
 
@@ -212,7 +213,6 @@ func (s *rankSub) accept(seq int64, replayed bool) bool {
 	if seq > s.dupUntil {
 		s.dupUntil = -1
 	}
-	e.noteSeq(seq)
 	return true
 }
 
@@ -268,6 +268,7 @@ func (s *rankSub) replay(ctx context.Context) {
 		n++
 		if s.accept(int64(seq&(1<<63-1)), true) {
 			s.a.apply(payload)
+			s.e.noteSeq(int64(seq & (1<<63 - 1)))
 		}
 	}
 	s.dupFrom, s.dupUntil = start, s.last

@@ -271,11 +271,58 @@ def sglang_stream(name, page):
 
 sglang_stream("sglang-ok", 4)
 
+# ---- TensorRT-LLM /kv_cache_events bodies (Python's json as the encoder) ---------------
+def trt_stored(eid, parent, blocks, rank=None):
+    ev = {"event_id": eid, "data": {"type": "stored", "parent_hash": parent, "blocks": [
+        {"type": "stored_block", "block_hash": h, "tokens": [
+            {"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in toks],
+         "lora_id": None, "cache_level": lvl, "priority": 35, "mm_keys": [], "cache_salt": None}
+        for h, toks, lvl in blocks]}, "window_size": 4096}
+    if rank is not None:
+        ev["attention_dp_rank"] = rank
+    return ev
+
+
+trt_events = [
+    {"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [1024, 256]},
+     "window_size": 4096},
+    trt_stored(1, None, [((1 << 64) - 1, list(range(8)), 0), (-5, list(range(8, 16)), 0)], rank=0),
+    trt_stored(2, -5, [(1 << 63, [151643] * 8, 1)]),
+    {"event_id": 3, "data": {"type": "removed", "block_hashes": [-5, 12345]}, "window_size": 4096},
+    {"event_id": 4, "data": {"type": "updated", "block_hash": 1 << 63,
+                             "cache_level": {"type": "event_diff", "new_value": 0, "old_value": 1},
+                             "priority": None}, "window_size": 4096},
+    {"event_id": 5, "data": {"type": "updated", "block_hash": 7, "cache_level": None,
+                             "priority": {"type": "event_diff", "new_value": 50, "old_value": 35}},
+     "window_size": 4096},
+    {"event_id": 7, "data": {"type": "future_kind", "x": [1, {"y": None}]}, "window_size": 4096},
+]
+trt_expect = [
+    {"id": 0, "type": "created"},
+    {"id": 1, "type": "stored", "parent": None,
+     "blocks": [[u64((1 << 64) - 1), list(range(8)), 0], [u64(-5), list(range(8, 16)), 0]]},
+    {"id": 2, "type": "stored", "parent": u64(-5), "blocks": [[u64(1 << 63), [151643] * 8, 1]]},
+    {"id": 3, "type": "removed", "hashes": [u64(-5), u64(12345)]},
+    {"id": 4, "type": "updated", "block_hash": u64(1 << 63), "new_level": 0},
+    {"id": 5, "type": "updated", "block_hash": u64(7), "new_level": None},
+    {"id": 7, "type": "future_kind"},
+]
+trt_cases = [{"name": "all-kinds", "body": json.dumps(trt_events), "events": trt_expect},
+             {"name": "empty", "body": "[]", "events": []}]
+for name, body in {"not-list": '{"a":1}', "truncated": json.dumps(trt_events)[:200],
+                   "hash-float": '[{"event_id":1,"data":{"type":"removed","block_hashes":[1.5]}}]',
+                   "hash-huge": '[{"event_id":1,"data":{"type":"removed","block_hashes":[18446744073709551616]}}]',
+                   "no-event-id": '[{"data":{"type":"created"}}]'}.items():
+    trt_cases.append({"name": "bad-" + name, "body": body, "error": True})
+
 os.makedirs(ROOT, exist_ok=True)
+with open(os.path.join(ROOT, "trt.json"), "w") as f:
+    json.dump(trt_cases, f, indent=1)
+    f.write("\n")
 with open(os.path.join(ROOT, "batches.json"), "w") as f:
     json.dump(cases, f, indent=1)
     f.write("\n")
 with open(os.path.join(ROOT, "attest.json"), "w") as f:
     json.dump(streams, f, indent=1)
     f.write("\n")
-print(f"gen-ingest-goldens: {len(cases)} batches, {len(streams)} attestation streams")
+print(f"gen-ingest-goldens: {len(cases)} batches, {len(streams)} attestation streams, {len(trt_cases)} trt bodies")
