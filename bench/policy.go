@@ -243,8 +243,10 @@ func tail(s string, n int) string {
 }
 
 // OraclePolicy places each request on the engine that would serve the most of its prompt
-// from cache right now (it asks every engine's pool directly), breaking ties by the least
-// loaded engine, then round-robin. It is the ceiling a KV-aware router can reach.
+// from cache right now (it asks every engine's pool directly), among the engines that can
+// start it at once (fewer requests in flight than their batch size); ties go to the least
+// loaded engine, then round-robin. When every engine is full it picks the least loaded.
+// It is the ceiling a KV-aware router can reach.
 func OraclePolicy() Policy {
 	return Policy{Name: "oracle", Start: func(ctx context.Context, env *Env) (Target, func() error, error) {
 		return &oracle{sims: env.Sims}, func() error { return nil }, nil
@@ -262,6 +264,7 @@ func (o *oracle) Route(body []byte, chat bool) (string, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	best, bestCached, bestLoad := -1, -1, 0
+	least, leastLoad := -1, 0
 	n := len(o.sims)
 	for j := 0; j < n; j++ {
 		i := (o.next + j) % n
@@ -270,9 +273,18 @@ func (o *oracle) Route(body []byte, chat bool) (string, error) {
 			return "", err
 		}
 		load := pr.Running + pr.Waiting
+		if least < 0 || load < leastLoad {
+			least, leastLoad = i, load
+		}
+		if load >= o.sims[i].Config().MaxBatch {
+			continue
+		}
 		if pr.CachedTokens > bestCached || (pr.CachedTokens == bestCached && load < bestLoad) {
 			best, bestCached, bestLoad = i, pr.CachedTokens, load
 		}
+	}
+	if best < 0 {
+		best = least
 	}
 	o.next = (o.next + 1) % n
 	return o.sims[best].URL(), nil

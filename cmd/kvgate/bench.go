@@ -86,9 +86,9 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 	var tr bench.Trace
 	fs.StringVar(&tr.Path, "trace", "", "trace: Mooncake JSONL path")
-	fs.IntVar(&tr.BlockTokens, "trace-block-tokens", 128, "trace: words per 512-token hash id")
-	fs.Float64Var(&tr.TimeScale, "trace-time-scale", 0.1, "trace: arrival time multiplier")
-	fs.IntVar(&tr.Limit, "trace-limit", 300, "trace: first N requests (0 = all)")
+	fs.IntVar(&tr.BlockTokens, "trace-block-tokens", 64, "trace: words per 512-token hash id (prompts shrink by this/512)")
+	fs.Float64Var(&tr.TimeScale, "trace-time-scale", 0.05, "trace: arrival time multiplier")
+	fs.IntVar(&tr.Limit, "trace-limit", 1000, "trace: first N requests (0 = all)")
 
 	var oh bench.OverheadConfig
 	fs.IntVar(&oh.Requests, "overhead-requests", 300, "overhead: sequential requests per prompt size and path")
@@ -106,6 +106,8 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
+	setFlags := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { setFlags[f.Name] = true })
 	bin := *kvgateBin
 	if bin == "" {
 		exe, err := os.Executable()
@@ -195,6 +197,9 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return 2
 		}
 		tr.MaxTokens, tr.Words = *maxTokens, words
+		if !setFlags["num-blocks"] {
+			cfg.Sim.NumBlocks = 16384 // trace prompts are long, and conversations return minutes later
+		}
 		w, err := tr.Build()
 		if err != nil {
 			fmt.Fprintf(stderr, "bench: %v\n", err)
