@@ -429,6 +429,9 @@ ENGINE_CASES = [
     ("error_concat_none", "{{ 'a' + n }}", {"n": None}),
     ("error_bad_unpack", "{% for a, b in [[1, 2, 3]] %}{% endfor %}", {}),
     ("error_undefined_plus", "{{ missing + 'x' }}", {}),
+    ("unicode_case", "{{ 'ßtraße ǆemal'|capitalize }}|{{ 'ßtraße ǆemal'.title() }}|{{ 'ßtraße-ǆemal'|title }}|{{ 'ßǆİ'|upper }}|{{ 'ΣΑΣ İ'|lower }}|{{ 'ﬁne'.upper() }}|{{ 'ABC'.swapcase() }}", {}),
+    ("scopes_compile_time", "{% for i in [1] %}[{{ x }}]{% endfor %}{% set x = 1 %}|{% for i in [1] %}{% for j in [1] %}[{{ x }}]{% endfor %}{% set x = 5 %}{% endfor %}|{% macro m() %}[{{ z }}]{% endmacro %}{{ m() }}{% set z = 1 %}{{ m() }}|{% for i in [1,2] %}[{{ y }}]{% if i == 1 %}{% set y = 5 %}{% endif %}{% endfor %}|{% set b %}{% set x = 9 %}{{ x }}{% endset %}{{ b }}{{ x }}|{% for i in [] %}{% else %}{% set w = 3 %}{{ w }}{% endfor %}{{ w }}|{% if true %}{% set v = 1 %}{% else %}{% set v = 2 %}{% endif %}{{ v }}", {"x": 7, "y": 7, "z": 7, "w": 7, "v": 7}),
+    ("ws_raw_comment_edges", "{% raw %}\nX{% endraw %}\nY|  {% raw %}X\n  {% endraw %}Y|{%- raw -%}  X  {%- endraw -%}  Y|a\n  {#- c #}\nb|a\n  {# c -#}\n  b|{{ 1 }}\n  {% if 1 %}x{% endif %}|x  {%+ if 1 %}y{% endif %}|{% if 1 -%}\n\n  x{%- endif %}", {}),
     ("error_undefined_attr", "{{ nope.attr }}", {}),
     ("error_raise", "{{ raise_exception('boom') }}", {}),
     ("error_str_plus_int", "{{ 'a' + 1 }}", {}),
@@ -612,6 +615,88 @@ Tools:
 }
 
 
+def random_templates(n, seed):
+    """Deterministic random templates over a small grammar: whitespace control, blocks,
+    expressions, filters, tests and methods. Jinja2's result (or its refusal) is the oracle."""
+    import random
+    rng = random.Random(seed)
+    names = ["x", "y", "s", "l", "d", "n", "f", "b", "u", "e"]
+    strs = ["'a'", "'Hello World'", "' pad '", "'x,y'", "'\\n'", "'é'", "''", '"q\\"q"', "'ß'"]
+
+    def lit():
+        return rng.choice(["0", "1", "-2", "3", "2.5", "1e3", "none", "true", "false", "[1, 2]",
+                           "['b', 'a']", "{'k': 1}", "(1, 'a')"] + strs)
+
+    def atom(d):
+        r = rng.random()
+        if r < 0.3:
+            return lit()
+        if r < 0.6:
+            return rng.choice(names)
+        if r < 0.7:
+            return rng.choice(["d.a", "d['b']", "d.c.z", "l[0]", "l[-1]", "l[1:]", "s[::-1]", "s[1:3]", "d.missing", "u.v"])
+        if r < 0.8:
+            return "(" + expr(d + 1) + ")"
+        return rng.choice(["s.upper()", "s.split()", "s.strip()", "s.startswith('H')", "s.replace('l', 'L')",
+                           "d.get('a', 0)", "d.items()|list", "s.split(',')", "l|length", "range(3)|list"])
+
+    filters = ["upper", "lower", "trim", "length", "join(',')", "first", "last", "reverse|list", "default('z')",
+               "tojson", "string", "int", "abs", "round", "replace('a', 'b')", "title", "capitalize", "sort|list",
+               "unique|list", "list", "count", "d", "float", "tojson(indent=1)", "wordcount", "items|list"]
+    tests = ["defined", "undefined", "none", "string", "number", "integer", "float", "mapping", "iterable",
+             "sequence", "odd", "even", "divisibleby(2)", "true", "false", "in([1, 'a'])", "eq 1", "boolean"]
+
+    def expr(d=0):
+        if d > 2:
+            return atom(d)
+        r = rng.random()
+        if r < 0.35:
+            return atom(d)
+        if r < 0.55:
+            rhs = atom(d + 1) if rng.random() < 0.6 else atom(d + 1) + "|" + rng.choice(filters)
+            return atom(d) + " " + rng.choice(["+", "-", "*", "/", "//", "%", "~", "==", "!=", "<", ">=", "in", "not in", "and", "or"]) + " " + rhs
+        if r < 0.7:
+            return atom(d) + "|" + rng.choice(filters)
+        if r < 0.8:
+            return atom(d) + " is " + rng.choice(["", "not "]) + rng.choice(tests)
+        if r < 0.9:
+            return "not " + atom(d)
+        return atom(d) + " if " + atom(d) + " else " + atom(d)
+
+    def ws():
+        return rng.choice(["", " ", "\n", "  \n", "\n  ", "\t", "\n\n", "x ", " y\n"])
+
+    def sign():
+        return rng.choice(["", "", "-", "+"])
+
+    def block(d=0):
+        parts = []
+        for _ in range(rng.randint(1, 4)):
+            r = rng.random()
+            parts.append(ws())
+            if r < 0.35 or d > 1:
+                parts.append("{{" + sign().replace("+", "") + " " + expr() + " " + sign().replace("+", "") + "}}")
+            elif r < 0.55:
+                parts.append("{%" + sign() + " if " + expr() + " " + sign() + "%}" + block(d + 1) +
+                             ("{%" + sign() + " else " + sign() + "%}" + block(d + 1) if rng.random() < 0.5 else "") +
+                             "{%" + sign() + " endif " + sign() + "%}")
+            elif r < 0.72:
+                parts.append("{%" + sign() + " for it in " + rng.choice(["l", "s", "d", "[3, 1, 2]", "range(2)", "u", "l|reverse"]) +
+                             " " + sign() + "%}" + "{{ loop.index }}:{{ it }}" + block(d + 1) + "{%" + sign() + " endfor " + sign() + "%}")
+            elif r < 0.82:
+                parts.append("{%" + sign() + " set " + rng.choice(["x", "t", "s"]) + " = " + expr() + " " + sign() + "%}")
+            elif r < 0.9:
+                parts.append("{#" + sign() + " note " + sign() + "#}")
+            else:
+                parts.append("{%" + sign() + " raw " + sign() + "%}{{ raw }}" + ws() + "{%" + sign() + " endraw " + sign() + "%}")
+            parts.append(ws())
+        return "".join(parts)
+
+    variables = {"x": 7, "y": -3, "s": "Hello World", "l": ["b", "a", "c"], "d": {"a": 1, "b": [1, 2], "c": {"z": None}},
+                 "n": None, "f": 1.5, "b": True, "e": ""}
+    return [("random_template_%03d" % i, block(), variables) for i in range(n)]
+
+
 def first_chat_template(cfg):
     t = cfg.get("chat_template")
     if isinstance(t, list):
@@ -668,7 +753,7 @@ def main():
         ok = sum(1 for c in cases if "expected" in c)
         print("chat goldens: %s (%s): %d rendered, %d refused" % (model, fmt, ok, len(cases) - ok))
     engine = []
-    for name, source, variables in ENGINE_CASES:
+    for name, source, variables in ENGINE_CASES + random_templates(400, 7):
         case = {"name": name, "template": source, "vars": json.dumps(variables, ensure_ascii=False)}
         try:
             case["expected"] = env.from_string(source).render(**json.loads(case["vars"]))

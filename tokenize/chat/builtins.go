@@ -483,12 +483,41 @@ func rsplitN(s, sep string, max int) []string {
 	return rev
 }
 
+// Per-rune full case mappings ("ß" title-cases to "Ss", upper-cases to "SS").
+func titleRune(b *strings.Builder, c rune) {
+	if c < utf8.RuneSelf {
+		b.WriteRune(unicode.ToUpper(c))
+		return
+	}
+	b.WriteString(cases.Title(language.Und, cases.NoLower).String(string(c)))
+}
+
+func upperRune(b *strings.Builder, c rune) {
+	if c < utf8.RuneSelf {
+		b.WriteRune(unicode.ToUpper(c))
+		return
+	}
+	b.WriteString(toUpper(string(c)))
+}
+
+func lowerRune(b *strings.Builder, c rune) {
+	if c < utf8.RuneSelf {
+		b.WriteRune(unicode.ToLower(c))
+		return
+	}
+	b.WriteString(toLower(string(c)))
+}
+
+// pyCapitalize is str.capitalize(): the first character title-cased, the rest lower-cased.
 func pyCapitalize(s string) string {
 	if s == "" {
 		return s
 	}
 	c, n := utf8.DecodeRuneInString(s)
-	return string(unicode.ToTitle(c)) + toLower(s[n:])
+	var b strings.Builder
+	titleRune(&b, c)
+	b.WriteString(toLower(s[n:]))
+	return b.String()
 }
 
 // pyTitle is str.title(): a cased character after an uncased one starts a word.
@@ -497,16 +526,17 @@ func pyTitle(s string) string {
 	prevCased := false
 	for _, c := range s {
 		if prevCased {
-			b.WriteRune(unicode.ToLower(c))
+			lowerRune(&b, c)
 		} else {
-			b.WriteRune(unicode.ToTitle(c))
+			titleRune(&b, c)
 		}
 		prevCased = unicode.IsUpper(c) || unicode.IsLower(c) || unicode.IsTitle(c)
 	}
 	return b.String()
 }
 
-// jinjaTitle is Jinja2's title filter: words start after whitespace, "-", "(", "{", "[", "<".
+// jinjaTitle is Jinja2's title filter: each word (split after whitespace, "-", "(", "{", "[",
+// "<") gets its first character upper-cased and the rest lower-cased.
 func jinjaTitle(s string) string {
 	var b strings.Builder
 	start := true
@@ -516,9 +546,9 @@ func jinjaTitle(s string) string {
 		case sep:
 			b.WriteRune(c)
 		case start:
-			b.WriteRune(unicode.ToUpper(c))
+			upperRune(&b, c)
 		default:
-			b.WriteRune(unicode.ToLower(c))
+			lowerRune(&b, c)
 		}
 		start = sep
 	}

@@ -51,6 +51,8 @@ type Template struct {
 	// developerRole: the template names the "developer" role itself; otherwise vLLM turns
 	// developer messages into system messages.
 	developerRole bool
+	// rootUndef: template-level locals that hide render variables until assigned.
+	rootUndef []string
 }
 
 // Input is one chat request's template inputs.
@@ -74,7 +76,7 @@ func Compile(source string) (*Template, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Template{src: src, body: body, format: detectContentFormat(body),
+	return &Template{src: src, body: body, format: detectContentFormat(body), rootUndef: analyzeScopes(body),
 		developerRole: strings.Contains(source, `"developer"`) || strings.Contains(source, `'developer'`)}, nil
 }
 
@@ -190,6 +192,7 @@ func (t *Template) bind(r *renderer, in *Input) error {
 	r.setVar("tools", tools)
 	r.setVar("documents", documents)
 	r.setVar("add_generation_prompt", boolVal(in.AddGenerationPrompt))
+	r.bindUndef(t.rootUndef)
 	return nil
 }
 
@@ -215,6 +218,7 @@ func (t *Template) renderVars(dst []byte, vars []byte, now time.Time) (out []byt
 	for i, k := range v.d.keys {
 		r.setVar(k, v.d.vals[i])
 	}
+	r.bindUndef(t.rootUndef)
 	if _, err := r.execBody(t.body); err != nil {
 		return dst, err
 	}

@@ -100,6 +100,22 @@ func (r *renderer) setVar(name string, v Value) {
 
 func (r *renderer) pushFrame() { r.frames = append(r.frames, len(r.vars)) }
 
+// bindUndef makes the frame's compile-time locals undefined until they are assigned.
+func (r *renderer) bindUndef(names []string) {
+	for _, n := range names {
+		r.setVar(n, undefinedNamed(n))
+	}
+}
+
+// execFrame runs body in a frame of its own (set and filter blocks, {% generation %}).
+func (r *renderer) execFrame(body []*stmt, undef []string) (ctl, error) {
+	r.pushFrame()
+	r.bindUndef(undef)
+	c, err := r.execBody(body)
+	r.popFrame()
+	return c, err
+}
+
 func (r *renderer) popFrame() {
 	top := len(r.frames) - 1
 	clear(r.vars[r.frames[top]:])
@@ -166,7 +182,7 @@ func (r *renderer) exec(s *stmt) (ctl, error) {
 		}
 		ns.d.set(s.attr, v)
 	case sSetBlock:
-		v, err := r.capture(s.body)
+		v, err := r.captureFrame(s.body, s.undef)
 		if err != nil {
 			return ctlNone, err
 		}
@@ -177,7 +193,7 @@ func (r *renderer) exec(s *stmt) (ctl, error) {
 		}
 		r.setVar(s.targets[0], v)
 	case sFilterBlock:
-		v, err := r.capture(s.body)
+		v, err := r.captureFrame(s.body, s.undef)
 		if err != nil {
 			return ctlNone, err
 		}
@@ -194,7 +210,7 @@ func (r *renderer) exec(s *stmt) (ctl, error) {
 	case sContinue:
 		return ctlContinue, nil
 	case sBlock:
-		return r.execBody(s.body)
+		return r.execFrame(s.body, s.undef)
 	}
 	return ctlNone, nil
 }
@@ -206,6 +222,14 @@ func (r *renderer) capture(body []*stmt) (Value, error) {
 	s := string(r.out[mark:])
 	r.out = r.out[:mark]
 	return strVal(s), err
+}
+
+func (r *renderer) captureFrame(body []*stmt, undef []string) (Value, error) {
+	r.pushFrame()
+	r.bindUndef(undef)
+	v, err := r.capture(body)
+	r.popFrame()
+	return v, err
 }
 
 // output writes {{ e }}. Chains of string "+" or "~" are streamed into the output instead of
@@ -356,7 +380,10 @@ func (r *renderer) execFor(s *stmt) (ctl, error) {
 		items = kept
 	}
 	if len(items) == 0 {
-		return r.execBody(s.els)
+		if len(s.els) == 0 {
+			return ctlNone, nil
+		}
+		return r.execFrame(s.els, s.elsUndef)
 	}
 	ls, obj := r.a.loop(items)
 	loopVal := Value{k: kLoop, o: obj}
@@ -367,6 +394,7 @@ func (r *renderer) execFor(s *stmt) (ctl, error) {
 		}
 		ls.i = i
 		r.pushFrame()
+		r.bindUndef(s.undef)
 		r.vars = append(r.vars, binding{"loop", loopVal})
 		if err := r.bindTargets(s, it); err != nil {
 			r.popFrame()
@@ -483,6 +511,7 @@ func (r *renderer) macroValue(s *stmt) Value {
 			}
 			r.vars = append(r.vars, binding{p, v})
 		}
+		r.bindUndef(s.undef)
 		for _, k := range kw {
 			known := false
 			for _, p := range s.params {

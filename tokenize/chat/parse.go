@@ -73,7 +73,10 @@ type stmt struct {
 	params  []string
 	defs    []*expr // macro defaults, aligned to the end of params
 	filters []*expr // filter block / set block filters (a == nil)
-	pos     int
+	// Names that are frame-local and undefined when the frame this statement opens starts
+	// (see scope.go); elsUndef for a for loop's else block.
+	undef, elsUndef []string
+	pos             int
 }
 
 type parser struct {
@@ -275,7 +278,8 @@ func (p *parser) parseStmt() (*stmt, error) {
 func (p *parser) parseIf(pos int) (*stmt, error) {
 	s := &stmt{op: sIf, pos: pos}
 	for {
-		c, err := p.parseTupleOrExpr()
+		// Jinja2 parses if/elif conditions without conditional expressions.
+		c, err := p.parseTupleNoCond()
 		if err != nil {
 			return nil, err
 		}
