@@ -160,6 +160,7 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	var d decision
 	d.ep, d.decode = -1, -1
 	if s.cfg.KVMode == KVDisaggregated {
+		st.sessKey = append(st.sessKey[:0], sessionKey(nil, st)...)
 		s.decidePD(st, &d, true)
 	} else {
 		el := s.baseEligible(st, st.eligible, nil)

@@ -267,6 +267,9 @@ func (s *Server) streamBody(ctx context.Context, c *app.RequestContext, st *reqS
 	c.Response.Header.Del("Content-Length")
 	w := &abortableWriter{ExtWriter: resp.NewChunkedBodyWriter(&c.Response, c.GetWriter())}
 	c.Response.HijackWriter(w)
+	// Send the headers now: a long prefill may precede the first event.
+	w.Write(nil) //nolint:errcheck // writes the header only
+	w.Flush()    //nolint:errcheck
 	body := res.BodyStream()
 	fc, _ := body.(interface{ ForceClose() error })
 	done := make(chan struct{})

@@ -30,7 +30,7 @@ func (s *Server) decidePD(st *reqState, d *decision, explain bool) {
 		return
 	}
 	if s.kv != nil {
-		s.kv.route(st, elP, d)
+		s.kv.routeExplain(st, elP, d, explain)
 	}
 	if d.ep < 0 {
 		d.ep = s.prefRR.MinLoad(elP, s.loads)

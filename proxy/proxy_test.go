@@ -522,3 +522,33 @@ func TestShutdownDrains(t *testing.T) {
 		t.Errorf("shutdown: %v", err)
 	}
 }
+
+// Response headers reach the client before the first event (a long prefill must not
+// look like a hung connection).
+func TestSSEHeadersBeforeFirstEvent(t *testing.T) {
+	a := newFakeEngine(t, "a")
+	release := make(chan struct{})
+	a.handle = func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+		io.WriteString(w, "data: [DONE]\n\n")
+		return true
+	}
+	s := startProxy(t, testConfig(a.url()))
+	req, _ := http.NewRequest("POST", s.url("/v1/completions"), strings.NewReader(`{"model":"m","prompt":"x","stream":true}`))
+	res, err := httpc.Do(req) // returns once headers arrive
+	close(release)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.Header.Get("x-kvgate-endpoint") != "e0" || string(b) != "data: [DONE]\n\n" {
+		t.Errorf("%v %q", res.Header, b)
+	}
+}

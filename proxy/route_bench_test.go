@@ -147,3 +147,28 @@ func BenchmarkRouteStages(b *testing.B) {
 		_ = t0
 	})
 }
+
+// FuzzRoute drives arbitrary bodies through parsing and the KV-Exact ladder: any body
+// either is refused by the scanner or gets a decision; nothing panics.
+func FuzzRoute(f *testing.F) {
+	f.Add([]byte(complPrompt(sharedPrefix)))
+	f.Add(chatBody4k())
+	f.Add([]byte(`{"model":"qwen3","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}],"tools":null}`))
+	f.Add([]byte(`{"model":"qwen3","prompt":[[1,2,3]],"cache_salt":"\u00e9"}`))
+	s, st := benchServer(f, chatBody4k())
+	f.Fuzz(func(t *testing.T, body []byte) {
+		st.body = append(st.body[:0], body...)
+		if openai.Scan(st.body, &st.oa) != nil {
+			return
+		}
+		for _, chat := range []bool{true, false} {
+			st.chat = chat
+			clear(st.excluded)
+			var d decision
+			s.decide(st, &d, false)
+			if d.ep < 0 || d.ep >= len(s.eps) {
+				t.Fatalf("no endpoint for %q (route %v)", body, d.route)
+			}
+		}
+	})
+}

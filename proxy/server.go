@@ -15,6 +15,7 @@ import (
 
 	"github.com/cloudwego/hertz/pkg/app"
 	"github.com/cloudwego/hertz/pkg/app/client"
+	"github.com/cloudwego/hertz/pkg/app/middlewares/server/recovery"
 	"github.com/cloudwego/hertz/pkg/app/server"
 	"github.com/cloudwego/hertz/pkg/network"
 	"github.com/cloudwego/hertz/pkg/network/dialer"
@@ -303,6 +304,11 @@ func (s *Server) track(c *app.RequestContext) func() {
 }
 
 func (s *Server) routes() {
+	// A bug must cost one request, never the process.
+	s.h.Use(recovery.Recovery(recovery.WithRecoveryHandler(func(ctx context.Context, c *app.RequestContext, err any, stack []byte) {
+		s.log.Error("panic serving request", "err", err, "stack", string(stack))
+		writeError(c, 500, "internal_error", "kvgate internal error")
+	})))
 	s.h.POST("/v1/completions", func(ctx context.Context, c *app.RequestContext) { s.handleOpenAI(ctx, c, false) })
 	s.h.POST("/v1/chat/completions", func(ctx context.Context, c *app.RequestContext) { s.handleOpenAI(ctx, c, true) })
 	s.h.NoRoute(func(ctx context.Context, c *app.RequestContext) { s.handlePassThrough(ctx, c) })
@@ -346,7 +352,7 @@ func newReqState(n int) *reqState {
 		scratch:  shard.NewMask(n),
 		engMask:  shard.NewMask(n),
 		fastMask: shard.NewMask(n),
-		relay:    make([]byte, 32<<10),
+		relay:    make([]byte, 8<<10), // held per open stream: SSE events are small
 	}
 }
 
