@@ -3,83 +3,72 @@ package tokenize
 import (
 	"hash/maphash"
 	"strings"
-	"sync"
+	"sync/atomic"
 )
 
 // maxCachedWord is the longest word (bytes) kept in the word cache; longer words are rare and
 // would crowd out the common ones.
 const maxCachedWord = 64
 
+// The word cache holds cacheSets*cacheWays entries.
 const (
-	cacheShards       = 64
-	cacheShardEntries = 4096 // a full shard is cleared and refilled
+	cacheWays = 4
+	cacheSets = 1 << 15 // a power of two
 )
 
-// wordCache maps a pre-tokenized word to its IDs. It is split into shards, each behind its own
-// mutex, so concurrent encoders rarely meet; IDs live in one arena per shard (no allocation
-// per entry besides the key).
+// wordCache maps a pre-tokenized word to its IDs. It is set-associative: a word's hash picks a
+// set of four slots, each an atomic pointer to an immutable entry, so readers take no lock
+// and writers just replace an entry (a full set evicts one, picked by the hash). Shared by all
+// encoders of a tokenizer.
 type wordCache struct {
-	seed   maphash.Seed
-	shards [cacheShards]cacheShard
+	seed  maphash.Seed
+	slots []atomic.Pointer[cacheEntry]
 }
 
-type cacheShard struct {
-	mu  sync.Mutex
-	m   map[string]uint64 // word -> offset<<32 | count into ids
-	ids []uint32
-	_   [64]byte // keep shards on separate cache lines
+type cacheEntry struct {
+	word string
+	ids  []uint32
 }
 
 func newWordCache() *wordCache {
-	c := &wordCache{seed: maphash.MakeSeed()}
-	for i := range c.shards {
-		c.shards[i].m = make(map[string]uint64, 256)
-	}
-	return c
+	return &wordCache{seed: maphash.MakeSeed(), slots: make([]atomic.Pointer[cacheEntry], cacheSets*cacheWays)}
 }
 
-func (c *wordCache) shard(w string) *cacheShard {
-	return &c.shards[maphash.String(c.seed, w)&(cacheShards-1)]
+func (c *wordCache) set(w string) (uint64, []atomic.Pointer[cacheEntry]) {
+	h := maphash.String(c.seed, w)
+	i := (h & (cacheSets - 1)) * cacheWays
+	return h, c.slots[i : i+cacheWays : i+cacheWays]
 }
 
 // get appends the cached IDs of w to dst.
 func (c *wordCache) get(dst []uint32, w string) ([]uint32, bool) {
-	s := c.shard(w)
-	s.mu.Lock()
-	v, ok := s.m[w]
-	if ok {
-		off, n := uint32(v>>32), uint32(v)
-		dst = append(dst, s.ids[off:off+n]...)
+	_, set := c.set(w)
+	for i := range set {
+		if e := set[i].Load(); e != nil && e.word == w {
+			return append(dst, e.ids...), true
+		}
 	}
-	s.mu.Unlock()
-	return dst, ok
+	return dst, false
 }
 
 func (c *wordCache) put(w string, ids []uint32) {
-	s := c.shard(w)
-	s.mu.Lock()
-	if len(s.m) >= cacheShardEntries {
-		clear(s.m)
-		s.ids = s.ids[:0]
+	h, set := c.set(w)
+	e := &cacheEntry{word: strings.Clone(w), ids: append([]uint32(nil), ids...)}
+	for i := range set {
+		if set[i].CompareAndSwap(nil, e) {
+			return
+		}
 	}
-	if _, ok := s.m[w]; !ok {
-		s.m[strings.Clone(w)] = uint64(len(s.ids))<<32 | uint64(len(ids))
-		s.ids = append(s.ids, ids...)
-	}
-	s.mu.Unlock()
+	set[(h>>40)%cacheWays].Store(e)
 }
 
 // memoryBytes estimates the cache's current size.
 func (c *wordCache) memoryBytes() int64 {
-	var n int64
-	for i := range c.shards {
-		s := &c.shards[i]
-		s.mu.Lock()
-		n += int64(len(s.m))*(16+8+16) + int64(cap(s.ids))*4
-		for k := range s.m {
-			n += int64(len(k))
+	n := int64(len(c.slots)) * 8
+	for i := range c.slots {
+		if e := c.slots[i].Load(); e != nil {
+			n += 48 + int64(len(e.word)) + 4*int64(cap(e.ids))
 		}
-		s.mu.Unlock()
 	}
 	return n
 }
