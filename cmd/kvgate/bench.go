@@ -60,6 +60,8 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	plotFmt := fs.String("plot-format", "svg", "plot file format: svg, png or pdf")
 
 	var sp enginesim.Spec
+	fs.StringVar(&sp.Engine, "engine", "vllm", "engine the simulators play: vllm, sglang or trtllm")
+	fs.StringVar(&sp.Layout, "event-layout", "array", "vLLM event encoding: array or map")
 	fs.IntVar(&sp.BlockSize, "block-size", 16, "engine KV block size")
 	fs.StringVar(&sp.HashAlgo, "hash-algo", "sha256", "engine prefix-caching hash algo")
 	fs.IntVar(&sp.NumBlocks, "num-blocks", 1024, "KV blocks per engine")
