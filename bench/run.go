@@ -116,6 +116,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		pr, err := RunPolicy(ctx, cfg, p)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("policy %s: %w", p.Name, err))
+			if ctx.Err() != nil {
+				break
+			}
 			continue
 		}
 		res.Policies = append(res.Policies, *pr)
@@ -172,6 +175,9 @@ func RunPolicy(ctx context.Context, cfg Config, p Policy) (*PolicyResult, error)
 	}
 	defer stop()
 	pr := replay(ctx, cfg, p.Name, env.Model, target)
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("interrupted: %w", err) // a partial run is no result
+	}
 	for _, s := range sims {
 		pr.Endpoints = append(pr.Endpoints, s.Stats())
 	}
