@@ -177,7 +177,14 @@ func (inv *Inventory) Add(ep int, keys []uint64) (added int) {
 	}
 	var evicted, dropped int
 	cnt := &inv.counts[ep].n
-	for _, k := range keys {
+	var tabs [scoreBatch]*table
+	var homes [scoreBatch]uint64
+	for i, k := range keys {
+		// Touch the next batch's home buckets before locking for any of them, so their
+		// cache misses overlap (see locate).
+		if i%scoreBatch == 0 {
+			inv.locate(keys[i:], &tabs, &homes)
+		}
 		h, s := inv.shardOf(k)
 		sh := &inv.shards[s]
 		sh.mu.Lock()
@@ -314,7 +321,12 @@ func (inv *Inventory) Remove(ep int, keys []uint64) (removed int) {
 		return 0
 	}
 	cnt := &inv.counts[ep].n
-	for _, k := range keys {
+	var tabs [scoreBatch]*table
+	var homes [scoreBatch]uint64
+	for i, k := range keys {
+		if i%scoreBatch == 0 {
+			inv.locate(keys[i:], &tabs, &homes)
+		}
 		h, s := inv.shardOf(k)
 		sh := &inv.shards[s]
 		sh.mu.Lock()

@@ -258,26 +258,68 @@ func (t *table) claim(slot int, key uint64) {
 	atomic.StoreUint64(&t.buckets[slot/bucketSlots].keys[slot%bucketSlots], key)
 }
 
-// rebuildInto copies every live key of t into the unpublished table nt (plain stores:
-// no reader sees nt until it is published) and returns the number copied.
+// rebuildInto copies every live key of t into the unpublished table nt and returns the
+// number copied. Writer-side: t's slots change only under the shard mutex the caller
+// holds, so plain loads of them are race-free, and nt is private until published, so
+// plain stores into it are too.
 func (t *table) rebuildInto(nt *table, shardBits uint) int {
 	n := 0
-	for w := range t.zero {
-		nt.zero[w] = atomic.LoadUint64(&t.zero[w])
-	}
-	for slot, end := 0, t.slots(); slot < end; slot++ {
-		k := t.key(slot)
-		if k == 0 || !t.live(slot) {
-			continue
+	copy(nt.zero, t.zero)
+	ww := t.ww
+	for bi := range t.buckets {
+		bk := &t.buckets[bi]
+		for j := 0; j < bucketSlots; j++ {
+			k := bk.keys[j]
+			if k == 0 {
+				break // slots fill in order: the rest of the bucket is empty
+			}
+			slot := bi*bucketSlots + j
+			m := bk.masks[j]
+			var wide []uint64
+			if ww > 0 {
+				wide = t.wide[slot*ww : slot*ww+ww]
+				if m == 0 && allZero(wide) {
+					continue
+				}
+			} else if m == 0 {
+				continue
+			}
+			free := nt.freeSlotPrivate(nt.home(mix(k), shardBits))
+			nb := &nt.buckets[free/bucketSlots]
+			nb.keys[free%bucketSlots] = k
+			nb.masks[free%bucketSlots] = m
+			if ww > 0 {
+				copy(nt.wide[free*ww:free*ww+ww], wide)
+			}
+			n++
 		}
-		free := nt.freeSlot(nt.home(mix(k), shardBits))
-		nb := &nt.buckets[free/bucketSlots]
-		nb.keys[free%bucketSlots] = k
-		nb.masks[free%bucketSlots] = atomic.LoadUint64(t.word(slot, 0))
-		for w := 1; w <= t.ww; w++ {
-			nt.wide[free*nt.ww+w-1] = atomic.LoadUint64(t.word(slot, w))
-		}
-		n++
 	}
 	return n
+}
+
+// freeSlotPrivate is freeSlot for a table no reader can see yet: plain loads and stores.
+func (t *table) freeSlotPrivate(b uint64) int {
+	for {
+		bk := &t.buckets[b]
+		if bk.keys[bucketSlots-1] == 0 {
+			for j := 0; j < bucketSlots; j++ {
+				if bk.keys[j] == 0 {
+					return int(b)*bucketSlots + j
+				}
+			}
+		}
+		t.ovf[b/64] |= 1 << (b % 64)
+		if b++; b == t.nb {
+			b = 0
+		}
+	}
+}
+
+func allZero(ws []uint64) bool {
+	for _, w := range ws {
+		if w != 0 {
+			return false
+		}
+	}
+	return true
 }
