@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"net/url"
 	"os"
 	"strconv"
@@ -125,8 +126,12 @@ func ParseEndpoint(s string) (EndpointSpec, error) {
 	if err != nil || u.Scheme != "http" || u.Host == "" || (u.Path != "" && u.Path != "/") {
 		return e, fmt.Errorf("url %q: want http://host:port", e.URL)
 	}
-	e.URL = "http://" + u.Host
-	e.host = u.Host
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "80")
+	}
+	e.URL = "http://" + host
+	e.host = host
 	if e.Name == "" {
 		e.Name = u.Host
 	}

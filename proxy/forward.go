@@ -165,7 +165,7 @@ func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqStat
 	s.buildUpstream(c, req, ep, body, nil)
 	s.loads.Inc(d.ep)
 	defer s.loads.Dec(d.ep)
-	err := s.client.Do(ctx, req, res)
+	err := s.do(ctx, ep.spec.host, req, res)
 	if err != nil {
 		if ctx.Err() != nil {
 			ep.breaker.Neutral()

@@ -122,7 +122,7 @@ func (s *Server) doLeg(ctx context.Context, i int, req *protocol.Request, dst []
 	defer protocol.ReleaseResponse(res)
 	s.loads.Inc(i)
 	defer s.loads.Dec(i)
-	if err = s.client.Do(ctx, req, res); err != nil {
+	if err = s.do(ctx, ep.spec.host, req, res); err != nil {
 		if ctx.Err() != nil {
 			ep.breaker.Neutral()
 			return 0, dst, ErrConnect, err

@@ -552,3 +552,39 @@ func TestSSEHeadersBeforeFirstEvent(t *testing.T) {
 		t.Errorf("%v %q", res.Header, b)
 	}
 }
+
+// A client leaving while a non-streamed generation runs (no response headers yet)
+// cancels the engine's request too.
+func TestClientDisconnectCancelsNonStream(t *testing.T) {
+	a := newFakeEngine(t, "a")
+	cancelled := make(chan struct{})
+	a.handle = func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+		select {
+		case <-r.Context().Done():
+			close(cancelled)
+		case <-time.After(20 * time.Second):
+		}
+		return true
+	}
+	s := startProxy(t, testConfig(a.url()))
+	conn, err := net.Dial("tcp", s.PublicAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"model":"m","prompt":"x"}`
+	io.WriteString(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "+itoa(len(body))+"\r\n\r\n"+body)
+	waitFor(t, "in flight", func() bool { return s.loads.Get(0) == 1 })
+	conn.Close()
+	select {
+	case <-cancelled:
+	case <-time.After(15 * time.Second):
+		t.Fatal("engine request not cancelled after the client left")
+	}
+	waitFor(t, "in-flight released", func() bool { return s.loads.Get(0) == 0 })
+	s.conns.mu.Lock()
+	n := len(s.conns.m)
+	s.conns.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d connections left registered", n)
+	}
+}

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -17,7 +16,6 @@ import (
 	"github.com/cloudwego/hertz/pkg/app/client"
 	"github.com/cloudwego/hertz/pkg/app/middlewares/server/recovery"
 	"github.com/cloudwego/hertz/pkg/app/server"
-	"github.com/cloudwego/hertz/pkg/network"
 	"github.com/cloudwego/hertz/pkg/network/dialer"
 
 	"github.com/kvgate/kvgate/hashcore"
@@ -65,6 +63,7 @@ type Server struct {
 	ctx      context.Context
 	ready    atomic.Bool
 
+	conns     *connRegistry
 	active    atomic.Int64 // handlers running
 	draining  atomic.Bool
 	pool      sync.Pool // *reqState
@@ -120,9 +119,10 @@ func New(cfg Config, opt Options) (*Server, error) {
 	s.m = newProxyMetrics(s.names)
 	s.aff = newAffinity(cfg.AffinityTTL, cfg.AffinityMax)
 	s.pool.New = func() any { return newReqState(n) }
+	s.conns = newConnRegistry()
 
 	c, err := client.NewClient(
-		client.WithDialer(connectDialer{dialer.DefaultDialer()}),
+		client.WithDialer(connectDialer{Dialer: dialer.DefaultDialer(), reg: s.conns}),
 		client.WithDialTimeout(cfg.ConnectTimeout),
 		client.WithClientReadTimeout(cfg.UpstreamTimeout),
 		client.WithResponseBodyStream(true),
@@ -144,23 +144,6 @@ func New(cfg Config, opt Options) (*Server, error) {
 		s.kv = kv
 	}
 	return s, nil
-}
-
-// connectDialer marks dial failures so a connect failure (retry elsewhere) can be told
-// from a timeout or a broken exchange after the engine accepted the request.
-type connectDialer struct{ network.Dialer }
-
-type dialError struct{ err error }
-
-func (e *dialError) Error() string { return "connect: " + e.err.Error() }
-func (e *dialError) Unwrap() error { return e.err }
-
-func (d connectDialer) DialConnection(n, address string, timeout time.Duration, tlsConfig *tls.Config) (network.Conn, error) {
-	c, err := d.Dialer.DialConnection(n, address, timeout, tlsConfig)
-	if err != nil {
-		return nil, &dialError{err}
-	}
-	return c, nil
 }
 
 // Start opens the listeners, starts subscribers and health checks, and serves until

@@ -1,0 +1,110 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"sync"
+	"time"
+
+	"github.com/cloudwego/hertz/pkg/network"
+	"github.com/cloudwego/hertz/pkg/protocol"
+)
+
+// The hertz client cannot abandon a request while it waits for response headers, so
+// a client that leaves during a long non-streamed generation would leave the engine
+// working. kvgate's dialer wraps each upstream connection; when a request's header
+// goes out on one, the connection is recorded under (endpoint, X-Request-Id), and a
+// client disconnect closes exactly that connection, which the engine sees as a cancel.
+
+// connectDialer marks dial failures (a connect failure retries elsewhere, unlike a
+// timeout or a broken exchange after the engine accepted the request) and wraps
+// connections so they can be found by request.
+type connectDialer struct {
+	network.Dialer
+	reg *connRegistry
+}
+
+type dialError struct{ err error }
+
+func (e *dialError) Error() string { return "connect: " + e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
+
+func (d connectDialer) DialConnection(n, address string, timeout time.Duration, tlsConfig *tls.Config) (network.Conn, error) {
+	c, err := d.Dialer.DialConnection(n, address, timeout, tlsConfig)
+	if err != nil {
+		return nil, &dialError{err}
+	}
+	return &trackedConn{Conn: c, addr: address, reg: d.reg}, nil
+}
+
+type trackedConn struct {
+	network.Conn
+	addr string
+	reg  *connRegistry
+}
+
+var requestIDLine = []byte("\r\n" + hdrRequestID + ": ")
+
+// WriteBinary sees the request header (hertz writes it in one call) and records the
+// connection under its request id.
+func (c *trackedConn) WriteBinary(b []byte) (int, error) {
+	if i := bytes.Index(b, requestIDLine); i >= 0 {
+		id := b[i+len(requestIDLine):]
+		if j := bytes.IndexByte(id, '\r'); j >= 0 {
+			c.reg.set(c.addr, id[:j], c)
+		}
+	}
+	return c.Conn.WriteBinary(b)
+}
+
+// ToHertzError keeps hertz's error normalization (it recognizes stale pooled
+// connections by it).
+func (c *trackedConn) ToHertzError(err error) error {
+	if n, ok := c.Conn.(network.ErrorNormalization); ok {
+		return n.ToHertzError(err)
+	}
+	return err
+}
+
+type connRegistry struct {
+	mu sync.Mutex
+	m  map[string]*trackedConn
+}
+
+func newConnRegistry() *connRegistry { return &connRegistry{m: map[string]*trackedConn{}} }
+
+func regKey(addr string, id []byte) string { return addr + " " + string(id) }
+
+func (r *connRegistry) set(addr string, id []byte, c *trackedConn) {
+	r.mu.Lock()
+	r.m[regKey(addr, id)] = c
+	r.mu.Unlock()
+}
+
+func (r *connRegistry) take(key string) *trackedConn {
+	r.mu.Lock()
+	c := r.m[key]
+	delete(r.m, key)
+	r.mu.Unlock()
+	return c
+}
+
+// do runs one upstream exchange until its response headers; if ctx ends first (the
+// client left), the request's connection is closed so the engine stops.
+func (s *Server) do(ctx context.Context, host string, req *protocol.Request, res *protocol.Response) error {
+	id := req.Header.Peek(hdrRequestID)
+	if len(id) == 0 {
+		return s.client.Do(ctx, req, res)
+	}
+	key := regKey(host, id)
+	stop := context.AfterFunc(ctx, func() {
+		if c := s.conns.take(key); c != nil {
+			c.Close()
+		}
+	})
+	err := s.client.Do(ctx, req, res)
+	stop()
+	s.conns.take(key)
+	return err
+}
