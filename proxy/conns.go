@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"strconv"
 	"sync"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 // The hertz client cannot abandon a request while it waits for response headers, so
 // a client that leaves during a long non-streamed generation would leave the engine
 // working. kvgate's dialer wraps each upstream connection; when a request's header
-// goes out on one, the connection is recorded under (endpoint, X-Request-Id), and a
+// goes out on one, the connection is recorded under (endpoint, exchange tag), and a
 // client disconnect closes exactly that connection, which the engine sees as a cancel.
 
 // connectDialer marks dial failures (a connect failure retries elsewhere, unlike a
@@ -44,13 +45,17 @@ type trackedConn struct {
 	reg  *connRegistry
 }
 
-var requestIDLine = []byte("\r\n" + hdrRequestID + ": ")
+// hdrConnTag is a per-exchange tag kvgate adds to upstream requests: client-supplied
+// X-Request-Id values need not be unique, so they cannot name a connection.
+const hdrConnTag = "X-Kvgate-Exchange"
+
+var connTagLine = []byte("\r\n" + hdrConnTag + ": ")
 
 // WriteBinary sees the request header (hertz writes it in one call) and records the
-// connection under its request id.
+// connection under its exchange tag.
 func (c *trackedConn) WriteBinary(b []byte) (int, error) {
-	if i := bytes.Index(b, requestIDLine); i >= 0 {
-		id := b[i+len(requestIDLine):]
+	if i := bytes.Index(b, connTagLine); i >= 0 {
+		id := b[i+len(connTagLine):]
 		if j := bytes.IndexByte(id, '\r'); j >= 0 {
 			c.reg.set(c.addr, id[:j], c)
 		}
@@ -66,6 +71,8 @@ func (c *trackedConn) ToHertzError(err error) error {
 	}
 	return err
 }
+
+var connTagKey = []byte(hdrConnTag)
 
 type connRegistry struct {
 	mu sync.Mutex
@@ -93,10 +100,8 @@ func (r *connRegistry) take(key string) *trackedConn {
 // do runs one upstream exchange until its response headers; if ctx ends first (the
 // client left), the request's connection is closed so the engine stops.
 func (s *Server) do(ctx context.Context, host string, req *protocol.Request, res *protocol.Response) error {
-	id := req.Header.Peek(hdrRequestID)
-	if len(id) == 0 {
-		return s.client.Do(ctx, req, res)
-	}
+	id := strconv.AppendUint(make([]byte, 0, 20), s.exchanges.Add(1), 10)
+	req.Header.SetBytesKV(connTagKey, id)
 	key := regKey(host, id)
 	stop := context.AfterFunc(ctx, func() {
 		if c := s.conns.take(key); c != nil {

@@ -64,6 +64,7 @@ type Server struct {
 	ready    atomic.Bool
 
 	conns     *connRegistry
+	exchanges atomic.Uint64
 	active    atomic.Int64 // handlers running
 	draining  atomic.Bool
 	pool      sync.Pool // *reqState
