@@ -1,6 +1,9 @@
 package proxy
 
 import (
+	"bytes"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 )
@@ -124,5 +127,35 @@ func TestParseEndpointAndValidate(t *testing.T) {
 		if !ok || fe.Flag != tc.flag {
 			t.Errorf("case %d: %v, want refusal naming %s", i, err, tc.flag)
 		}
+	}
+}
+
+// Far fewer delivered cached tokens than predicted means the tokenizer or template
+// differs from the engine's: kvgate says so.
+func TestReceiptGapWarns(t *testing.T) {
+	var buf bytes.Buffer
+	s, err := New(testConfig("http://127.0.0.1:1"), Options{Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := decision{ep: 0, decode: -1, predicted: 128}
+	for i := 0; i < 19; i++ {
+		s.recordReceipt(&d, 0, 200)
+	}
+	if buf.Len() != 0 {
+		t.Fatalf("warned early: %s", buf.String())
+	}
+	s.recordReceipt(&d, 0, 200)
+	if !strings.Contains(buf.String(), "tokenizer, chat template or hash settings likely differ") {
+		t.Errorf("no gap warning: %q", buf.String())
+	}
+	buf.Reset()
+	good := decision{ep: 0, decode: -1, predicted: 128}
+	s2, _ := New(testConfig("http://127.0.0.1:1"), Options{Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+	for i := 0; i < 40; i++ {
+		s2.recordReceipt(&good, 120, 200)
+	}
+	if buf.Len() != 0 {
+		t.Errorf("warned on a healthy ratio: %s", buf.String())
 	}
 }
