@@ -188,9 +188,12 @@ func (t *table) find(key, b uint64) (slot int, ok bool) {
 func (t *table) freeSlot(b uint64) int {
 	for n := t.nb; n > 0; n-- {
 		bk := &t.buckets[b]
-		for j := 0; j < bucketSlots; j++ {
-			if atomic.LoadUint64(&bk.keys[j]) == 0 {
-				return int(b)*bucketSlots + j
+		// Slots fill in order, so the last one tells whether the bucket is full.
+		if atomic.LoadUint64(&bk.keys[bucketSlots-1]) == 0 {
+			for j := 0; j < bucketSlots; j++ {
+				if atomic.LoadUint64(&bk.keys[j]) == 0 {
+					return int(b)*bucketSlots + j
+				}
 			}
 		}
 		if !t.overflowed(b) {
