@@ -445,7 +445,7 @@ func (s *Server) serveOne(ctx context.Context, c *app.RequestContext, st *reqSta
 	}
 	var lastErr error
 	for attempt := 0; attempt < maxAttempts; attempt++ {
-		var d decision
+		d := decision{ep: -1, decode: -1}
 		if openAI {
 			s.decide(st, &d, false)
 		} else {

@@ -30,21 +30,33 @@ func serveFlags(args []string, stderr io.Writer) (proxy.Config, string, error) {
 	cfg := proxy.Defaults()
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, `usage: kvgate serve [flags]
+
+Runs one rule: an OpenAI-compatible HTTP proxy in front of a pool of engines.
+  kvgate serve -endpoint name=a,url=http://10.0.0.1:8000 -endpoint name=b,url=http://10.0.0.2:8000 -select chwbl
+  kvgate serve -kv-mode 3 -kv-hash-algo sha256_cbor -model Qwen/Qwen3-8B -tokenizer /models/qwen3 \
+      -endpoint name=a,url=http://10.0.0.1:8000,engine=vllm,events=tcp://10.0.0.1:5557
+Contradictory or incomplete rules are refused at start, naming the flag to fix.
+
+`)
+		fs.PrintDefaults()
+	}
 	var endpoints, models, tokenizers, loras serveList
 	var endpointsFile, sel, kvMode, kvScore, logLevel string
 	fs.StringVar(&cfg.Listen, "listen", ":8080", "public listener address (OpenAI API)")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "admin listener address (/metrics, /debug/*, /healthz, /readyz, /admin/*); empty disables it")
-	fs.StringVar(&cfg.AdminToken, "admin-token", "", "when set, admin requests need 'Authorization: Bearer <token>' (except /healthz, /readyz)")
+	fs.StringVar(&cfg.AdminToken, "admin-token", "", "when set, admin requests need 'Authorization: Bearer <token>' (except /healthz, /readyz) (default none)")
 	fs.Var(&endpoints, "endpoint", "upstream engine, repeatable: name=..,url=http://host:port,engine=vllm|sglang|trtllm|llamacpp,role=both|prefill|decode,events=tcp://host:5557,replay=tcp://host:5558,topic=..,dp=N,weight=W,down=true,bootstrap_port=N")
-	fs.StringVar(&endpointsFile, "endpoints-file", "", "file with one -endpoint value per line (# comments)")
+	fs.StringVar(&endpointsFile, "endpoints-file", "", "file with one -endpoint value per line (# comments) (default none)")
 	fs.StringVar(&sel, "select", "rr", "selector for non-KV routing and KV misses: rr | chwbl")
 	fs.StringVar(&kvMode, "kv-mode", "off", "KV-Exact routing: off | 3 (converged pool) | 1 (prefill/decode)")
 	fs.IntVar(&cfg.KVBlockSize, "kv-block-size", cfg.KVBlockSize, "engine block size in tokens (SGLang: page size)")
-	fs.StringVar(&cfg.KVHashAlgo, "kv-hash-algo", "", "vLLM --prefix-caching-hash-algo: sha256 (default) | sha256_cbor | xxhash | xxhash_cbor")
-	fs.StringVar(&cfg.KVHashSeed, "kv-hash-seed", "", "the engines' PYTHONHASHSEED; omit when they run with it unset")
+	fs.StringVar(&cfg.KVHashAlgo, "kv-hash-algo", "", "vLLM --prefix-caching-hash-algo: sha256 | sha256_cbor | xxhash | xxhash_cbor (default none: the engine's default, sha256; SGLang: sha256)")
+	fs.StringVar(&cfg.KVHashSeed, "kv-hash-seed", "", "the engines' PYTHONHASHSEED (default unset: omit when the engines run without it)")
 	fs.StringVar(&cfg.KVKeys, "kv-keys", cfg.KVKeys, "which keys to match: auto (engine keys while parity holds, kvgate's re-hashed keys otherwise) | engine | rehash (always re-hash events' token_ids into kvgate's fast keys)")
 	fs.StringVar(&kvScore, "kv-score", "overlap", "scoring: overlap (matching blocks) | prefix (leading run)")
-	fs.IntVar(&cfg.KVMinMatchTokens, "kv-min-match-tokens", cfg.KVMinMatchTokens, "a KV hit below this many matched tokens is a miss (shallow)")
+	fs.IntVar(&cfg.KVMinMatchTokens, "kv-min-match-tokens", cfg.KVMinMatchTokens, "a KV hit below this many matched tokens is a miss (shallow) (default 0: any match counts)")
 	fs.Float64Var(&cfg.LoadFactor, "kv-load-factor", cfg.LoadFactor, "bounded-load epsilon: an endpoint above ceil((1+eps) x mean in-flight) is skipped (KV winner and chwbl)")
 	fs.IntVar(&cfg.CHWBLPrefixBytes, "chwbl-prefix-bytes", cfg.CHWBLPrefixBytes, "bytes of the system message / prompt in the chwbl key")
 	fs.Var(&models, "model", "served model name for the -tokenizer of the same position; NAME[,ALIAS...] (repeatable)")
@@ -53,14 +65,14 @@ func serveFlags(args []string, stderr io.Writer) (proxy.Config, string, error) {
 	fs.IntVar(&cfg.BreakerFailures, "breaker-failures", cfg.BreakerFailures, "consecutive connect failures that open an endpoint's circuit breaker")
 	fs.DurationVar(&cfg.BreakerOpenFor, "breaker-open", cfg.BreakerOpenFor, "how long an open breaker stays open before half-open trials")
 	fs.IntVar(&cfg.BreakerHalfOpen, "breaker-half-open", cfg.BreakerHalfOpen, "trial requests allowed while half-open")
-	fs.IntVar(&cfg.Breaker5xxStreak, "breaker-5xx", 0, "consecutive 5xx answers that open the breaker (0: 5xx never open it)")
+	fs.IntVar(&cfg.Breaker5xxStreak, "breaker-5xx", 0, "consecutive 5xx answers that open the breaker (default 0: 5xx never open it)")
 	fs.DurationVar(&cfg.HealthInterval, "health-interval", cfg.HealthInterval, "active health check interval (0 disables)")
 	fs.DurationVar(&cfg.HealthTimeout, "health-timeout", cfg.HealthTimeout, "active health check timeout")
 	fs.StringVar(&cfg.HealthPath, "health-path", cfg.HealthPath, "active health check path")
 	fs.DurationVar(&cfg.ConnectTimeout, "connect-timeout", cfg.ConnectTimeout, "upstream connect timeout (a failure retries on the next-best endpoint)")
 	fs.DurationVar(&cfg.UpstreamTimeout, "upstream-timeout", cfg.UpstreamTimeout, "max wait for upstream response headers and between streamed reads (504 after)")
 	fs.IntVar(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "request body limit (413 above)")
-	fs.IntVar(&cfg.MaxRetries, "max-retries", 0, "retries after connect failures (0: up to the number of endpoints)")
+	fs.IntVar(&cfg.MaxRetries, "max-retries", 0, "retries after connect failures (default 0: up to the number of endpoints)")
 	fs.DurationVar(&cfg.AffinityTTL, "affinity-ttl", cfg.AffinityTTL, "mode 1 session affinity lifetime")
 	fs.IntVar(&cfg.AffinityMax, "affinity-max", cfg.AffinityMax, "mode 1 session affinity entries (LRU beyond; 0 disables)")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "on SIGINT/SIGTERM, how long in-flight requests may finish")
