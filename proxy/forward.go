@@ -231,8 +231,13 @@ func (s *Server) relayResponse(ctx context.Context, c *app.RequestContext, st *r
 			st.out = st.out[:len(st.out)+n]
 			if err != nil {
 				if err != io.EOF {
+					// Nothing reached the client yet: say what happened instead of
+					// passing on a truncated body.
 					s.m.upstream[ErrMidStream][d.ep].Inc()
-					c.SetConnectionClose()
+					res.CloseBodyStream() //nolint:errcheck
+					writeError(c, 502, "upstream_error", "endpoint "+ep.spec.Name+" broke off its response: "+err.Error())
+					setDecisionHeaders(c, ep, d)
+					return
 				}
 				break
 			}

@@ -108,3 +108,27 @@ func TestMidStreamFailureAborts(t *testing.T) {
 	}
 	waitFor(t, "mid-stream error counted", func() bool { return s.m.upstream[ErrMidStream][0].Get() == 1 })
 }
+
+// A non-streamed body cut short by the engine becomes a 502, not a truncated 200.
+func TestTruncatedBody502(t *testing.T) {
+	ln := listenLocal(t)
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			buf := make([]byte, 4096)
+			conn.Read(buf)
+			io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\":")
+			conn.Close()
+		}
+	}()
+	s := startProxy(t, testConfig("http://"+ln.Addr().String()))
+	res, body := post(t, s.url("/v1/completions"), complBody)
+	if res.StatusCode != 502 {
+		t.Errorf("status %d %q", res.StatusCode, body)
+	}
+	checkErrorBody(t, body, 502)
+}
