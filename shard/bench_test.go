@@ -404,3 +404,96 @@ func heapDelta(build func()) int64 {
 	runtime.ReadMemStats(&after)
 	return int64(after.HeapAlloc) - int64(before.HeapAlloc)
 }
+
+// BenchmarkScoreWhileWriting is BenchmarkScore's overlap workload while one writer
+// goroutine churns the same index (add a 16-key batch, remove the oldest): what readers
+// pay for concurrent writes. The RWMutex baseline's readers wait for the writer's lock;
+// the inventory's never do. B/op counts the writer goroutine's allocations (table
+// rebuilds) too: Score itself allocates nothing (TestScoreAllocatesNothing).
+func BenchmarkScoreWhileWriting(b *testing.B) {
+	const batchLen = 16
+	qs := benchQueries(1 << 20)
+	scores := make([]int32, benchEndpoints)
+	elig := NewMask(benchEndpoints)
+	elig.SetAll(benchEndpoints)
+	e := lowBits(benchEndpoints)
+	suffix := fmt.Sprintf("overlap/keys=%d/endpoints=%d/inventory=1M", benchQueryLen, benchEndpoints)
+	run := func(b *testing.B, write func(add bool, ep int, batch []uint64), score func(q []uint64)) {
+		var stop sync.WaitGroup
+		done := make(chan struct{})
+		stop.Add(1)
+		go func() {
+			defer stop.Done()
+			batch := make([]uint64, batchLen)
+			for i := uint64(0); ; i += batchLen {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				for j := range batch {
+					batch[j] = benchKey(1<<40 + i + uint64(j))
+				}
+				write(true, int(i/batchLen%benchEndpoints), batch)
+				if i >= 1<<16 {
+					for j := range batch {
+						batch[j] = benchKey(1<<40 + i - 1<<16 + uint64(j))
+					}
+					write(false, int((i-1<<16)/batchLen%benchEndpoints), batch)
+				}
+			}
+		}()
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			score(qs[i%benchQueryCount])
+			i++
+		}
+		reportPerKey(b, benchQueryLen)
+		close(done)
+		stop.Wait()
+	}
+	// Each sub-benchmark gets a fresh 1M-key index: the writer leaves its keys behind.
+	b.Run("shard/"+suffix, func(b *testing.B) {
+		inv := fillInventory(b, 1<<20)
+		run(b, func(add bool, ep int, batch []uint64) {
+			if add {
+				inv.Add(ep, batch)
+			} else {
+				inv.Remove(ep, batch)
+			}
+		}, func(q []uint64) { inv.Score(q, elig, Overlap, scores) })
+	})
+	b.Run("rwmutex-map/"+suffix, func(b *testing.B) {
+		rw := fillRWMap(1 << 20)
+		run(b, func(add bool, ep int, batch []uint64) {
+			rw.mu.Lock()
+			for _, k := range batch {
+				if add {
+					rw.m[k] |= 1 << ep
+				} else if m := rw.m[k] &^ (1 << ep); m == 0 {
+					delete(rw.m, k)
+				} else {
+					rw.m[k] = m
+				}
+			}
+			rw.mu.Unlock()
+		}, func(q []uint64) { rw.score(q, e, Overlap, scores) })
+	})
+	b.Run("xsync-map/"+suffix, func(b *testing.B) {
+		xm := fillXsync(1 << 20)
+		run(b, func(add bool, ep int, batch []uint64) {
+			for _, k := range batch {
+				xm.Compute(k, func(old uint64, _ bool) (uint64, xsync.ComputeOp) {
+					if add {
+						return old | 1<<ep, xsync.UpdateOp
+					}
+					if m := old &^ (1 << ep); m != 0 {
+						return m, xsync.UpdateOp
+					}
+					return 0, xsync.DeleteOp
+				})
+			}
+		}, func(q []uint64) { scoreXsync(xm, q, e, Overlap, scores) })
+	})
+}
