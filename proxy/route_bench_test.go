@@ -1,8 +1,13 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -171,4 +176,48 @@ func FuzzRoute(f *testing.F) {
 			}
 		}
 	})
+}
+
+// BenchmarkProxyRoundTrip compares a non-streamed request sent directly to a local
+// engine with the same request through kvgate (rr), reporting the added latency.
+func BenchmarkProxyRoundTrip(b *testing.B) {
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"x","choices":[{"text":"hi"}],"usage":{"prompt_tokens":4,"prompt_tokens_details":{"cached_tokens":0}}}`)
+	}))
+	defer engine.Close()
+	cfg := testConfig(engine.URL)
+	s, err := New(cfg, Options{Logger: quietLog})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pub, adm := listenBench(b), listenBench(b)
+	if err := s.StartWith(context.Background(), pub, adm); err != nil {
+		b.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+	body := complBody
+	run := func(b *testing.B, url string) {
+		b.ReportAllocs()
+		for b.Loop() {
+			res, err := cl.Post(url, "application/json", strings.NewReader(body))
+			if err != nil {
+				b.Fatal(err)
+			}
+			io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+		}
+	}
+	b.Run("direct", func(b *testing.B) { run(b, engine.URL+"/v1/completions") })
+	b.Run("kvgate", func(b *testing.B) { run(b, s.url("/v1/completions")) })
+}
+
+func listenBench(b *testing.B) net.Listener {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return ln
 }

@@ -265,6 +265,13 @@ func skipString(b []byte, i int) (int, bool, error) {
 	i++
 	esc := false
 	for i < len(b) {
+		// Fast path: runs of plain ASCII, the bulk of prompts.
+		for i < len(b) && plainASCII[b[i]] {
+			i++
+		}
+		if i >= len(b) {
+			break
+		}
 		c := b[i]
 		switch {
 		case c == '"':
@@ -299,6 +306,15 @@ func skipString(b []byte, i int) (int, bool, error) {
 	}
 	return 0, false, ErrSyntax
 }
+
+// plainASCII marks bytes a JSON string holds as themselves: printable ASCII other
+// than the quote and the backslash.
+var plainASCII = func() (t [256]bool) {
+	for c := 0x20; c < 0x80; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
 
 func isHex4(h []byte) bool {
 	for _, c := range h {
