@@ -258,3 +258,25 @@ func TestScoreAllocatesNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestKeysArbitraryCursor: a cursor from a client (it travels through /debug/inventory)
+// may be anything; Keys must neither panic nor loop.
+func TestKeysArbitraryCursor(t *testing.T) {
+	inv, _ := New(Config{Endpoints: 2, Shards: 4})
+	inv.Add(1, []uint64{0, 1, 2, 3, 1 << 63})
+	for _, c := range []uint64{1, 1 << 40, 3<<40 | 5, 4 << 40, 1<<40 - 1, ^uint64(0), 1 << 63} {
+		keys, next := inv.Keys(1, c, 3, nil)
+		if len(keys) > 3 {
+			t.Errorf("cursor %#x: %d keys", c, len(keys))
+		}
+		for steps := 0; next != 0; steps++ {
+			if steps > 10 {
+				t.Fatalf("cursor %#x: paging does not end", c)
+			}
+			keys, next = inv.Keys(1, next, 3, keys)
+		}
+	}
+	if got := listAll(t, inv, 1, 2); !slices.Equal(got, []uint64{0, 1, 2, 3, 1 << 63}) {
+		t.Errorf("listing = %v", got)
+	}
+}
