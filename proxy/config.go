@@ -241,6 +241,7 @@ type Config struct {
 	ConnectTimeout  time.Duration
 	UpstreamTimeout time.Duration // until response headers; 504 after
 	MaxBodyBytes    int
+	MaxHeaderBytes  int // request header limit (hertz answers 431 above)
 	MaxRetries      int // 0: up to the number of endpoints
 
 	AffinityTTL time.Duration
@@ -269,6 +270,7 @@ func Defaults() Config {
 		ConnectTimeout:   2 * time.Second,
 		UpstreamTimeout:  300 * time.Second,
 		MaxBodyBytes:     32 << 20,
+		MaxHeaderBytes:   64 << 10,
 		AffinityTTL:      10 * time.Minute,
 		AffinityMax:      100000,
 		ShutdownGrace:    30 * time.Second,
@@ -411,6 +413,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBodyBytes < 1024 {
 		return refuse("-max-body-bytes", "%d: want at least 1024", c.MaxBodyBytes)
+	}
+	if c.MaxHeaderBytes < 1024 {
+		return refuse("-max-header-bytes", "%d: want at least 1024", c.MaxHeaderBytes)
 	}
 	if c.ConnectTimeout <= 0 {
 		return refuse("-connect-timeout", "must be > 0")

@@ -588,3 +588,44 @@ func TestClientDisconnectCancelsNonStream(t *testing.T) {
 		t.Errorf("%d connections left registered", n)
 	}
 }
+
+func TestAdminTokenAndHeaderLimit(t *testing.T) {
+	a := newFakeEngine(t, "a")
+	cfg := testConfig(a.url())
+	cfg.AdminToken = "s3cret"
+	cfg.MaxHeaderBytes = 2048
+	s := startProxy(t, cfg)
+	res, err := httpc.Get(s.admURL("/debug/inventory"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 401 {
+		t.Errorf("no token: %d", res.StatusCode)
+	}
+	req, _ := http.NewRequest("GET", s.admURL("/debug/inventory"), nil)
+	req.Header.Set("Authorization", "Bearer s3cret")
+	res, err = httpc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		t.Errorf("with token: %d", res.StatusCode)
+	}
+	res, err = httpc.Get(s.admURL("/healthz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		t.Errorf("healthz needs no token: %d", res.StatusCode)
+	}
+	res, _ = post(t, s.url("/v1/completions"), complBody, "X-Big", strings.Repeat("x", 4096))
+	if res.StatusCode < 400 || res.StatusCode >= 500 {
+		t.Errorf("oversized header: %d", res.StatusCode)
+	}
+	if a.count("/v1/completions") != 0 {
+		t.Error("oversized header reached the engine")
+	}
+}

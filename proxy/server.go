@@ -190,7 +190,7 @@ func (s *Server) start() error {
 		server.WithSenseClientDisconnection(true),
 		server.WithDisablePrintRoute(true),
 		server.WithExitWaitTime(s.cfg.ShutdownGrace),
-		server.WithMaxHeaderBytes(64<<10),
+		server.WithMaxHeaderBytes(s.cfg.MaxHeaderBytes),
 		server.WithDisableHeaderNamesNormalizing(true),
 		server.WithIdleTimeout(120*time.Second),
 	)

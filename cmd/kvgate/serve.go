@@ -72,6 +72,7 @@ Contradictory or incomplete rules are refused at start, naming the flag to fix.
 	fs.DurationVar(&cfg.ConnectTimeout, "connect-timeout", cfg.ConnectTimeout, "upstream connect timeout (a failure retries on the next-best endpoint)")
 	fs.DurationVar(&cfg.UpstreamTimeout, "upstream-timeout", cfg.UpstreamTimeout, "max wait for upstream response headers and between streamed reads (504 after)")
 	fs.IntVar(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "request body limit (413 above)")
+	fs.IntVar(&cfg.MaxHeaderBytes, "max-header-bytes", cfg.MaxHeaderBytes, "request header limit in bytes")
 	fs.IntVar(&cfg.MaxRetries, "max-retries", 0, "retries after connect failures (default 0: up to the number of endpoints)")
 	fs.DurationVar(&cfg.AffinityTTL, "affinity-ttl", cfg.AffinityTTL, "mode 1 session affinity lifetime")
 	fs.IntVar(&cfg.AffinityMax, "affinity-max", cfg.AffinityMax, "mode 1 session affinity entries (LRU beyond; 0 disables)")
