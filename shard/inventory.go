@@ -348,6 +348,10 @@ func (inv *Inventory) Remove(ep int, keys []uint64) (removed int) {
 // so writers of that shard wait at most one chunk (readers never wait at all).
 const clearChunkSlots = 4096
 
+// clearMaxRestarts is how many times a rebuild may restart one shard's chunked sweep
+// before ClearEndpoint sweeps that shard in a single hold of its mutex.
+const clearMaxRestarts = 2
+
 // ClearEndpoint drops every key endpoint ep holds (an engine restart, a prefix-cache
 // reset, a seq gap). It sweeps one shard chunk at a time; scoring runs on throughout and
 // sees ep's bits vanish key by key.
@@ -360,18 +364,28 @@ func (inv *Inventory) ClearEndpoint(ep int) {
 	for s := range inv.shards {
 		sh := &inv.shards[s]
 		var seen *table
+		restarts := 0
 		for pos := 0; ; {
 			sh.mu.Lock()
 			t := inv.tabs[s].Load()
 			if t != seen {
 				// First chunk, or a writer rebuilt the table between chunks: sweep the
 				// new table from the start (clearing is idempotent).
+				if seen != nil {
+					restarts++
+				}
 				seen, pos = t, 0
 				if t.has(zeroSlot, ep) {
 					inv.clearLocked(t, sh, zeroSlot, ep, cnt)
 				}
 			}
-			end := min(pos+clearChunkSlots, t.slots())
+			chunk := clearChunkSlots
+			if restarts >= clearMaxRestarts {
+				// Writers keep rebuilding this shard under the sweep: finish it in one
+				// hold so the clear ends. Writers wait for it; readers still do not.
+				chunk = t.slots()
+			}
+			end := min(pos+chunk, t.slots())
 			for slot := pos; slot < end; slot++ {
 				if t.key(slot) != 0 && t.has(slot, ep) {
 					inv.clearLocked(t, sh, slot, ep, cnt)

@@ -318,3 +318,41 @@ func TestConcurrentClearAll(t *testing.T) {
 		}
 	}
 }
+
+// TestClearEndpointUnderRebuilds: a writer growing the same shard (so its table is
+// rebuilt under the chunked sweep) does not make ClearEndpoint miss keys or hang.
+func TestClearEndpointUnderRebuilds(t *testing.T) {
+	inv, _ := New(Config{Endpoints: 2, Shards: 1})
+	old := make([]uint64, 100_000)
+	for i := range old {
+		old[i] = benchKey(uint64(i))
+	}
+	inv.Add(0, old)
+	inv.Add(1, old[:50_000])
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		batch := make([]uint64, 64)
+		for i := uint64(0); i < 300_000; i += 64 {
+			for j := range batch {
+				batch[j] = benchKey(1<<40 + i + uint64(j))
+			}
+			inv.Add(1, batch)
+		}
+	}()
+	for i := 0; i < 5; i++ {
+		inv.ClearEndpoint(0)
+		inv.Add(0, old[:1000])
+	}
+	inv.ClearEndpoint(0)
+	<-done
+	if c := inv.Count(0); c != 0 {
+		t.Fatalf("Count(0) = %d after ClearEndpoint", c)
+	}
+	if keys := listAll(t, inv, 0, 0); len(keys) != 0 {
+		t.Fatalf("endpoint 0 still holds %d keys", len(keys))
+	}
+	if c := inv.Count(1); c != 50_000+300_000 || len(listAll(t, inv, 1, 0)) != c {
+		t.Fatalf("endpoint 1: Count %d", c)
+	}
+}
