@@ -333,7 +333,7 @@ func TestClearEndpointUnderRebuilds(t *testing.T) {
 	go func() {
 		defer close(done)
 		batch := make([]uint64, 64)
-		for i := uint64(0); i < 300_000; i += 64 {
+		for i := uint64(0); i < 300_032; i += 64 {
 			for j := range batch {
 				batch[j] = benchKey(1<<40 + i + uint64(j))
 			}
@@ -352,7 +352,7 @@ func TestClearEndpointUnderRebuilds(t *testing.T) {
 	if keys := listAll(t, inv, 0, 0); len(keys) != 0 {
 		t.Fatalf("endpoint 0 still holds %d keys", len(keys))
 	}
-	if c := inv.Count(1); c != 50_000+300_000 || len(listAll(t, inv, 1, 0)) != c {
+	if c := inv.Count(1); c != 50_000+300_032 || len(listAll(t, inv, 1, 0)) != c {
 		t.Fatalf("endpoint 1: Count %d", c)
 	}
 }
