@@ -638,7 +638,13 @@ def random_templates(n, seed):
         if r < 0.8:
             return "(" + expr(d + 1) + ")"
         return rng.choice(["s.upper()", "s.split()", "s.strip()", "s.startswith('H')", "s.replace('l', 'L')",
-                           "d.get('a', 0)", "d.items()|list", "s.split(',')", "l|length", "range(3)|list"])
+                           "d.get('a', 0)", "d.items()|list", "s.split(',')", "l|length", "range(3)|list",
+                           "ns.v", "loop.index", "loop.first", "loop.last", "loop.length", "loop.revindex0",
+                           "m1(x)", "m1('k', 2)", "ms|selectattr('r', 'eq', 'u')|map(attribute='c')|list",
+                           "ms|map(attribute='r')|join('/')", "d|dictsort", "s.rstrip('d')", "s.lstrip('H')",
+                           "s.find('o')", "s.count('l')", "l.index('a')", "s.title()", "s.endswith(('d', 'x'))",
+                           "'%s-%s' % (x, y)", "'{}:{}'.format(x, s)", "s|center(15)", "s|indent(2)",
+                           "ms|rejectattr('c')|list", "[x, y]|max", "l|select('ne', 'a')|list", "ms[0].c"])
 
     filters = ["upper", "lower", "trim", "length", "join(',')", "first", "last", "reverse|list", "default('z')",
                "tojson", "string", "int", "abs", "round", "replace('a', 'b')", "title", "capitalize", "sort|list",
@@ -683,8 +689,17 @@ def random_templates(n, seed):
             elif r < 0.72:
                 parts.append("{%" + sign() + " for it in " + rng.choice(["l", "s", "d", "[3, 1, 2]", "range(2)", "u", "l|reverse"]) +
                              " " + sign() + "%}" + "{{ loop.index }}:{{ it }}" + block(d + 1) + "{%" + sign() + " endfor " + sign() + "%}")
-            elif r < 0.82:
+            elif r < 0.78:
                 parts.append("{%" + sign() + " set " + rng.choice(["x", "t", "s"]) + " = " + expr() + " " + sign() + "%}")
+            elif r < 0.82:
+                parts.append(rng.choice([
+                    "{%" + sign() + " set ns.v = " + expr() + " " + sign() + "%}",
+                    "{%" + sign() + " if " + expr() + " %}a{%" + sign() + " elif " + expr() + " %}b{% else %}c{% endif %}",
+                    "{%" + sign() + " for k, v in d.items() " + sign() + "%}{{ k }}={{ v }}" + ws() + "{% endfor %}",
+                    "{%" + sign() + " for it in l if it != 'a' %}{{ loop.index }}{{ it }}{% else %}none{% endfor %}",
+                    "{%" + sign() + " macro m1(a, b=1) " + sign() + "%}" + block(d + 1) + "{{ a }}{{ b }}{% endmacro %}",
+                    "{% set blk %}" + block(d + 1) + "{% endset %}[{{ blk }}]",
+                ]))
             elif r < 0.9:
                 parts.append("{#" + sign() + " note " + sign() + "#}")
             else:
@@ -694,7 +709,10 @@ def random_templates(n, seed):
 
     variables = {"x": 7, "y": -3, "s": "Hello World", "l": ["b", "a", "c"], "d": {"a": 1, "b": [1, 2], "c": {"z": None}},
                  "n": None, "f": 1.5, "b": True, "e": ""}
-    return [("random_template_%03d" % i, block(), variables) for i in range(n)]
+    variables["ms"] = [{"r": "u", "c": "hi"}, {"r": "a", "c": ""}, {"r": "u", "c": "yo"}]
+    prelude = "{%- set ns = namespace(v=0) -%}{%- macro m1(a, b=1) -%}<{{ a }}|{{ b }}>{%- endmacro -%}"
+    return [("random_template_%03d" % i, (prelude if rng.random() < 0.7 else "") + block(), variables)
+            for i in range(n)]
 
 
 def first_chat_template(cfg):
@@ -753,7 +771,11 @@ def main():
         ok = sum(1 for c in cases if "expected" in c)
         print("chat goldens: %s (%s): %d rendered, %d refused" % (model, fmt, ok, len(cases) - ok))
     engine = []
-    for name, source, variables in ENGINE_CASES + random_templates(400, 7):
+    # KVGATE_CHAT_RANDOM / KVGATE_CHAT_SEED widen the random search locally; the committed
+    # goldens use the defaults.
+    n_random = int(os.environ.get("KVGATE_CHAT_RANDOM", "400"))
+    seed = int(os.environ.get("KVGATE_CHAT_SEED", "7"))
+    for name, source, variables in ENGINE_CASES + random_templates(n_random, seed):
         case = {"name": name, "template": source, "vars": json.dumps(variables, ensure_ascii=False)}
         try:
             case["expected"] = env.from_string(source).render(**json.loads(case["vars"]))

@@ -617,12 +617,33 @@ func pyStrFormat(s string, args []Value, kw []kwArg) (string, error) {
 	return b.String(), nil
 }
 
+// hashable is whether Python can hash the value (set members, dict keys).
+func hashable(v Value) bool {
+	switch v.k {
+	case kList:
+		if !v.l.isTuple {
+			return false
+		}
+		for _, it := range v.l.items {
+			if !hashable(it) {
+				return false
+			}
+		}
+		return true
+	case kDict, kNS:
+		return false
+	}
+	return true
+}
+
 // pyPercentFormat is "fmt" % args for %s, %d, %i, %r and %%.
 func pyPercentFormat(f string, arg Value) (string, error) {
 	args := []Value{arg}
 	if arg.k == kList && arg.l.isTuple {
 		args = arg.l.items
 	}
+	// A list or dict argument counts as a mapping: unused, it is no error.
+	mapping := (arg.k == kList && !arg.l.isTuple) || arg.k == kDict || arg.k == kUndefined
 	var b []byte
 	n := 0
 	for i := 0; i < len(f); i++ {
@@ -661,7 +682,7 @@ func pyPercentFormat(f string, arg Value) (string, error) {
 			return "", fmt.Errorf("unsupported format character '%c'", f[i])
 		}
 	}
-	if n < len(args) {
+	if n < len(args) && !(mapping && n == 0) {
 		return "", fmt.Errorf("not all arguments converted during string formatting")
 	}
 	return string(b), nil
@@ -886,16 +907,22 @@ func (r *renderer) applyTest(e *expr, v Value) (bool, error) {
 	case "mapping":
 		return v.k == kDict, nil
 	case "sequence":
-		return v.k == kList || v.k == kString || v.k == kDict, nil
+		return v.k == kList || v.k == kString || v.k == kDict || v.k == kUndefined, nil
 	case "iterable":
 		return v.k == kList || v.k == kString || v.k == kDict || v.k == kNS || v.k == kUndefined, nil
 	case "callable":
 		return v.k == kFunc || v.k == kCycle, nil
 	case "odd", "even":
-		if v.k != kInt && v.k != kBool {
-			return false, r.errf(e.pos, "test '%s' needs an integer", e.name)
+		// Jinja2: value % 2 == 1 (odd) or == 0 (even); floats allowed.
+		m, err := r.binop("%", v, intVal(2), e.pos)
+		if err != nil {
+			return false, err
 		}
-		return (v.n%2 != 0) == (e.name == "odd"), nil
+		want := int64(0)
+		if e.name == "odd" {
+			want = 1
+		}
+		return equal(m, intVal(want)), nil
 	case "divisibleby":
 		a, err := arg()
 		if err != nil {
@@ -1137,6 +1164,9 @@ func (r *renderer) filter(name string, v Value, args []Value, kw []kwArg, pos in
 		}
 		var out []Value
 		for _, it := range items {
+			if !hashable(it) {
+				return undefined, r.errf(pos, "unhashable type: '%s'", it.typeName())
+			}
 			dup := false
 			for _, o := range out {
 				a, b := it, o
@@ -1189,6 +1219,8 @@ func (r *renderer) filter(name string, v Value, args []Value, kw []kwArg, pos in
 	case "int":
 		def := argOr(args, kw, 0, "default", intVal(0))
 		switch v.k {
+		case kUndefined:
+			return undefined, r.undefinedErr(v, pos) // int(Undefined) raises
 		case kInt, kBool:
 			return intVal(v.n), nil
 		case kFloat:
@@ -1205,6 +1237,8 @@ func (r *renderer) filter(name string, v Value, args []Value, kw []kwArg, pos in
 	case "float":
 		def := argOr(args, kw, 0, "default", floatVal(0))
 		switch v.k {
+		case kUndefined:
+			return undefined, r.undefinedErr(v, pos)
 		case kInt, kBool, kFloat:
 			return floatVal(v.num()), nil
 		case kString:
@@ -1229,6 +1263,9 @@ func (r *renderer) filter(name string, v Value, args []Value, kw []kwArg, pos in
 		method := argOr(args, kw, 1, "method", strVal("common")).s
 		if !v.isNumber() {
 			return undefined, r.errf(pos, "round needs a number")
+		}
+		if v.k != kFloat && method != "ceil" && method != "floor" && prec >= 0 {
+			return intVal(v.n), nil // Python's round(int, n) is the int itself
 		}
 		m := math.Pow(10, float64(prec))
 		x := v.num() * m
@@ -1302,7 +1339,13 @@ func (r *renderer) filter(name string, v Value, args []Value, kw []kwArg, pos in
 		if width.k == kString {
 			ind = width.s
 		}
-		s := toStr(v)
+		if v.k != kString { // Jinja2 appends "\n" to the value itself: only strings work
+			if v.k == kUndefined {
+				return undefined, r.undefinedErr(v, pos)
+			}
+			return undefined, r.errf(pos, "unsupported operand type(s) for +=: '%s' and 'str'", v.typeName())
+		}
+		s := v.s
 		s += "\n" // Jinja2 appends a newline, indents, then strips it back off.
 		lines := strings.SplitAfter(s, "\n")
 		lines = lines[:len(lines)-1]

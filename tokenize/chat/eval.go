@@ -871,6 +871,15 @@ func (r *renderer) binop(op string, a, b Value, pos int) (Value, error) {
 	if op == "~" {
 		return strVal(toStr(a) + toStr(b)), nil
 	}
+	if op == "%" && a.k == kString && b.k == kUndefined {
+		// str % Undefined: Undefined passes Python's mapping check, so a format without
+		// specifiers is returned as is (and "%s" prints it as "").
+		s, err := pyPercentFormat(a.s, b)
+		if err != nil {
+			return undefined, r.errf(pos, "%v", err)
+		}
+		return strVal(s), nil
+	}
 	if a.k == kUndefined {
 		return undefined, r.undefinedErr(a, pos)
 	}
@@ -1116,6 +1125,9 @@ func (r *renderer) contains(container, item Value, pos int) (bool, error) {
 		return false, nil
 	case kDict, kNS:
 		if item.k != kString {
+			if !hashable(item) {
+				return false, r.errf(pos, "unhashable type: '%s'", item.typeName())
+			}
 			return false, nil
 		}
 		_, ok := container.d.get(item.s)
