@@ -80,7 +80,8 @@ type shardState struct {
 	mu   sync.Mutex
 	live atomic.Int64 // keys with a non-zero mask (including key 0)
 	used int          // claimed slots: live + tombstones (key 0 excluded); under mu
-	// usedGauge mirrors used for Stats, which must not read used without the mutex.
+	// usedGauge mirrors used for Stats, which must not read used without the mutex;
+	// it is refreshed every 64 claims and on every rebuild.
 	usedGauge atomic.Int64
 	_         [128 - 8 - 8 - 8 - 8]byte
 }
@@ -245,7 +246,9 @@ func (inv *Inventory) addLocked(s int, sh *shardState, ep int, k, h uint64, cnt 
 		t.setBit(free, ep)
 		t.claim(free, k)
 		sh.used++
-		sh.usedGauge.Store(int64(sh.used))
+		if sh.used%64 == 0 {
+			sh.usedGauge.Store(int64(sh.used)) // a gauge: coarse is enough
+		}
 		sh.live.Add(1)
 		cnt.Add(1)
 		return r
