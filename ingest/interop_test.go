@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -36,6 +37,8 @@ func startPyEngine(t *testing.T) *pyEngine {
 		t.Fatal(err)
 	}
 	cmd.Stderr = &testWriter{t}
+	// If the test binary dies (a timeout panic skips Cleanup), take the engine with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
