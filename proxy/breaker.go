@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -28,6 +29,8 @@ type Breaker struct {
 	now       func() time.Time
 	mu        sync.Mutex
 	state     BreakerState
+	closed    atomic.Bool // state == BreakerClosed, readable without the lock
+	clean     atomic.Bool // closed with no failure streak: Success has nothing to do
 	streak    int
 	openedAt  time.Time
 	inTrial   int
@@ -37,7 +40,10 @@ type Breaker struct {
 
 // NewBreaker returns a closed breaker.
 func NewBreaker(failures int, openFor time.Duration, trials, fiveXXStreak int) *Breaker {
-	return &Breaker{failures: failures, openFor: openFor, trials: trials, fiveLimit: fiveXXStreak, now: time.Now}
+	b := &Breaker{failures: failures, openFor: openFor, trials: trials, fiveLimit: fiveXXStreak, now: time.Now}
+	b.closed.Store(true)
+	b.clean.Store(true)
+	return b
 }
 
 // State reports the state, turning open into half-open once the period has passed.
@@ -58,6 +64,9 @@ func (b *Breaker) tickLocked() {
 // Ready says whether a request could be admitted now (selection filter; no side effect
 // beyond the open -> half-open transition).
 func (b *Breaker) Ready() bool {
+	if b.closed.Load() { // the common case: no lock on the request path
+		return true
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.tickLocked()
@@ -73,6 +82,9 @@ func (b *Breaker) Ready() bool {
 // Allow admits one request, claiming a trial slot when half-open. Every Allow that
 // returns true must be followed by Success, Failure or Neutral.
 func (b *Breaker) Allow() bool {
+	if b.closed.Load() {
+		return true
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.tickLocked()
@@ -90,19 +102,25 @@ func (b *Breaker) Allow() bool {
 
 // Success records a request that reached the engine and got a non-5xx answer.
 func (b *Breaker) Success() {
+	if b.clean.Load() {
+		return
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.streak, b.fiveXX = 0, 0
 	if b.state == BreakerHalfOpen {
 		b.state = BreakerClosed
 		b.inTrial = 0
+		b.closed.Store(true)
 	}
+	b.clean.Store(b.state == BreakerClosed)
 }
 
 // Failure records a connect failure (or timeout).
 func (b *Breaker) Failure() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.clean.Store(false)
 	b.streak++
 	b.failLocked(b.streak >= b.failures)
 }
@@ -111,6 +129,7 @@ func (b *Breaker) Failure() {
 func (b *Breaker) FiveXX() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.clean.Store(false)
 	b.fiveXX++
 	b.failLocked(b.fiveLimit > 0 && b.fiveXX >= b.fiveLimit)
 }
@@ -118,6 +137,7 @@ func (b *Breaker) FiveXX() {
 func (b *Breaker) failLocked(trip bool) {
 	if b.state == BreakerHalfOpen || trip {
 		b.state = BreakerOpen
+		b.closed.Store(false)
 		b.openedAt = b.now()
 		b.inTrial = 0
 		b.streak, b.fiveXX = 0, 0

@@ -629,3 +629,19 @@ func TestAdminTokenAndHeaderLimit(t *testing.T) {
 		t.Error("oversized header reached the engine")
 	}
 }
+
+// Bodies above hertz's own 4 MiB default but under -max-body-bytes pass whole.
+func TestLargeBodyUnderLimit(t *testing.T) {
+	a := newFakeEngine(t, "a")
+	cfg := testConfig(a.url())
+	cfg.MaxBodyBytes = 8 << 20
+	s := startProxy(t, cfg)
+	big := `{"model":"m","prompt":"` + strings.Repeat("y", 6<<20) + `"}`
+	res, body := post(t, s.url("/v1/completions"), big)
+	if res.StatusCode != 200 {
+		t.Fatalf("status %d %.200s", res.StatusCode, body)
+	}
+	if r := a.requests(); len(r) != 1 || r[0].body != big {
+		t.Errorf("engine got %d requests / altered body", len(r))
+	}
+}
