@@ -378,7 +378,8 @@ def random_cases(n, seed):
     return out
 
 
-CASES += random_cases(40, 20261130)
+CASES += random_cases(int(os.environ.get("KVGATE_CHAT_CONV", "40")),
+                      int(os.environ.get("KVGATE_CHAT_CONV_SEED", "20261130")))
 
 ENGINE_CASES = [
     # (name, template, vars)
