@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -643,5 +646,48 @@ func TestLargeBodyUnderLimit(t *testing.T) {
 	}
 	if r := a.requests(); len(r) != 1 || r[0].body != big {
 		t.Errorf("engine got %d requests / altered body", len(r))
+	}
+}
+
+// Many concurrent streams all complete intact, and nothing is left running after.
+func TestConcurrentStreamsNoLeak(t *testing.T) {
+	a, b := newFakeEngine(t, "a"), newFakeEngine(t, "b")
+	s := startProxy(t, testConfig(a.url(), b.url()))
+	before := runtime.NumGoroutine()
+	var wg sync.WaitGroup
+	errs := make(chan string, 100)
+	for i := 0; i < 100; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := httpc.Post(s.url("/v1/completions"), "application/json", strings.NewReader(`{"model":"m","prompt":"x","stream":true}`))
+			if err != nil {
+				errs <- err.Error()
+				return
+			}
+			body, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			ep := map[string]string{"e0": "a", "e1": "b"}[res.Header.Get("x-kvgate-endpoint")]
+			if string(body) != strings.Join(sseEvents(ep), "") {
+				errs <- fmt.Sprintf("stream from %q: %q", ep, body)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+	// Idle keep-alive connections (client -> kvgate -> engines) are pooling, not leaks.
+	httpc.CloseIdleConnections()
+	s.client.CloseIdleConnections()
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > before+10 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before+10 {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		t.Fatalf("goroutines %d -> %d\n%s", before, n, buf)
 	}
 }
