@@ -86,6 +86,21 @@ type inventoryEndpoint struct {
 	Delivered uint64 `json:"delivered_cached_tokens"`
 	Receipts  uint64 `json:"receipts"`
 	KVHits    uint64 `json:"kv_hits"`
+	Delivery  string `json:"delivery"`
+}
+
+// deliveryNote reads the receipts: engines reporting far fewer cached tokens than
+// kvgate predicted means kvgate tokenizes, templates or hashes differently.
+func deliveryNote(receipts, predicted, delivered uint64) string {
+	switch {
+	case receipts == 0:
+		return "no receipts yet (non-streamed responses carry usage; streams need stream_options.include_usage)"
+	case predicted < 256:
+		return "too little predicted to judge"
+	case float64(delivered) < 0.5*float64(predicted):
+		return "gap: engines deliver far fewer cached tokens than predicted; tokenizer, chat template or hash settings likely differ from the engine's"
+	}
+	return "ok"
 }
 
 func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
@@ -100,6 +115,7 @@ func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
 			Predicted: s.m.predicted[i].Get(), Delivered: s.m.delivered[i].Get(),
 			Receipts: s.m.receipts[i].Get(), KVHits: s.m.hits[i].Get(),
 		}
+		ie.Delivery = deliveryNote(ie.Receipts, ie.Predicted, ie.Delivered)
 		if s.kv != nil {
 			ie.Keys, ie.Parity, ie.Connected, ie.LastSeq = s.kv.inventory(i)
 		}
