@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cloudwego/hertz/pkg/common/hlog"
+	"github.com/cloudwego/netpoll"
 
 	"github.com/kvgate/kvgate/proxy"
 )
@@ -178,6 +179,7 @@ func runServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	// hertz logs through its own logger: keep warnings and errors, as slog records.
 	hlog.SetLevel(hlog.LevelWarn)
 	hlog.SetOutput(slogWriter{log})
+	netpoll.SetLoggerOutput(slogWriter{log})
 
 	s, err := proxy.New(cfg, proxy.Options{Logger: log})
 	if err != nil {
