@@ -178,13 +178,16 @@ func TestTRTDrainOverHTTP(t *testing.T) {
 	q.ResetIDs()
 	q.Stored(0, false, enginepub.TRTBlock{Hash: 30, Tokens: D0})
 	fail.Store(false)
-	waitFor(t, "restart", func() bool { return st().Restarts == 1 && st().Reconnects == 1 })
+	waitUntilID(0)
+	if s := st(); s.Restarts != 1 || s.Reconnects != 1 {
+		t.Fatalf("after restart: %+v", s)
+	}
 	if got := invKeys(inv, 2); !slices.Equal(got, []uint64{fastKey(bs, D0)}) {
 		t.Fatalf("after restart: %v", got)
 	}
 	q.Stored(99, true, enginepub.TRTBlock{Hash: 31, Tokens: A0}) // unknown parent
 	q.Created(5)
-	waitFor(t, "created", func() bool { return st().ClearedByEngine == 2 })
+	waitUntilID(2)
 	if s := st(); s.Orphans != 1 || s.Keys != 0 {
 		t.Fatalf("%+v", s)
 	}

@@ -182,7 +182,7 @@ func TestReplayBootstrapAndReconnect(t *testing.T) {
 			pub.Publish(enginepub.BlockRemoved{Hashes: []uint64{100}})
 			m := startManager(t, testConfig(inv), EndpointConfig{Name: "e", Engine: "vllm", Events: addr, Replay: raddr, Topic: "kv"})
 			st := func() EndpointStatus { return m.Status(0) }
-			waitFor(t, "replay", func() bool { return st().ReplayedBatches == 21 })
+			waitFor(t, "replay", func() bool { return st().ReplayedBatches == 21 && st().LastSeq == 20 })
 			if s := st(); s.Keys != 19 || s.LastSeq != 20 || s.GapsCleared+s.Restarts != 0 {
 				t.Fatalf("after replay: %+v", s)
 			}
@@ -203,7 +203,7 @@ func TestReplayBootstrapAndReconnect(t *testing.T) {
 			waitFor(t, "reconnect", func() bool { s := st(); return s.Reconnects >= 1 && s.Keys == 22 })
 			waitSubscribed(t, pub2)
 			pub2.Publish(stored(203))
-			waitFor(t, "live after reconnect", func() bool { return st().Keys == 23 })
+			waitFor(t, "live after reconnect", func() bool { return st().Keys == 23 && st().LastSeq == int64(seq+2) })
 			if s := st(); s.GapsCleared+s.Restarts != 0 || s.LastSeq != int64(seq+2) {
 				t.Fatalf("after reconnect: %+v", s)
 			}
