@@ -135,42 +135,79 @@ TEXT_FIELDS = {"text": "text", "input_text": "text", "output_text": "text", "ref
                "thinking": "thinking"}
 
 
+# Keys some content-part type defines; other keys of a text part are carried into the
+# "openai"-format part.
+KNOWN_PART_FIELDS = {"type", "text", "image_url", "input_audio", "file", "audio_url", "video_url", "refusal",
+                     "image_pil", "uuid", "image_embeds", "audio_embeds", "video_embeds", "data", "name",
+                     "thinking", "closed"}
+BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def strip_billing_header(parts):
+    """System messages lose a leading Claude Code billing header line (and an emptied part)."""
+    out = []
+    for p in parts:
+        text = p if isinstance(p, str) else (p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None)
+        if not (isinstance(text, str) and text.startswith(BILLING_HEADER)):
+            out.append(p)
+            continue
+        rest = text.partition("\n")[2]
+        if not rest:
+            continue
+        out.append(rest if isinstance(p, str) else {**p, "text": rest})
+    return out
+
+
 def convert_message(msg, fmt):
     role = msg["role"]
     content = msg.get("content")
     if content is None:
-        parts = []
+        content = []
     elif isinstance(content, str):
-        parts = [content]
-    else:
-        parts = []
-        for p in content:
-            if isinstance(p, str):
-                parts.append(p)
-                continue
-            field = TEXT_FIELDS[p["type"]]
-            if p.get(field) is None:
-                continue
-            parts.append(p[field])
+        content = [{"type": "text", "text": content}]
+    if role == "system":
+        content = strip_billing_header(content)
+    parts = []  # (text, source part or None)
+    for p in content:
+        if isinstance(p, str):
+            parts.append((p, None))
+            continue
+        field = TEXT_FIELDS[p["type"]]
+        if p.get(field) is None:
+            continue
+        parts.append((p[field], p))
     out = {"role": role}
     if fmt == "openai" and role != "tool":
-        out["content"] = [{"type": "text", "text": t} for t in parts]
+        items = []
+        for t, src in parts:
+            item = {"type": "text", "text": t}
+            if src is not None:
+                item.update({k: v for k, v in src.items() if k not in KNOWN_PART_FIELDS})
+            items.append(item)
+        out["content"] = items
     else:
-        out["content"] = "\n".join(parts)
+        out["content"] = "\n".join(t for t, _ in parts)
     if role == "assistant":
         if msg.get("tool_calls") is not None:
             calls = []
             for c in msg["tool_calls"]:
                 c = dict(c)
+                if c.get("type", "function") != "function" or not isinstance(c.get("function"), dict):
+                    raise ValueError("tool_calls entries must be of type function")
                 fn = dict(c["function"])
                 args = fn.get("arguments")
-                if isinstance(args, str):
+                if not args:
+                    parsed = {}
+                elif isinstance(args, dict):
+                    parsed = args
+                elif isinstance(args, str):
                     try:
-                        fn["arguments"] = json.loads(args)
+                        parsed = json.loads(args)
                     except json.JSONDecodeError:
-                        fn["arguments"] = {}
-                elif not isinstance(args, (dict, list)):
-                    fn["arguments"] = {}
+                        parsed = {}
+                else:
+                    parsed = args
+                fn["arguments"] = parsed if isinstance(parsed, dict) else {}
                 c["function"] = fn
                 calls.append(c)
             if calls:
@@ -299,6 +336,16 @@ CASES = [
                               {"role": "assistant", "content": "Oslo: -3 C with snow; Tokyo: 21:04."},
                               {"role": "user", "content": "Thanks!"}],
      [WEATHER_TOOL, TIME_TOOL], None, True),
+    ("claude_billing_header", [{"role": "system", "content": [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=1.0; cch=abc123"},
+        {"type": "text", "text": "x-anthropic-billing-header: cch=zz\nYou are Claude Code.", "cache_control": {"type": "ephemeral"}}]},
+        {"role": "user", "content": [{"type": "text", "text": "Fix the bug.", "cache_control": {"type": "ephemeral"}}]}], None, None, True),
+    ("tool_args_shapes", [{"role": "user", "content": "go"},
+                          {"role": "assistant", "content": "", "tool_calls": [
+                              call(1, "get_time", "[1, 2]"), call(2, "get_time", ""), call(3, "get_time", "42"),
+                              {"id": "call_4", "type": "function", "function": {"name": "get_time", "arguments": {"tz": "UTC"}}}]},
+                          {"role": "tool", "tool_call_id": "call_1", "content": "ok"}],
+     [TIME_TOOL], None, True),
     ("tools_empty_list", [{"role": "user", "content": "No tools today."}], [], None, True),
     ("tool_call_long_ids", [{"role": "user", "content": "Time in Lima?"},
                             {"role": "assistant", "content": None, "tool_calls": [
@@ -606,6 +653,7 @@ Tools:
 {%- for part in message.content -%}
 {%- if part.type == 'text' %}[{{ loop.index }}/{{ loop.length }}]{{ part.text | replace('
 ', ' / ') }}{% endif -%}
+{%- if part.cache_control is defined %}{{ part | tojson }}{% endif -%}
 {%- endfor -%}
 {%- endif -%}
 {%- if message.reasoning_content is defined and message.reasoning_content %} (thought: {{ message.reasoning_content | wordcount }} words){% endif -%}

@@ -47,7 +47,7 @@ func convertMessage(a *arena, m Value, format ContentFormat) (Value, error) {
 	if !ok || role.k != kString {
 		return undefined, errors.New(`message needs a string "role"`)
 	}
-	texts, err := contentTexts(a, m)
+	texts, srcs, err := contentTexts(a, m, role.s == "system")
 	if err != nil {
 		return undefined, err
 	}
@@ -56,9 +56,22 @@ func convertMessage(a *arena, m Value, format ContentFormat) (Value, error) {
 	if format == ContentOpenAI {
 		parts := a.valSlice(len(texts))
 		for i, t := range texts {
-			p := a.dict(2)
+			src := srcs[i]
+			n := 2
+			if src.k == kDict {
+				n += len(src.d.keys)
+			}
+			p := a.dict(n)
 			p.set("type", strVal("text"))
 			p.set("text", strVal(t))
+			if src.k == kDict {
+				// Fields no content-part type defines (e.g. cache_control) ride along.
+				for j, k := range src.d.keys {
+					if !knownPartField(k) {
+						p.set(k, src.d.vals[j])
+					}
+				}
+			}
 			parts[i] = dictValue(p)
 		}
 		if role.s == "tool" {
@@ -203,27 +216,74 @@ func joinLines(texts []string) string {
 	return string(b)
 }
 
-// contentTexts returns the text parts of a message's content. Parts that are not text (images,
-// audio) cannot be routed by a text tokenizer and are refused.
-func contentTexts(a *arena, m Value) ([]string, error) {
+// knownPartField: the keys some OpenAI/vLLM content-part type defines; any other key of a
+// text part is copied into the part vLLM hands to "openai"-format templates.
+func knownPartField(k string) bool {
+	switch k {
+	case "type", "text", "image_url", "input_audio", "file", "audio_url", "video_url", "refusal",
+		"image_pil", "uuid", "image_embeds", "audio_embeds", "video_embeds", "data", "name",
+		"thinking", "closed":
+		return true
+	}
+	return false
+}
+
+// claudeBillingHeader starts a line Claude Code puts in system prompts; vLLM drops that line
+// (it changes on every request and would defeat the prefix cache).
+const claudeBillingHeader = "x-anthropic-billing-header"
+
+// stripBillingHeader applies vLLM's rule to one system text part: drop the header line, and
+// the whole part when nothing follows it.
+func stripBillingHeader(t string) (string, bool) {
+	if !strings.HasPrefix(t, claudeBillingHeader) {
+		return t, true
+	}
+	i := strings.IndexByte(t, '\n')
+	if i < 0 || i == len(t)-1 {
+		return "", false
+	}
+	return t[i+1:], true
+}
+
+// contentTexts returns the text parts of a message's content and, per part, the part object
+// it came from (undefined for a string). Parts that are not text (images, audio) cannot be
+// routed by a text tokenizer and are refused.
+func contentTexts(a *arena, m Value, system bool) ([]string, []Value, error) {
 	c, _ := m.d.get("content")
 	switch c.k {
 	case kUndefined, kNone:
-		return nil, nil
+		return nil, nil, nil
 	case kString:
-		t := a.strSlice(1)
-		t[0] = c.s
-		return t, nil
+		t := c.s
+		if system {
+			var keep bool
+			if t, keep = stripBillingHeader(t); !keep {
+				return nil, nil, nil
+			}
+		}
+		ts := a.strSlice(1)
+		ts[0] = t
+		srcs := a.valSlice(1)
+		return ts, srcs, nil
 	case kList:
 		texts := a.strSlice(len(c.l.items))[:0]
+		srcs := a.valSlice(len(c.l.items))[:0]
 		for i, p := range c.l.items {
 			switch p.k {
 			case kString:
-				texts = append(texts, p.s)
+				t := p.s
+				if system {
+					var keep bool
+					if t, keep = stripBillingHeader(t); !keep {
+						continue
+					}
+				}
+				texts = append(texts, t)
+				srcs = append(srcs, undefined)
 				continue
 			case kDict:
 			default:
-				return nil, fmt.Errorf("content[%d] must be a string or an object", i)
+				return nil, nil, fmt.Errorf("content[%d] must be a string or an object", i)
 			}
 			typ, _ := p.d.get("type")
 			field := ""
@@ -235,21 +295,29 @@ func contentTexts(a *arena, m Value) ([]string, error) {
 			case "thinking":
 				field = "thinking"
 			default:
-				return nil, fmt.Errorf("content[%d]: unsupported content part type %q for text routing", i, typ.s)
+				return nil, nil, fmt.Errorf("content[%d]: unsupported content part type %q for text routing", i, typ.s)
 			}
 			t, _ := p.d.get(field)
 			switch t.k {
 			case kUndefined, kNone:
 				continue // vLLM skips text parts without text
 			case kString:
-				texts = append(texts, t.s)
+				s := t.s
+				if system && typ.s == "text" {
+					var keep bool
+					if s, keep = stripBillingHeader(s); !keep {
+						continue
+					}
+				}
+				texts = append(texts, s)
+				srcs = append(srcs, p)
 			default:
-				return nil, fmt.Errorf("content[%d].%s must be a string", i, field)
+				return nil, nil, fmt.Errorf("content[%d].%s must be a string", i, field)
 			}
 		}
-		return texts, nil
+		return texts, srcs, nil
 	}
-	return nil, errors.New(`"content" must be a string, an array of parts or null`)
+	return nil, nil, errors.New(`"content" must be a string, an array of parts or null`)
 }
 
 func convertToolCalls(a *arena, tc Value) (Value, error) {
@@ -262,21 +330,24 @@ func convertToolCalls(a *arena, tc Value) (Value, error) {
 			return undefined, fmt.Errorf("tool_calls[%d] must be an object", i)
 		}
 		fn, ok := call.d.get("function")
-		if !ok || fn.k != kDict {
-			return undefined, fmt.Errorf(`tool_calls[%d] needs a "function" object`, i)
+		if typ, has := call.d.get("type"); (has && (typ.k != kString || typ.s != "function")) || !ok || fn.k != kDict {
+			return undefined, fmt.Errorf(`tool_calls[%d] must be of type "function" with a "function" object`, i)
 		}
+		// Arguments become an object: a JSON string is parsed, and anything that is not (or
+		// does not decode to) an object becomes {}.
 		args, _ := fn.d.get("arguments")
-		var parsed Value
-		switch args.k {
-		case kString:
-			var err error
+		parsed := args
+		switch {
+		case !args.truth():
+			parsed = dictValue(a.dict(0))
+		case args.k == kString:
 			// args.s may point into the request bytes, which stay put during Render.
-			if parsed, err = parseJSONIn(a, unsafe.Slice(unsafe.StringData(args.s), len(args.s))); err != nil {
-				parsed = dictValue(a.dict(0))
+			v, err := parseJSONIn(a, unsafe.Slice(unsafe.StringData(args.s), len(args.s)))
+			if err != nil || v.k != kDict {
+				v = dictValue(a.dict(0))
 			}
-		case kDict, kList:
-			parsed = args
-		default:
+			parsed = v
+		case args.k != kDict:
 			parsed = dictValue(a.dict(0))
 		}
 		nf := a.dict(len(fn.d.keys))
