@@ -175,7 +175,8 @@ func (a *applier) hashBlocks(ev *Event) bool {
 	if sizeDiffers {
 		attest = false
 	}
-	doFast := hasF && cfg.Fast.BlockSize() == bs
+	// Engine mode never switches: fast keys would be wasted work.
+	doFast := hasF && cfg.Fast.BlockSize() == bs && e.keys != KeysEngine
 	ex := a.extras(ev)
 	mismatch := false
 	for i := 0; i < nb; i++ {

@@ -95,6 +95,9 @@ func labelSafe(s string) string {
 
 func newEndpoint(m *Manager, cfg EndpointConfig) *endpoint {
 	e := &endpoint{cfg: cfg, m: m, keys: m.cfg.Keys}
+	if e.keys == KeysAuto && m.cfg.Chain == nil {
+		e.keys = KeysEngine // no contract to attest against: nothing could trigger a switch
+	}
 	e.lastSeq.Store(-1)
 	set := m.cfg.Metrics
 	if set == nil {
