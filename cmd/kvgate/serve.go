@@ -204,6 +204,7 @@ func runServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if err := s.Shutdown(sctx); err != nil {
 		log.Warn("shutdown", "err", err)
 	}
+	log.Info("kvgate stopped")
 	return 0
 }
 
