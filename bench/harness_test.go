@@ -134,7 +134,7 @@ func qwen3Dir(t *testing.T) string {
 }
 
 // tinyConfig is a shared-prefix workload of a few seconds: 2 system prompts, 8 users,
-// 3 turns, on 4 engines that tokenize with the real Qwen3 tokenizer and chat template,
+// 4 turns, on 4 engines that tokenize with the real Qwen3 tokenizer and chat template,
 // as kvgate does.
 func tinyConfig(t *testing.T, policies ...Policy) Config {
 	dir := qwen3Dir(t)
@@ -142,8 +142,10 @@ func tinyConfig(t *testing.T, policies ...Policy) Config {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := SharedPrefix{SystemPrompts: 2, Users: 8, Turns: 3, SystemTokens: 200, TurnTokens: 20, MaxTokens: 4,
-		Spread: 400 * time.Millisecond, Think: 20 * time.Millisecond, Seed: 3, Words: FilterWords(enc, Words)}.Build()
+	// Think time lets each turn's KV events reach kvgate before the user's next turn, even
+	// on a loaded machine under -race.
+	w := SharedPrefix{SystemPrompts: 2, Users: 8, Turns: 4, SystemTokens: 200, TurnTokens: 20, MaxTokens: 4,
+		Spread: 400 * time.Millisecond, Think: 150 * time.Millisecond, Seed: 3, Words: FilterWords(enc, Words)}.Build()
 	return Config{Engines: 4, Workload: w, Policies: policies, Kvgate: buildKvgate(t), Tokenizer: dir,
 		KvgateArgs: []string{"-kv-load-factor", "1"},
 		Sim: enginesim.Spec{Encoder: enc, Model: "qwen3", BlockSize: 16, NumBlocks: 512, MaxBatch: 8,
@@ -165,15 +167,15 @@ func TestEndToEndReport(t *testing.T) {
 		t.Fatalf("%d policy results", len(res.Policies))
 	}
 	for _, p := range res.Policies {
-		if p.Requests != 24 || p.Errors != 0 || len(p.TTFT) != 24 || len(p.Endpoints) != 4 {
+		if p.Requests != 32 || p.Errors != 0 || len(p.TTFT) != 32 || len(p.Endpoints) != 4 {
 			t.Fatalf("%s: %d requests, %d errors (%s), %d TTFTs, %d endpoints", p.Policy, p.Requests, p.Errors, p.FirstErr, len(p.TTFT), len(p.Endpoints))
 		}
 		var served uint64
 		for _, e := range p.Endpoints {
 			served += e.Requests
 		}
-		if served != 24 {
-			t.Fatalf("%s: engines served %d requests, want 24", p.Policy, served)
+		if served != 32 {
+			t.Fatalf("%s: engines served %d requests, want 32", p.Policy, served)
 		}
 	}
 	var tbl bytes.Buffer
@@ -186,7 +188,7 @@ func TestEndToEndReport(t *testing.T) {
 		t.Fatalf("hit ratio: kv-exact %.3f, oracle %.3f, rr %.3f: want both above rr", kvRes.HitRatio(), or.HitRatio(), rrRes.HitRatio())
 	}
 	if rrRes.RequestImbalance() > 1.01 {
-		t.Fatalf("rr request imbalance %.2f: round-robin over 24 requests on 4 engines is even", rrRes.RequestImbalance())
+		t.Fatalf("rr request imbalance %.2f: round-robin over 32 requests on 4 engines is even", rrRes.RequestImbalance())
 	}
 	dir := t.TempDir()
 	plots, err := res.WritePlots(dir)
@@ -196,8 +198,8 @@ func TestEndToEndReport(t *testing.T) {
 	var md bytes.Buffer
 	res.WriteReport(&md, "test", plots)
 	rep := md.String()
-	for _, want := range []string{"| policy | requests | errors | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms |", "\n| rr | 24 | 0 |",
-		"\n| kv-exact-overlap | 24 | 0 |", "\n| oracle | 24 | 0 |", "Targets:", "kvgate flags added to every kvgate policy: `-kv-load-factor 1`", "## Load per endpoint", "![ttft-cdf](ttft-cdf.svg)", "![hit-ratio](hit-ratio.svg)", "![load](load.svg)"} {
+	for _, want := range []string{"| policy | requests | errors | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms |", "\n| rr | 32 | 0 |",
+		"\n| kv-exact-overlap | 32 | 0 |", "\n| oracle | 32 | 0 |", "Targets:", "kvgate flags added to every kvgate policy: `-kv-load-factor 1`", "## Load per endpoint", "![ttft-cdf](ttft-cdf.svg)", "![hit-ratio](hit-ratio.svg)", "![load](load.svg)"} {
 		if !strings.Contains(rep, want) {
 			t.Errorf("report lacks %q:\n%s", want, rep)
 		}
@@ -207,5 +209,43 @@ func TestEndToEndReport(t *testing.T) {
 		if err != nil || !bytes.Contains(b, []byte("<svg")) || !bytes.Contains(b, []byte("oracle")) && p != "hit-ratio.svg" {
 			t.Errorf("%s: not an SVG naming the policies (%v)", p, err)
 		}
+	}
+}
+
+// A short overhead run: direct and kvgate rows for one prompt size, no errors, kvgate's
+// stage histograms read back, nginx reported as skipped when its binary is absent.
+func TestOverheadShape(t *testing.T) {
+	dir := qwen3Dir(t)
+	enc, err := enginesim.LoadEncoder("qwen3", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := RunOverhead(context.Background(), OverheadConfig{
+		Sim: enginesim.Spec{Model: "qwen3", BlockSize: 16}, Kvgate: buildKvgate(t), Tokenizer: dir,
+		Words: FilterWords(enc, Words), PromptTokens: []int{256}, Requests: 20, Warmup: 3, Concurrency: 2,
+		ThroughputFor: 300 * time.Millisecond, Nginx: filepath.Join(t.TempDir(), "no-nginx"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Rows) != 2 || res.Rows[0].Path != "direct" || res.Rows[1].Path != "kvgate" {
+		t.Fatalf("rows %+v", res.Rows)
+	}
+	for _, r := range res.Rows {
+		// 256 single-token words in the system message plus the Qwen3 template's tokens.
+		if r.N != 20 || r.Errors != 0 || r.Tokens <= 256 || r.Tokens > 300 || r.RPS <= 0 || r.P50 <= 0 || r.P99 < r.P50 {
+			t.Fatalf("row %+v", r)
+		}
+	}
+	if len(res.Stages) == 0 {
+		t.Fatal("no per-stage timing read from kvgate's /metrics")
+	}
+	if !strings.Contains(res.Note, "skipped") {
+		t.Fatalf("note %q", res.Note)
+	}
+	var md bytes.Buffer
+	res.WriteReport(&md)
+	if !strings.Contains(md.String(), "| 256 |") && !strings.Contains(md.String(), "| direct | 20 | 0 |") {
+		t.Fatalf("report:\n%s", md.String())
 	}
 }

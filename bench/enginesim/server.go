@@ -530,10 +530,12 @@ func (g *gen) whole(ctx context.Context) {
 	b = g.usage(b, n)
 	b = g.kvParams(b)
 	b = append(b, '}')
-	g.w.Header().Set("Content-Type", "application/json")
-	g.w.Write(b)
+	// Count before the client can see the answer: a client reading the stats right after
+	// its response must find this request in them.
 	g.s.reqOK.Add(1)
 	g.s.genTok.Add(uint64(n))
+	g.w.Header().Set("Content-Type", "application/json")
+	g.w.Write(b)
 }
 
 // stream writes one SSE chunk per output token, the first right after prefill.
@@ -609,9 +611,9 @@ func (g *gen) stream(ctx context.Context) {
 		b = append(b, "}\n\n"...)
 	}
 	b = append(b, "data: [DONE]\n\n"...)
-	send()
-	g.s.reqOK.Add(1)
+	g.s.reqOK.Add(1) // before the client can see [DONE]
 	g.s.genTok.Add(uint64(n))
+	send()
 }
 
 func (s *Sim) serveModels(w http.ResponseWriter, r *http.Request) {
