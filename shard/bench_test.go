@@ -5,7 +5,9 @@ import (
 	"math/bits"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/puzpuzpuz/xsync/v4"
 )
@@ -157,24 +159,37 @@ func scoreXsync(xm *xsync.Map[uint64, uint64], keys []uint64, e uint64, mode Mod
 }
 
 var (
-	bench1MOnce sync.Once
-	bench1M     struct {
+	bench1MOnce, baseline1MOnce sync.Once
+	bench1M                     struct {
 		inv *Inventory
 		rw  *rwMap
 		xm  *xsync.Map[uint64, uint64]
 	}
 )
 
+// inventory1M and baselines1M build the 1M-key indexes once per process; the baselines
+// only when a baseline runs, since their heap slows every benchmark after them (the
+// xsync map is a million small pointer-holding objects for the GC to mark).
 func inventory1M(tb testing.TB) {
-	bench1MOnce.Do(func() {
-		bench1M.inv = fillInventory(tb, 1<<20)
+	bench1MOnce.Do(func() { bench1M.inv = fillInventory(tb, 1<<20) })
+}
+
+func baselines1M() {
+	baseline1MOnce.Do(func() {
 		bench1M.rw = fillRWMap(1 << 20)
 		bench1M.xm = fillXsync(1 << 20)
 	})
 }
 
-func reportPerKey(b *testing.B, keysPerOp int) {
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(keysPerOp), "ns/key")
+// reportPerKey reports wall and process-CPU nanoseconds per key looked up (cpu0 is
+// processCPU() when the timed loop started). On a shared machine wall time includes time
+// the benchmark was runnable but not running; CPU time does not.
+func reportPerKey(b *testing.B, keysPerOp int, cpu0 int64) {
+	keys := float64(b.N) * float64(keysPerOp)
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/keys, "ns/key")
+	if cpu := processCPU() - cpu0; cpu > 0 && cpu0 > 0 {
+		b.ReportMetric(float64(cpu)/keys, "cpu-ns/key")
+	}
 }
 
 // BenchmarkScore: the request path's lookup, 512 keys against a 1M-key inventory.
@@ -189,12 +204,13 @@ func BenchmarkScore(b *testing.B) {
 		name := fmt.Sprintf("%v/keys=%d/endpoints=%d/inventory=1M", mode, benchQueryLen, benchEndpoints)
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
+			cpu0 := processCPU()
 			i := 0
 			for b.Loop() {
 				bench1M.inv.Score(qs[i%benchQueryCount], elig, mode, scores)
 				i++
 			}
-			reportPerKey(b, looked(mode))
+			reportPerKey(b, looked(mode), cpu0)
 			if mode == Prefix && scores[3] != benchQueryHit {
 				b.Fatalf("prefix score of endpoint 3 = %d, want %d", scores[3], benchQueryHit)
 			}
@@ -213,7 +229,7 @@ func looked(mode Mode) int {
 
 // BenchmarkScoreBaseline runs BenchmarkScore's workload on the baselines.
 func BenchmarkScoreBaseline(b *testing.B) {
-	inventory1M(b)
+	baselines1M()
 	qs := benchQueries(1 << 20)
 	scores := make([]int32, benchEndpoints)
 	e := lowBits(benchEndpoints)
@@ -221,21 +237,23 @@ func BenchmarkScoreBaseline(b *testing.B) {
 		suffix := fmt.Sprintf("%v/keys=%d/endpoints=%d/inventory=1M", mode, benchQueryLen, benchEndpoints)
 		b.Run("rwmutex-map/"+suffix, func(b *testing.B) {
 			b.ReportAllocs()
+			cpu0 := processCPU()
 			i := 0
 			for b.Loop() {
 				bench1M.rw.score(qs[i%benchQueryCount], e, mode, scores)
 				i++
 			}
-			reportPerKey(b, looked(mode))
+			reportPerKey(b, looked(mode), cpu0)
 		})
 		b.Run("xsync-map/"+suffix, func(b *testing.B) {
 			b.ReportAllocs()
+			cpu0 := processCPU()
 			i := 0
 			for b.Loop() {
 				scoreXsync(bench1M.xm, qs[i%benchQueryCount], e, mode, scores)
 				i++
 			}
-			reportPerKey(b, looked(mode))
+			reportPerKey(b, looked(mode), cpu0)
 		})
 	}
 }
@@ -406,8 +424,9 @@ func heapDelta(build func()) int64 {
 }
 
 // BenchmarkScoreWhileWriting is BenchmarkScore's overlap workload while one writer
-// goroutine churns the same index (add a 16-key batch, remove the oldest): what readers
-// pay for concurrent writes. The RWMutex baseline's readers wait for the writer's lock;
+// goroutine churns the same index (add a 16-key batch, remove the oldest, then sleep
+// 20 us, so every implementation gets about the same write load; writer-Mkeys/s
+// reports it): what readers pay for concurrent writes. The RWMutex baseline's readers wait for the writer's lock;
 // the inventory's never do. B/op counts the writer goroutine's allocations (table
 // rebuilds) too: Score itself allocates nothing (TestScoreAllocatesNothing).
 func BenchmarkScoreWhileWriting(b *testing.B) {
@@ -420,6 +439,7 @@ func BenchmarkScoreWhileWriting(b *testing.B) {
 	suffix := fmt.Sprintf("overlap/keys=%d/endpoints=%d/inventory=1M", benchQueryLen, benchEndpoints)
 	run := func(b *testing.B, write func(add bool, ep int, batch []uint64), score func(q []uint64)) {
 		var stop sync.WaitGroup
+		var written atomic.Int64
 		done := make(chan struct{})
 		stop.Add(1)
 		go func() {
@@ -431,6 +451,8 @@ func BenchmarkScoreWhileWriting(b *testing.B) {
 					return
 				default:
 				}
+				time.Sleep(20 * time.Microsecond)
+				written.Add(batchLen)
 				for j := range batch {
 					batch[j] = benchKey(1<<40 + i + uint64(j))
 				}
@@ -444,12 +466,15 @@ func BenchmarkScoreWhileWriting(b *testing.B) {
 			}
 		}()
 		b.ReportAllocs()
+		w0 := written.Load()
+		cpu0 := processCPU() // includes the writer's CPU
 		i := 0
 		for b.Loop() {
 			score(qs[i%benchQueryCount])
 			i++
 		}
-		reportPerKey(b, benchQueryLen)
+		reportPerKey(b, benchQueryLen, cpu0)
+		b.ReportMetric(float64(written.Load()-w0)/b.Elapsed().Seconds()/1e6, "writer-Mkeys/s")
 		close(done)
 		stop.Wait()
 	}
