@@ -4,9 +4,10 @@
 //
 // Concurrency: readers (Score, Count, Len, Keys, MemoryBytes, Stats) never take a lock
 // and never wait. Each shard's table is published through an atomic pointer (RCU, with
-// the garbage collector as the grace period); writers (Add, Remove, ClearEndpoint,
-// ClearAll) take one shard's mutex at a time and change a published table only by
-// atomic stores of whole 64-bit words into slots that never move. A seqlock was the
+// the garbage collector as the grace period); writers (Add, Remove, ClearEndpoint) take
+// one shard's mutex at a time (ClearAll takes them all, in order) and change a published
+// table only by atomic stores of whole 64-bit words into slots that never move; growth,
+// shrinking and tombstone compaction build a new table and publish it (table.go). A seqlock was the
 // alternative: it would let writers move keys (Robin Hood, backward-shift delete) but
 // would make readers retry while a writer is preempted inside a shard, and a
 // ClearEndpoint sweep would stall scoring; RCU plus immovable slots has no retry path.
