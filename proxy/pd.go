@@ -336,5 +336,7 @@ func (s *Server) earlyExit(c *app.RequestContext, st *reqState, d *decision, res
 		c.Response.Header.SetContentType("application/json")
 		c.Response.SetBody(resp)
 	}
-	s.receipt(d, resp)
+	ctxOnly := *d
+	ctxOnly.decode = d.ep // the context server answered: its receipt is its own
+	s.receipt(&ctxOnly, resp)
 }
