@@ -27,6 +27,7 @@ type counters struct {
 	stored, removed, cleared, unknown                *metrics.Counter
 	keysAdded, keysRemoved                           *metrics.Counter
 	gapsKept, gapsCleared, restarts, clearedByEngine *metrics.Counter
+	gapsFilled                                       *metrics.Counter
 	modeSwitches                                     *metrics.Counter
 	decodeErrors, topicSkipped, duplicates           *metrics.Counter
 	parityOK, parityMismatch, paritySkipped, orphans *metrics.Counter
@@ -52,6 +53,7 @@ type EndpointStatus struct {
 	EventsStored, EventsRemoved, EventsCleared, EventsUnknown      uint64
 	KeysAdded, KeysRemoved                                         uint64
 	GapsKept, GapsCleared, Restarts, ClearedByEngine, ModeSwitches uint64
+	GapsFilled                                                     uint64 // gaps closed from the replay buffer
 	DecodeErrors, TopicSkipped, Duplicates                         uint64
 	ParityOK, ParityMismatch, ParitySkipped, Orphans, Unkeyable    uint64
 }
@@ -121,6 +123,7 @@ func newEndpoint(m *Manager, cfg EndpointConfig) *endpoint {
 		keysRemoved:     ctr("kvgate_ingest_keys_removed_total", ""),
 		gapsKept:        ctr("kvgate_ingest_gaps_total", `action="kept"`),
 		gapsCleared:     ctr("kvgate_ingest_gaps_total", `action="cleared"`),
+		gapsFilled:      ctr("kvgate_ingest_gaps_total", `action="filled"`),
 		restarts:        ctr("kvgate_ingest_clears_total", `reason="restart"`),
 		clearedByEngine: ctr("kvgate_ingest_clears_total", `reason="engine"`),
 		modeSwitches:    ctr("kvgate_ingest_clears_total", `reason="rehash_switch"`),
@@ -199,6 +202,7 @@ func (e *endpoint) status() EndpointStatus {
 	s.EventsCleared, s.EventsUnknown = c.cleared.Get(), c.unknown.Get()
 	s.KeysAdded, s.KeysRemoved = c.keysAdded.Get(), c.keysRemoved.Get()
 	s.GapsKept, s.GapsCleared, s.Restarts = c.gapsKept.Get(), c.gapsCleared.Get(), c.restarts.Get()
+	s.GapsFilled = c.gapsFilled.Get()
 	s.ClearedByEngine, s.ModeSwitches = c.clearedByEngine.Get(), c.modeSwitches.Get()
 	s.DecodeErrors, s.TopicSkipped, s.Duplicates = c.decodeErrors.Get(), c.topicSkipped.Get(), c.duplicates.Get()
 	s.ParityOK, s.ParityMismatch, s.ParitySkipped = c.parityOK.Get(), c.parityMismatch.Get(), c.paritySkipped.Get()

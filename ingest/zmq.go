@@ -95,6 +95,7 @@ type rankSub struct {
 	replayAddr string
 	a          *applier
 
+	ctx      context.Context
 	last     int64 // last applied seq, -1 = none yet
 	dupFrom  int64 // after a replay, live seqs in [dupFrom, dupUntil] are duplicates
 	dupUntil int64
@@ -122,6 +123,7 @@ func (s *rankSub) run(ctx context.Context) {
 	log := cfg.Logger.With("endpoint", s.e.cfg.Name, "rank", s.rank, "addr", s.addr)
 	delay := cfg.RetryInterval
 	everUp := false
+	s.ctx = ctx
 	for ctx.Err() == nil {
 		z, err := dialZMQ(ctx, zmq4.Sub, s.addr, s.e.cfg.Topic, cfg.DialTimeout)
 		if err != nil {
@@ -142,7 +144,7 @@ func (s *rankSub) run(ctx context.Context) {
 		s.e.ranksUp.Add(1)
 		log.Info("ingest: subscribed")
 		if s.replayAddr != "" {
-			s.replay(ctx)
+			s.replay(ctx, -1)
 		}
 		s.loop(z)
 		s.e.ranksUp.Add(-1)
@@ -178,6 +180,14 @@ func (s *rankSub) handle(frames [][]byte) {
 		return
 	}
 	seq := int64(binary.BigEndian.Uint64(frames[1]) & (1<<63 - 1))
+	if s.replayAddr != "" && s.last >= 0 && seq > s.last+1 && !(seq >= s.dupFrom && seq <= s.dupUntil) {
+		// Lost batches (a PUB drops at its high-water mark): fetch them from the
+		// engine's replay buffer before the window has to keep or clear anything.
+		s.replay(s.ctx, seq)
+		if s.last == seq-1 {
+			c.gapsFilled.Inc()
+		}
+	}
 	if s.accept(seq, false) {
 		s.a.apply(frames[2])
 		s.e.noteSeq(seq)
@@ -217,8 +227,9 @@ func (s *rankSub) accept(seq int64, replayed bool) bool {
 }
 
 // replay asks the engine's ROUTER for every buffered batch from the next seq on and
-// applies them, up to the end marker or ReplayTimeout.
-func (s *rankSub) replay(ctx context.Context) {
+// applies them, up to the end marker or ReplayTimeout. upTo >= 0 fills a gap: batches
+// from upTo on are left to the live stream.
+func (s *rankSub) replay(ctx context.Context, upTo int64) {
 	cfg := &s.e.m.cfg
 	rctx, cancel := context.WithTimeout(ctx, cfg.ReplayTimeout)
 	defer cancel()
@@ -264,6 +275,9 @@ func (s *rankSub) replay(ctx context.Context) {
 		if seq == ^uint64(0) {
 			break
 		}
+		if upTo >= 0 && int64(seq&(1<<63-1)) >= upTo {
+			continue // the live stream has it
+		}
 		s.e.c.replayed.Inc()
 		n++
 		if s.accept(int64(seq&(1<<63-1)), true) {
@@ -271,5 +285,7 @@ func (s *rankSub) replay(ctx context.Context) {
 			s.e.noteSeq(int64(seq & (1<<63 - 1)))
 		}
 	}
-	s.dupFrom, s.dupUntil = start, s.last
+	if upTo < 0 {
+		s.dupFrom, s.dupUntil = start, s.last
+	}
 }

@@ -266,3 +266,34 @@ func TestDialRetryAndCloseLeaksNothing(t *testing.T) {
 	pub.Close()
 	settleGoroutines(t, base)
 }
+
+// TestGapFilledFromReplay: batches lost on the wire (kept in the engine's replay buffer)
+// are fetched when the next live batch shows the gap: nothing is cleared, even past the
+// window.
+func TestGapFilledFromReplay(t *testing.T) {
+	inv := newInv(t)
+	addr, raddr := freeAddr(t, 1), freeAddr(t, 1)
+	pub := newPub(t, enginepub.Config{Endpoint: addr, Replay: raddr})
+	m := startManager(t, testConfig(inv), EndpointConfig{Name: "e", Engine: "vllm", Events: addr, Replay: raddr})
+	st := func() EndpointStatus { return m.Status(0) }
+	waitSubscribed(t, pub)
+	pub.Publish(stored(1))
+	waitFor(t, "first", func() bool { return st().LastSeq == 0 })
+	var want []uint64
+	want = append(want, 1)
+	for i := uint64(0); i < 100; i++ { // 100 lost batches: beyond the window
+		pub.Drop(stored(1000 + i))
+		want = append(want, 1000+i)
+	}
+	pub.Drop(enginepub.BlockRemoved{Hashes: []uint64{1000}})
+	pub.Publish(stored(2))
+	want = append(want[:1], want[2:]...)
+	want = append(want, 2)
+	waitFor(t, "filled", func() bool { return st().LastSeq == 102 })
+	if s := st(); s.GapsFilled != 1 || s.GapsCleared+s.GapsKept != 0 || s.ReplayedBatches != 101 {
+		t.Fatalf("%+v", s)
+	}
+	if got := invKeys(inv, 0); !slices.Equal(got, sorted(want)) {
+		t.Fatalf("inventory %v, want %v", got, sorted(want))
+	}
+}

@@ -135,19 +135,34 @@ func (p *Publisher) Publish(events ...Event) error {
 	return p.PublishRaw(payload)
 }
 
+// Drop encodes events as the next batch and keeps it for replay without sending it:
+// a batch lost on the wire (a PUB drops messages past its high-water mark).
+func (p *Publisher) Drop(events ...Event) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	payload := p.cfg.Format.AppendBatch(nil, time.Since(p.start).Seconds(), events)
+	p.keepLocked(p.seq, payload)
+	p.seq++
+}
+
+func (p *Publisher) keepLocked(seq uint64, payload []byte) {
+	if p.router == nil {
+		return
+	}
+	if len(p.ring) >= p.cfg.ReplayBuffer {
+		copy(p.ring, p.ring[1:])
+		p.ring = p.ring[:len(p.ring)-1]
+	}
+	p.ring = append(p.ring, replayEntry{seq: seq, payload: payload})
+}
+
 // PublishRaw sends an already-encoded payload with the next sequence number. The
 // publisher keeps payload for replay: the caller must not modify it afterwards.
 func (p *Publisher) PublishRaw(payload []byte) error {
 	p.mu.Lock()
 	seq := p.seq
 	p.seq++
-	if p.router != nil {
-		if len(p.ring) >= p.cfg.ReplayBuffer {
-			copy(p.ring, p.ring[1:])
-			p.ring = p.ring[:len(p.ring)-1]
-		}
-		p.ring = append(p.ring, replayEntry{seq: seq, payload: payload})
-	}
+	p.keepLocked(seq, payload)
 	p.mu.Unlock()
 	var s [8]byte
 	binary.BigEndian.PutUint64(s[:], seq)
