@@ -223,7 +223,7 @@ const (
 
 func (inv *Inventory) addLocked(s int, sh *shardState, ep int, k, h uint64, cnt *atomic.Int64) int {
 	t := inv.tabs[s].Load()
-	slot, ok := t.find(k, t.home(h, inv.shardBits))
+	slot, ok, free := t.findForInsert(k, t.home(h, inv.shardBits))
 	if ok && t.has(slot, ep) {
 		return addHeld
 	}
@@ -235,11 +235,7 @@ func (inv *Inventory) addLocked(s int, sh *shardState, ep int, k, h uint64, cnt 
 		r = addEvicted
 	}
 	if !ok {
-		free := -1
-		if sh.used+1 <= t.maxUsed() {
-			free = t.freeSlot(t.home(h, inv.shardBits))
-		}
-		if free < 0 {
+		if sh.used+1 > t.maxUsed() || free < 0 {
 			t = inv.rebuildLocked(s, sh, int(sh.live.Load())+1)
 			free = t.freeSlot(t.home(h, inv.shardBits))
 		}

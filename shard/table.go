@@ -181,6 +181,37 @@ func (t *table) find(key, b uint64) (slot int, ok bool) {
 	return -1, false
 }
 
+// findForInsert is the writer's find and freeSlot in one walk: key's slot (ok), or else
+// the slot an insert of key would claim (free; -1 if the table were full), marking the
+// full buckets before it as overflowed. Shard mutex held: no other writer changes t, so
+// plain loads of keys are race-free (readers only load).
+func (t *table) findForInsert(key, b uint64) (slot int, ok bool, free int) {
+	if key == 0 {
+		return zeroSlot, true, zeroSlot
+	}
+	searching := true // false once key is known absent: only a free slot is wanted
+	for n := t.nb; n > 0; n-- {
+		bk := &t.buckets[b]
+		for j := 0; j < bucketSlots; j++ {
+			k := bk.keys[j]
+			if k == 0 {
+				return -1, false, int(b)*bucketSlots + j
+			}
+			if searching && k == key {
+				return int(b)*bucketSlots + j, true, -1
+			}
+		}
+		if !t.overflowed(b) {
+			searching = false
+			atomic.OrUint64(&t.ovf[b/64], 1<<(b%64))
+		}
+		if b++; b == t.nb {
+			b = 0
+		}
+	}
+	return -1, false, -1
+}
+
 // freeSlot returns the first empty slot of the probe run from home bucket b, marking
 // every full bucket it passes as overflowed first, so that lookups go on past them.
 // Writer-side (shard mutex held, or an unpublished table). -1 if the table were full,
