@@ -175,7 +175,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		// a quarter of the system prompts each, so placement decides what stays cached.
 		cfg.Engines = 4
 		cfg.Sim.NumBlocks = 768 // 12k tokens: a quarter of the 8 system prompts plus histories
-		shp = bench.SharedPrefix{SystemPrompts: 8, Users: 64, Turns: 3, SystemTokens: 2048, TurnTokens: 48,
+		shp = bench.SharedPrefix{SystemPrompts: 8, Users: 64, Turns: 4, SystemTokens: 2048, TurnTokens: 48,
 			Spread: 5 * time.Second, Think: 200 * time.Millisecond}
 		*workload = "shared-prefix"
 		names = []string{"rr", "kv-exact-overlap", "oracle"}
