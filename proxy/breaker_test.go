@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"log/slog"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -157,5 +158,18 @@ func TestReceiptGapWarns(t *testing.T) {
 	}
 	if buf.Len() != 0 {
 		t.Errorf("warned on a healthy ratio: %s", buf.String())
+	}
+}
+
+func TestReadEndpointsFile(t *testing.T) {
+	p := t.TempDir() + "/eps"
+	os.WriteFile(p, []byte("# pool\nname=a,url=http://127.0.0.1:1\n\n  name=b,url=http://127.0.0.1:2,weight=2  \n"), 0o644)
+	eps, err := ReadEndpointsFile(p)
+	if err != nil || len(eps) != 2 || eps[1].Name != "b" || eps[1].Weight != 2 {
+		t.Fatalf("%+v %v", eps, err)
+	}
+	os.WriteFile(p, []byte("name=a,url=http://127.0.0.1:1\nname=b,bad\n"), 0o644)
+	if _, err := ReadEndpointsFile(p); err == nil || !strings.Contains(err.Error(), ":2:") {
+		t.Errorf("bad line not reported with its number: %v", err)
 	}
 }
