@@ -290,7 +290,28 @@ def render_chat(source, template, fmt, special, case):
                 variables[k] = v
     variables.update(messages=conv, tools=tools, documents=documents,
                      add_generation_prompt=case["add_generation_prompt"])
-    return template.render(**variables)
+    rendered = template.render(**variables)
+    if case.get("continue_final_message"):
+        rendered = continue_final(rendered, conv)
+    return rendered
+
+
+def continue_final(rendered, conv):
+    """transformers' continue_final_message: cut right after the final message's text."""
+    final = conv[-1]["content"]
+    if isinstance(final, (list, tuple)):
+        for block in reversed(final):
+            if "text" in block:
+                final = block["text"]
+                break
+        else:
+            raise ValueError("no text to continue in the final message")
+    if final.strip() not in rendered:
+        raise ValueError("the final message does not appear in the rendered chat")
+    loc = rendered.rindex(final.strip())
+    if rendered[loc: loc + len(final.lstrip())] == final:
+        return rendered[: loc + len(final.lstrip())]
+    return rendered[: loc + len(final.strip())]
 
 
 # --- conversation shapes -------------------------------------------------------------------
@@ -336,6 +357,13 @@ CASES = [
                               {"role": "assistant", "content": "Oslo: -3 C with snow; Tokyo: 21:04."},
                               {"role": "user", "content": "Thanks!"}],
      [WEATHER_TOOL, TIME_TOOL], None, True),
+    ("continue_final", [{"role": "user", "content": "Write a haiku."},
+                        {"role": "assistant", "content": "Autumn moonlight -"}], None, None, "continue"),
+    ("continue_final_trailing_space", [{"role": "user", "content": "Count:"},
+                                       {"role": "assistant", "content": "  one, two,  \n"}], None, None, "continue"),
+    ("continue_final_parts", [{"role": "user", "content": "Go on"},
+                              {"role": "assistant", "content": [{"type": "text", "text": "First"}, {"type": "text", "text": "Second half"}]}],
+     None, None, "continue"),
     ("claude_billing_header", [{"role": "system", "content": [
         {"type": "text", "text": "x-anthropic-billing-header: cc_version=1.0; cch=abc123"},
         {"type": "text", "text": "x-anthropic-billing-header: cch=zz\nYou are Claude Code.", "cache_control": {"type": "ephemeral"}}]},
@@ -804,7 +832,8 @@ def main():
             case = {"name": name, "messages": json.dumps(messages, ensure_ascii=False),
                     "tools": None if tools is None else json.dumps(tools, ensure_ascii=False),
                     "kwargs": None if kwargs is None else json.dumps(kwargs, ensure_ascii=False),
-                    "add_generation_prompt": agp}
+                    "add_generation_prompt": agp is True,
+                    "continue_final_message": agp == "continue"}
             try:
                 case["expected"] = render_chat(source, template, fmt, special, case)
             except Exception as e:  # the template refuses this shape: Go must refuse it too

@@ -67,6 +67,10 @@ type Input struct {
 	Special map[string]string
 	// Now is the clock strftime_now reads; the zero value means time.Now().
 	Now time.Time
+	// ContinueFinalMessage is the request's continue_final_message: the prompt ends inside the
+	// last message instead of after it (transformers cuts the rendering right after that
+	// message's text). It cannot be combined with AddGenerationPrompt.
+	ContinueFinalMessage bool
 }
 
 // Compile parses a chat template once.
@@ -114,22 +118,74 @@ func (t *Template) Render(dst []byte, in *Input) (out []byte, err error) {
 		r.t, r.out = nil, nil
 		rendererPool.Put(r)
 	}()
-	if err := t.bind(r, in); err != nil {
+	if in.ContinueFinalMessage && in.AddGenerationPrompt {
+		return dst, errors.New("chat: continue_final_message and add_generation_prompt cannot both be set")
+	}
+	msgs, err := t.bind(r, in)
+	if err != nil {
 		return dst, err
 	}
 	mark := len(r.out)
 	if _, err := r.execBody(t.body); err != nil {
 		return r.out[:mark], err
 	}
+	if in.ContinueFinalMessage {
+		n, err := continueFinalMessage(r.out[mark:], msgs)
+		if err != nil {
+			return r.out[:mark], err
+		}
+		r.out = r.out[:mark+n]
+	}
 	return r.out, nil
+}
+
+// continueFinalMessage returns how much of rendered to keep so the prompt ends right after
+// the final message's text, as transformers does: find the last occurrence of the stripped
+// text; keep its full (left-stripped) length when the rendering preserved it, else only the
+// stripped length.
+func continueFinalMessage(rendered []byte, msgs Value) (int, error) {
+	if msgs.k != kList || len(msgs.l.items) == 0 {
+		return 0, errors.New("chat: continue_final_message needs a final message")
+	}
+	last := msgs.l.items[len(msgs.l.items)-1]
+	c, _ := last.d.get("content")
+	final := ""
+	switch c.k {
+	case kString:
+		final = c.s
+	case kList:
+		found := false
+		for i := len(c.l.items) - 1; i >= 0 && !found; i-- {
+			if p := c.l.items[i]; p.k == kDict {
+				if t, ok := p.d.get("text"); ok {
+					final, found = toStr(t), true
+				}
+			}
+		}
+		if !found {
+			return 0, errors.New("chat: continue_final_message is set but the final message has no text to continue")
+		}
+	default:
+		return 0, errors.New("chat: continue_final_message is set but the final message has no text to continue")
+	}
+	stripped := pyStrip(final, true, true)
+	loc := strings.LastIndex(string(rendered), stripped)
+	if loc < 0 {
+		return 0, errors.New("chat: continue_final_message is set but the final message does not appear in the rendered chat")
+	}
+	left := pyStrip(final, true, false)
+	if end := loc + len(left); end <= len(rendered) && string(rendered[loc:end]) == final {
+		return end, nil
+	}
+	return loc + len(stripped), nil
 }
 
 // bind sets the variables transformers passes to the template: messages, tools, documents,
 // add_generation_prompt, the special tokens, the Jinja globals, then chat_template_kwargs.
-func (t *Template) bind(r *renderer, in *Input) error {
+func (t *Template) bind(r *renderer, in *Input) (Value, error) {
 	msgs, err := preprocessMessages(&r.a, in.Messages, t.format)
 	if err != nil {
-		return err
+		return undefined, err
 	}
 	if !t.developerRole {
 		msgs = developerToSystem(&r.a, msgs)
@@ -137,7 +193,7 @@ func (t *Template) bind(r *renderer, in *Input) error {
 	tools := none
 	if len(in.Tools) > 0 {
 		if tools, err = preprocessTools(&r.a, in.Tools); err != nil {
-			return err
+			return undefined, err
 		}
 	}
 	r.vars = append(r.vars,
@@ -161,7 +217,7 @@ func (t *Template) bind(r *renderer, in *Input) error {
 	if len(in.Kwargs) > 0 {
 		kw, err := parseJSONIn(&r.a, in.Kwargs)
 		if err != nil {
-			return fmt.Errorf("chat: chat_template_kwargs: %w", err)
+			return undefined, fmt.Errorf("chat: chat_template_kwargs: %w", err)
 		}
 		switch kw.k {
 		case kNone:
@@ -170,11 +226,11 @@ func (t *Template) bind(r *renderer, in *Input) error {
 				switch k {
 				case "chat_template", "tokenize":
 					// vLLM refuses these.
-					return fmt.Errorf("chat: unexpected chat_template_kwargs key %q", k)
+					return undefined, fmt.Errorf("chat: unexpected chat_template_kwargs key %q", k)
 				case "messages", "conversation", "tools":
 					// They collide with apply_chat_template's own arguments; rather than
 					// guess the engine's outcome, refuse (the request falls back).
-					return fmt.Errorf("chat: chat_template_kwargs key %q is not supported", k)
+					return undefined, fmt.Errorf("chat: chat_template_kwargs key %q is not supported", k)
 				case "add_generation_prompt", "continue_final_message":
 					// The request's own fields override these (vLLM's merge_kwargs).
 					continue
@@ -185,7 +241,7 @@ func (t *Template) bind(r *renderer, in *Input) error {
 				r.setVar(k, kw.d.vals[i])
 			}
 		default:
-			return errors.New("chat: chat_template_kwargs must be a JSON object")
+			return undefined, errors.New("chat: chat_template_kwargs must be a JSON object")
 		}
 	}
 	r.setVar("messages", msgs)
@@ -193,7 +249,7 @@ func (t *Template) bind(r *renderer, in *Input) error {
 	r.setVar("documents", documents)
 	r.setVar("add_generation_prompt", boolVal(in.AddGenerationPrompt))
 	r.bindUndef(t.rootUndef)
-	return nil
+	return msgs, nil
 }
 
 // renderVars renders with exactly the variables of a JSON object plus the Jinja globals; the

@@ -85,6 +85,7 @@ func TestRenderInputErrors(t *testing.T) {
 		{"kwargs chat_template", &Input{Messages: []byte(`[{"role":"user","content":"hi"}]`), Kwargs: []byte(`{"chat_template":"x"}`)}},
 		{"kwargs messages", &Input{Messages: []byte(`[{"role":"user","content":"hi"}]`), Kwargs: []byte(`{"messages":[]}`)}},
 		{"kwargs tools", &Input{Messages: []byte(`[{"role":"user","content":"hi"}]`), Kwargs: []byte(`{"tools":[]}`)}},
+		{"continue and generation prompt", &Input{Messages: []byte(`[{"role":"user","content":"hi"}]`), AddGenerationPrompt: true, ContinueFinalMessage: true}},
 		{"deep nesting", &Input{Messages: []byte(strings.Repeat("[", 10000) + strings.Repeat("]", 10000))}},
 		{"huge integer", &Input{Messages: []byte(`[{"role":"user","content":"hi","x":123456789012345678901234567890}]`)}},
 	}
@@ -126,6 +127,19 @@ func TestRenderPreprocessing(t *testing.T) {
 		"<assistant>"
 	if string(out) != want {
 		t.Errorf("got  %q\nwant %q", out, want)
+	}
+}
+
+// TestContinueFinalMessageMissing: a template that drops the final message's text cannot be
+// continued (transformers raises the same).
+func TestContinueFinalMessageMissing(t *testing.T) {
+	tmpl := mustCompile(t, `{% for m in messages %}<{{ m.role }}>{% endfor %}`)
+	out, err := tmpl.Render([]byte("x"), &Input{
+		Messages:             []byte(`[{"role":"user","content":"hi"},{"role":"assistant","content":"partial answer"}]`),
+		ContinueFinalMessage: true,
+	})
+	if err == nil || string(out) != "x" {
+		t.Fatalf("got %q, %v; want an error and dst unchanged", out, err)
 	}
 }
 

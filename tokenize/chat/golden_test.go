@@ -73,6 +73,7 @@ type goldenCase struct {
 	Tools               *string `json:"tools"`
 	Kwargs              *string `json:"kwargs"`
 	AddGenerationPrompt bool    `json:"add_generation_prompt"`
+	ContinueFinal       bool    `json:"continue_final_message"`
 	Expected            *string `json:"expected"`
 	Error               string  `json:"error"`
 }
@@ -105,12 +106,13 @@ func bytesOf(s *string) []byte {
 
 func inputFor(g *goldenFile, c *goldenCase) *Input {
 	in := &Input{
-		Messages:            bytesOf(c.Messages),
-		Tools:               bytesOf(c.Tools),
-		Kwargs:              bytesOf(c.Kwargs),
-		AddGenerationPrompt: c.AddGenerationPrompt,
-		Special:             map[string]string{},
-		Now:                 fixedNow,
+		Messages:             bytesOf(c.Messages),
+		Tools:                bytesOf(c.Tools),
+		Kwargs:               bytesOf(c.Kwargs),
+		AddGenerationPrompt:  c.AddGenerationPrompt,
+		ContinueFinalMessage: c.ContinueFinal,
+		Special:              map[string]string{},
+		Now:                  fixedNow,
 	}
 	for k, v := range g.SpecialTokens {
 		switch k {
