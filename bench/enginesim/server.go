@@ -405,7 +405,11 @@ func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 	for _, t := range p.tokens {
 		seed = (seed ^ uint64(t)) * 1099511628211
 	}
-	g := &gen{s: s, p: p, w: w, id: fmt.Sprintf("%s-%s-%d", map[bool]string{true: "chatcmpl", false: "cmpl"}[chat], s.cfg.Name, id),
+	prefix := "cmpl-"
+	if chat {
+		prefix = "chatcmpl-"
+	}
+	g := &gen{s: s, p: p, w: w, id: prefix + s.cfg.Name + "-" + strconv.FormatUint(id, 10),
 		created: time.Now().Unix(), cached: cached, seed: seed, alloc: alloc}
 	w.Header().Set("X-Engine-Id", s.cfg.Name)
 	if !sleepCtx(ctx, prefill) {
