@@ -67,6 +67,12 @@ type Input struct {
 	Special map[string]string
 	// Now is the clock strftime_now reads; the zero value means time.Now().
 	Now time.Time
+	// Documents is the request's raw "documents" JSON (RAG templates); it overrides a
+	// "documents" key in chat_template_kwargs. nil or null: none.
+	Documents []byte
+	// ReasoningEffort is the request's reasoning_effort ("low", "medium", "high"); when set it
+	// becomes the reasoning_effort variable, overriding chat_template_kwargs.
+	ReasoningEffort string
 	// ContinueFinalMessage is the request's continue_final_message: the prompt ends inside the
 	// last message instead of after it (transformers cuts the rendering right after that
 	// message's text). It cannot be combined with AddGenerationPrompt.
@@ -243,6 +249,20 @@ func (t *Template) bind(r *renderer, in *Input) (Value, error) {
 		default:
 			return undefined, errors.New("chat: chat_template_kwargs must be a JSON object")
 		}
+	}
+	// vLLM merges the request's own fields over chat_template_kwargs unless they are unset
+	// (None or "auto").
+	if len(in.Documents) > 0 {
+		d, err := parseJSONIn(&r.a, in.Documents)
+		if err != nil {
+			return undefined, fmt.Errorf("chat: documents: %w", err)
+		}
+		if d.k != kNone {
+			documents = d
+		}
+	}
+	if in.ReasoningEffort != "" && in.ReasoningEffort != "auto" {
+		r.setVar("reasoning_effort", strVal(in.ReasoningEffort))
 	}
 	r.setVar("messages", msgs)
 	r.setVar("tools", tools)

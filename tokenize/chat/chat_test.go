@@ -143,6 +143,29 @@ func TestContinueFinalMessageMissing(t *testing.T) {
 	}
 }
 
+func TestRequestFieldsOverrideKwargs(t *testing.T) {
+	tmpl := mustCompile(t, `[{{ documents }}|{{ reasoning_effort }}]`)
+	in := &Input{Messages: []byte(`[]`), Kwargs: []byte(`{"documents": [1], "reasoning_effort": "low"}`)}
+	for _, c := range []struct {
+		docs   string
+		effort string
+		want   string
+	}{
+		{"", "", "[[1]|low]"},
+		{"null", "auto", "[[1]|low]"},
+		{`[{"title": "t"}]`, "high", "[[{'title': 't'}]|high]"},
+	} {
+		in.Documents, in.ReasoningEffort = nil, c.effort
+		if c.docs != "" {
+			in.Documents = []byte(c.docs)
+		}
+		out, err := tmpl.Render(nil, in)
+		if err != nil || string(out) != c.want {
+			t.Errorf("documents=%s effort=%q: got %q, %v; want %q", c.docs, c.effort, out, err, c.want)
+		}
+	}
+}
+
 func TestSpecialTokensAndKwargs(t *testing.T) {
 	tmpl := mustCompile(t, `[{{ bos_token is defined }}|{{ eos_token }}|{{ pad_token }}|{{ flag }}|{{ add_generation_prompt }}|{{ tools }}|{{ documents }}]`)
 	in := &Input{
