@@ -6,7 +6,6 @@ import (
 	"math"
 	"strings"
 	"time"
-	"unicode/utf8"
 )
 
 // RenderError is a failure while rendering: an undefined value used where Jinja2 raises, a
@@ -1201,5 +1200,3 @@ func (r *renderer) call(e *expr) (Value, error) {
 func boundMethod(self Value, name string) Value {
 	return Value{k: kFunc, o: &object{name: name, self: self}}
 }
-
-func utf8Valid(s string) bool { return utf8.ValidString(s) }

@@ -171,11 +171,9 @@ func frameVisitIf(s *symbols, st *stmt, i int) {
 	}
 	els := s.copy()
 	if i == 0 {
+		// The else belongs to the first if; Jinja2's elif nodes have empty else groups.
 		frameVisitBody(els, st.els)
-	} else if i+1 == len(st.conds) {
-		// Jinja2's elif nodes carry no else; the else belongs to the first if only.
 	}
-	// An elif node (i > 0) has empty elif and else groups of its own.
 	s.branchUpdate([3]*symbols{body, elifs, els})
 }
 
