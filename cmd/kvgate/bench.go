@@ -64,20 +64,20 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.StringVar(&sp.Layout, "event-layout", "array", "vLLM event encoding: array or map")
 	fs.IntVar(&sp.BlockSize, "block-size", 16, "engine KV block size")
 	fs.StringVar(&sp.HashAlgo, "hash-algo", "sha256", "engine prefix-caching hash algo")
-	fs.IntVar(&sp.NumBlocks, "num-blocks", 1024, "KV blocks per engine")
+	fs.IntVar(&sp.NumBlocks, "num-blocks", 768, "KV blocks per engine")
 	fs.IntVar(&sp.MaxBatch, "max-batch", 8, "requests running at once per engine")
 	fs.DurationVar(&sp.PrefillBase, "prefill-base", 5*time.Millisecond, "fixed prefill time")
 	fs.DurationVar(&sp.PrefillPerToken, "prefill-per-token", 100*time.Microsecond, "prefill time per uncached token")
 	fs.DurationVar(&sp.DecodePerToken, "decode-per-token", 5*time.Millisecond, "decode time per output token")
 
 	var shp bench.SharedPrefix
-	fs.IntVar(&shp.SystemPrompts, "system-prompts", 16, "shared-prefix: K system prompts")
-	fs.IntVar(&shp.Users, "users", 48, "shared-prefix: M users")
+	fs.IntVar(&shp.SystemPrompts, "system-prompts", 8, "shared-prefix: K system prompts")
+	fs.IntVar(&shp.Users, "users", 64, "shared-prefix: M users")
 	fs.IntVar(&shp.Turns, "turns", 4, "shared-prefix: turns per user")
-	fs.IntVar(&shp.SystemTokens, "system-tokens", 1024, "shared-prefix: words per system prompt")
+	fs.IntVar(&shp.SystemTokens, "system-tokens", 2048, "shared-prefix: words per system prompt")
 	fs.IntVar(&shp.TurnTokens, "turn-tokens", 48, "shared-prefix: words per user message")
-	fs.DurationVar(&shp.Spread, "spread", 6*time.Second, "arrival window of the sessions")
-	fs.DurationVar(&shp.Think, "think", 300*time.Millisecond, "pause between a user's turns")
+	fs.DurationVar(&shp.Spread, "spread", 5*time.Second, "arrival window of the sessions")
+	fs.DurationVar(&shp.Think, "think", 200*time.Millisecond, "pause between a user's turns")
 	maxTokens := fs.Int("max-tokens", 16, "output tokens per request")
 
 	var rag bench.RAG
@@ -171,10 +171,11 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	cfg := bench.Config{Engines: *engines, Sim: sp, Kvgate: bin, Tokenizer: tokenizer, KvgateArgs: kvArgs, Progress: bar}
 	names := strings.Split(*policies, ",")
 	if *demo {
-		// Sized to finish in well under a minute per policy on 2 cores: engine pools hold about
-		// a quarter of the system prompts each, so placement decides what stays cached.
+		// The default workload, sized to take about 7 s per policy on 2 cores.
+		// Engine pools of 768 blocks (12k tokens) hold about a quarter of the 8 system prompts
+		// plus their users' histories, so placement decides what stays cached.
 		cfg.Engines = 4
-		cfg.Sim.NumBlocks = 768 // 12k tokens: a quarter of the 8 system prompts plus histories
+		cfg.Sim.NumBlocks = 768
 		shp = bench.SharedPrefix{SystemPrompts: 8, Users: 64, Turns: 4, SystemTokens: 2048, TurnTokens: 48,
 			Spread: 5 * time.Second, Think: 200 * time.Millisecond}
 		*workload = "shared-prefix"
