@@ -1,6 +1,8 @@
 package enginesim
 
 import (
+	"sync"
+
 	"github.com/kvgate/kvgate/ingest/enginepub"
 )
 
@@ -11,6 +13,9 @@ type ZMQSink struct {
 	Pub  *enginepub.Publisher
 	ch   chan []enginepub.Event
 	done chan struct{}
+
+	mu     sync.RWMutex // closed and ch's closing: a late request must not send on a closed channel
+	closed bool
 }
 
 // NewZMQSink listens per cfg and starts the publishing goroutine.
@@ -46,12 +51,24 @@ func (z *ZMQSink) Publish(evs []Event) {
 			out = append(out, enginepub.AllBlocksCleared{})
 		}
 	}
-	z.ch <- out
+	z.mu.RLock()
+	if !z.closed {
+		z.ch <- out
+	}
+	z.mu.RUnlock()
 }
 
-// Close flushes queued batches and closes the sockets.
+// Close flushes queued batches and closes the sockets. Events published afterwards are
+// dropped (the engine is shutting down).
 func (z *ZMQSink) Close() error {
+	z.mu.Lock()
+	if z.closed {
+		z.mu.Unlock()
+		return nil
+	}
+	z.closed = true
 	close(z.ch)
+	z.mu.Unlock()
 	<-z.done
 	return z.Pub.Close()
 }
