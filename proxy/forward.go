@@ -206,6 +206,13 @@ func setDecisionHeaders(c *app.RequestContext, ep *endpoint, d *decision) {
 // copyResponseHeader copies res's status and headers minus hop-by-hop ones.
 func copyResponseHeader(c *app.RequestContext, res *protocol.Response) {
 	res.Header.CopyTo(&c.Response.Header)
+	if conn := res.Header.Peek("Connection"); len(conn) > 0 {
+		for _, f := range bytes.Split(conn, []byte{','}) {
+			if f = bytes.TrimSpace(f); len(f) > 0 {
+				c.Response.Header.DelBytes(f)
+			}
+		}
+	}
 	for _, h := range hopHeaders {
 		c.Response.Header.Del(h)
 	}

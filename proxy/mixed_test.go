@@ -132,3 +132,35 @@ func TestTruncatedBody502(t *testing.T) {
 	}
 	checkErrorBody(t, body, 502)
 }
+
+// Engines behind Python servers send lower-case header names: hop-by-hop ones are
+// still dropped on the way back, end-to-end ones kept.
+func TestResponseHopByHopLowerCase(t *testing.T) {
+	ln := listenLocal(t)
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				buf := make([]byte, 4096)
+				conn.Read(buf)
+				io.WriteString(conn, "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nkeep-alive: timeout=5\r\nconnection: keep-alive, x-private\r\nx-private: 1\r\nx-engine: e\r\n\r\n{}")
+			}()
+		}
+	}()
+	s := startProxy(t, testConfig("http://"+ln.Addr().String()))
+	res, body := post(t, s.url("/v1/completions"), complBody)
+	if res.StatusCode != 200 || body != "{}" {
+		t.Fatalf("%d %q", res.StatusCode, body)
+	}
+	if res.Header.Get("Keep-Alive") != "" || res.Header.Get("X-Private") != "" {
+		t.Errorf("hop-by-hop response headers forwarded: %v", res.Header)
+	}
+	if res.Header.Get("X-Engine") != "e" || res.Header.Get("Content-Type") != "application/json" {
+		t.Errorf("end-to-end response headers lost: %v", res.Header)
+	}
+}

@@ -691,3 +691,34 @@ func TestConcurrentStreamsNoLeak(t *testing.T) {
 		t.Fatalf("goroutines %d -> %d\n%s", before, n, buf)
 	}
 }
+
+// Header names are case-insensitive: a lower-case x-request-id is kept, a lower-case
+// x-forwarded-for extended, and hop-by-hop headers dropped whatever their case.
+func TestHeaderCaseInsensitive(t *testing.T) {
+	a := newFakeEngine(t, "a")
+	s := startProxy(t, testConfig(a.url()))
+	conn, err := net.Dial("tcp", s.PublicAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	io.WriteString(conn, "POST /v1/completions HTTP/1.1\r\nhost: x\r\nx-request-id: low-1\r\nx-forwarded-for: 10.1.1.1\r\nproxy-authorization: z\r\ncontent-length: "+itoa(len(complBody))+"\r\n\r\n"+complBody)
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.Header.Get("X-Request-Id") != "low-1" || len(res.Header.Values("X-Request-Id")) != 1 {
+		t.Errorf("response ids %v", res.Header.Values("X-Request-Id"))
+	}
+	r := a.requests()[0]
+	if ids := r.header.Values("X-Request-Id"); len(ids) != 1 || ids[0] != "low-1" {
+		t.Errorf("engine ids %v", ids)
+	}
+	if xff := r.header.Values("X-Forwarded-For"); len(xff) != 1 || xff[0] != "10.1.1.1, 127.0.0.1" {
+		t.Errorf("engine xff %v", xff)
+	}
+	if r.header.Get("Proxy-Authorization") != "" {
+		t.Error("hop-by-hop header forwarded")
+	}
+}

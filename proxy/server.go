@@ -129,7 +129,6 @@ func New(cfg Config, opt Options) (*Server, error) {
 		client.WithResponseBodyStream(true),
 		client.WithMaxConnsPerHost(1<<16),
 		client.WithMaxIdleConnDuration(90*time.Second),
-		client.WithDisableHeaderNamesNormalizing(true),
 		client.WithRetryConfig(),
 	)
 	if err != nil {
@@ -191,7 +190,6 @@ func (s *Server) start() error {
 		server.WithDisablePrintRoute(true),
 		server.WithExitWaitTime(s.cfg.ShutdownGrace),
 		server.WithMaxHeaderBytes(s.cfg.MaxHeaderBytes),
-		server.WithDisableHeaderNamesNormalizing(true),
 		server.WithIdleTimeout(120*time.Second),
 	)
 	s.h.NoHijackConnPool = true
