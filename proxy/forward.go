@@ -79,6 +79,7 @@ func (s *Server) buildUpstream(c *app.RequestContext, req *protocol.Request, ep 
 		req.Header.Del(h)
 	}
 	req.Header.ResetConnectionClose()
+	req.Header.Del("Expect") // kvgate already holds the whole body
 	uri := make([]byte, 0, 64)
 	uri = append(uri, "http://"...)
 	uri = append(uri, ep.spec.host...)

@@ -722,3 +722,22 @@ func TestHeaderCaseInsensitive(t *testing.T) {
 		t.Error("hop-by-hop header forwarded")
 	}
 }
+
+func TestExpectContinue(t *testing.T) {
+	a := newFakeEngine(t, "a")
+	s := startProxy(t, testConfig(a.url()))
+	req, _ := http.NewRequest("POST", s.url("/v1/completions"), strings.NewReader(complBody))
+	req.Header.Set("Expect", "100-continue")
+	res, err := httpc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || !strings.Contains(string(b), "cmpl-a") {
+		t.Errorf("%d %s", res.StatusCode, b)
+	}
+	if r := a.requests(); len(r) != 1 || r[0].header.Get("Expect") != "" || r[0].body != complBody {
+		t.Errorf("engine saw %+v", r)
+	}
+}
