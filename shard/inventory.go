@@ -348,6 +348,10 @@ func (inv *Inventory) Remove(ep int, keys []uint64) (removed int) {
 // so writers of that shard wait at most one chunk (readers never wait at all).
 const clearChunkSlots = 4096
 
+// clearChunkHook, when set (tests only), runs between ClearEndpoint's chunks, with no
+// lock held, so a test can rebuild the table under the sweep deterministically.
+var clearChunkHook func()
+
 // clearMaxRestarts is how many times a rebuild may restart one shard's chunked sweep
 // before ClearEndpoint sweeps that shard in a single hold of its mutex.
 const clearMaxRestarts = 2
@@ -399,6 +403,9 @@ func (inv *Inventory) ClearEndpoint(ep int) {
 			sh.mu.Unlock()
 			if done {
 				break
+			}
+			if clearChunkHook != nil {
+				clearChunkHook()
 			}
 		}
 	}

@@ -201,7 +201,7 @@ func TestMemoryFollowsInventory(t *testing.T) {
 	inv, _ := New(Config{Endpoints: 8, Shards: 8})
 	empty := inv.MemoryBytes()
 	r := rand.New(rand.NewPCG(5, 6))
-	keys := make([]uint64, 200_000)
+	keys := make([]uint64, 100_000)
 	for i := range keys {
 		keys[i] = r.Uint64()
 	}

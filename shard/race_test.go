@@ -363,3 +363,39 @@ func TestClearEndpointUnderRebuilds(t *testing.T) {
 		t.Fatalf("endpoint 1: Count %d", c)
 	}
 }
+
+// TestClearEndpointRestartsAfterRebuild forces rebuilds between ClearEndpoint's chunks
+// (growing the shard from the chunk hook) and checks that the sweep restarts on the new
+// table, and that after repeated restarts it still finishes and clears everything.
+func TestClearEndpointRestartsAfterRebuild(t *testing.T) {
+	for _, rebuildsPerClear := range []int{1, 10} {
+		inv, _ := New(Config{Endpoints: 2, Shards: 1})
+		old := make([]uint64, 3*clearChunkSlots)
+		for i := range old {
+			old[i] = benchKey(uint64(i))
+		}
+		inv.Add(0, old)
+		next, hooks := uint64(1<<40), 0
+		clearChunkHook = func() {
+			if hooks++; hooks > rebuildsPerClear {
+				return
+			}
+			before := inv.Stats().Rebuilds
+			for inv.Stats().Rebuilds == before {
+				inv.Add(1, []uint64{benchKey(next)})
+				next++
+			}
+		}
+		inv.ClearEndpoint(0)
+		clearChunkHook = nil
+		if hooks == 0 {
+			t.Fatal("hook never ran: the sweep took one chunk")
+		}
+		if c, keys := inv.Count(0), listAll(t, inv, 0, 0); c != 0 || len(keys) != 0 {
+			t.Fatalf("%d rebuilds under the sweep: Count(0) = %d, %d keys left", rebuildsPerClear, c, len(keys))
+		}
+		if c := inv.Count(1); c != int(next-1<<40) || len(listAll(t, inv, 1, 0)) != c {
+			t.Fatalf("endpoint 1: Count %d, added %d", c, next-1<<40)
+		}
+	}
+}
