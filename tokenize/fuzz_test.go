@@ -69,7 +69,7 @@ func TestChunksMatchWholeWord(t *testing.T) {
 		}
 		var st encodeState
 		inputs := []string{"<b>▁</b>", "a>▁</td>▁x", ">▁▁</", "x▁>▁</▁y", "▁▁▁", "a▁"}
-		for i := 0; i < len(docs); i += 5 {
+		for i := 0; i < len(docs); i += 13 {
 			inputs = append(inputs, strings.ReplaceAll(docs[i], " ", "▁"))
 		}
 		for _, w := range inputs {

@@ -112,8 +112,17 @@ func TestScannersMatchBacktrackingRegex(t *testing.T) {
 	extra := []string{"", " ", "  a", "a  ", " \n ", "\r\n\r\n x", "it's 'S 'Re 'x 'll'd", "!!!abc", " !!!\n\n", "\u00a0word",
 		"\u3000\u3000x", "x\u2028y", "\u0085\u0085", "ÀB", "HELLo wORLD", "日本語テキスト", "٣٤٥", "a\u0301\u0302b", "\u0301a", "e\u200dx",
 		"CamelCaseWord", "ABCdef'S", "x/y//z\n/", " ?/\n", "12345678", "Ⅻ½²", "ǅungla ᾈ", "ʰʲ ˆx", "\t\tfoo", "\x00\x01a"}
+	// Under the race detector (slow, and regexp2 is not ours to race-check) every third
+	// document is enough; the HF goldens still cover every one.
+	stride := 1
+	if raceEnabled {
+		stride = 3
+	}
 	checked := 0
-	for _, s := range append(extra, docs...) {
+	for i, s := range append(extra, docs...) {
+		if i >= len(extra) && (i-len(extra))%stride != 0 {
+			continue
+		}
 		if !comparable(s) {
 			continue
 		}
@@ -122,7 +131,7 @@ func TestScannersMatchBacktrackingRegex(t *testing.T) {
 			compareScanner(t, scannerPatterns[i].name, ps[i], res[i], s)
 		}
 	}
-	if checked < len(docs)/2 {
+	if checked < len(docs)/2/stride {
 		t.Fatalf("only %d documents were comparable", checked)
 	}
 }

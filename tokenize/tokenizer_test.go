@@ -113,7 +113,8 @@ func TestEncodeConcurrent(t *testing.T) {
 }
 
 // TestEncodeZeroAlloc: in steady state Encode allocates nothing (pooled scratch, warm cache,
-// caller's buffer).
+// caller's buffer). Under the race detector sync.Pool drops items at random, so a few
+// allocations of fresh scratch are allowed there.
 func TestEncodeZeroAlloc(t *testing.T) {
 	text := strings.Repeat("The quick brown fox, it's 42 jumps over the lazy dog!\n\tfunc main() { return x+1 }  日本語のテキスト 😀 ", 40)
 	for _, name := range goldenNames {
@@ -122,8 +123,12 @@ func TestEncodeZeroAlloc(t *testing.T) {
 		allocs := testing.AllocsPerRun(50, func() {
 			ids, _ = tk.Encode(ids, text, true)
 		})
-		if allocs != 0 {
-			t.Errorf("%s: Encode allocates %.1f times per call", name, allocs)
+		limit := 0.0
+		if raceEnabled {
+			limit = 8
+		}
+		if allocs > limit {
+			t.Errorf("%s: Encode allocates %.1f times per call (limit %v)", name, allocs, limit)
 		}
 	}
 }
