@@ -185,3 +185,30 @@ func TestPDRuleRefusals(t *testing.T) {
 		t.Errorf("llama.cpp KV-Exact: %v", err)
 	}
 }
+
+// Mode 1 scores prefill endpoints only: the one holding the prompt's blocks prefills;
+// a conversation id keeps the next turn on the same pair.
+func TestPDKVHitAndConversationAffinity(t *testing.T) {
+	c := vllmChain(t)
+	p1, p2, dec := newKVEngine(t, "p1", enginepub.VLLM), newKVEngine(t, "p2", enginepub.VLLM), newKVEngine(t, "d1", enginepub.VLLM)
+	prefill := func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"p","choices":[{"index":0,"text":"x","finish_reason":"length"}],"kv_transfer_params":`+vllmKTP+`}`)
+		return true
+	}
+	p1.handle, p2.handle = prefill, prefill
+	cfg := kvConfig(t, KVDisaggregated, p1.spec(0, "vllm", ",role=prefill"), p2.spec(1, "vllm", ",role=prefill"), dec.spec(2, "vllm", ",role=decode"))
+	s := startProxy(t, cfg)
+	toks := engineTokens(t, sharedPrefix)
+	p2.store(t, c, toks, 5)
+	dec.store(t, c, toks, 7) // decode endpoints are never scored
+	waitFor(t, "events", func() bool { return s.kv.inv.Count(1) == 5 && s.kv.inv.Count(2) == 7 })
+	res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix), "X-Conversation-Id", "conv-9")
+	if res.StatusCode != 200 || res.Header.Get("x-kvgate-prefill") != "p2" || res.Header.Get("x-kvgate-route") != "kv-hit" || res.Header.Get("x-kvgate-endpoint") != "d1" {
+		t.Fatalf("%d %v", res.StatusCode, res.Header)
+	}
+	res, _ = post(t, s.url("/v1/completions"), complPrompt("another turn entirely"), "X-Conversation-Id", "conv-9")
+	if res.Header.Get("x-kvgate-route") != "affinity" || res.Header.Get("x-kvgate-prefill") != "p2" {
+		t.Errorf("conversation affinity: %v", res.Header)
+	}
+}
