@@ -157,7 +157,7 @@ func isTimeoutText(err error) bool {
 
 // forward sends body to d.ep and relays the answer. It never writes to the client when
 // it returns outRetry.
-func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqState, d *decision, body []byte, relay bool) outcome {
+func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqState, d *decision, body []byte) outcome {
 	ep := s.eps[d.ep]
 	req := protocol.AcquireRequest()
 	res := protocol.AcquireResponse()

@@ -190,7 +190,7 @@ func (s *Server) decodeLeg(ctx context.Context, c *app.RequestContext, st *reqSt
 		dd.ep = d.decode
 		dd.prefill = d.ep + 1
 		dd.prefillName = s.eps[d.ep].spec.Name
-		out := s.forward(ctx, c, st, &dd, body, true)
+		out := s.forward(ctx, c, st, &dd, body)
 		if out.kind == outDone {
 			return out, -1
 		}

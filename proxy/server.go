@@ -464,7 +464,7 @@ func (s *Server) serveOne(ctx context.Context, c *app.RequestContext, st *reqSta
 		if attempt > 0 {
 			s.m.retries.Inc()
 		}
-		out := s.forward(ctx, c, st, &d, st.body, true)
+		out := s.forward(ctx, c, st, &d, st.body)
 		switch out.kind {
 		case outDone:
 			return
