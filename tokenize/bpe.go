@@ -78,9 +78,12 @@ type symbol struct {
 	dead       bool
 }
 
-// mergeItem is a candidate merge in the heap: lower rank first, then lower position.
+// mergeItem is a candidate merge in the heap: lower rank first, then lower position. left and
+// right are the pair's IDs when it was queued: the entry is stale once the pair at pos is no
+// longer exactly that (HF compares the merge result; a changed pair always spells a longer
+// string, so the two checks agree).
 type mergeItem struct {
-	rank, pos, newID uint32
+	rank, pos, newID, left, right uint32
 }
 
 // bpeScratch holds the per-call buffers of one word merge.
@@ -210,7 +213,7 @@ func (m *bpeModel) mergeAll(syms []symbol, sc *bpeScratch) []symbol {
 	h := sc.heap[:0]
 	for i := 0; i+1 < len(syms); i++ {
 		if rank, nid, ok := m.mergeOf(syms[i].id, syms[i+1].id); ok {
-			h = heapPush(h, mergeItem{rank, uint32(i), nid})
+			h = heapPush(h, mergeItem{rank, uint32(i), nid, syms[i].id, syms[i+1].id})
 		}
 	}
 	for len(h) > 0 {
@@ -221,11 +224,10 @@ func (m *bpeModel) mergeAll(syms []symbol, sc *bpeScratch) []symbol {
 			continue
 		}
 		right := &syms[s.next]
-		rank, nid, ok := m.mergeOf(s.id, right.id)
-		if !ok || rank != top.rank || nid != top.newID {
+		if s.id != top.left || right.id != top.right {
 			continue // stale entry
 		}
-		s.id = nid
+		s.id = top.newID
 		right.dead = true
 		s.next = right.next
 		if s.next >= 0 {
@@ -233,12 +235,12 @@ func (m *bpeModel) mergeAll(syms []symbol, sc *bpeScratch) []symbol {
 		}
 		if s.prev >= 0 {
 			if r, n, ok := m.mergeOf(syms[s.prev].id, s.id); ok {
-				h = heapPush(h, mergeItem{r, uint32(s.prev), n})
+				h = heapPush(h, mergeItem{r, uint32(s.prev), n, syms[s.prev].id, s.id})
 			}
 		}
 		if s.next >= 0 {
 			if r, n, ok := m.mergeOf(s.id, syms[s.next].id); ok {
-				h = heapPush(h, mergeItem{r, top.pos, n})
+				h = heapPush(h, mergeItem{r, top.pos, n, s.id, syms[s.next].id})
 			}
 		}
 	}

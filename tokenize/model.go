@@ -222,18 +222,15 @@ func (m *Model) EncodePrompt(dst []uint32, prompt string) ([]uint32, error) {
 // EncodeChat renders the chat template for a /v1/chat/completions request and appends its IDs
 // to dst[:0], encoded with add_special_tokens=False (the template writes the special tokens).
 func (m *Model) EncodeChat(dst []uint32, in *ChatInput) ([]uint32, error) {
-	tmpl := m.tmpl
-	if len(in.Tools) > 0 && m.toolTmpl != nil && !isNull(in.Tools) {
-		tmpl = m.toolTmpl
-	}
+	tmpl, tools, kwargs := m.pickTemplate(in)
 	if tmpl == nil {
 		return dst[:0], fmt.Errorf("tokenize: model %q has no chat template", m.Name)
 	}
 	bp := m.renderPool.Get().(*[]byte)
 	out, err := tmpl.Render((*bp)[:0], &chat.Input{
 		Messages:            in.Messages,
-		Tools:               in.Tools,
-		Kwargs:              in.TemplateKwargs,
+		Tools:               tools,
+		Kwargs:              kwargs,
 		AddGenerationPrompt: in.AddGenerationPrompt,
 		BOSToken:            m.bos,
 		EOSToken:            m.eos,
@@ -253,16 +250,30 @@ func (m *Model) EncodeChat(dst []uint32, in *ChatInput) ([]uint32, error) {
 	return dst, err
 }
 
-// RenderChat appends the rendered chat template to dst (for debugging and the CLI).
-func (m *Model) RenderChat(dst []byte, in *ChatInput) ([]byte, error) {
-	tmpl := m.tmpl
-	if len(in.Tools) > 0 && m.toolTmpl != nil && !isNull(in.Tools) {
+// pickTemplate chooses the template for a request (the "tool_use" one when the request has
+// tools and the model has it, as transformers does) and drops JSON nulls.
+func (m *Model) pickTemplate(in *ChatInput) (tmpl *chat.Template, tools, kwargs []byte) {
+	tools, kwargs = in.Tools, in.TemplateKwargs
+	if isNull(tools) {
+		tools = nil
+	}
+	if isNull(kwargs) {
+		kwargs = nil
+	}
+	tmpl = m.tmpl
+	if tools != nil && m.toolTmpl != nil {
 		tmpl = m.toolTmpl
 	}
+	return tmpl, tools, kwargs
+}
+
+// RenderChat appends the rendered chat template to dst (for debugging and the CLI).
+func (m *Model) RenderChat(dst []byte, in *ChatInput) ([]byte, error) {
+	tmpl, tools, kwargs := m.pickTemplate(in)
 	if tmpl == nil {
 		return dst, fmt.Errorf("tokenize: model %q has no chat template", m.Name)
 	}
-	return tmpl.Render(dst, &chat.Input{Messages: in.Messages, Tools: in.Tools, Kwargs: in.TemplateKwargs,
+	return tmpl.Render(dst, &chat.Input{Messages: in.Messages, Tools: tools, Kwargs: kwargs,
 		AddGenerationPrompt: in.AddGenerationPrompt, BOSToken: m.bos, EOSToken: m.eos, Special: m.special, Now: m.now})
 }
 
