@@ -66,19 +66,25 @@ func BenchmarkChatPrompt4k(b *testing.B) {
 	}
 }
 
+// completionPrompt4k concatenates corpus documents into a prompt of about 4,000 tokens.
+func completionPrompt4k(m *Model, docs []string) string {
+	var sb strings.Builder
+	var ids []uint32
+	for d := 0; len(ids) < 4000; d++ {
+		sb.WriteString(docs[(d*17)%len(docs)])
+		ids, _ = m.EncodePrompt(ids, sb.String())
+	}
+	return sb.String()
+}
+
 // BenchmarkCompletionPrompt4k: a ~4,000-token /v1/completions prompt (tokenization only).
 func BenchmarkCompletionPrompt4k(b *testing.B) {
 	docs := loadCorpus(b)
 	for _, name := range goldenNames {
 		b.Run(name, func(b *testing.B) {
 			m := loadModelNamed(b, name)
-			var sb strings.Builder
-			var ids []uint32
-			for d := 0; len(ids) < 4000; d++ {
-				sb.WriteString(docs[(d*17)%len(docs)])
-				ids, _ = m.EncodePrompt(ids, sb.String())
-			}
-			prompt := sb.String()
+			prompt := completionPrompt4k(m, docs)
+			ids, _ := m.EncodePrompt(nil, prompt)
 			b.SetBytes(int64(len(prompt)))
 			b.ReportAllocs()
 			b.ResetTimer()

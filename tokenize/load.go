@@ -502,8 +502,9 @@ func (t *Tokenizer) loadAddedTokens(jts []jsonAddedToken) error {
 	}
 	t.rawTrie = newTokenTrie(raw, func(a addedToken) string { return a.content })
 	var buf [2][]byte
+	var it norm.Iter
 	t.normTrie = newTokenTrie(normd, func(a addedToken) string {
-		return strings.Clone(normalize(t.norm, a.content, &buf))
+		return strings.Clone(normalize(t.norm, a.content, &buf, &it))
 	})
 	t.addedByContent = addedIDs
 	return nil

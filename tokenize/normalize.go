@@ -33,7 +33,7 @@ type normStep struct {
 
 // normalize applies steps to s. It returns s itself when nothing changes, or a string that
 // aliases buf (which it may grow); the caller keeps the result only until its next use of buf.
-func normalize(steps []normStep, s string, buf *[2][]byte) string {
+func normalize(steps []normStep, s string, buf *[2][]byte, it *norm.Iter) string {
 	cur := s
 	flip := 0
 	for i := range steps {
@@ -45,7 +45,11 @@ func normalize(steps []normStep, s string, buf *[2][]byte) string {
 			if isASCII(cur) || st.form.QuickSpanString(cur) == len(cur) {
 				changed = false
 			} else {
-				out = st.form.AppendString(out, cur)
+				// norm.Iter, unlike Form.AppendString, does not allocate.
+				it.InitString(st.form, cur)
+				for !it.Done() {
+					out = append(out, it.Next()...)
+				}
 				if cgj := "\u034f"; strings.Count(unsafeString(out), cgj) != strings.Count(cur, cgj) {
 					out = normalizeSlow(out[:0], cur, st.form) // a stream-safe break was inserted
 				}

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"unicode/utf8"
 	"unsafe"
+
+	"golang.org/x/text/unicode/norm"
 )
 
 // Tokenizer is a loaded tokenizer.json. It is safe for concurrent use.
@@ -29,6 +31,7 @@ type Tokenizer struct {
 // encodeState is the per-call scratch, pooled.
 type encodeState struct {
 	normBuf  [2][]byte
+	normIter norm.Iter
 	matches  []addedMatch
 	nmatches []addedMatch
 	spans    [2][]span
@@ -102,7 +105,7 @@ func (t *Tokenizer) appendEncode(dst []uint32, text string) []uint32 {
 func (t *Tokenizer) encodeSegment(dst []uint32, st *encodeState, seg string, first bool) []uint32 {
 	n := seg
 	if len(t.norm) > 0 {
-		n = normalize(t.norm, seg, &st.normBuf)
+		n = normalize(t.norm, seg, &st.normBuf, &st.normIter)
 	}
 	if t.normTrie.empty {
 		return t.encodeNormalized(dst, st, n, first)

@@ -130,5 +130,15 @@ func TestEncodeZeroAlloc(t *testing.T) {
 		if allocs > limit {
 			t.Errorf("%s: Encode allocates %.1f times per call (limit %v)", name, allocs, limit)
 		}
+		// A ~4k-token completions prompt made of corpus documents (all the edge cases).
+		m := loadModelNamed(t, name)
+		prompt := completionPrompt4k(m, loadCorpus(t))
+		ids, _ = m.EncodePrompt(ids, prompt)
+		allocs = testing.AllocsPerRun(10, func() {
+			ids, _ = m.EncodePrompt(ids, prompt)
+		})
+		if allocs > limit {
+			t.Errorf("%s: EncodePrompt of a 4k-token prompt allocates %.1f times per call (limit %v)", name, allocs, limit)
+		}
 	}
 }
