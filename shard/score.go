@@ -68,62 +68,86 @@ func rank(e *[maxWords]uint64, words int, scores []int32) (best, second int) {
 // overlap1 is the <= 64-endpoint overlap loop: one probe per key, then a popcount walk
 // over the eligible bits the key's mask holds.
 func (inv *Inventory) overlap1(keys []uint64, e uint64, scores []int32) {
-	var tabs [scoreBatch]*table
-	var homes [scoreBatch]uint64
-	for len(keys) > 0 {
-		n := inv.locate(keys, &tabs, &homes)
-		for i, k := range keys[:n] {
-			for m := tabs[i].lookup(k, homes[i]) & e; m != 0; m &= m - 1 {
-				scores[bits.TrailingZeros64(m)]++
-			}
+	var w probeWindow
+	w.prime(inv, keys)
+	for i, k := range keys {
+		t, b := w.next(inv, keys, i)
+		for m := t.lookup(k, b) & e; m != 0; m &= m - 1 {
+			scores[bits.TrailingZeros64(m)]++
 		}
-		keys = keys[n:]
 	}
-}
-
-// scoreBatch is how many keys Score locates before probing any of them.
-const scoreBatch = 8
-
-// locate finds the table and home bucket of up to scoreBatch keys and touches each home
-// bucket. The touches do not depend on one another, so the CPU has all their cache
-// misses in flight at once instead of one per probe (memory-level parallelism; Go has no
-// prefetch intrinsic, and a load whose result is folded into a sink is the portable
-// equivalent).
-func (inv *Inventory) locate(keys []uint64, tabs *[scoreBatch]*table, homes *[scoreBatch]uint64) int {
-	n := min(len(keys), scoreBatch)
-	sink := uint64(0)
-	for i, k := range keys[:n] {
-		h := mix(k)
-		t := inv.tabs[h>>inv.shift].Load()
-		b := t.home(h, inv.shardBits)
-		tabs[i], homes[i] = t, b
-		sink |= atomic.LoadUint64(&t.buckets[b].keys[0])
-	}
-	locateSink.Store(sink)
-	return n
+	locateSink.Store(w.sink)
 }
 
 // prefix1 is the <= 64-endpoint prefix loop: a running AND of masks; an endpoint's score
 // is the index of the first key it lacks, and the walk stops once no endpoint is left.
 func (inv *Inventory) prefix1(keys []uint64, run uint64, scores []int32) {
-	var tabs [scoreBatch]*table
-	var homes [scoreBatch]uint64
-	for base := 0; base < len(keys); {
-		n := inv.locate(keys[base:], &tabs, &homes)
-		for i, k := range keys[base : base+n] {
-			m := tabs[i].lookup(k, homes[i]) & run
-			for gone := run &^ m; gone != 0; gone &= gone - 1 {
-				scores[bits.TrailingZeros64(gone)] = int32(base + i)
-			}
-			if run = m; run == 0 {
-				return
-			}
+	var w probeWindow
+	w.prime(inv, keys)
+	for j, k := range keys {
+		t, b := w.next(inv, keys, j)
+		m := t.lookup(k, b) & run
+		for gone := run &^ m; gone != 0; gone &= gone - 1 {
+			scores[bits.TrailingZeros64(gone)] = int32(j)
 		}
-		base += n
+		if run = m; run == 0 {
+			locateSink.Store(w.sink)
+			return
+		}
 	}
 	for ; run != 0; run &= run - 1 {
 		scores[bits.TrailingZeros64(run)] = int32(len(keys))
 	}
+	locateSink.Store(w.sink)
+}
+
+// scoreBatch is how far ahead of the key being probed Score locates and touches keys.
+const scoreBatch = 8
+
+// probeWindow keeps the table and home bucket of the next scoreBatch keys, each home
+// bucket touched when the key entered the window. The touches do not depend on one
+// another or on the probes, so the CPU keeps about scoreBatch cache misses in flight
+// instead of one per probe (memory-level parallelism; Go has no prefetch intrinsic, and a
+// load folded into a sink is the portable equivalent).
+type probeWindow struct {
+	tabs  [scoreBatch]*table
+	homes [scoreBatch]uint64
+	sink  uint64
+}
+
+func (w *probeWindow) fill(inv *Inventory, slot int, k uint64) {
+	h := mix(k)
+	t := inv.tabs[h>>inv.shift].Load()
+	b := t.home(h, inv.shardBits)
+	w.tabs[slot], w.homes[slot] = t, b
+	w.sink |= atomic.LoadUint64(&t.buckets[b].keys[0])
+}
+
+func (w *probeWindow) prime(inv *Inventory, keys []uint64) {
+	for i, k := range keys[:min(len(keys), scoreBatch)] {
+		w.fill(inv, i, k)
+	}
+}
+
+// next returns key i's table and home bucket and refills its place with key i+scoreBatch.
+func (w *probeWindow) next(inv *Inventory, keys []uint64, i int) (*table, uint64) {
+	slot := i % scoreBatch
+	t, b := w.tabs[slot], w.homes[slot]
+	if j := i + scoreBatch; j < len(keys) {
+		w.fill(inv, slot, keys[j])
+	}
+	return t, b
+}
+
+// locate fills tabs and homes for up to scoreBatch keys and touches their home buckets
+// (the writers' form of probeWindow: Add and Remove call it once per batch).
+func (inv *Inventory) locate(keys []uint64, tabs *[scoreBatch]*table, homes *[scoreBatch]uint64) int {
+	var w probeWindow
+	n := min(len(keys), scoreBatch)
+	w.prime(inv, keys[:n])
+	*tabs, *homes = w.tabs, w.homes
+	locateSink.Store(w.sink)
+	return n
 }
 
 func (inv *Inventory) overlapWide(keys []uint64, e *[maxWords]uint64, words int, scores []int32) {
