@@ -133,3 +133,25 @@ func TestDecisionAllocatesNothing(t *testing.T) {
 		t.Fatalf("%.1f allocs per decision, want 0", a)
 	}
 }
+
+// BenchmarkDecisionStages splits BenchmarkDecision into its two stages, so a miss of the
+// target can be put on the stage that causes it.
+func BenchmarkDecisionStages(b *testing.B) {
+	f := decisionSetup(b)
+	keys := hashcore.Keys(f.chain, make([]uint64, 0, decisionTokens/16), f.tokens, nil)
+	scores := make([]int32, decisionEndpoints)
+	b.Run("hash/tokens=8192", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			keys = hashcore.Keys(f.chain, keys[:0], f.tokens, nil)
+		}
+	})
+	for _, mode := range []shard.Mode{shard.Overlap, shard.Prefix} {
+		b.Run("score/"+mode.String()+"/keys=512/endpoints=8", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				f.inv.Score(keys, f.elig, mode, scores)
+			}
+		})
+	}
+}
