@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 )
@@ -37,6 +38,8 @@ func (r *Result) Find(name string) *PolicyResult {
 func (r *Result) WriteReport(w io.Writer, title string, plots []string) {
 	fmt.Fprintf(w, "# %s\n\n", title)
 	fmt.Fprintf(w, "Workload: %s. %d simulated engines per policy, each started fresh.\n\n", r.Workload, r.Engines)
+	fmt.Fprintf(w, "Machine: %d CPUs (GOMAXPROCS %d), %s %s/%s. Engines run in the harness process; kvgate is a child process.\n\n",
+		runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), runtime.GOOS, runtime.GOARCH)
 	s := r.Sim
 	fmt.Fprintf(w, "Engine model: %s, block size %d, %d KV blocks, batch %d; prefill = %v + %v x uncached token; decode %v per output token.\n\n",
 		orDefault(s.Engine, "vllm"), s.BlockSize, s.NumBlocks, s.MaxBatch, s.PrefillBase, s.PrefillPerToken, s.DecodePerToken)
