@@ -223,6 +223,7 @@ type Config struct {
 	KVKeys           string // auto | engine | rehash
 	KVScorePrefix    bool   // false: overlap
 	KVMinMatchTokens int
+	KVMaxPromptBytes int     // prompt / messages JSON bytes above which KV routing is skipped (0: no bound)
 	LoadFactor       float64 // epsilon in ceil((1+epsilon) x mean)
 	CHWBLPrefixBytes int
 
@@ -259,6 +260,7 @@ func Defaults() Config {
 		KVBlockSize:      16,
 		KVKeys:           "auto",
 		KVMinMatchTokens: 0,
+		KVMaxPromptBytes: 1 << 20,
 		LoadFactor:       0.25,
 		CHWBLPrefixBytes: 256,
 		BreakerFailures:  3,
@@ -364,6 +366,9 @@ func (c *Config) Validate() error {
 		if c.KVMinMatchTokens < 0 {
 			return refuse("-kv-min-match-tokens", "must be >= 0")
 		}
+		if c.KVMaxPromptBytes < 0 {
+			return refuse("-kv-max-prompt-bytes", "must be >= 0 (0: no bound)")
+		}
 		switch c.KVKeys {
 		case "auto", "engine", "rehash":
 		case "fast":
@@ -411,8 +416,8 @@ func (c *Config) Validate() error {
 	if c.BreakerHalfOpen < 1 {
 		return refuse("-breaker-half-open", "must be >= 1")
 	}
-	if c.MaxBodyBytes < 1024 {
-		return refuse("-max-body-bytes", "%d: want at least 1024", c.MaxBodyBytes)
+	if c.MaxBodyBytes < 1024 || c.MaxBodyBytes > 1<<30 {
+		return refuse("-max-body-bytes", "%d: want 1024..1073741824 (1 GiB)", c.MaxBodyBytes)
 	}
 	if c.MaxHeaderBytes < 1024 {
 		return refuse("-max-header-bytes", "%d: want at least 1024", c.MaxHeaderBytes)

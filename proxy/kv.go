@@ -177,6 +177,21 @@ func (k *kvRouter) routeExplain(st *reqState, el shard.Mask, d *decision, explai
 		k.miss(st, d, RouteMissModelUnknown, explain)
 		return
 	}
+	// A bound on the text kvgate tokenizes: a 1M-token prompt costs ~100 ms and ~70 MB
+	// of transient memory to tokenize and hash; above the bound the request is routed
+	// by the rule's selector (kv-miss:too_long) and still reaches an engine.
+	var textLen int32
+	if st.chat {
+		m := oa.Value[openai.FMessages]
+		textLen = m.End - m.Start
+	} else {
+		p := oa.Value[openai.FPrompt]
+		textLen = p.End - p.Start
+	}
+	if max := s.cfg.KVMaxPromptBytes; max > 0 && int(textLen) > max {
+		k.miss(st, d, RouteMissTooLong, explain)
+		return
+	}
 	t0 := time.Now()
 	var err error
 	switch {

@@ -19,6 +19,7 @@ const (
 	RouteMissNoBlocks
 	RouteMissNoWorker
 	RouteMissShallow
+	RouteMissTooLong // prompt text over -kv-max-prompt-bytes: not tokenized
 	RouteAffinity
 	RoutePDLoad
 	numRoutes
@@ -29,13 +30,14 @@ var routeLabels = [numRoutes]string{
 	RouteMissTextEmpty: "kv-miss:text_empty", RouteMissModelUnknown: "kv-miss:model_unknown",
 	RouteMissTokenize: "kv-miss:tokenize", RouteMissNoBlocks: "kv-miss:no_blocks",
 	RouteMissNoWorker: "kv-miss:no_worker", RouteMissShallow: "kv-miss:shallow",
-	RouteAffinity: "affinity", RoutePDLoad: "pd-load",
+	RouteMissTooLong: "kv-miss:too_long",
+	RouteAffinity:    "affinity", RoutePDLoad: "pd-load",
 }
 
 func (r Route) String() string { return routeLabels[r] }
 
 // IsMiss says r is a KV-Exact miss that fell back to the rule's selector.
-func (r Route) IsMiss() bool { return r >= RouteMissTextEmpty && r <= RouteMissShallow }
+func (r Route) IsMiss() bool { return r >= RouteMissTextEmpty && r <= RouteMissTooLong }
 
 // Stage is one step of the request path timed by kvgate_route_stage_seconds.
 type Stage uint8
@@ -58,10 +60,11 @@ const (
 	BadJSON BadInput = iota
 	BadTooLarge
 	BadReadBody
+	BadFraming // Content-Length with Transfer-Encoding, or an unknown transfer coding
 	numBadInputs
 )
 
-var badNames = [numBadInputs]string{"malformed_json", "too_large", "read_body"}
+var badNames = [numBadInputs]string{"malformed_json", "too_large", "read_body", "framing"}
 
 // UpstreamError is a failure kind when talking to an endpoint.
 type UpstreamError uint8

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -355,15 +356,23 @@ func (s *Server) putState(st *reqState) {
 	if cap(st.body) > 4<<20 { // do not pin huge bodies in the pool
 		st.body = make([]byte, 0, 16<<10)
 	}
+	if cap(st.tokens) > 1<<18 || cap(st.out) > 4<<20 || cap(st.text) > 4<<20 { // nor huge prompts' scratch
+		st.tokens, st.keys, st.fastKeys, st.out, st.text = nil, nil, nil, nil, nil
+	}
 	s.pool.Put(st)
 }
 
 // readBody reads the request body into st.body, refusing more than the limit.
 func (s *Server) readBody(c *app.RequestContext, st *reqState) (ok bool) {
 	limit := s.cfg.MaxBodyBytes
+	if !s.checkFraming(c) {
+		return false
+	}
 	if cl := c.Request.Header.ContentLength(); cl > limit {
 		s.m.bad[BadTooLarge].Inc()
 		writeError(c, 413, "invalid_request_error", "request body exceeds the limit of "+itoa(limit)+" bytes")
+		// The unread body stays on the connection: close it rather than drain it.
+		c.SetConnectionClose()
 		return false
 	}
 	if !c.Request.IsBodyStream() {
@@ -400,6 +409,59 @@ func (s *Server) readBody(c *app.RequestContext, st *reqState) (ok bool) {
 		}
 	}
 }
+
+// checkFraming refuses a request whose body framing is ambiguous (RFC 9112 6.1, 6.3):
+// Transfer-Encoding together with Content-Length (400), or a transfer coding other than
+// exactly "chunked" (501; hertz would otherwise read any coding as chunked). Either way
+// the connection closes after the answer, so bytes a front proxy framed differently
+// can never become a second request. Requests with a Content-Length only are not
+// looked at (hertz keeps no Transfer-Encoding for them).
+func (s *Server) checkFraming(c *app.RequestContext) bool {
+	if c.Request.Header.ContentLength() != -1 {
+		return true
+	}
+	var te, cl int
+	var coding []byte
+	raw := c.Request.Header.RawHeaders()
+	for len(raw) > 0 {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		k, v, ok := bytes.Cut(line, []byte{':'})
+		if !ok {
+			continue
+		}
+		k = bytes.TrimSpace(k)
+		switch {
+		case bytes.EqualFold(k, hdrTE):
+			te++
+			coding = bytes.TrimSpace(v)
+		case bytes.EqualFold(k, hdrCL):
+			cl++
+		}
+	}
+	switch {
+	case cl > 0:
+		s.m.bad[BadFraming].Inc()
+		writeError(c, 400, "invalid_request_error", "both Content-Length and Transfer-Encoding sent: ambiguous body framing")
+	case te > 1 || !bytes.EqualFold(coding, chunkedCoding):
+		s.m.bad[BadFraming].Inc()
+		writeError(c, 501, "invalid_request_error", "unsupported Transfer-Encoding (only a single \"chunked\" is accepted)")
+	default:
+		return true
+	}
+	c.SetConnectionClose()
+	return false
+}
+
+var (
+	hdrTE         = []byte("Transfer-Encoding")
+	hdrCL         = []byte("Content-Length")
+	chunkedCoding = []byte("chunked")
+)
 
 func (s *Server) handleOpenAI(ctx context.Context, c *app.RequestContext, chat bool) {
 	defer s.track(c)()
