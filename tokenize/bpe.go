@@ -71,25 +71,20 @@ func (m *bpeModel) metaUnsafeBefore(s string) bool {
 	return false
 }
 
-// symbol is one node of the doubly linked list a word is merged in.
+// symbol is one node of the doubly linked list a word is merged in. rank and newID describe
+// the merge of this symbol with the next one (rank noMerge: none).
 type symbol struct {
-	id         uint32
-	prev, next int32
-	dead       bool
+	id          uint32
+	prev, next  int32
+	rank, newID uint32
 }
 
-// mergeItem is a candidate merge in the heap: lower rank first, then lower position. left and
-// right are the pair's IDs when it was queued: the entry is stale once the pair at pos is no
-// longer exactly that (HF compares the merge result; a changed pair always spells a longer
-// string, so the two checks agree).
-type mergeItem struct {
-	rank, pos, newID, left, right uint32
-}
+const noMerge = ^uint32(0)
 
 // bpeScratch holds the per-call buffers of one word merge.
 type bpeScratch struct {
 	syms []symbol
-	heap []mergeItem
+	heap []uint64 // rank<<32 | position
 	str  []byte
 }
 
@@ -202,45 +197,79 @@ func (m *bpeModel) fallbackCovers(s string) bool {
 	return true
 }
 
-// mergeAll applies merges until none applies. Small words use a linear scan; long ones a heap.
+// setPair records the merge of syms[i] with its next symbol, if the merge list has one.
+func (m *bpeModel) setPair(syms []symbol, i int) {
+	s := &syms[i]
+	s.rank = noMerge
+	if s.next >= 0 {
+		if r, n, ok := m.mergeOf(s.id, syms[s.next].id); ok {
+			s.rank, s.newID = r, n
+		}
+	}
+}
+
+// mergeAt merges syms[i] with its next symbol and refreshes the pairs that changed. It
+// returns the position of the previous symbol (-1 at the start).
+func (m *bpeModel) mergeAt(syms []symbol, i int) int {
+	s := &syms[i]
+	right := &syms[s.next]
+	s.id = s.newID
+	s.next = right.next
+	right.rank = noMerge // the right symbol is gone; its queued merges are stale
+	if s.next >= 0 {
+		syms[s.next].prev = int32(i)
+	}
+	m.setPair(syms, i)
+	if s.prev >= 0 {
+		m.setPair(syms, int(s.prev))
+	}
+	return int(s.prev)
+}
+
+// mergeAll applies merges until none applies: always the lowest rank, the leftmost on ties
+// (what HF's Word::merge_all does with its priority queue). Each adjacent pair is looked up
+// once when it forms. Short words find the next merge by a scan; long ones use a heap.
 func (m *bpeModel) mergeAll(syms []symbol, sc *bpeScratch) []symbol {
 	if len(syms) < 2 {
 		return syms
 	}
-	if len(syms) <= 24 {
-		return m.mergeLinear(syms)
+	for i := range syms {
+		m.setPair(syms, i)
+	}
+	if len(syms) <= 32 {
+		for {
+			best, bestRank := -1, noMerge
+			for i := 0; i >= 0; i = int(syms[i].next) {
+				if syms[i].rank < bestRank {
+					best, bestRank = i, syms[i].rank
+				}
+			}
+			if best < 0 {
+				return syms
+			}
+			m.mergeAt(syms, best)
+		}
 	}
 	h := sc.heap[:0]
-	for i := 0; i+1 < len(syms); i++ {
-		if rank, nid, ok := m.mergeOf(syms[i].id, syms[i+1].id); ok {
-			h = heapPush(h, mergeItem{rank, uint32(i), nid, syms[i].id, syms[i+1].id})
+	for i := range syms {
+		if r := syms[i].rank; r != noMerge {
+			h = heapPush(h, uint64(r)<<32|uint64(i))
 		}
 	}
 	for len(h) > 0 {
-		var top mergeItem
+		var top uint64
 		top, h = heapPop(h)
-		s := &syms[top.pos]
-		if s.dead || s.next < 0 {
-			continue
+		i := int(uint32(top))
+		if syms[i].rank != uint32(top>>32) {
+			continue // stale: the pair at i changed (a rank names one pair)
 		}
-		right := &syms[s.next]
-		if s.id != top.left || right.id != top.right {
-			continue // stale entry
+		prev := m.mergeAt(syms, i)
+		if r := syms[i].rank; r != noMerge {
+			h = heapPush(h, uint64(r)<<32|uint64(i))
 		}
-		s.id = top.newID
-		right.dead = true
-		s.next = right.next
-		if s.next >= 0 {
-			syms[s.next].prev = int32(top.pos)
-		}
-		if s.prev >= 0 {
-			if r, n, ok := m.mergeOf(syms[s.prev].id, s.id); ok {
-				h = heapPush(h, mergeItem{r, uint32(s.prev), n, syms[s.prev].id, s.id})
-			}
-		}
-		if s.next >= 0 {
-			if r, n, ok := m.mergeOf(s.id, syms[s.next].id); ok {
-				h = heapPush(h, mergeItem{r, top.pos, n, s.id, syms[s.next].id})
+		if prev >= 0 {
+			if r := syms[prev].rank; r != noMerge {
+				h = heapPush(h, uint64(r)<<32|uint64(prev))
 			}
 		}
 	}
@@ -248,68 +277,49 @@ func (m *bpeModel) mergeAll(syms []symbol, sc *bpeScratch) []symbol {
 	return syms
 }
 
-// mergeLinear is mergeAll for short words: find the lowest-rank (leftmost on ties) pair, merge, repeat.
-func (m *bpeModel) mergeLinear(syms []symbol) []symbol {
-	for {
-		best, bestRank, bestID := -1, uint32(0), uint32(0)
-		for i := 0; i >= 0 && syms[i].next >= 0; i = int(syms[i].next) {
-			if rank, nid, ok := m.mergeOf(syms[i].id, syms[syms[i].next].id); ok && (best < 0 || rank < bestRank) {
-				best, bestRank, bestID = i, rank, nid
-			}
-		}
-		if best < 0 {
-			return syms
-		}
-		s := &syms[best]
-		right := &syms[s.next]
-		s.id = bestID
-		right.dead = true
-		s.next = right.next
-		if s.next >= 0 {
-			syms[s.next].prev = int32(best)
-		}
-	}
-}
-
-func lessMerge(a, b mergeItem) bool {
-	return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos)
-}
-
-func heapPush(h []mergeItem, x mergeItem) []mergeItem {
+// heapPush and heapPop keep a 4-ary min-heap of rank<<32|position keys.
+func heapPush(h []uint64, x uint64) []uint64 {
 	h = append(h, x)
 	i := len(h) - 1
 	for i > 0 {
-		p := (i - 1) / 2
-		if !lessMerge(h[i], h[p]) {
+		p := (i - 1) / 4
+		if h[p] <= x {
 			break
 		}
-		h[i], h[p] = h[p], h[i]
+		h[i] = h[p]
 		i = p
 	}
+	h[i] = x
 	return h
 }
 
-func heapPop(h []mergeItem) (mergeItem, []mergeItem) {
+func heapPop(h []uint64) (uint64, []uint64) {
 	top := h[0]
 	n := len(h) - 1
-	h[0] = h[n]
+	x := h[n]
 	h = h[:n]
+	if n == 0 {
+		return top, h
+	}
 	i := 0
 	for {
-		l := 2*i + 1
-		if l >= n {
+		c := 4*i + 1
+		if c >= n {
 			break
 		}
-		c := l
-		if r := l + 1; r < n && lessMerge(h[r], h[l]) {
-			c = r
+		best := c
+		for k := c + 1; k < c+4 && k < n; k++ {
+			if h[k] < h[best] {
+				best = k
+			}
 		}
-		if !lessMerge(h[c], h[i]) {
+		if h[best] >= x {
 			break
 		}
-		h[i], h[c] = h[c], h[i]
-		i = c
+		h[i] = h[best]
+		i = best
 	}
+	h[i] = x
 	return top, h
 }
 
