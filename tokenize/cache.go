@@ -2,6 +2,7 @@ package tokenize
 
 import (
 	"hash/maphash"
+	"math/rand/v2"
 	"strings"
 	"sync/atomic"
 )
@@ -18,7 +19,7 @@ const (
 
 // wordCache maps a pre-tokenized word to its IDs. It is set-associative: a word's hash picks a
 // set of four slots, each an atomic pointer to an immutable entry, so readers take no lock
-// and writers just replace an entry (a full set evicts one, picked by the hash). Shared by all
+// and writers just replace an entry (a full set evicts a random one). Shared by all
 // encoders of a tokenizer.
 type wordCache struct {
 	seed  maphash.Seed
@@ -52,14 +53,16 @@ func (c *wordCache) get(dst []uint32, w string) ([]uint32, bool) {
 }
 
 func (c *wordCache) put(w string, ids []uint32) {
-	h, set := c.set(w)
+	_, set := c.set(w)
 	e := &cacheEntry{word: strings.Clone(w), ids: append([]uint32(nil), ids...)}
 	for i := range set {
 		if set[i].CompareAndSwap(nil, e) {
 			return
 		}
 	}
-	set[(h>>40)%cacheWays].Store(e)
+	// A random victim: two hot words that share a set soon settle in different ways (a
+	// victim picked by hash would make them evict each other forever).
+	set[rand.Uint32()%cacheWays].Store(e)
 }
 
 // memoryBytes estimates the cache's current size.

@@ -191,6 +191,7 @@ func parseNormalizer(raw json.RawMessage) ([]normStep, error) {
 			if err != nil {
 				return nil, fmt.Errorf("Replace regex %q: %w", *c.Pattern.Regex, err)
 			}
+			re.MatchTimeout = regexTimeout
 			st.re = re
 		default:
 			return nil, errors.New("Replace without a pattern")
@@ -503,9 +504,17 @@ func (t *Tokenizer) loadAddedTokens(jts []jsonAddedToken) error {
 	t.rawTrie = newTokenTrie(raw, func(a addedToken) string { return a.content })
 	var buf [2][]byte
 	var it norm.Iter
+	var nerr error
 	t.normTrie = newTokenTrie(normd, func(a addedToken) string {
-		return strings.Clone(normalize(t.norm, a.content, &buf, &it))
+		s, err := normalize(t.norm, a.content, &buf, &it)
+		if err != nil && nerr == nil {
+			nerr = err
+		}
+		return strings.Clone(s)
 	})
+	if nerr != nil {
+		return fmt.Errorf("added tokens: %w", nerr)
+	}
 	t.addedByContent = addedIDs
 	return nil
 }

@@ -215,7 +215,10 @@ func (m *Model) HasChatTemplate() bool { return m.tmpl != nil || m.toolTmpl != n
 // encoded with add_special_tokens=True, as vLLM does.
 func (m *Model) EncodePrompt(dst []uint32, prompt string) ([]uint32, error) {
 	dst = append(dst[:0], m.promptPrefix...)
-	dst = m.tok.appendEncode(dst, prompt)
+	dst, err := m.tok.appendEncode(dst, prompt)
+	if err != nil {
+		return dst[:0], err
+	}
 	return append(dst, m.promptSuffix...), nil
 }
 

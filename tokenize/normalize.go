@@ -1,6 +1,7 @@
 package tokenize
 
 import (
+	"fmt"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -33,7 +34,7 @@ type normStep struct {
 
 // normalize applies steps to s. It returns s itself when nothing changes, or a string that
 // aliases buf (which it may grow); the caller keeps the result only until its next use of buf.
-func normalize(steps []normStep, s string, buf *[2][]byte, it *norm.Iter) string {
+func normalize(steps []normStep, s string, buf *[2][]byte, it *norm.Iter) (string, error) {
 	cur := s
 	flip := 0
 	for i := range steps {
@@ -63,7 +64,10 @@ func normalize(steps []normStep, s string, buf *[2][]byte, it *norm.Iter) string
 		case normReplace:
 			if st.re != nil {
 				r, err := st.re.Replace(cur, st.content, -1, -1)
-				if err != nil || r == cur {
+				if err != nil {
+					return "", fmt.Errorf("tokenize: Replace regex %q: %w", st.re.String(), err)
+				}
+				if r == cur {
 					changed = false
 				} else {
 					out = append(out, r...)
@@ -120,7 +124,7 @@ func normalize(steps []normStep, s string, buf *[2][]byte, it *norm.Iter) string
 			flip ^= 1
 		}
 	}
-	return cur
+	return cur, nil
 }
 
 func isWhiteSpace(r rune) bool { return unicode.Is(unicode.White_Space, r) }

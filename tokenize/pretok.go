@@ -3,6 +3,7 @@ package tokenize
 import (
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/dlclark/regexp2"
@@ -64,6 +65,7 @@ func newRegexPattern(src string) (*pattern, error) {
 	if err != nil {
 		return nil, fmt.Errorf("split regex %q: %w", src, err)
 	}
+	re.MatchTimeout = regexTimeout
 	return &pattern{re: re}, nil
 }
 
@@ -131,7 +133,7 @@ func (p *pattern) next(s string, from int) (int, int) {
 
 // reMatches runs the fallback regex over s once and returns its matches as byte offsets
 // (regexp2 reports rune offsets). Empty matches are skipped, as the HF engine's are.
-func (p *pattern) reMatches(s string) []span {
+func (p *pattern) reMatches(s string) ([]span, error) {
 	runes := []rune(s)
 	byteAt := make([]int32, len(runes)+1)
 	b := 0
@@ -147,8 +149,15 @@ func (p *pattern) reMatches(s string) []span {
 			out = append(out, span{byteAt[m.Index], byteAt[m.Index+m.Length]})
 		}
 	}
-	return out
+	if err != nil {
+		return nil, fmt.Errorf("tokenize: split regex %q: %w", p.re.String(), err)
+	}
+	return out, nil
 }
+
+// regexTimeout bounds one fallback-regex search: a pattern that backtracks catastrophically on
+// some input fails that encode instead of hanging it.
+const regexTimeout = 2 * time.Second
 
 // span is a piece of text [start, end) in the buffer a pre-tokenizer step works on.
 type span struct{ start, end int32 }
@@ -156,7 +165,7 @@ type span struct{ start, end int32 }
 // splitStep applies a Split pre-tokenizer to one piece s, appending the resulting pieces
 // (as offsets relative to base) to out. It follows HF NormalizedString::split: matches
 // (inverted when invert) are combined with the gaps per behavior; empty pieces are dropped.
-func splitStep(out []span, s string, base int32, p *pattern, beh uint8, invert bool) []span {
+func splitStep(out []span, s string, base int32, p *pattern, beh uint8, invert bool, errp *error) []span {
 	// Pieces are produced as (start, end, isMatch) in order; combine on the fly.
 	prevEnd := 0
 	havePrev := false // for merge behaviors: whether out has a piece from this call
@@ -212,7 +221,11 @@ func splitStep(out []span, s string, base int32, p *pattern, beh uint8, invert b
 		return out
 	}
 	if p.re != nil {
-		for _, m := range p.reMatches(s) {
+		ms, err := p.reMatches(s)
+		if err != nil && *errp == nil {
+			*errp = err
+		}
+		for _, m := range ms {
 			ms, me := int(m.start), int(m.end)
 			if ms > prevEnd {
 				emit(prevEnd, ms, false)

@@ -4,6 +4,7 @@
 package tokenize
 
 import (
+	"fmt"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -38,6 +39,7 @@ type encodeState struct {
 	text     []byte // rebuilt text for pre-tokenizers that change content
 	valid    []byte // input with invalid UTF-8 replaced
 	bpe      bpeScratch
+	err      error // first failure of this call (a fallback regex that timed out)
 }
 
 func (t *Tokenizer) init() {
@@ -68,16 +70,26 @@ func (t *Tokenizer) Encode(dst []uint32, text string, addSpecialTokens bool) ([]
 	if addSpecialTokens {
 		dst = append(dst, t.postPrefix...)
 	}
-	dst = t.appendEncode(dst, text)
+	dst, err := t.appendEncode(dst, text)
+	if err != nil {
+		return dst[:0], err
+	}
 	if addSpecialTokens {
 		dst = append(dst, t.postSuffix...)
 	}
 	return dst, nil
 }
 
+// MaxTextBytes is the longest text Encode accepts (offsets are 32-bit).
+const MaxTextBytes = 1 << 30
+
 // appendEncode appends the IDs of text (no post-processing) to dst.
-func (t *Tokenizer) appendEncode(dst []uint32, text string) []uint32 {
+func (t *Tokenizer) appendEncode(dst []uint32, text string) ([]uint32, error) {
+	if len(text) > MaxTextBytes {
+		return dst, fmt.Errorf("tokenize: text of %d bytes is over the %d-byte limit", len(text), MaxTextBytes)
+	}
 	st := t.scratch.Get().(*encodeState)
+	st.err = nil
 	st.text = st.text[:0]
 	if !utf8.ValidString(text) {
 		st.valid = appendValidUTF8(st.valid[:0], text)
@@ -96,8 +108,10 @@ func (t *Tokenizer) appendEncode(dst []uint32, text string) []uint32 {
 	if prev < len(text) {
 		dst = t.encodeSegment(dst, st, text[prev:], prev == 0)
 	}
+	err := st.err
+	st.err = nil
 	t.scratch.Put(st)
-	return dst
+	return dst, err
 }
 
 // encodeSegment normalizes a piece of raw text between added tokens, splits it on the
@@ -105,7 +119,13 @@ func (t *Tokenizer) appendEncode(dst []uint32, text string) []uint32 {
 func (t *Tokenizer) encodeSegment(dst []uint32, st *encodeState, seg string, first bool) []uint32 {
 	n := seg
 	if len(t.norm) > 0 {
-		n = normalize(t.norm, seg, &st.normBuf, &st.normIter)
+		var err error
+		if n, err = normalize(t.norm, seg, &st.normBuf, &st.normIter); err != nil {
+			if st.err == nil {
+				st.err = err
+			}
+			return dst
+		}
 	}
 	if t.normTrie.empty {
 		return t.encodeNormalized(dst, st, n, first)
@@ -148,11 +168,11 @@ func (t *Tokenizer) encodeNormalized(dst []uint32, st *encodeState, s string, fi
 				break
 			}
 			for _, sp := range cur {
-				next = splitStep(next, text[sp.start:sp.end], sp.start, p.pat, p.beh, p.invert)
+				next = splitStep(next, text[sp.start:sp.end], sp.start, p.pat, p.beh, p.invert, &st.err)
 			}
 		case preCharSplit:
 			for _, sp := range cur {
-				next = splitStep(next, text[sp.start:sp.end], sp.start, p.pat, p.beh, false)
+				next = splitStep(next, text[sp.start:sp.end], sp.start, p.pat, p.beh, false, &st.err)
 			}
 		case preByteLevel:
 			if p.addPrefixSpace {
@@ -165,7 +185,7 @@ func (t *Tokenizer) encodeNormalized(dst []uint32, st *encodeState, s string, fi
 			}
 			if p.useRegex {
 				for _, sp := range cur {
-					next = splitStep(next, text[sp.start:sp.end], sp.start, p.pat, behIsolated, false)
+					next = splitStep(next, text[sp.start:sp.end], sp.start, p.pat, behIsolated, false, &st.err)
 				}
 			} else {
 				next = append(next, cur...)
@@ -194,7 +214,7 @@ func (t *Tokenizer) encodeNormalized(dst []uint32, st *encodeState, s string, fi
 			if p.split {
 				mp := pattern{lit: rep}
 				for _, sp := range cur {
-					next = splitStep(next, text[sp.start:sp.end], sp.start, &mp, behMergedWithNext, false)
+					next = splitStep(next, text[sp.start:sp.end], sp.start, &mp, behMergedWithNext, false, &st.err)
 				}
 			} else {
 				next = append(next, cur...)

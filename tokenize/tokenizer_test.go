@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 const tinyModel = `{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,"end_of_word_suffix":null,
@@ -150,5 +151,33 @@ func TestEncodeZeroAlloc(t *testing.T) {
 		if allocs > limit {
 			t.Errorf("%s: EncodePrompt of a 4k-token prompt allocates %.1f times per call (limit %v)", name, allocs, limit)
 		}
+	}
+}
+
+// TestFallbackRegexTimeout: a fallback regex that backtracks catastrophically fails the encode
+// with an error instead of hanging it.
+func TestFallbackRegexTimeout(t *testing.T) {
+	tk, err := parseTokenizer([]byte(tinyTokenizer("null", `{"type":"Split","pattern":{"Regex":"(a+)+b"},"behavior":"Isolated","invert":false}`, "null", "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tk.pre[0].pat.re == nil {
+		t.Fatal("(a+)+b should use the fallback engine")
+	}
+	tk.pre[0].pat.re.MatchTimeout = 50 * time.Millisecond
+	ids, err := tk.Encode(nil, "aab", false)
+	if err != nil || !slices.Equal(ids, []uint32{0, 2}) {
+		t.Fatalf("Encode(aab) = %v, %v", ids, err)
+	}
+	start := time.Now()
+	_, err = tk.Encode(nil, strings.Repeat("a", 40)+"!", false)
+	if err == nil || !strings.Contains(err.Error(), "(a+)+b") {
+		t.Fatalf("want a timeout error naming the regex, got %v", err)
+	}
+	if time.Since(start) > 10*time.Second {
+		t.Fatalf("the encode took %v", time.Since(start))
+	}
+	if _, err := tk.Encode(nil, strings.Repeat("x", MaxTextBytes+1), false); err == nil {
+		t.Fatal("text over MaxTextBytes accepted")
 	}
 }
