@@ -244,6 +244,10 @@ type Config struct {
 	MaxBodyBytes    int
 	MaxHeaderBytes  int // request header limit (hertz answers 431 above)
 	MaxRetries      int // 0: up to the number of endpoints
+	// Retry5xx: a 5xx answer or a non-streamed body cut short, before any byte reached
+	// the client, is dropped and the request sent to another endpoint (the last
+	// attempt's answer is relayed as it is).
+	Retry5xx bool
 
 	AffinityTTL time.Duration
 	AffinityMax int
@@ -273,6 +277,7 @@ func Defaults() Config {
 		UpstreamTimeout:  300 * time.Second,
 		MaxBodyBytes:     32 << 20,
 		MaxHeaderBytes:   64 << 10,
+		Retry5xx:         true,
 		AffinityTTL:      10 * time.Minute,
 		AffinityMax:      100000,
 		ShutdownGrace:    30 * time.Second,

@@ -43,6 +43,51 @@ type trackedConn struct {
 	network.Conn
 	addr string
 	reg  *connRegistry
+	idle time.Duration // read timeout hertz asked for, applied per read (0: none)
+}
+
+// SetReadTimeout makes the timeout an idle timeout: the standard transport would set
+// one absolute deadline, cutting off any stream longer than -upstream-timeout; kvgate
+// means "between reads" (netpoll's meaning), so every read below renews it.
+func (c *trackedConn) SetReadTimeout(t time.Duration) error {
+	c.idle = t
+	return c.Conn.SetReadTimeout(t)
+}
+
+func (c *trackedConn) renew() {
+	if c.idle > 0 {
+		c.Conn.SetReadDeadline(time.Now().Add(c.idle)) //nolint:errcheck
+	}
+}
+
+func (c *trackedConn) Read(b []byte) (int, error) { c.renew(); return c.Conn.Read(b) }
+
+func (c *trackedConn) Peek(n int) ([]byte, error) {
+	if c.Conn.Len() < n {
+		c.renew()
+	}
+	return c.Conn.Peek(n)
+}
+
+func (c *trackedConn) Skip(n int) error {
+	if c.Conn.Len() < n {
+		c.renew()
+	}
+	return c.Conn.Skip(n)
+}
+
+func (c *trackedConn) ReadBinary(n int) ([]byte, error) {
+	if c.Conn.Len() < n {
+		c.renew()
+	}
+	return c.Conn.ReadBinary(n)
+}
+
+func (c *trackedConn) ReadByte() (byte, error) {
+	if c.Conn.Len() < 1 {
+		c.renew()
+	}
+	return c.Conn.ReadByte()
 }
 
 // hdrConnTag is a per-exchange tag kvgate adds to upstream requests: client-supplied

@@ -186,11 +186,19 @@ func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqStat
 	if code := res.StatusCode(); code >= 500 {
 		s.m.upstream[Err5xx][d.ep].Inc()
 		ep.breaker.FiveXX()
+		if st.canRetry {
+			// Nothing reached the client: another endpoint answers instead (a sick
+			// engine's 5xx streak costs no request while a healthy one exists).
+			res.CloseBodyStream() //nolint:errcheck
+			return outcome{kind: outRetry, err: errors.New("endpoint " + ep.spec.Name + " answered " + itoa(code))}
+		}
 	} else {
 		ep.breaker.Success()
 	}
 	s.m.routed[d.route][d.ep].Inc()
-	s.relayResponse(ctx, c, st, d, ep, res)
+	if !s.relayResponse(ctx, c, st, d, ep, res) {
+		return outcome{kind: outRetry, err: errors.New("endpoint " + ep.spec.Name + " broke off its response")}
+	}
 	return outcome{kind: outDone}
 }
 
@@ -222,8 +230,10 @@ func copyResponseHeader(c *app.RequestContext, res *protocol.Response) {
 
 // relayResponse copies status, headers and body from res to the client. Event streams
 // and bodies of unknown length are relayed read by read, each flushed at once; small
-// bodies are read whole so their usage receipt can be parsed.
-func (s *Server) relayResponse(ctx context.Context, c *app.RequestContext, st *reqState, d *decision, ep *endpoint, res *protocol.Response) {
+// bodies are read whole so their usage receipt can be parsed. It returns false, having
+// written nothing, when a whole-read body broke off and st.canRetry allows another
+// endpoint to answer.
+func (s *Server) relayResponse(ctx context.Context, c *app.RequestContext, st *reqState, d *decision, ep *endpoint, res *protocol.Response) bool {
 	copyResponseHeader(c, res)
 	setDecisionHeaders(c, ep, d)
 	body := res.BodyStream()
@@ -243,9 +253,13 @@ func (s *Server) relayResponse(ctx context.Context, c *app.RequestContext, st *r
 					// passing on a truncated body.
 					s.m.upstream[ErrMidStream][d.ep].Inc()
 					res.CloseBodyStream() //nolint:errcheck
+					if st.canRetry {
+						c.Response.Reset()
+						return false
+					}
 					writeError(c, 502, "upstream_error", "endpoint "+ep.spec.Name+" broke off its response: "+err.Error())
 					setDecisionHeaders(c, ep, d)
-					return
+					return true
 				}
 				break
 			}
@@ -253,9 +267,10 @@ func (s *Server) relayResponse(ctx context.Context, c *app.RequestContext, st *r
 		res.CloseBodyStream() //nolint:errcheck
 		c.Response.SetBody(st.out)
 		s.receipt(d, st.out)
-		return
+		return true
 	}
 	s.streamBody(ctx, c, st, d, res, sse)
+	return true
 }
 
 // abortableWriter is hertz's chunked writer that, once aborted, does not write the

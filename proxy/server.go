@@ -17,7 +17,7 @@ import (
 	"github.com/cloudwego/hertz/pkg/app/client"
 	"github.com/cloudwego/hertz/pkg/app/middlewares/server/recovery"
 	"github.com/cloudwego/hertz/pkg/app/server"
-	"github.com/cloudwego/hertz/pkg/network/dialer"
+	"github.com/cloudwego/hertz/pkg/network/standard"
 
 	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/proxy/balance"
@@ -124,7 +124,10 @@ func New(cfg Config, opt Options) (*Server, error) {
 	s.conns = newConnRegistry()
 
 	c, err := client.NewClient(
-		client.WithDialer(connectDialer{Dialer: dialer.DefaultDialer(), reg: s.conns}),
+		// The standard (blocking) transport, not netpoll: netpoll reads every byte an
+		// engine sends into memory as it arrives, so a slow client reading a fast stream
+		// would grow the heap without bound. Blocking reads stop the engine instead.
+		client.WithDialer(connectDialer{Dialer: standard.NewDialer(), reg: s.conns}),
 		client.WithDialTimeout(cfg.ConnectTimeout),
 		client.WithClientReadTimeout(cfg.UpstreamTimeout),
 		client.WithResponseBodyStream(true),
@@ -323,6 +326,9 @@ type reqState struct {
 	ex       hashcore.Extras
 	engMask  shard.Mask
 	fastMask shard.Mask
+	// canRetry: this attempt's 5xx or truncated answer may be dropped for another
+	// endpoint (nothing has reached the client; attempts and an alternative remain).
+	canRetry bool
 }
 
 func newReqState(n int) *reqState {
@@ -342,6 +348,7 @@ func newReqState(n int) *reqState {
 func (st *reqState) reset() {
 	st.body = st.body[:0]
 	st.chat = false
+	st.canRetry = false
 	clear(st.excluded)
 	st.tail = st.tail[:0]
 }
@@ -526,6 +533,7 @@ func (s *Server) serveOne(ctx context.Context, c *app.RequestContext, st *reqSta
 		if attempt > 0 {
 			s.m.retries.Inc()
 		}
+		st.canRetry = s.cfg.Retry5xx && attempt+1 < maxAttempts && s.hasAlternative(st, d.ep)
 		out := s.forward(ctx, c, st, &d, st.body)
 		switch out.kind {
 		case outDone:
@@ -546,3 +554,14 @@ func (s *Server) serveOne(ctx context.Context, c *app.RequestContext, st *reqSta
 }
 
 func passThroughKey(c *app.RequestContext) []byte { return c.Request.URI().Path() }
+
+// hasAlternative says another endpoint could take this request if ep's answer is
+// thrown away (a 5xx or a truncated body, before any byte reached the client).
+func (s *Server) hasAlternative(st *reqState, ep int) bool {
+	for i, e := range s.eps {
+		if i != ep && !st.excluded.Has(i) && !e.down.Load() && e.healthy.Load() && e.breaker.Ready() {
+			return true
+		}
+	}
+	return false
+}

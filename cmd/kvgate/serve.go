@@ -75,6 +75,7 @@ Contradictory or incomplete rules are refused at start, naming the flag to fix.
 	fs.DurationVar(&cfg.UpstreamTimeout, "upstream-timeout", cfg.UpstreamTimeout, "max wait for upstream response headers and between streamed reads (504 after)")
 	fs.IntVar(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "request body limit (413 above; a declared Content-Length above it is refused after at most 8 KiB is read, and the connection closed)")
 	fs.IntVar(&cfg.MaxHeaderBytes, "max-header-bytes", cfg.MaxHeaderBytes, "request header limit in bytes, request line included (431 above)")
+	fs.BoolVar(&cfg.Retry5xx, "retry-5xx", cfg.Retry5xx, "retry a 5xx answer, or a non-streamed body the engine cut short, on another endpoint while nothing reached the client (the last attempt's answer is relayed)")
 	fs.IntVar(&cfg.MaxRetries, "max-retries", 0, "retries after connect failures (default 0: up to the number of endpoints)")
 	fs.DurationVar(&cfg.AffinityTTL, "affinity-ttl", cfg.AffinityTTL, "mode 1 session affinity lifetime")
 	fs.IntVar(&cfg.AffinityMax, "affinity-max", cfg.AffinityMax, "mode 1 session affinity entries (LRU beyond; 0 disables)")
