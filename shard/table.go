@@ -23,17 +23,19 @@ import (
 //
 // Why the bucket count is not a power of two: the memory target (<= 24 B/key at 1M keys)
 // leaves no room for doubling. A rebuild sizes the table so that live keys fill
-// rebuildLoad of it, and the next rebuild comes at maxLoad (growth x1.25), so the table
-// stays between 16/0.875 = 18.3 and 16/0.70 = 22.9 bytes per live key. The bucket comes
-// from the key hash by multiply-shift range reduction (Lemire's fastrange), which needs
-// no power of two.
+// rebuildLoad of it, and the next rebuild comes at maxLoad (growth x1.29), so the table
+// stays between 16/0.875 = 18.3 and 16/0.68 = 23.5 bytes per live key (plus 1/256 of that
+// for the overflow bits). The gap between the two loads is the trade-off: each rebuild
+// re-inserts every live key, so a steady add/remove churn pays 0.68/(0.875-0.68) = 3.5
+// re-inserts per new key; 0.70 would cost 4. The bucket comes from the key hash by
+// multiply-shift range reduction (Lemire's fastrange), which needs no power of two.
 const (
 	bucketSlots = 4
 	// maxLoad: a new key that would push used slots (live + tombstones) past it
 	// triggers a rebuild. 7/8 keeps probe runs short with 4-slot buckets.
 	maxLoadNum, maxLoadDen = 7, 8
-	// rebuildLoad: a rebuilt table holds live keys at 70% of its slots.
-	rebuildLoadNum, rebuildLoadDen = 7, 10
+	// rebuildLoad: a rebuilt table holds live keys at 68% of its slots.
+	rebuildLoadNum, rebuildLoadDen = 17, 25
 	// shrinkLoadDen: a table whose live keys fall under 1/4 of its slots after a remove
 	// or a clear is rebuilt smaller, so memory follows the inventory down too.
 	shrinkLoadDen = 4
