@@ -179,13 +179,11 @@ func (inv *Inventory) Add(ep int, keys []uint64) (added int) {
 	}
 	var evicted, dropped int
 	cnt := &inv.counts[ep].n
-	var tabs [scoreBatch]*table
-	var homes [scoreBatch]uint64
 	for i, k := range keys {
 		// Touch the next batch's home buckets before locking for any of them, so their
-		// cache misses overlap (see locate).
+		// cache misses overlap (see probeWindow).
 		if i%scoreBatch == 0 {
-			inv.locate(keys[i:], &tabs, &homes)
+			inv.touch(keys[i:])
 		}
 		h, s := inv.shardOf(k)
 		sh := &inv.shards[s]
@@ -321,11 +319,9 @@ func (inv *Inventory) Remove(ep int, keys []uint64) (removed int) {
 		return 0
 	}
 	cnt := &inv.counts[ep].n
-	var tabs [scoreBatch]*table
-	var homes [scoreBatch]uint64
 	for i, k := range keys {
 		if i%scoreBatch == 0 {
-			inv.locate(keys[i:], &tabs, &homes)
+			inv.touch(keys[i:])
 		}
 		h, s := inv.shardOf(k)
 		sh := &inv.shards[s]

@@ -76,7 +76,6 @@ func (inv *Inventory) overlap1(keys []uint64, e uint64, scores []int32) {
 			scores[bits.TrailingZeros64(m)]++
 		}
 	}
-	locateSink.Store(w.sink)
 }
 
 // prefix1 is the <= 64-endpoint prefix loop: a running AND of masks; an endpoint's score
@@ -91,14 +90,12 @@ func (inv *Inventory) prefix1(keys []uint64, run uint64, scores []int32) {
 			scores[bits.TrailingZeros64(gone)] = int32(j)
 		}
 		if run = m; run == 0 {
-			locateSink.Store(w.sink)
 			return
 		}
 	}
 	for ; run != 0; run &= run - 1 {
 		scores[bits.TrailingZeros64(run)] = int32(len(keys))
 	}
-	locateSink.Store(w.sink)
 }
 
 // scoreBatch is how far ahead of the key being probed Score locates and touches keys.
@@ -107,12 +104,13 @@ const scoreBatch = 8
 // probeWindow keeps the table and home bucket of the next scoreBatch keys, each home
 // bucket touched when the key entered the window. The touches do not depend on one
 // another or on the probes, so the CPU keeps about scoreBatch cache misses in flight
-// instead of one per probe (memory-level parallelism; Go has no prefetch intrinsic, and a
-// load folded into a sink is the portable equivalent).
+// instead of one per probe (memory-level parallelism). Go has no prefetch intrinsic; an
+// atomic load whose value is dropped is the portable equivalent, since the compiler never
+// removes an atomic load (it orders memory), and it writes nothing shared, so concurrent
+// Score calls do not contend.
 type probeWindow struct {
 	tabs  [scoreBatch]*table
 	homes [scoreBatch]uint64
-	sink  uint64
 }
 
 func (w *probeWindow) fill(inv *Inventory, slot int, k uint64) {
@@ -120,7 +118,7 @@ func (w *probeWindow) fill(inv *Inventory, slot int, k uint64) {
 	t := inv.tabs[h>>inv.shift].Load()
 	b := t.home(h, inv.shardBits)
 	w.tabs[slot], w.homes[slot] = t, b
-	w.sink |= atomic.LoadUint64(&t.buckets[b].keys[0])
+	_ = atomic.LoadUint64(&t.buckets[b].keys[0])
 }
 
 func (w *probeWindow) prime(inv *Inventory, keys []uint64) {
@@ -139,15 +137,11 @@ func (w *probeWindow) next(inv *Inventory, keys []uint64, i int) (*table, uint64
 	return t, b
 }
 
-// locate fills tabs and homes for up to scoreBatch keys and touches their home buckets
-// (the writers' form of probeWindow: Add and Remove call it once per batch).
-func (inv *Inventory) locate(keys []uint64, tabs *[scoreBatch]*table, homes *[scoreBatch]uint64) int {
+// touch touches the home buckets of up to scoreBatch keys: the writers' form of
+// probeWindow (Add and Remove call it once per scoreBatch keys, before locking).
+func (inv *Inventory) touch(keys []uint64) {
 	var w probeWindow
-	n := min(len(keys), scoreBatch)
-	w.prime(inv, keys[:n])
-	*tabs, *homes = w.tabs, w.homes
-	locateSink.Store(w.sink)
-	return n
+	w.prime(inv, keys)
 }
 
 func (inv *Inventory) overlapWide(keys []uint64, e *[maxWords]uint64, words int, scores []int32) {
@@ -194,6 +188,3 @@ func (inv *Inventory) prefixWide(keys []uint64, e *[maxWords]uint64, words int, 
 		}
 	}
 }
-
-// locateSink keeps the compiler from dropping locate's touches.
-var locateSink atomic.Uint64
