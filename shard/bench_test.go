@@ -522,3 +522,38 @@ func BenchmarkScoreWhileWriting(b *testing.B) {
 		}, func(q []uint64) { scoreXsync(xm, q, e, Overlap, scores) })
 	})
 }
+
+// BenchmarkScoreParallel is BenchmarkScore's overlap workload from GOMAXPROCS readers at
+// once (b.RunParallel): readers of the inventory share no written cache line, while
+// RWMutex readers all update the lock's reader count.
+func BenchmarkScoreParallel(b *testing.B) {
+	inventory1M(b)
+	baselines1M()
+	qs := benchQueries(1 << 20)
+	elig := NewMask(benchEndpoints)
+	elig.SetAll(benchEndpoints)
+	e := lowBits(benchEndpoints)
+	suffix := fmt.Sprintf("overlap/keys=%d/endpoints=%d/inventory=1M", benchQueryLen, benchEndpoints)
+	for _, impl := range []struct {
+		name  string
+		score func(q []uint64, scores []int32)
+	}{
+		{"shard", func(q []uint64, scores []int32) { bench1M.inv.Score(q, elig, Overlap, scores) }},
+		{"rwmutex-map", func(q []uint64, scores []int32) { bench1M.rw.score(q, e, Overlap, scores) }},
+		{"xsync-map", func(q []uint64, scores []int32) { scoreXsync(bench1M.xm, q, e, Overlap, scores) }},
+	} {
+		b.Run(impl.name+"/"+suffix, func(b *testing.B) {
+			b.ReportAllocs()
+			var next atomic.Int64
+			b.RunParallel(func(pb *testing.PB) {
+				scores := make([]int32, benchEndpoints)
+				i := int(next.Add(97))
+				for pb.Next() {
+					impl.score(qs[i%benchQueryCount], scores)
+					i++
+				}
+			})
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/benchQueryLen, "ns/key")
+		})
+	}
+}
