@@ -103,7 +103,6 @@ func LoadTokenizer(path string) (*Tokenizer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tokenize: %s: %w", path, err)
 	}
-	t.fileBytes = int64(len(data))
 	return t, nil
 }
 

@@ -26,7 +26,6 @@ type Tokenizer struct {
 	addedByContent map[string]uint32
 	cache          *wordCache
 	scratch        sync.Pool // *encodeState
-	fileBytes      int64
 }
 
 // encodeState is the per-call scratch, pooled.

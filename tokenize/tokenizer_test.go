@@ -148,6 +148,9 @@ func TestEncodeZeroAlloc(t *testing.T) {
 		allocs = steadyAllocs(10, func() {
 			ids, _ = m.EncodePrompt(ids, prompt)
 		})
+		if raceEnabled {
+			limit = 64 // a dropped scratch regrows each of its buffers
+		}
 		if allocs > limit {
 			t.Errorf("%s: EncodePrompt of a 4k-token prompt allocates %.1f times per call (limit %v)", name, allocs, limit)
 		}
