@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/puzpuzpuz/xsync/v4"
+	"github.com/puzpuzpuz/xsync/v3"
 )
 
 // The benchmarks run the same workloads on the inventory and on two baselines, a
-// map[uint64]uint64 of masks behind a sync.RWMutex and an xsync.Map, so the ratios show
+// map[uint64]uint64 of masks behind a sync.RWMutex and an xsync.MapOf, so the ratios show
 // what the design buys.
 //
 // Workload: an inventory of N unique keys over 8 endpoints; key i is held by endpoint
@@ -98,8 +98,8 @@ func fillRWMap(n uint64) *rwMap {
 	return r
 }
 
-func fillXsync(n uint64) *xsync.Map[uint64, uint64] {
-	m := xsync.NewMap[uint64, uint64]()
+func fillXsync(n uint64) *xsync.MapOf[uint64, uint64] {
+	m := xsync.NewMapOf[uint64, uint64]()
 	for i := uint64(0); i < n; i++ {
 		m.Store(benchKey(i), benchMask(i))
 	}
@@ -134,7 +134,7 @@ func (r *rwMap) score(keys []uint64, e uint64, mode Mode, scores []int32) {
 	}
 }
 
-func scoreXsync(xm *xsync.Map[uint64, uint64], keys []uint64, e uint64, mode Mode, scores []int32) {
+func scoreXsync(xm *xsync.MapOf[uint64, uint64], keys []uint64, e uint64, mode Mode, scores []int32) {
 	clear(scores)
 	run := e
 	for j, k := range keys {
@@ -163,7 +163,7 @@ var (
 	bench1M                     struct {
 		inv *Inventory
 		rw  *rwMap
-		xm  *xsync.Map[uint64, uint64]
+		xm  *xsync.MapOf[uint64, uint64]
 	}
 )
 
@@ -273,7 +273,7 @@ func BenchmarkInventoryAdd(b *testing.B) {
 	}
 	var inv *Inventory
 	var rw *rwMap
-	var xm *xsync.Map[uint64, uint64]
+	var xm *xsync.MapOf[uint64, uint64]
 	impls := []impl{
 		{"shard", func() { inv, _ = New(Config{Endpoints: benchEndpoints}) },
 			func(ep int, batch []uint64) { inv.Add(ep, batch) },
@@ -297,21 +297,21 @@ func BenchmarkInventoryAdd(b *testing.B) {
 				}
 				rw.mu.Unlock()
 			}},
-		{"xsync-map", func() { xm = xsync.NewMap[uint64, uint64]() },
+		{"xsync-map", func() { xm = xsync.NewMapOf[uint64, uint64]() },
 			func(ep int, batch []uint64) {
 				for _, k := range batch {
-					xm.Compute(k, func(old uint64, _ bool) (uint64, xsync.ComputeOp) {
-						return old | 1<<ep, xsync.UpdateOp
+					xm.Compute(k, func(old uint64, _ bool) (uint64, bool) {
+						return old | 1<<ep, false
 					})
 				}
 			},
 			func(ep int, batch []uint64) {
 				for _, k := range batch {
-					xm.Compute(k, func(old uint64, _ bool) (uint64, xsync.ComputeOp) {
+					xm.Compute(k, func(old uint64, _ bool) (uint64, bool) {
 						if m := old &^ (1 << ep); m != 0 {
-							return m, xsync.UpdateOp
+							return m, false
 						}
-						return 0, xsync.DeleteOp
+						return 0, true
 					})
 				}
 			}},
@@ -403,7 +403,7 @@ func BenchmarkInventoryMemory(b *testing.B) {
 		})
 		b.Run("xsync-map/"+label, func(b *testing.B) {
 			for b.Loop() {
-				var xm *xsync.Map[uint64, uint64]
+				var xm *xsync.MapOf[uint64, uint64]
 				heap := heapDelta(func() { xm = fillXsync(n) })
 				b.ReportMetric(float64(heap)/float64(n), "heap-B/key")
 				runtime.KeepAlive(xm)
@@ -509,14 +509,14 @@ func BenchmarkScoreWhileWriting(b *testing.B) {
 		xm := fillXsync(1 << 20)
 		run(b, func(add bool, ep int, batch []uint64) {
 			for _, k := range batch {
-				xm.Compute(k, func(old uint64, _ bool) (uint64, xsync.ComputeOp) {
+				xm.Compute(k, func(old uint64, _ bool) (uint64, bool) {
 					if add {
-						return old | 1<<ep, xsync.UpdateOp
+						return old | 1<<ep, false
 					}
 					if m := old &^ (1 << ep); m != 0 {
-						return m, xsync.UpdateOp
+						return m, false
 					}
-					return 0, xsync.DeleteOp
+					return 0, true
 				})
 			}
 		}, func(q []uint64) { scoreXsync(xm, q, e, Overlap, scores) })
