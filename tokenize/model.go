@@ -35,6 +35,9 @@ type Model struct {
 type ChatInput struct {
 	Messages, Tools, TemplateKwargs []byte // raw JSON as sent by the client, nil if absent
 	AddGenerationPrompt             bool
+	// ContinueFinalMessage: the prompt ends inside the final (assistant) message, as vLLM's
+	// continue_final_message (exclusive with AddGenerationPrompt).
+	ContinueFinalMessage bool
 }
 
 type jsonTokenizerConfig struct {
@@ -231,14 +234,15 @@ func (m *Model) EncodeChat(dst []uint32, in *ChatInput) ([]uint32, error) {
 	}
 	bp := m.renderPool.Get().(*[]byte)
 	out, err := tmpl.Render((*bp)[:0], &chat.Input{
-		Messages:            in.Messages,
-		Tools:               tools,
-		Kwargs:              kwargs,
-		AddGenerationPrompt: in.AddGenerationPrompt,
-		BOSToken:            m.bos,
-		EOSToken:            m.eos,
-		Special:             m.special,
-		Now:                 m.now,
+		Messages:             in.Messages,
+		Tools:                tools,
+		Kwargs:               kwargs,
+		AddGenerationPrompt:  in.AddGenerationPrompt,
+		ContinueFinalMessage: in.ContinueFinalMessage,
+		BOSToken:             m.bos,
+		EOSToken:             m.eos,
+		Special:              m.special,
+		Now:                  m.now,
 	})
 	if err != nil {
 		*bp = out[:0]
@@ -277,7 +281,8 @@ func (m *Model) RenderChat(dst []byte, in *ChatInput) ([]byte, error) {
 		return dst, fmt.Errorf("tokenize: model %q has no chat template", m.Name)
 	}
 	return tmpl.Render(dst, &chat.Input{Messages: in.Messages, Tools: tools, Kwargs: kwargs,
-		AddGenerationPrompt: in.AddGenerationPrompt, BOSToken: m.bos, EOSToken: m.eos, Special: m.special, Now: m.now})
+		AddGenerationPrompt: in.AddGenerationPrompt, ContinueFinalMessage: in.ContinueFinalMessage,
+		BOSToken: m.bos, EOSToken: m.eos, Special: m.special, Now: m.now})
 }
 
 // Pool holds the served models by name (and aliases). Reads are lock-free: a lookup loads

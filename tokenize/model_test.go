@@ -50,6 +50,7 @@ func TestEncodeChatGoldens(t *testing.T) {
 				Tools               *string  `json:"tools"`
 				Kwargs              *string  `json:"kwargs"`
 				AddGenerationPrompt bool     `json:"add_generation_prompt"`
+				ContinueFinal       bool     `json:"continue_final_message"`
 				IDs                 []uint32 `json:"ids"`
 			} `json:"cases"`
 		} `json:"models"`
@@ -74,7 +75,7 @@ func TestEncodeChatGoldens(t *testing.T) {
 			var ids []uint32
 			for _, c := range mg.Cases {
 				ids, err = m.EncodeChat(ids, &ChatInput{Messages: rawOrNil(c.Messages), Tools: rawOrNil(c.Tools),
-					TemplateKwargs: rawOrNil(c.Kwargs), AddGenerationPrompt: c.AddGenerationPrompt})
+					TemplateKwargs: rawOrNil(c.Kwargs), AddGenerationPrompt: c.AddGenerationPrompt, ContinueFinalMessage: c.ContinueFinal})
 				if err != nil {
 					t.Errorf("%s: %v", c.Name, err)
 					continue

@@ -24,7 +24,8 @@ async function main() {
     for (const c of g.cases) {
       if (typeof c.expected !== 'string') continue; // error cases are the chat package's business
       const ids = (await tok.encode(c.expected, null, { addSpecialTokens: false })).getIds();
-      cases.push({ name: c.name, messages: c.messages, tools: c.tools, kwargs: c.kwargs, add_generation_prompt: c.add_generation_prompt, ids });
+      cases.push({ name: c.name, messages: c.messages, tools: c.tools, kwargs: c.kwargs, add_generation_prompt: c.add_generation_prompt,
+        continue_final_message: !!c.continue_final_message, ids });
     }
     out.models[name] = { template_sha256: g.template_sha256, fixed_now: g.fixed_now, cases };
     console.error(`gen-tok-chat: ${name}: ${cases.length} cases`);

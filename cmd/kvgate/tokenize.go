@@ -118,9 +118,6 @@ func tokenizeLine(m *tokenize.Model, line []byte, addSpecial bool, ids []uint32)
 	case req.Text != nil:
 		return m.Tokenizer().Encode(ids, *req.Text, addSpecial)
 	case !nullOrEmpty(req.Messages):
-		if req.ContinueFinalMessage {
-			return ids, errors.New("continue_final_message is not supported")
-		}
 		if req.AddSpecialTokens != nil && *req.AddSpecialTokens {
 			return ids, errors.New("add_special_tokens=true on a chat request is not supported")
 		}
@@ -133,6 +130,13 @@ func tokenizeLine(m *tokenize.Model, line []byte, addSpecial bool, ids []uint32)
 		}
 		if req.AddGenerationPrompt != nil {
 			in.AddGenerationPrompt = *req.AddGenerationPrompt
+		}
+		if req.ContinueFinalMessage {
+			// vLLM requires add_generation_prompt=false with it; the default true yields.
+			in.ContinueFinalMessage = true
+			if req.AddGenerationPrompt == nil {
+				in.AddGenerationPrompt = false
+			}
 		}
 		return m.EncodeChat(ids, in)
 	case !nullOrEmpty(req.Prompt):

@@ -65,6 +65,7 @@ func TestTokenizeCommand(t *testing.T) {
 				Tools               *string  `json:"tools"`
 				Kwargs              *string  `json:"kwargs"`
 				AddGenerationPrompt bool     `json:"add_generation_prompt"`
+				ContinueFinal       bool     `json:"continue_final_message"`
 				IDs                 []uint32 `json:"ids"`
 			} `json:"cases"`
 		} `json:"models"`
@@ -114,6 +115,9 @@ func TestTokenizeCommand(t *testing.T) {
 		}
 		if c.Kwargs != nil {
 			req["chat_template_kwargs"] = json.RawMessage(*c.Kwargs)
+		}
+		if c.ContinueFinal {
+			req["continue_final_message"] = json.RawMessage("true")
 		}
 		b, _ := json.Marshal(req)
 		body.Write(b)
