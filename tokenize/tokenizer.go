@@ -1,6 +1,24 @@
 // Package tokenize loads HF tokenizer.json files and encodes text to token IDs exactly as the
 // HF tokenizers library does (the engines' tokenizer), in pure Go. It also renders chat
 // templates (subpackage chat) and keeps a pool of models keyed by served model name.
+//
+// The pipeline is HF's: added tokens split the raw text (leftmost-longest), each remaining
+// piece is normalized and split on the normalized added tokens, pre-tokenized into words, and
+// each word goes through BPE (lowest merge rank first, leftmost on ties); the post-processor
+// adds special tokens. What keeps it exact:
+//   - The split regexes of the known families (Qwen2/3, Llama 3 / cl100k, GPT-4o / o200k,
+//     DeepSeek-V3, GPT-2) are hand-coded scanners that reproduce the backtracking engine's
+//     choices; any other regex runs on regexp2. Character classes come from the HF library's
+//     own regex engine (unicode_tables.go, tools/gen-tok-unicode.js), which is newer than Go's
+//     Unicode 15 tables.
+//   - NFC/NFKC runs of more than 30 combining marks are normalized whole, as Rust does (Go's
+//     norm package would insert U+034F there).
+//   - Anything a tokenizer.json asks for that is not implemented fails the load, naming it.
+//
+// Speed: byte-level models work on raw bytes (no byte-to-char mapping), words go through a
+// lock-free word cache, and SentencePiece-style models cut their long "words" (whole
+// segments) before each run of '▁' where the vocabulary proves no merge can cross.
+// truncation and padding in tokenizer.json are ignored, as vLLM's tokenizer calls ignore them.
 package tokenize
 
 import (
