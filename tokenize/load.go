@@ -85,7 +85,31 @@ type jsonBPE struct {
 	ByteFallback            bool              `json:"byte_fallback"`
 	IgnoreMerges            bool              `json:"ignore_merges"`
 	Vocab                   map[string]uint32 `json:"vocab"`
-	Merges                  []json.RawMessage `json:"merges"`
+	Merges                  jsonMerges        `json:"merges"`
+}
+
+// jsonMerges reads the merge list: ["a", "b"] pairs (current files) or "a b" strings (older).
+type jsonMerges [][2]string
+
+func (m *jsonMerges) UnmarshalJSON(b []byte) error {
+	var pairs [][2]string
+	if err := json.Unmarshal(b, &pairs); err == nil {
+		*m = pairs
+		return nil
+	}
+	var strs []string
+	if err := json.Unmarshal(b, &strs); err != nil {
+		return fmt.Errorf("merges: want [a, b] pairs or \"a b\" strings: %w", err)
+	}
+	*m = make([][2]string, len(strs))
+	for i, s := range strs {
+		a, b, ok := strings.Cut(s, " ")
+		if !ok || strings.Contains(b, " ") {
+			return fmt.Errorf("merge %d %q is not two tokens separated by one space", i, s)
+		}
+		(*m)[i] = [2]string{a, b}
+	}
+	return nil
 }
 
 func isNull(m json.RawMessage) bool {
@@ -364,11 +388,8 @@ func parseBPE(raw json.RawMessage, byteLevel bool) (*bpeModel, error) {
 		m.unkID = int64(id)
 	}
 	m.merges = make(map[uint64]uint64, len(jm.Merges))
-	for rank, rm := range jm.Merges {
-		a, b, err := parseMerge(rm)
-		if err != nil {
-			return nil, fmt.Errorf("merge %d: %w", rank, err)
-		}
+	for rank, pair := range jm.Merges {
+		a, b := pair[0], pair[1]
 		aid, ok1 := jm.Vocab[a]
 		bid, ok2 := jm.Vocab[b]
 		if !ok1 || !ok2 {
@@ -421,29 +442,6 @@ func parseBPE(raw json.RawMessage, byteLevel bool) (*bpeModel, error) {
 	m.vocabStrings = jm.Vocab
 	m.setupMetaChunks()
 	return m, nil
-}
-
-// parseMerge reads one merge: "a b" (older files) or ["a", "b"].
-func parseMerge(rm json.RawMessage) (string, string, error) {
-	if len(rm) > 0 && rm[0] == '"' {
-		var s string
-		if err := json.Unmarshal(rm, &s); err != nil {
-			return "", "", err
-		}
-		a, b, ok := strings.Cut(s, " ")
-		if !ok {
-			return "", "", fmt.Errorf("merge %q has no space", s)
-		}
-		return a, b, nil
-	}
-	var p []string
-	if err := json.Unmarshal(rm, &p); err != nil {
-		return "", "", err
-	}
-	if len(p) != 2 {
-		return "", "", fmt.Errorf("merge has %d parts", len(p))
-	}
-	return p[0], p[1], nil
 }
 
 // loadAddedTokens assigns IDs as HF AddedVocabulary::add_tokens does (the model's own ID when
