@@ -1,6 +1,9 @@
 package tokenize
 
-import "unicode"
+import (
+	"unicode"
+	"unicode/utf8"
+)
 
 // addedToken is one entry of tokenizer.json's added_tokens.
 type addedToken struct {
@@ -156,9 +159,15 @@ func (t *tokenTrie) find(out []addedMatch, s string) []addedMatch {
 	return out
 }
 
+// isWordChar is the regex class \w that HF's single_word check uses (Alphabetic, marks,
+// decimal digits, connector punctuation, join controls; checked against the library: '²' is not
+// a word character, U+0301, U+2167 and U+200D are).
 func isWordChar(r rune) bool {
-	// Rust's char::is_alphanumeric or '_' (HF ends_with_word / starts_with_word).
-	return r == '_' || unicode.IsLetter(r) || unicode.IsNumber(r)
+	if r < utf8.RuneSelf {
+		return r == '_' || (r|0x20 >= 'a' && r|0x20 <= 'z') || (r >= '0' && r <= '9')
+	}
+	return classOf(r)&(cL|cM) != 0 ||
+		unicode.In(r, unicode.Nd, unicode.Nl, unicode.Pc, unicode.Other_Alphabetic, unicode.Join_Control)
 }
 
 func endsWithWord(s string) bool {

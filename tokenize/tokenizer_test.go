@@ -184,3 +184,20 @@ func TestFallbackRegexTimeout(t *testing.T) {
 		t.Fatal("text over MaxTextBytes accepted")
 	}
 }
+
+// TestSingleWordBoundaries pins which neighbours make a single_word added token part of a word,
+// as probed from the HF library: letters, digits, '_', marks, letter numbers and ZWJ do; '-',
+// space and '²' do not.
+func TestSingleWordBoundaries(t *testing.T) {
+	loadClasses()
+	for _, c := range []struct {
+		r    rune
+		word bool
+	}{{'a', true}, {'1', true}, {'_', true}, {'\u0301', true}, {'\u2167', true}, {'\u0903', true}, {'\u0660', true},
+		{'\u00aa', true}, {'\u02b0', true}, {'\u200d', true}, {'\u3005', true}, {'\u16ee', true}, {'\u0345', true},
+		{'-', false}, {' ', false}, {'\u00b2', false}} {
+		if got := isWordChar(c.r); got != c.word {
+			t.Errorf("isWordChar(%U) = %v, want %v", c.r, got, c.word)
+		}
+	}
+}
