@@ -1,6 +1,7 @@
 package tokenize
 
 import (
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -22,6 +23,9 @@ type tokenTrie struct {
 	nodes  []trieNode // nodes[0] is the root
 	tokens []addedToken
 	empty  bool
+	// onlyFirst is the first byte of every token when they all share one (then candidate
+	// positions are found with strings.IndexByte); -1 otherwise.
+	onlyFirst int
 }
 
 type trieNode struct {
@@ -72,6 +76,16 @@ func newTokenTrie(tokens []addedToken, pattern func(addedToken) string) *tokenTr
 			t.tokens = append(t.tokens, tok)
 		}
 	}
+	t.onlyFirst = -1
+	for b, n := range t.root {
+		if n != 0 {
+			if t.onlyFirst != -1 {
+				t.onlyFirst = -1
+				break
+			}
+			t.onlyFirst = b
+		}
+	}
 	return t
 }
 
@@ -118,6 +132,16 @@ func (t *tokenTrie) find(out []addedMatch, s string) []addedMatch {
 	}
 	startOffset := 0
 	for i := 0; i < len(s); {
+		if t.onlyFirst >= 0 {
+			k := strings.IndexByte(s[i:], byte(t.onlyFirst))
+			if k < 0 {
+				break
+			}
+			i += k
+		} else if t.root[s[i]] == 0 {
+			i++
+			continue
+		}
 		tk, end := t.longestAt(s, i)
 		if tk < 0 {
 			i++

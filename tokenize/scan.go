@@ -51,8 +51,15 @@ func classAt(s string, i int) (uint16, int) {
 // runEnd returns the end of the run of characters starting at i whose class has any of bits.
 func runEnd(s string, i int, bits uint16) int {
 	for i < len(s) {
-		c, n := classAt(s, i)
-		if c&bits == 0 {
+		if b := s[i]; b < utf8.RuneSelf {
+			if asciiClass[b]&bits == 0 {
+				break
+			}
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if classOf(r)&bits == 0 {
 			break
 		}
 		i += n
