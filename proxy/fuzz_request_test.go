@@ -2,8 +2,8 @@ package proxy
 
 import (
 	"bytes"
-	"flag"
 	"encoding/json"
+	"flag"
 	"sync/atomic"
 	"testing"
 
