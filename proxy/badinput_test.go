@@ -347,3 +347,27 @@ func TestKVBadInput(t *testing.T) {
 		t.Errorf("kvgate_unknown_model_total = %d, want 1", n)
 	}
 }
+
+// TestMalformedTarget: request targets hertz's router cannot parse get 400, not a
+// dropped connection; the proxy keeps serving.
+func TestMalformedTarget(t *testing.T) {
+	a := newFakeEngine(t, "a")
+	s := startProxy(t, testConfig(a.url()))
+	for _, r := range []string{"GET A:0 HTTP/1.0\r\n\r\n", "GET A:0 HTTP/1.1\r\nHost:\r\n\r\n", "POST x:1 HTTP/1.0\r\nContent-Length: 2\r\n\r\n{}"} {
+		res, body := rawExchange(t, s.PublicAddr(), r)
+		if res.StatusCode != 400 {
+			t.Errorf("%q: %d %s", r, res.StatusCode, body)
+			continue
+		}
+		checkErrorBody(t, body, 400)
+	}
+	if n := s.m.bad[BadTarget].Get(); n == 0 {
+		t.Error("not counted")
+	}
+	if res, body := post(t, s.url("/v1/completions"), complBody); res.StatusCode != 200 {
+		t.Fatalf("after: %d %s", res.StatusCode, body)
+	}
+	if len(a.requests()) != 1 {
+		t.Errorf("engine got %d requests", len(a.requests()))
+	}
+}

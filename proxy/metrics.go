@@ -61,10 +61,11 @@ const (
 	BadTooLarge
 	BadReadBody
 	BadFraming // Content-Length with Transfer-Encoding, or an unknown transfer coding
+	BadTarget  // a request target hertz cannot parse
 	numBadInputs
 )
 
-var badNames = [numBadInputs]string{"malformed_json", "too_large", "read_body", "framing"}
+var badNames = [numBadInputs]string{"malformed_json", "too_large", "read_body", "framing", "request_target"}
 
 // UpstreamError is a failure kind when talking to an endpoint.
 type UpstreamError uint8

@@ -197,6 +197,14 @@ func (s *Server) start() error {
 		server.WithIdleTimeout(120*time.Second),
 	)
 	s.h.NoHijackConnPool = true
+	// hertz parses the request target lazily, in its router, before any middleware: a
+	// target like "A:0" without a Host header panics there (hertz v0.10.4 splitHostURI).
+	// Answer 400 and close instead of dropping the connection silently.
+	s.h.PanicHandler = func(ctx context.Context, c *app.RequestContext) {
+		s.m.bad[BadTarget].Inc()
+		writeError(c, 400, "invalid_request_error", "malformed request target")
+		c.SetConnectionClose()
+	}
 	s.routes()
 	errc := make(chan error, 1)
 	go func() { errc <- s.h.Run() }()
