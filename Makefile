@@ -5,7 +5,23 @@ BIN     := bin/kvgate
 PKGS    := ./...
 export KVGATE_CACHE := $(CURDIR)/.cache
 
-.PHONY: all build test fetch fmt-check vet demo bench goldens fuzz clean
+.PHONY: all build test fetch fmt-check vet demo bench goldens fuzz soak clean
+
+# Fuzz targets as package:Name. `make test` runs each for FUZZ_SHORT (12 x 3 s = 36 s);
+# `make fuzz` runs each for FUZZTIME (default 10M executions; hours in total: override,
+# e.g. `make fuzz FUZZTIME=10m`, or pick one with FUZZ_TARGETS=./proxy:FuzzHTTPRequest).
+FUZZ_TARGETS ?= ./hashcore:FuzzBlockCBOR ./hashcore:FuzzBlockPickle ./ingest:FuzzDecodeBatch \
+	./ingest:FuzzTRTEvents ./tokenize:FuzzEncode ./tokenize:FuzzScanners \
+	./tokenize/chat:FuzzCompileRender ./tokenize/chat:FuzzMessages ./tokenize/chat:FuzzParseJSON \
+	./proxy:FuzzRoute ./proxy:FuzzHTTPRequest ./proxy/openai:FuzzScan
+FUZZ_SHORT ?= 3s
+FUZZTIME ?= 10000000x
+define run_fuzz
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $$t ($(1))"; \
+		$(GO) test -run '^$$' -fuzz "^$${t##*:}\$$" -fuzztime $(1) $${t%%:*}; \
+	done
+endef
 
 all: build
 
@@ -24,6 +40,17 @@ vet:
 
 test: fetch fmt-check vet
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+	$(call run_fuzz,$(FUZZ_SHORT))
+
+fuzz:
+	$(call run_fuzz,$(FUZZTIME))
+
+# Long soak (bounded; SOAK_TIME): saturating load through kvgate to fake engines on
+# 127.0.0.1, then 10k concurrent idle streams; asserts flat goroutines and bounded heap
+# and reports memory per idle stream (bench/RELIABILITY.md).
+SOAK_TIME ?= 3m
+soak:
+	KVGATE_SOAK=$(SOAK_TIME) KVGATE_SOAK_STREAMS=10000 $(GO) test -count=1 -timeout 30m -run 'TestSoak' -v ./proxy/
 
 # The demo: 4 engine simulators + kvgate on loopback, rr vs KV-Exact on a shared-prefix
 # workload; prints the comparison table and writes the report and plots to bench/out/.
