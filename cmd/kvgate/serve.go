@@ -39,6 +39,10 @@ Runs one rule: an OpenAI-compatible HTTP proxy in front of a pool of engines.
   kvgate serve -kv-mode 3 -kv-hash-algo sha256_cbor -model Qwen/Qwen3-8B -tokenizer /models/qwen3 \
       -endpoint name=a,url=http://10.0.0.1:8000,engine=vllm,events=tcp://10.0.0.1:5557
 Contradictory or incomplete rules are refused at start, naming the flag to fix.
+Bad input (OpenAI-style error bodies): malformed JSON 400, body over -max-body-bytes 413,
+headers over -max-header-bytes 431, Content-Length with Transfer-Encoding 400, a transfer
+coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstream timeout
+504; every answer, fault and limit is listed in bench/RELIABILITY.md.
 
 `)
 		fs.PrintDefaults()
@@ -73,7 +77,7 @@ Contradictory or incomplete rules are refused at start, naming the flag to fix.
 	fs.StringVar(&cfg.HealthPath, "health-path", cfg.HealthPath, "active health check path")
 	fs.DurationVar(&cfg.ConnectTimeout, "connect-timeout", cfg.ConnectTimeout, "upstream connect timeout (a failure retries on the next-best endpoint)")
 	fs.DurationVar(&cfg.UpstreamTimeout, "upstream-timeout", cfg.UpstreamTimeout, "max wait for upstream response headers and between streamed reads (504 after)")
-	fs.IntVar(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "request body limit (413 above; a declared Content-Length above it is refused after at most 8 KiB is read, and the connection closed)")
+	fs.IntVar(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "request body limit, up to 1 GiB (413 above; a declared Content-Length above it is refused after at most 8 KiB is read, and the connection closed)")
 	fs.IntVar(&cfg.MaxHeaderBytes, "max-header-bytes", cfg.MaxHeaderBytes, "request header limit in bytes, request line included (431 above)")
 	fs.BoolVar(&cfg.Retry5xx, "retry-5xx", cfg.Retry5xx, "retry a 5xx answer, or a non-streamed body the engine cut short, on another endpoint while nothing reached the client (the last attempt's answer is relayed)")
 	fs.IntVar(&cfg.MaxRetries, "max-retries", 0, "retries after connect failures (default 0: up to the number of endpoints)")
