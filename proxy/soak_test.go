@@ -58,6 +58,20 @@ func heapInuse() uint64 {
 	return ms.HeapInuse
 }
 
+// rss is the process's resident set size (0 where /proc is missing).
+func rss() uint64 {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return 0
+	}
+	pages, _ := strconv.ParseUint(f[1], 10, 64)
+	return pages * uint64(os.Getpagesize())
+}
+
 func soakDuration(t *testing.T) time.Duration {
 	if v := os.Getenv("KVGATE_SOAK"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -119,22 +133,23 @@ func TestSoak(t *testing.T) {
 	}
 	warm := dur / 4
 	time.Sleep(warm)
-	g0, h0 := runtime.NumGoroutine(), heapInuse()
+	g0, h0, r0 := runtime.NumGoroutine(), heapInuse(), rss()
 	gMin, gMax := g0, g0
+	rMax := r0
 	var hMax uint64 = h0
 	samples := 0
 	deadline := time.Now().Add(dur - warm)
 	for time.Now().Before(deadline) {
 		time.Sleep(min(time.Until(deadline), dur/20+time.Millisecond))
 		g, h := runtime.NumGoroutine(), heapInuse()
-		gMin, gMax, hMax = min(gMin, g), max(gMax, g), max(hMax, h)
+		gMin, gMax, hMax, rMax = min(gMin, g), max(gMax, g), max(hMax, h), max(rMax, rss())
 		samples++
 	}
 	close(stop)
 	wg.Wait()
 	n, f := sent.Load(), failed.Load()
-	t.Logf("soak %v: %d requests (%.0f/s), %d failed; goroutines after warm-up %d..%d; heap after warm-up %d KiB, max %d KiB (%d samples)",
-		dur, n, float64(n)/dur.Seconds(), f, gMin, gMax, h0>>10, hMax>>10, samples)
+	t.Logf("soak %v: %d requests (%.0f/s), %d failed; goroutines after warm-up %d..%d; heap after warm-up %d KiB, max %d KiB; RSS %d MiB, max %d MiB (%d samples)",
+		dur, n, float64(n)/dur.Seconds(), f, gMin, gMax, h0>>10, hMax>>10, r0>>20, rMax>>20, samples)
 	if f != 0 {
 		t.Errorf("%d of %d requests failed under load", f, n)
 	}
@@ -142,6 +157,9 @@ func TestSoak(t *testing.T) {
 	// transport, kvgate handler, engine handler); a leak grows with the request count.
 	if gMax-gMin > 4*workers+20 {
 		t.Errorf("goroutines not flat after warm-up: %d..%d", gMin, gMax)
+	}
+	if rMax > r0+64<<20 {
+		t.Errorf("RSS grew from %d MiB to %d MiB after warm-up", r0>>20, rMax>>20)
 	}
 	if hMax > h0+32<<20 {
 		t.Errorf("heap grew from %d KiB to %d KiB after warm-up", h0>>10, hMax>>10)
