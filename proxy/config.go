@@ -223,8 +223,11 @@ type Config struct {
 	KVKeys           string // auto | engine | rehash
 	KVScorePrefix    bool   // false: overlap
 	KVMinMatchTokens int
-	KVMaxPromptBytes int     // prompt / messages JSON bytes above which KV routing is skipped (0: no bound)
-	LoadFactor       float64 // epsilon in ceil((1+epsilon) x mean)
+	KVMaxPromptBytes int // prompt / messages JSON bytes above which KV routing is skipped (0: no bound)
+	// LoadFactor is epsilon in the bound ceil((1+epsilon) x mean in-flight). The default 1
+	// lets an endpoint take twice the mean before its KV hit goes elsewhere: with a few
+	// requests in flight per engine, 0.25 turned most hits away and cost TTFT (bench/RESULTS.md).
+	LoadFactor       float64
 	CHWBLPrefixBytes int
 
 	Tokenizers []TokenizerSpec
@@ -265,7 +268,7 @@ func Defaults() Config {
 		KVKeys:           "auto",
 		KVMinMatchTokens: 0,
 		KVMaxPromptBytes: 1 << 20,
-		LoadFactor:       0.25,
+		LoadFactor:       1,
 		CHWBLPrefixBytes: 256,
 		BreakerFailures:  3,
 		BreakerOpenFor:   10 * time.Second,

@@ -200,7 +200,13 @@ func (k *kvRouter) routeExplain(st *reqState, el shard.Mask, d *decision, explai
 			Messages:            oa.Value[openai.FMessages].Bytes(b),
 			Tools:               oa.Value[openai.FTools].Bytes(b),
 			TemplateKwargs:      oa.Value[openai.FChatTemplateKwargs].Bytes(b),
-			AddGenerationPrompt: oa.AddGenerationPrompt,
+			AddGenerationPrompt:  oa.AddGenerationPrompt,
+			ContinueFinalMessage: oa.ContinueFinalMessage,
+		}
+		if oa.ContinueFinalMessage && !oa.Value[openai.FAddGenerationPrompt].Present() {
+			// vLLM wants add_generation_prompt=false beside it; an unset one yields,
+			// exactly as `kvgate tokenize` does.
+			in.AddGenerationPrompt = false
 		}
 		st.tokens, err = model.EncodeChat(st.tokens, &in)
 	case oa.Prompt == openai.PromptString || oa.Prompt == openai.PromptStrings:

@@ -180,12 +180,6 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			Spread: 5 * time.Second, Think: 200 * time.Millisecond}
 		*workload = "shared-prefix"
 		names = []string{"rr", "kv-exact-overlap", "oracle"}
-		// kvgate's default bound (epsilon 0.25 over the mean in-flight count) turns KV hits
-		// away when only a few requests are in flight per engine, as here; 1.0 lets an
-		// engine take up to twice the mean before a hit is sent elsewhere.
-		if !hasFlag(kvArgs, "-kv-load-factor") {
-			cfg.KvgateArgs = append([]string{"-kv-load-factor", "1"}, cfg.KvgateArgs...)
-		}
 	}
 	shp.Seed, shp.MaxTokens, shp.Words = *seed, *maxTokens, words
 	switch *workload {
@@ -268,15 +262,6 @@ func writeFile(path string, write func(io.Writer)) error {
 
 // IsTTY reports whether f is a terminal.
 func IsTTY(f *os.File) bool { return bench.IsTerminal(f) }
-
-func hasFlag(args []string, name string) bool {
-	for _, a := range args {
-		if a == name || a == "-"+name || strings.HasPrefix(a, name+"=") || strings.HasPrefix(a, "-"+name+"=") {
-			return true
-		}
-	}
-	return false
-}
 
 type multiFlag []string
 

@@ -59,7 +59,7 @@ func TestServeHelpDocumentsDefaults(t *testing.T) {
 	if code := runServe([]string{"-h"}, nil, io.Discard, &stderr); code != 0 {
 		t.Errorf("-h exit %d", code)
 	}
-	for _, want := range []string{"-admin-listen", `(default "127.0.0.1:9090")`, "-kv-load-factor", "(default 0.25)", "-kv-block-size", "(default 16)", "-breaker-open", "(default 10s)", "-max-body-bytes"} {
+	for _, want := range []string{"-admin-listen", `(default "127.0.0.1:9090")`, "-kv-load-factor", "(default 1)", "-kv-block-size", "(default 16)", "-breaker-open", "(default 10s)", "-max-body-bytes"} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("help lacks %q", want)
 		}

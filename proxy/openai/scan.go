@@ -62,6 +62,7 @@ const (
 	FBootstrapHost
 	FBootstrapPort
 	FBootstrapRoom
+	FContinueFinalMessage
 	numFields
 )
 
@@ -72,6 +73,7 @@ var fieldNames = [numFields]string{
 	FStreamOptions: "stream_options", FKVTransferParams: "kv_transfer_params",
 	FAddGenerationPrompt: "add_generation_prompt", FDisaggregatedParams: "disaggregated_params",
 	FBootstrapHost: "bootstrap_host", FBootstrapPort: "bootstrap_port", FBootstrapRoom: "bootstrap_room",
+	FContinueFinalMessage: "continue_final_message",
 }
 
 // Name is the JSON member name of f.
@@ -85,6 +87,8 @@ type Request struct {
 
 	Stream              bool
 	AddGenerationPrompt bool // defaults to true, as vLLM's does
+	// ContinueFinalMessage: the prompt ends inside the final (assistant) message.
+	ContinueFinalMessage bool
 	Prompt              PromptKind
 	// ModelEscaped and similar flags say a string span holds backslash escapes, so the
 	// caller must Unquote it before comparing.
@@ -187,7 +191,7 @@ func (r *Request) set(f Field, body []byte, s, e int) error {
 		if f == FModel {
 			r.ModelEscaped = hasEscape(v)
 		}
-	case FStream, FAddGenerationPrompt:
+	case FStream, FAddGenerationPrompt, FContinueFinalMessage:
 		switch v[0] {
 		case 't':
 			r.setBool(f, true)
@@ -211,10 +215,13 @@ func (r *Request) set(f Field, body []byte, s, e int) error {
 }
 
 func (r *Request) setBool(f Field, b bool) {
-	if f == FStream {
+	switch f {
+	case FStream:
 		r.Stream = b
-	} else {
+	case FAddGenerationPrompt:
 		r.AddGenerationPrompt = b
+	case FContinueFinalMessage:
+		r.ContinueFinalMessage = b
 	}
 }
 
