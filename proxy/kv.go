@@ -197,9 +197,9 @@ func (k *kvRouter) routeExplain(st *reqState, el shard.Mask, d *decision, explai
 	switch {
 	case st.chat:
 		in := tokenize.ChatInput{
-			Messages:            oa.Value[openai.FMessages].Bytes(b),
-			Tools:               oa.Value[openai.FTools].Bytes(b),
-			TemplateKwargs:      oa.Value[openai.FChatTemplateKwargs].Bytes(b),
+			Messages:             oa.Value[openai.FMessages].Bytes(b),
+			Tools:                oa.Value[openai.FTools].Bytes(b),
+			TemplateKwargs:       oa.Value[openai.FChatTemplateKwargs].Bytes(b),
 			AddGenerationPrompt:  oa.AddGenerationPrompt,
 			ContinueFinalMessage: oa.ContinueFinalMessage,
 		}

@@ -89,7 +89,7 @@ type Request struct {
 	AddGenerationPrompt bool // defaults to true, as vLLM's does
 	// ContinueFinalMessage: the prompt ends inside the final (assistant) message.
 	ContinueFinalMessage bool
-	Prompt              PromptKind
+	Prompt               PromptKind
 	// ModelEscaped and similar flags say a string span holds backslash escapes, so the
 	// caller must Unquote it before comparing.
 	ModelEscaped bool
