@@ -5,12 +5,9 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/http"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/kvgate/kvgate/bench/enginesim"
@@ -173,56 +170,14 @@ func startKvgateAt(ctx context.Context, env *Env, withEvents bool, flags []strin
 		return nil, nil, err
 	}
 	args := ServeArgs(env, listen, admin, withEvents, flags)
-	cmd := exec.Command(env.Kvgate, args...)
-	var out syncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		return nil, nil, err
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	stop := func() error {
-		select {
-		case <-exited:
-			return nil
-		default:
-		}
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		return nil
+	// Ready: the admin /readyz answers 200.
+	stop, err := startChild(ctx, env.Kvgate, args, "http://"+admin+"/readyz")
+	if err != nil {
+		return nil, nil, fmt.Errorf("kvgate: %w", err)
 	}
 	fail := func(err error) (Target, func() error, error) {
 		stop()
-		return nil, nil, fmt.Errorf("kvgate %s: %v\n%s", strings.Join(args, " "), err, tail(out.String(), 2000))
-	}
-	// Ready: the admin /readyz answers 200.
-	deadline := time.Now().Add(30 * time.Second)
-	hc := &http.Client{Timeout: time.Second}
-	for {
-		select {
-		case err := <-exited:
-			exited <- err
-			return fail(fmt.Errorf("exited before ready: %v", err))
-		case <-ctx.Done():
-			return fail(ctx.Err())
-		default:
-		}
-		resp, err := hc.Get("http://" + admin + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			return fail(fmt.Errorf("not ready after 30s (last: %v)", err))
-		}
-		time.Sleep(50 * time.Millisecond)
+		return nil, nil, fmt.Errorf("kvgate %s: %v", strings.Join(args, " "), err)
 	}
 	if withEvents {
 		// ZeroMQ PUB drops what it sends before a subscriber joined: wait for kvgate's.
