@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -62,10 +63,20 @@ type StageRow struct {
 	Count        int64
 }
 
+// RouteRow is the whole routing overhead (parse + template + tokenize + hash + score +
+// select, steps 1-5) at one prompt size, from kvgate's kvgate_route_seconds histogram. The
+// quantiles are bucket upper bounds, so they overstate by at most one bucket (~13%).
+type RouteRow struct {
+	PromptTokens int
+	Count        int64
+	P50, P99     time.Duration
+}
+
 // OverheadResult is the overhead comparison.
 type OverheadResult struct {
 	Rows   []OverheadRow
 	Stages []StageRow // kvgate's per-stage routing time, from its /metrics
+	Routes []RouteRow // kvgate's whole routing overhead, from its /metrics
 	Note   string
 	Mode   string
 	Procs  int
@@ -166,6 +177,7 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 	metricsURL := "http://" + admin + "/metrics"
 	for _, size := range cfg.PromptTokens {
 		before := scrapeStages(metricsURL)
+		routeBefore := scrapeBuckets(metricsURL, "kvgate_route_seconds_bucket")
 		system := Text(cfg.Words, uint64(size), size)
 		body := func(i int) []byte {
 			b, _ := json.Marshal(&requestBody{Model: env.Model, MaxTokens: 1, Messages: []chatMessage{
@@ -230,6 +242,10 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 			res.Rows = append(res.Rows, row)
 		}
 		after := scrapeStages(metricsURL)
+		if rr, ok := routeQuantiles(routeBefore, scrapeBuckets(metricsURL, "kvgate_route_seconds_bucket")); ok {
+			rr.PromptTokens = tokens
+			res.Routes = append(res.Routes, rr)
+		}
 		for _, st := range sortedKeys(after) {
 			a, b := after[st], before[st]
 			if n := a.count - b.count; n > 0 {
@@ -342,6 +358,68 @@ func scrapeStages(url string) map[string]stageSum {
 		out[stage] = e
 	}
 	return out
+}
+
+// scrapeBuckets reads one VictoriaMetrics histogram's buckets from /metrics: vmrange
+// label ("1.000e-04...1.136e-04") -> count.
+func scrapeBuckets(url, series string) map[string]float64 {
+	out := map[string]float64{}
+	resp, err := http.Get(url)
+	if err != nil {
+		return out
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<16), 1<<22)
+	prefix := series + `{vmrange="`
+	for sc.Scan() {
+		l := sc.Text()
+		if !strings.HasPrefix(l, prefix) {
+			continue
+		}
+		rest := l[len(prefix):]
+		q := strings.IndexByte(rest, '"')
+		sp := strings.LastIndexByte(rest, ' ')
+		if q < 0 || sp < q {
+			continue
+		}
+		if v, err := strconv.ParseFloat(rest[sp+1:], 64); err == nil {
+			out[rest[:q]] = v
+		}
+	}
+	return out
+}
+
+// routeQuantiles turns the bucket counts added between two scrapes into p50 and p99
+// (each the upper bound of the bucket holding that rank).
+func routeQuantiles(before, after map[string]float64) (RouteRow, bool) {
+	type bucket struct{ hi, n float64 }
+	var bs []bucket
+	var total float64
+	for vr, a := range after {
+		n := a - before[vr]
+		_, hiText, ok := strings.Cut(vr, "...")
+		hi, err := strconv.ParseFloat(hiText, 64)
+		if !ok || err != nil || n <= 0 {
+			continue
+		}
+		bs = append(bs, bucket{hi, n})
+		total += n
+	}
+	if total == 0 {
+		return RouteRow{}, false
+	}
+	sort.Slice(bs, func(i, j int) bool { return bs[i].hi < bs[j].hi })
+	at := func(q float64) time.Duration {
+		var cum float64
+		for _, b := range bs {
+			if cum += b.n; cum >= q*total {
+				return time.Duration(b.hi * float64(time.Second))
+			}
+		}
+		return time.Duration(bs[len(bs)-1].hi * float64(time.Second))
+	}
+	return RouteRow{Count: int64(total), P50: at(0.50), P99: at(0.99)}, true
 }
 
 func sortedKeys(m map[string]stageSum) []string {
@@ -501,6 +579,16 @@ func (r *OverheadResult) WriteTable(w io.Writer) {
 	}
 }
 
+// WriteRoutes writes the whole routing overhead per prompt size.
+func (r *OverheadResult) WriteRoutes(w io.Writer) {
+	fmt.Fprintln(w, "| prompt (engine tokens) | requests | routing p50 us | routing p99 us |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|")
+	for _, rr := range r.Routes {
+		fmt.Fprintf(w, "| %d | %d | %.0f | %.0f |\n", rr.PromptTokens, rr.Count,
+			float64(rr.P50)/float64(time.Microsecond), float64(rr.P99)/float64(time.Microsecond))
+	}
+}
+
 // WriteStages writes the per-stage breakdown.
 func (r *OverheadResult) WriteStages(w io.Writer) {
 	fmt.Fprintln(w, "| prompt (engine tokens) | stage | requests | mean us |")
@@ -523,6 +611,12 @@ func (r *OverheadResult) WriteReport(w io.Writer) {
 	fmt.Fprintln(w)
 	if r.Note != "" {
 		fmt.Fprintln(w, r.Note)
+		fmt.Fprintln(w)
+	}
+	if len(r.Routes) > 0 {
+		fmt.Fprintln(w, "## Routing overhead, steps 1-5 (kvgate_route_seconds; bucket upper bounds)")
+		fmt.Fprintln(w)
+		r.WriteRoutes(w)
 		fmt.Fprintln(w)
 	}
 	if len(r.Stages) > 0 {

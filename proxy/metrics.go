@@ -93,6 +93,7 @@ type proxyMetrics struct {
 	misses     [numRoutes]*metrics.Counter
 	bad        [numBadInputs]*metrics.Counter
 	stage      [numStages]*metrics.Histogram
+	route      *metrics.Histogram // steps 1-5 of the request path, first decision
 	nextBest   *metrics.Counter
 	retries    *metrics.Counter
 	noHealthy  *metrics.Counter
@@ -132,6 +133,7 @@ func newProxyMetrics(names []string) *proxyMetrics {
 	for st := Stage(0); st < numStages; st++ {
 		m.stage[st] = s.NewHistogram(`kvgate_route_stage_seconds{stage=` + strconv.Quote(stageNames[st]) + `}`)
 	}
+	m.route = s.NewHistogram("kvgate_route_seconds")
 	m.nextBest = s.NewCounter("kvgate_kv_next_best_total")
 	m.retries = s.NewCounter("kvgate_retries_total")
 	m.noHealthy = s.NewCounter("kvgate_no_healthy_endpoint_total")

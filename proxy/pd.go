@@ -64,6 +64,9 @@ func (s *Server) servePD(ctx context.Context, c *app.RequestContext, st *reqStat
 		t0 := time.Now()
 		s.decidePD(st, &d, false)
 		s.m.stage[StageSelect].UpdateDuration(t0)
+		if attempt == 0 {
+			s.m.route.UpdateDuration(st.routeStart)
+		}
 		if d.ep < 0 || d.decode < 0 {
 			break
 		}

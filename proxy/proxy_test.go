@@ -458,6 +458,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		`kvgate_bad_requests_total{reason="malformed_json"} 1`,
 		`kvgate_delivered_cached_tokens_total{endpoint="e0"} 32`,
 		`kvgate_inflight_requests{endpoint="e0"} 0`,
+		"kvgate_route_seconds_count 1", // the bad body never reached a decision
 	} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("metrics lack %q", want)

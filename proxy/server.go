@@ -337,6 +337,9 @@ type reqState struct {
 	// canRetry: this attempt's 5xx or truncated answer may be dropped for another
 	// endpoint (nothing has reached the client; attempts and an alternative remain).
 	canRetry bool
+	// routeStart is when parsing began: the first decision records the whole routing
+	// overhead (steps 1-5) from it in kvgate_route_seconds.
+	routeStart time.Time
 }
 
 func newReqState(n int) *reqState {
@@ -487,6 +490,7 @@ func (s *Server) handleOpenAI(ctx context.Context, c *app.RequestContext, chat b
 	}
 	st.chat = chat
 	t0 := time.Now()
+	st.routeStart = t0
 	if err := openai.Scan(st.body, &st.oa); err != nil {
 		s.m.bad[BadJSON].Inc()
 		writeError(c, 400, "invalid_request_error", "malformed request body: "+err.Error())
@@ -523,6 +527,9 @@ func (s *Server) serveOne(ctx context.Context, c *app.RequestContext, st *reqSta
 		d := decision{ep: -1, decode: -1}
 		if openAI {
 			s.decide(st, &d, false)
+			if attempt == 0 {
+				s.m.route.UpdateDuration(st.routeStart)
+			}
 		} else {
 			s.decideFallback(st, &d, s.baseEligible(st, st.eligible, nil), passThroughKey(c))
 		}

@@ -153,6 +153,10 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return 1
 		}
 		res.WriteTable(stdout)
+		if len(res.Routes) > 0 {
+			fmt.Fprintln(stdout)
+			res.WriteRoutes(stdout)
+		}
 		if len(res.Stages) > 0 {
 			fmt.Fprintln(stdout)
 			res.WriteStages(stdout)
