@@ -1,5 +1,7 @@
 package chat
 
+import "unsafe"
+
 // arena hands out the per-render objects (dicts, lists, key and value slices, loop state) from
 // slabs the pooled renderer keeps between renders, so a steady stream of requests allocates
 // little. Nothing built from an arena outlives the Render call that built it: the output is
@@ -14,6 +16,10 @@ type arena struct {
 	// The JSON parser's member stacks, kept between parses.
 	jsonKeys []string
 	jsonVals []Value
+	// bytes backs the strings a render builds (string "+", captured blocks, decoded JSON
+	// escapes). Bytes already handed out are never written again: a string only ever grows
+	// by appending past the end, and a full slab is replaced, not reused, until reset.
+	bytes []byte
 }
 
 const slabSize = 512
@@ -21,11 +27,16 @@ const slabSize = 512
 // maxKeptSlab bounds what a pooled arena keeps after an unusually large request.
 const maxKeptSlab = 1 << 16
 
+// maxKeptBytes bounds the string slab a pooled arena keeps.
+const maxKeptBytes = 1 << 20
+
 func (a *arena) reset() {
-	if cap(a.vals) > maxKeptSlab || cap(a.strs) > maxKeptSlab || cap(a.jsonVals) > maxKeptSlab || cap(a.jsonKeys) > maxKeptSlab {
+	if cap(a.vals) > maxKeptSlab || cap(a.strs) > maxKeptSlab || cap(a.jsonVals) > maxKeptSlab || cap(a.jsonKeys) > maxKeptSlab ||
+		cap(a.bytes) > maxKeptBytes {
 		*a = arena{}
 		return
 	}
+	a.bytes = a.bytes[:0]
 	clear(a.strs)
 	a.strs = a.strs[:0]
 	clear(a.vals)
@@ -101,4 +112,49 @@ func (a *arena) loop(items []Value) (*loopState, *object) {
 	}
 	a.objs = append(a.objs, object{loop: ls})
 	return ls, &a.objs[len(a.objs)-1]
+}
+
+// room makes sure the string slab has n free bytes, starting a new slab (the old one stays
+// alive as long as strings point into it) when it has not.
+func (a *arena) room(n int) {
+	if cap(a.bytes)-len(a.bytes) < n {
+		a.bytes = make([]byte, 0, max(n, 2*cap(a.bytes), 4096))
+	}
+}
+
+// concat returns x + y. When x is the string built last it is extended in place, so a chain
+// of "+" costs one copy of each operand.
+func (a *arena) concat(x, y string) string {
+	if a == nil {
+		return x + y
+	}
+	if y == "" {
+		return x
+	}
+	if x == "" {
+		return y
+	}
+	n := len(a.bytes)
+	if len(x) <= n && cap(a.bytes)-n >= len(y) && unsafe.StringData(x) == &a.bytes[n-len(x)] {
+		a.bytes = append(a.bytes, y...)
+		return unsafe.String(unsafe.StringData(x), len(x)+len(y))
+	}
+	a.room(len(x) + len(y))
+	n = len(a.bytes)
+	a.bytes = append(append(a.bytes, x...), y...)
+	return unsafe.String(&a.bytes[n], len(x)+len(y))
+}
+
+// str returns a copy of b that lives until reset.
+func (a *arena) str(b []byte) string {
+	if a == nil {
+		return string(b)
+	}
+	if len(b) == 0 {
+		return ""
+	}
+	a.room(len(b))
+	n := len(a.bytes)
+	a.bytes = append(a.bytes, b...)
+	return unsafe.String(&a.bytes[n], len(b))
 }

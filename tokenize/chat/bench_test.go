@@ -36,6 +36,19 @@ func benchConversation() *Input {
 	return &Input{Messages: m, Tools: t, AddGenerationPrompt: true, BOSToken: "<s>", EOSToken: "</s>", Now: fixedNow}
 }
 
+// benchInputFor adapts the benchmark conversation to what model's template accepts.
+func benchInputFor(model string, base *Input) Input {
+	in := *base
+	if model == "gemma3" {
+		// Gemma 3 refuses system-less alternation breaks and tool turns: plain turns only.
+		var msgs []map[string]any
+		_ = json.Unmarshal(in.Messages, &msgs)
+		in.Messages, _ = json.Marshal(msgs[:25])
+		in.Tools = nil
+	}
+	return in
+}
+
 // BenchmarkRender4kTokens renders a ~4,000-token conversation with each real template.
 // Run: go test -run '^$' -bench Render4k -benchmem ./tokenize/chat
 func BenchmarkRender4kTokens(b *testing.B) {
@@ -43,14 +56,7 @@ func BenchmarkRender4kTokens(b *testing.B) {
 	for _, model := range []string{"qwen3", "llama3_1", "deepseek_v3", "gemma3"} {
 		b.Run(model, func(b *testing.B) {
 			tmpl := mustCompile(b, loadChatTemplate(b, model))
-			in := *in
-			if model == "gemma3" {
-				// Gemma 3 refuses system-less alternation breaks and tool turns: plain turns only.
-				var msgs []map[string]any
-				_ = json.Unmarshal(in.Messages, &msgs)
-				in.Messages, _ = json.Marshal(msgs[:25])
-				in.Tools = nil
-			}
+			in := benchInputFor(model, in)
 			out, err := tmpl.Render(nil, &in)
 			if err != nil {
 				b.Fatal(err)

@@ -104,7 +104,7 @@ func (r *renderer) callMethod(self Value, name string, args []Value, kw []kwArg,
 			}
 			return def, nil
 		case "copy":
-			d := newDict(len(self.d.keys))
+			d := r.a.dict(len(self.d.keys))
 			for i, k := range self.d.keys {
 				d.set(k, self.d.vals[i])
 			}
@@ -157,15 +157,15 @@ func (r *renderer) strMethod(s, name string, args []Value, kw []kwArg, pos int) 
 		if name == "endswith" {
 			test = strings.HasSuffix
 		}
-		cands := []Value{args[0]}
+		cands := args[:1]
 		if args[0].k == kList && args[0].l.isTuple {
 			cands = args[0].l.items
 		}
 		for _, c := range cands {
-			cs, err := strArg(r, c, pos, name+" argument")
-			if err != nil {
-				return undefined, err
+			if c.k != kString {
+				return undefined, r.errf(pos, "%s argument must be str, not %s", name, c.typeName())
 			}
+			cs := c.s
 			if test(s, cs) {
 				return vTrue, nil
 			}
@@ -725,7 +725,7 @@ var (
 		return listOf(items), nil
 	})
 	gNamespace = globalFunc("namespace", func(r *renderer, args []Value, kw []kwArg) (Value, error) {
-		d := newDict(len(kw))
+		d := r.a.dict(len(kw))
 		for _, a := range args {
 			if a.k != kDict {
 				return undefined, r.errf(-1, "namespace() positional argument must be a dict")
@@ -740,7 +740,7 @@ var (
 		return Value{k: kNS, d: d}, nil
 	})
 	gDict = globalFunc("dict", func(r *renderer, args []Value, kw []kwArg) (Value, error) {
-		d := newDict(len(kw))
+		d := r.a.dict(len(kw))
 		for _, a := range args {
 			if a.k != kDict {
 				return undefined, r.errf(-1, "dict() positional argument must be a dict")
@@ -759,7 +759,8 @@ var (
 		if len(args) > 0 {
 			msg = toStr(args[0])
 		}
-		return undefined, &RenderError{Msg: msg}
+		// The message may live in the render's arena; the error outlives it.
+		return undefined, &RenderError{Msg: strings.Clone(msg)}
 	})
 	gStrftime = globalFunc("strftime_now", func(r *renderer, args []Value, kw []kwArg) (Value, error) {
 		if len(args) != 1 || args[0].k != kString {

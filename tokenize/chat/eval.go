@@ -56,6 +56,9 @@ type renderer struct {
 	steps   int
 	depth   int
 	a       arena
+	// Call argument stacks, reused across calls and renders.
+	argStack []Value
+	kwStack  []kwArg
 }
 
 func (r *renderer) errf(pos int, format string, a ...any) error {
@@ -218,7 +221,7 @@ func (r *renderer) exec(s *stmt) (ctl, error) {
 func (r *renderer) capture(body []*stmt) (Value, error) {
 	mark := len(r.out)
 	_, err := r.execBody(body)
-	s := string(r.out[mark:])
+	s := r.a.str(r.out[mark:])
 	r.out = r.out[:mark]
 	return strVal(s), err
 }
@@ -662,7 +665,7 @@ func (r *renderer) eval(e *expr) (Value, error) {
 		}
 		return Value{k: kList, l: &listVal{items: items, isTuple: e.op == eTuple}}, nil
 	case eDict:
-		d := newDict(len(e.args) / 2)
+		d := r.a.dict(len(e.args) / 2)
 		for i := 0; i < len(e.args); i += 2 {
 			k, err := r.eval(e.args[i])
 			if err != nil {
@@ -868,7 +871,7 @@ func (r *renderer) slice(obj, start, stop, step Value, pos int) (Value, error) {
 
 func (r *renderer) binop(op string, a, b Value, pos int) (Value, error) {
 	if op == "~" {
-		return strVal(toStr(a) + toStr(b)), nil
+		return strVal(r.a.concat(toStr(a), toStr(b))), nil
 	}
 	if op == "%" && a.k == kString && b.k == kUndefined {
 		// str % Undefined: Undefined passes Python's mapping check, so a format without
@@ -889,7 +892,7 @@ func (r *renderer) binop(op string, a, b Value, pos int) (Value, error) {
 	case "+":
 		switch {
 		case a.k == kString && b.k == kString:
-			return strVal(a.s + b.s), nil
+			return strVal(r.a.concat(a.s, b.s)), nil
 		case a.k == kList && b.k == kList && a.l.isTuple == b.l.isTuple:
 			items := make([]Value, 0, len(a.l.items)+len(b.l.items))
 			items = append(append(items, a.l.items...), b.l.items...)
@@ -1160,22 +1163,32 @@ func (r *renderer) call(e *expr) (Value, error) {
 	} else if fn, err = r.eval(e.a); err != nil {
 		return undefined, err
 	}
-	var argBuf [4]Value
-	args := argBuf[:0]
+	// Arguments go on the renderer's stacks: a call nested in an argument pushes above them
+	// and pops back before the next one is pushed. The callee gets full slices (no spare
+	// capacity), so nothing it appends can overwrite a later push.
+	argBase, kwBase := len(r.argStack), len(r.kwStack)
+	defer func() {
+		r.argStack = r.argStack[:argBase]
+		r.kwStack = r.kwStack[:kwBase]
+	}()
 	for _, a := range e.args {
 		v, err := r.eval(a)
 		if err != nil {
 			return undefined, err
 		}
-		args = append(args, v)
+		r.argStack = append(r.argStack, v)
 	}
-	var kw []kwArg
 	for _, k := range e.kw {
 		v, err := r.eval(k.e)
 		if err != nil {
 			return undefined, err
 		}
-		kw = append(kw, kwArg{k.name, v})
+		r.kwStack = append(r.kwStack, kwArg{k.name, v})
+	}
+	args := r.argStack[argBase:len(r.argStack):len(r.argStack)]
+	var kw []kwArg
+	if len(r.kwStack) > kwBase {
+		kw = r.kwStack[kwBase:len(r.kwStack):len(r.kwStack)]
 	}
 	if method != "" {
 		return r.callMethod(self, method, args, kw, e.pos)

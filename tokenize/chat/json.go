@@ -278,13 +278,24 @@ func (p *jsonParser) str() (string, error) {
 		}
 		return string(b[start:i]), nil
 	}
-	buf := append([]byte(nil), p.b[start:p.i]...)
+	// Decode into the arena's string slab (appending only past its end), else a fresh buffer.
+	var buf []byte
+	if p.a != nil {
+		p.a.room(p.i - start + 16)
+		buf = p.a.bytes
+	}
+	n := len(buf)
+	buf = append(buf, p.b[start:p.i]...)
 	for p.i < len(p.b) {
 		c := p.b[p.i]
 		switch {
 		case c == '"':
 			p.i++
-			return string(buf), nil
+			if p.a == nil {
+				return string(buf), nil
+			}
+			p.a.bytes = buf
+			return unsafe.String(&buf[n], len(buf)-n), nil
 		case c < 0x20:
 			return "", p.errf("control character in string")
 		case c == '\\':
