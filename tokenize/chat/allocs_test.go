@@ -1,6 +1,10 @@
 package chat
 
-import "testing"
+import (
+	"errors"
+	"strings"
+	"testing"
+)
 
 // TestRenderAllocsBounded guards the per-render scratch: a ~4,000-token conversation (with
 // tools where the template takes them) renders with no allocation once the pooled renderer
@@ -37,5 +41,42 @@ func TestRenderAllocsBounded(t *testing.T) {
 				t.Errorf("%.1f allocations per render, want <= %.0f", allocs, limit)
 			}
 		})
+	}
+}
+
+// TestRenderArenaStringsDoNotLeak: strings a render builds live in the pooled arena; what
+// leaves Render (the output, an error message) must not change when later renders reuse it.
+func TestRenderArenaStringsDoNotLeak(t *testing.T) {
+	tmpl := mustCompile(t, `{% set s %}[{{ messages[0].content }}]{% endset %}`+
+		`{% set t = s + "|" + messages[1].content %}{{ t }}`+
+		`{% if messages|length > 2 %}{{ raise_exception("bad: " + t + messages[2].content) }}{% endif %}`)
+	bad := &Input{Messages: []byte(`[{"role":"user","content":"a\"b"},{"role":"user","content":"c\u00e9d"},{"role":"user","content":"!\n"}]`)}
+	// Longer than bad's strings, so later renders write over the arena bytes bad's used.
+	good := &Input{Messages: []byte(`[{"role":"user","content":"` + strings.Repeat(`X\"Y`, 20) +
+		`"},{"role":"user","content":"` + strings.Repeat(`Z\u00e0W`, 20) + `"}]`)}
+	wantGood := "[" + strings.Repeat(`X"Y`, 20) + "]|" + strings.Repeat("Z\u00e0W", 20)
+	_, err := tmpl.Render(nil, bad)
+	if err == nil {
+		t.Fatal("raise_exception did not fail the render")
+	}
+	var re *RenderError
+	if !errors.As(err, &re) {
+		t.Fatalf("error %v is not a *RenderError", err)
+	}
+	const wantMsg = "bad: [a\"b]|c\u00e9d!\n"
+	if re.Msg != wantMsg {
+		t.Fatalf("error message %q, want %q", re.Msg, wantMsg)
+	}
+	var out []byte
+	for i := 0; i < 20; i++ {
+		if out, err = tmpl.Render(out[:0], good); err != nil {
+			t.Fatal(err)
+		}
+		if string(out) != wantGood {
+			t.Fatalf("render %d: %q", i, out)
+		}
+	}
+	if re.Msg != wantMsg {
+		t.Fatalf("earlier error message changed to %q after later renders", re.Msg)
 	}
 }
