@@ -2,6 +2,7 @@ package chat
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -78,5 +79,48 @@ func TestRenderArenaStringsDoNotLeak(t *testing.T) {
 	}
 	if re.Msg != wantMsg {
 		t.Fatalf("earlier error message changed to %q after later renders", re.Msg)
+	}
+}
+
+// TestRenderStringBudget: a template that keeps rebuilding a big string goes past the
+// per-render string slab budget (about 25 MB of intermediate strings here) and must still
+// render correctly, the rest of its strings built on the heap.
+func TestRenderStringBudget(t *testing.T) {
+	const n = 5000
+	tmpl := mustCompile(t, `{% set ns = namespace(s="") %}{% for m in messages %}{% for i in range(`+
+		strconv.Itoa(n)+`) %}{% set ns.s = m.content + ns.s %}{% endfor %}{% endfor %}`+
+		`{{ ns.s|length }} {{ ns.s[:4] }} {{ ns.s[-4:] }}`)
+	in := &Input{Messages: []byte(`[{"role":"user","content":"a\"b"}]`)}
+	for i := 0; i < 3; i++ {
+		out, err := tmpl.Render(nil, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := strconv.Itoa(3*n) + ` a"ba ba"b`; string(out) != want {
+			t.Fatalf("render %d: %q, want %q", i, out, want)
+		}
+	}
+}
+
+// TestArenaConcatBudget: past maxRenderBytes the arena stops taking new slabs and concat
+// still returns the right strings.
+func TestArenaConcatBudget(t *testing.T) {
+	var a arena
+	s := ""
+	for i := 0; i < 4000; i++ {
+		s = a.concat("abcd", s)
+	}
+	if a.slabBytes > maxRenderBytes {
+		t.Errorf("string slabs took %d bytes, budget %d", a.slabBytes, maxRenderBytes)
+	}
+	if 4*4000*4001/2 <= maxRenderBytes {
+		t.Fatal("test does not reach the budget")
+	}
+	if s != strings.Repeat("abcd", 4000) {
+		t.Error("concat past the budget built the wrong string")
+	}
+	a.reset()
+	if x := a.concat("ab", "cd"); x != "abcd" {
+		t.Errorf("after reset: %q", x)
 	}
 }

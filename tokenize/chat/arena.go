@@ -20,6 +20,8 @@ type arena struct {
 	// escapes). Bytes already handed out are never written again: a string only ever grows
 	// by appending past the end, and a full slab is replaced, not reused, until reset.
 	bytes []byte
+	// slabBytes is the string slab capacity this render has used, kept slab included.
+	slabBytes int
 }
 
 const slabSize = 512
@@ -30,6 +32,9 @@ const maxKeptSlab = 1 << 16
 // maxKeptBytes bounds the string slab a pooled arena keeps.
 const maxKeptBytes = 1 << 20
 
+// maxRenderBytes bounds the string slabs of one render; past it strings go to the heap.
+const maxRenderBytes = 16 << 20
+
 func (a *arena) reset() {
 	if cap(a.vals) > maxKeptSlab || cap(a.strs) > maxKeptSlab || cap(a.jsonVals) > maxKeptSlab || cap(a.jsonKeys) > maxKeptSlab ||
 		cap(a.bytes) > maxKeptBytes {
@@ -37,6 +42,7 @@ func (a *arena) reset() {
 		return
 	}
 	a.bytes = a.bytes[:0]
+	a.slabBytes = cap(a.bytes)
 	clear(a.strs)
 	a.strs = a.strs[:0]
 	clear(a.vals)
@@ -115,11 +121,21 @@ func (a *arena) loop(items []Value) (*loopState, *object) {
 }
 
 // room makes sure the string slab has n free bytes, starting a new slab (the old one stays
-// alive as long as strings point into it) when it has not.
-func (a *arena) room(n int) {
-	if cap(a.bytes)-len(a.bytes) < n {
-		a.bytes = make([]byte, 0, max(n, 2*cap(a.bytes), 4096))
+// alive as long as strings point into it) when it has not. It refuses, leaving the caller to
+// build the string on the heap, once this render's slabs reach maxRenderBytes: slab strings
+// are freed only all together, so a template that keeps rebuilding a big string must not
+// pin every intermediate copy until the render ends.
+func (a *arena) room(n int) bool {
+	if cap(a.bytes)-len(a.bytes) >= n {
+		return true
 	}
+	size := max(n, 2*cap(a.bytes), 4096)
+	if a.slabBytes+size > maxRenderBytes {
+		return false
+	}
+	a.slabBytes += size
+	a.bytes = make([]byte, 0, size)
+	return true
 }
 
 // concat returns x + y. When x is the string built last it is extended in place, so a chain
@@ -139,7 +155,9 @@ func (a *arena) concat(x, y string) string {
 		a.bytes = append(a.bytes, y...)
 		return unsafe.String(unsafe.StringData(x), len(x)+len(y))
 	}
-	a.room(len(x) + len(y))
+	if !a.room(len(x) + len(y)) {
+		return x + y
+	}
 	n = len(a.bytes)
 	a.bytes = append(append(a.bytes, x...), y...)
 	return unsafe.String(&a.bytes[n], len(x)+len(y))
@@ -147,13 +165,12 @@ func (a *arena) concat(x, y string) string {
 
 // str returns a copy of b that lives until reset.
 func (a *arena) str(b []byte) string {
-	if a == nil {
+	if a == nil || !a.room(len(b)) {
 		return string(b)
 	}
 	if len(b) == 0 {
 		return ""
 	}
-	a.room(len(b))
 	n := len(a.bytes)
 	a.bytes = append(a.bytes, b...)
 	return unsafe.String(&a.bytes[n], len(b))

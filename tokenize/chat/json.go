@@ -280,8 +280,8 @@ func (p *jsonParser) str() (string, error) {
 	}
 	// Decode into the arena's string slab (appending only past its end), else a fresh buffer.
 	var buf []byte
-	if p.a != nil {
-		p.a.room(p.i - start + 16)
+	inArena := p.a != nil && p.a.room(p.i-start+16)
+	if inArena {
 		buf = p.a.bytes
 	}
 	n := len(buf)
@@ -291,7 +291,7 @@ func (p *jsonParser) str() (string, error) {
 		switch {
 		case c == '"':
 			p.i++
-			if p.a == nil {
+			if !inArena {
 				return string(buf), nil
 			}
 			p.a.bytes = buf
