@@ -120,6 +120,9 @@ func (t *Template) Render(dst []byte, in *Input) (out []byte, err error) {
 			out, err = dst, fmt.Errorf("chat: internal error rendering template: %v", p)
 		}
 		clear(r.vars)
+		clear(r.argStack[:cap(r.argStack)])
+		clear(r.kwStack[:cap(r.kwStack)])
+		r.argStack, r.kwStack = r.argStack[:0], r.kwStack[:0]
 		r.a.reset()
 		r.t, r.out = nil, nil
 		rendererPool.Put(r)
