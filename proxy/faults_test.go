@@ -398,24 +398,26 @@ func TestFaultSlowSSEReader(t *testing.T) {
 }
 
 // TestLongStreamOutlivesUpstreamTimeout: -upstream-timeout bounds the wait between reads,
-// not a stream's length: a 1 s stream with an event every 50 ms passes a 300 ms timeout.
+// not a stream's length: a 1.8 s stream with an event every 60 ms passes a 1 s timeout.
 func TestLongStreamOutlivesUpstreamTimeout(t *testing.T) {
 	a := newFakeEngine(t, "a")
 	a.handle = func(w http.ResponseWriter, r *http.Request, body []byte) bool {
 		w.Header().Set("Content-Type", "text/event-stream")
-		for i := 0; i < 20; i++ {
+		for i := 0; i < 30; i++ {
 			fmt.Fprintf(w, "data: {\"i\":%d}\n\n", i)
 			w.(http.Flusher).Flush()
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(60 * time.Millisecond)
 		}
 		io.WriteString(w, "data: [DONE]\n\n")
 		return true
 	}
 	cfg := testConfig(a.url())
-	cfg.UpstreamTimeout = 300 * time.Millisecond
+	// 30 gaps of 60 ms (1.8 s in all) under a 1 s timeout: each gap is far inside it
+	// even on a loaded machine under -race, the whole stream is not.
+	cfg.UpstreamTimeout = time.Second
 	s := startProxy(t, cfg)
 	res, body := post(t, s.url("/v1/completions"), `{"model":"m","prompt":"x","stream":true}`)
-	if res.StatusCode != 200 || !strings.HasSuffix(body, "data: [DONE]\n\n") || strings.Count(body, "data: {") != 20 {
+	if res.StatusCode != 200 || !strings.HasSuffix(body, "data: [DONE]\n\n") || strings.Count(body, "data: {") != 30 {
 		t.Fatalf("%d %q", res.StatusCode, body)
 	}
 }
