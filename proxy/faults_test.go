@@ -138,8 +138,10 @@ func TestFaultHangingBackend(t *testing.T) {
 		a := newFakeEngine(t, "a")
 		cfg := testConfig("http://"+hung, a.url())
 		cfg.HealthInterval = 50 * time.Millisecond
-		cfg.HealthTimeout = 100 * time.Millisecond
-		cfg.UpstreamTimeout = 300 * time.Millisecond
+		// Generous next to the healthy engine's answers even on a loaded -race run, so
+		// only the hung endpoint ever fails a probe or a request.
+		cfg.HealthTimeout = 500 * time.Millisecond
+		cfg.UpstreamTimeout = 3 * time.Second
 		s := startProxy(t, cfg)
 		waitFor(t, "hung endpoint unhealthy", func() bool { return s.eps[0].checked.Load() && !s.eps[0].healthy.Load() })
 		if r := drive(t, s, 100, 4); r.lost != 0 {
@@ -150,7 +152,7 @@ func TestFaultHangingBackend(t *testing.T) {
 		hung, conns := hungListener(t)
 		a := newFakeEngine(t, "a")
 		cfg := testConfig("http://"+hung, a.url())
-		cfg.UpstreamTimeout = 200 * time.Millisecond
+		cfg.UpstreamTimeout = time.Second // the healthy engine answers far inside it
 		cfg.BreakerFailures = 2
 		cfg.BreakerOpenFor = time.Minute
 		s := startProxy(t, cfg)
