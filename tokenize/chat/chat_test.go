@@ -315,3 +315,32 @@ func FuzzMessages(f *testing.F) {
 		}
 	})
 }
+
+// Integer powers are exact for small operands and take O(log e) steps for huge exponents
+// (before, `x ** 1e18` looped 1e18 times: a template could hang a request).
+func TestIntegerPower(t *testing.T) {
+	for src, want := range map[string]string{
+		"{{ 2 ** 10 }}":   "1024",
+		"{{ 3 ** 0 }}":    "1",
+		"{{ (-2) ** 3 }}": "-8",
+		"{{ 7 ** 1 }}":    "7",
+		"{{ 10 ** 18 }}":  "1000000000000000000",
+		"{{ 2 ** -1 }}":   "0.5",
+	} {
+		tmpl, err := Compile(src)
+		if err != nil {
+			t.Fatalf("%s: %v", src, err)
+		}
+		out, err := tmpl.Render(nil, &Input{Messages: []byte(`[]`)})
+		if err != nil || string(out) != want {
+			t.Errorf("%s = %q, %v; want %s", src, out, err, want)
+		}
+	}
+	tmpl, err := Compile("{{ 1 ** 1000000000000000000 }}{{ (-1) ** 999999999999999999 }}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := tmpl.Render(nil, &Input{Messages: []byte(`[]`)}); err != nil || string(out) != "1-1" {
+		t.Errorf("huge exponents: %q, %v; want 1-1", out, err)
+	}
+}

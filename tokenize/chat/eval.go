@@ -951,9 +951,14 @@ func (r *renderer) binop(op string, a, b Value, pos int) (Value, error) {
 			return intVal(m), nil
 		case "**":
 			if y >= 0 {
-				res := int64(1)
-				for i := int64(0); i < y; i++ {
-					res *= x
+				// By squaring: a template's x ** 1e18 must not spin for ages (the product
+				// wraps mod 2^64 exactly as repeated multiplication would).
+				res, base := int64(1), x
+				for e := y; e > 0; e >>= 1 {
+					if e&1 == 1 {
+						res *= base
+					}
+					base *= base
 				}
 				return intVal(res), nil
 			}
