@@ -344,3 +344,34 @@ func TestIntegerPower(t *testing.T) {
 		t.Errorf("huge exponents: %q, %v; want 1-1", out, err)
 	}
 }
+
+// Repetition is bounded like the output: a huge count is an error, never an
+// out-of-memory crash or a long loop; Python's results for small counts.
+func TestRepetitionBounded(t *testing.T) {
+	for src, want := range map[string]string{
+		"{{ 'ab' * 3 }}":             "ababab",
+		"{{ 2 * 'x' }}":              "xx",
+		"{{ 'x' * -1 }}|":            "|",
+		"{{ ([1, 2] * 2)|length }}":  "4",
+		"{{ ([] * 10**15)|length }}": "0",
+		"{{ ('' * 10**15)|length }}": "0",
+	} {
+		tmpl, err := Compile(src)
+		if err != nil {
+			t.Fatalf("%s: %v", src, err)
+		}
+		out, err := tmpl.Render(nil, &Input{Messages: []byte(`[]`)})
+		if err != nil || string(out) != want {
+			t.Errorf("%s = %q, %v; want %s", src, out, err, want)
+		}
+	}
+	for _, src := range []string{"{{ 'x' * 10**12 }}", "{{ ([1] * 10**12)|length }}"} {
+		tmpl, err := Compile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tmpl.Render(nil, &Input{Messages: []byte(`[]`)}); err == nil || !strings.Contains(err.Error(), "repetition") {
+			t.Errorf("%s: err %v, want a repetition error", src, err)
+		}
+	}
+}

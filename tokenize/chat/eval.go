@@ -900,10 +900,10 @@ func (r *renderer) binop(op string, a, b Value, pos int) (Value, error) {
 		}
 	case "*":
 		if (a.k == kString || a.k == kList) && (b.k == kInt || b.k == kBool) {
-			return repeat(a, int(b.n)), nil
+			return r.repeat(pos, a, b.n)
 		}
 		if (b.k == kString || b.k == kList) && (a.k == kInt || a.k == kBool) {
-			return repeat(b, int(a.n)), nil
+			return r.repeat(pos, b, a.n)
 		}
 	case "%":
 		if a.k == kString {
@@ -998,18 +998,29 @@ func (r *renderer) binop(op string, a, b Value, pos int) (Value, error) {
 	return undefined, r.errf(pos, "unsupported operator %s", op)
 }
 
-func repeat(v Value, n int) Value {
+func (r *renderer) repeat(pos int, v Value, n int64) (Value, error) {
 	if n < 0 {
 		n = 0
 	}
-	if v.k == kString {
-		return strVal(strings.Repeat(v.s, n))
+	// Bounded like the output: `'x' * 10**12` is an error, never an out-of-memory crash.
+	size := int64(len(v.s))
+	if v.k == kList {
+		size = int64(len(v.l.items)) * 16
 	}
-	items := make([]Value, 0, len(v.l.items)*n)
-	for i := 0; i < n; i++ {
+	if size == 0 {
+		n = 0 // an empty string or list repeats to itself, however large n is
+	}
+	if size > 0 && n > maxOutput/size {
+		return undefined, r.errf(pos, "repetition larger than %d bytes", maxOutput)
+	}
+	if v.k == kString {
+		return strVal(strings.Repeat(v.s, int(n))), nil
+	}
+	items := make([]Value, 0, len(v.l.items)*int(n))
+	for i := int64(0); i < n; i++ {
 		items = append(items, v.l.items...)
 	}
-	return Value{k: kList, l: &listVal{items: items, isTuple: v.l.isTuple}}
+	return Value{k: kList, l: &listVal{items: items, isTuple: v.l.isTuple}}, nil
 }
 
 // equal is Python ==.
