@@ -330,7 +330,11 @@ func (r *renderer) strMethod(s, name string, args []Value, kw []kwArg, pos int) 
 		}
 		return strVal(strings.TrimSuffix(s, p)), nil
 	case "zfill":
-		w := int(argOr(args, kw, 0, "width", intVal(0)).n)
+		w64 := argOr(args, kw, 0, "width", intVal(0)).n
+		if w64 > maxOutput {
+			return undefined, r.errf(pos, "zfill width %d larger than %d bytes", w64, maxOutput)
+		}
+		w := int(w64)
 		n := runeLen(s)
 		if n >= w {
 			return strVal(s), nil
@@ -1336,7 +1340,10 @@ func (r *renderer) filter(name string, v Value, args []Value, kw []kwArg, pos in
 		width := argOr(args, kw, 0, "width", intVal(4))
 		first := argOr(args, kw, 1, "first", vFalse).truth()
 		blank := argOr(args, kw, 2, "blank", vFalse).truth()
-		ind := strings.Repeat(" ", int(width.n))
+		if width.k != kString && width.n > maxOutput {
+			return undefined, r.errf(pos, "indent width %d larger than %d bytes", width.n, maxOutput)
+		}
+		ind := strings.Repeat(" ", int(max(width.n, 0))) // Python: " " * -1 == ""
 		if width.k == kString {
 			ind = width.s
 		}
@@ -1376,7 +1383,11 @@ func (r *renderer) filter(name string, v Value, args []Value, kw []kwArg, pos in
 		}
 		return intVal(int64(n)), nil
 	case "center":
-		w := int(argOr(args, kw, 0, "width", intVal(80)).n)
+		w64 := argOr(args, kw, 0, "width", intVal(80)).n
+		if w64 > maxOutput {
+			return undefined, r.errf(pos, "center width %d larger than %d bytes", w64, maxOutput)
+		}
+		w := int(w64)
 		s := toStr(v)
 		n := runeLen(s)
 		if n >= w {
@@ -1559,6 +1570,9 @@ func (r *renderer) jsonOptions(args []Value, kw []kwArg) (jsonOpts, error) {
 	switch ind.k {
 	case kInt, kBool:
 		o.hasIndent = true
+		if ind.n > maxOutput {
+			return o, fmt.Errorf("tojson indent %d larger than %d bytes", ind.n, maxOutput)
+		}
 		o.indent = strings.Repeat(" ", int(max(ind.n, 0)))
 	case kString:
 		o.hasIndent = true

@@ -375,3 +375,33 @@ func TestRepetitionBounded(t *testing.T) {
 		}
 	}
 }
+
+// Width arguments are bounded like the output (a huge width is an error, never an
+// out-of-memory crash); a negative one pads nothing, as Python's " " * -1 does.
+func TestWidthsBounded(t *testing.T) {
+	for src, want := range map[string]string{
+		`{{ "a\nb"|indent(-1) }}`: "a\nb",
+		`{{ "a\nb"|indent(2) }}`:  "a\n  b",
+		`{{ "x"|center(5) }}`:     "  x  ",
+		`{{ "-7".zfill(4) }}`:     "-007",
+	} {
+		tmpl, err := Compile(src)
+		if err != nil {
+			t.Fatalf("%s: %v", src, err)
+		}
+		out, err := tmpl.Render(nil, &Input{Messages: []byte(`[]`)})
+		if err != nil || string(out) != want {
+			t.Errorf("%s = %q, %v; want %q", src, out, err, want)
+		}
+	}
+	for _, src := range []string{`{{ "x"|indent(10**12) }}`, `{{ "x"|center(10**12) }}`,
+		`{{ "x".zfill(10**12) }}`, `{{ [1]|tojson(indent=10**12) }}`} {
+		tmpl, err := Compile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tmpl.Render(nil, &Input{Messages: []byte(`[]`)}); err == nil || !strings.Contains(err.Error(), "larger than") {
+			t.Errorf("%s: err %v, want a size error", src, err)
+		}
+	}
+}
