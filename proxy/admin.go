@@ -58,6 +58,18 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 			metrics.WriteGaugeUint64(w, "kvgate_events_connected"+lbl, b2u(connected))
 		}
 	}
+	if s.kv != nil {
+		// Memory the rule holds beside the process totals: the inventory (bounded per
+		// endpoint by the shard's key bound) and each loaded tokenizer.
+		metrics.WriteGaugeUint64(w, "kvgate_inventory_memory_bytes", uint64(max(s.kv.inv.MemoryBytes(), 0)))
+		metrics.WriteGaugeUint64(w, "kvgate_inventory_unique_keys", uint64(max(s.kv.inv.Len(), 0)))
+		for _, t := range s.cfg.Tokenizers {
+			if m := s.kv.pool.Get(t.Model); m != nil {
+				metrics.WriteGaugeUint64(w, fmt.Sprintf(`kvgate_tokenizer_memory_bytes{model=%q}`, t.Model),
+					uint64(max(m.Tokenizer().MemoryBytes(), 0)))
+			}
+		}
+	}
 	metrics.WriteGaugeUint64(w, "kvgate_affinity_sessions", uint64(s.aff.len()))
 	metrics.WriteProcessMetrics(w)
 }
