@@ -231,3 +231,15 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// getStatus GETs url and returns the status code, the body discarded.
+func getStatus(t *testing.T, url string) int {
+	t.Helper()
+	res, err := httpc.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	return res.StatusCode
+}

@@ -264,13 +264,8 @@ func TestHealthCheckExcludes(t *testing.T) {
 	if a.count("/v1/completions") != 0 {
 		t.Error("unhealthy endpoint got a request")
 	}
-	res, err := httpc.Get(s.admURL("/readyz"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	res.Body.Close()
-	if res.StatusCode != 200 {
-		t.Errorf("readyz %d with one healthy endpoint", res.StatusCode)
+	if code := getStatus(t, s.admURL("/readyz")); code != 200 {
+		t.Errorf("readyz %d with one healthy endpoint", code)
 	}
 	b.health.Store(500)
 	waitFor(t, "both unhealthy", func() bool { return !s.eps[1].healthy.Load() })
@@ -464,22 +459,12 @@ func TestMetricsEndpoint(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
-	res, err = httpc.Get(s.admURL("/debug/pprof/"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	res.Body.Close()
-	if res.StatusCode != 200 {
-		t.Errorf("pprof %d", res.StatusCode)
+	if code := getStatus(t, s.admURL("/debug/pprof/")); code != 200 {
+		t.Errorf("pprof %d", code)
 	}
 	// pprof is never on the public listener: that path passes through to the engine.
-	res, err = httpc.Get(s.url("/debug/pprof/"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	res.Body.Close()
-	if res.StatusCode != 404 {
-		t.Errorf("public pprof %d", res.StatusCode)
+	if code := getStatus(t, s.url("/debug/pprof/")); code != 404 {
+		t.Errorf("public pprof %d", code)
 	}
 }
 
@@ -599,17 +584,12 @@ func TestAdminTokenAndHeaderLimit(t *testing.T) {
 	cfg.AdminToken = "s3cret"
 	cfg.MaxHeaderBytes = 2048
 	s := startProxy(t, cfg)
-	res, err := httpc.Get(s.admURL("/debug/inventory"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	res.Body.Close()
-	if res.StatusCode != 401 {
-		t.Errorf("no token: %d", res.StatusCode)
+	if code := getStatus(t, s.admURL("/debug/inventory")); code != 401 {
+		t.Errorf("no token: %d", code)
 	}
 	req, _ := http.NewRequest("GET", s.admURL("/debug/inventory"), nil)
 	req.Header.Set("Authorization", "Bearer s3cret")
-	res, err = httpc.Do(req)
+	res, err := httpc.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -617,13 +597,8 @@ func TestAdminTokenAndHeaderLimit(t *testing.T) {
 	if res.StatusCode != 200 {
 		t.Errorf("with token: %d", res.StatusCode)
 	}
-	res, err = httpc.Get(s.admURL("/healthz"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	res.Body.Close()
-	if res.StatusCode != 200 {
-		t.Errorf("healthz needs no token: %d", res.StatusCode)
+	if code := getStatus(t, s.admURL("/healthz")); code != 200 {
+		t.Errorf("healthz needs no token: %d", code)
 	}
 	res, _ = post(t, s.url("/v1/completions"), complBody, "X-Big", strings.Repeat("x", 4096))
 	if res.StatusCode < 400 || res.StatusCode >= 500 {
