@@ -214,27 +214,9 @@ func TestFault5xxStreak(t *testing.T) {
 // TestFaultTruncatedBodyRetried: an engine that cuts its non-streamed answer short: nothing
 // reached the client, so another endpoint serves it (0 lost).
 func TestFaultTruncatedBodyRetried(t *testing.T) {
-	ln := listenLocal(t)
-	defer ln.Close()
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				br := bufio.NewReader(conn)
-				req, err := http.ReadRequest(br)
-				if err == nil {
-					io.Copy(io.Discard, req.Body)
-					io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\":")
-				}
-				conn.Close()
-			}()
-		}
-	}()
+	cut := rawEngine(t, truncatingEngine)
 	good := newFakeEngine(t, "good")
-	cfg := testConfig("http://"+ln.Addr().String(), good.url())
+	cfg := testConfig(cut, good.url())
 	cfg.BreakerOpenFor = time.Minute
 	s := startProxy(t, cfg)
 	for i := 0; i < 20; i++ {

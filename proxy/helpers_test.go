@@ -243,3 +243,33 @@ func getStatus(t *testing.T, url string) int {
 	res.Body.Close()
 	return res.StatusCode
 }
+
+// rawEngine serves every connection accepted on 127.0.0.1 with handle, each in its own
+// goroutine, until the test ends: an engine that speaks HTTP/1.1 byte by byte, for
+// answers net/http would not send. It returns the engine's base URL.
+func rawEngine(t *testing.T, handle func(net.Conn)) string {
+	ln := listenLocal(t)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go handle(conn)
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+// truncatingEngine reads one request and answers 200 with a body that stops 94 bytes
+// short of its Content-Length, then closes.
+func truncatingEngine(conn net.Conn) {
+	defer conn.Close()
+	req, err := http.ReadRequest(bufio.NewReader(conn))
+	if err != nil {
+		return
+	}
+	io.Copy(io.Discard, req.Body)
+	io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\":")
+}

@@ -111,21 +111,7 @@ func TestMidStreamFailureAborts(t *testing.T) {
 
 // A non-streamed body cut short by the engine becomes a 502, not a truncated 200.
 func TestTruncatedBody502(t *testing.T) {
-	ln := listenLocal(t)
-	defer ln.Close()
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			buf := make([]byte, 4096)
-			conn.Read(buf)
-			io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\":")
-			conn.Close()
-		}
-	}()
-	s := startProxy(t, testConfig("http://"+ln.Addr().String()))
+	s := startProxy(t, testConfig(rawEngine(t, truncatingEngine)))
 	res, body := post(t, s.url("/v1/completions"), complBody)
 	if res.StatusCode != 502 {
 		t.Errorf("status %d %q", res.StatusCode, body)
@@ -136,23 +122,13 @@ func TestTruncatedBody502(t *testing.T) {
 // Engines behind Python servers send lower-case header names: hop-by-hop ones are
 // still dropped on the way back, end-to-end ones kept.
 func TestResponseHopByHopLowerCase(t *testing.T) {
-	ln := listenLocal(t)
-	defer ln.Close()
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer conn.Close()
-				buf := make([]byte, 4096)
-				conn.Read(buf)
-				io.WriteString(conn, "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nkeep-alive: timeout=5\r\nconnection: keep-alive, x-private\r\nx-private: 1\r\nx-engine: e\r\n\r\n{}")
-			}()
-		}
-	}()
-	s := startProxy(t, testConfig("http://"+ln.Addr().String()))
+	engine := rawEngine(t, func(conn net.Conn) {
+		defer conn.Close()
+		buf := make([]byte, 4096)
+		conn.Read(buf)
+		io.WriteString(conn, "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nkeep-alive: timeout=5\r\nconnection: keep-alive, x-private\r\nx-private: 1\r\nx-engine: e\r\n\r\n{}")
+	})
+	s := startProxy(t, testConfig(engine))
 	res, body := post(t, s.url("/v1/completions"), complBody)
 	if res.StatusCode != 200 || body != "{}" {
 		t.Fatalf("%d %q", res.StatusCode, body)
