@@ -244,6 +244,23 @@ type trtPoller struct {
 	client *http.Client
 	a      *trtApplier
 	body   bytes.Buffer
+	// up: the last drain answered; everUp: one ever did (a later answer is a reconnect).
+	// Only the poller's goroutine touches them.
+	up, everUp bool
+}
+
+// markUp records that the engine answered, before its events are applied, so a status
+// that shows those events also shows the endpoint connected.
+func (p *trtPoller) markUp() {
+	if p.up {
+		return
+	}
+	p.up = true
+	p.e.ranksUp.Add(1)
+	if p.everUp {
+		p.e.c.reconnects.Inc()
+	}
+	p.everUp = true
 }
 
 func newTRTPoller(e *endpoint) *trtPoller {
@@ -274,6 +291,7 @@ func (p *trtPoller) poll(ctx context.Context) (int, error) {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 		return 0, fmt.Errorf("%w %d", errTRTStatus, resp.StatusCode)
 	}
+	p.markUp()
 	p.body.Reset()
 	if _, err := p.body.ReadFrom(io.LimitReader(resp.Body, maxTRTBody)); err != nil {
 		return 0, err
@@ -294,15 +312,14 @@ func (p *trtPoller) run(ctx context.Context) {
 	log := cfg.Logger.With("endpoint", p.e.cfg.Name, "url", p.url)
 	interval := cfg.BusyPoll
 	delay := cfg.RetryInterval
-	up, everUp := false, false
 	for ctx.Err() == nil {
 		n, err := p.poll(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				break
 			}
-			if up {
-				up = false
+			if p.up {
+				p.up = false
 				p.e.ranksUp.Add(-1)
 				log.Info("ingest: drain failed", "err", err)
 			}
@@ -312,14 +329,6 @@ func (p *trtPoller) run(ctx context.Context) {
 			continue
 		}
 		delay = cfg.RetryInterval
-		if !up {
-			up = true
-			p.e.ranksUp.Add(1)
-			if everUp {
-				p.e.c.reconnects.Inc()
-			}
-			everUp = true
-		}
 		if n > 0 {
 			interval = cfg.BusyPoll
 		} else {
@@ -327,7 +336,7 @@ func (p *trtPoller) run(ctx context.Context) {
 		}
 		sleepCtx(ctx, interval)
 	}
-	if up {
+	if p.up {
 		p.e.ranksUp.Add(-1)
 	}
 }
