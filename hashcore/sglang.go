@@ -1,7 +1,6 @@
 package hashcore
 
 import (
-	"crypto/sha256"
 	"encoding/binary"
 	"slices"
 )
@@ -28,11 +27,11 @@ func (c *sglangChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, _
 	dst = slices.Grow(dst, nb)
 	d := parent
 	sc := getScratch()
-	buf := sc.buf
+	buf := slices.Grow(sc.buf[:0], 32+4*bs+sha256PadSlack) // sha256Sum pads in place
 	for i := 0; i < nb; i++ {
 		buf = append(buf[:0], d.B[:d.N]...)
 		buf = appendUint32sLE(buf, tokens[i*bs:(i+1)*bs])
-		d.B = sha256.Sum256(buf)
+		sha256Sum(&d.B, buf)
 		d.N = 32
 		dst = append(dst, binary.BigEndian.Uint64(d.B[0:8]))
 	}

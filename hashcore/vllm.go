@@ -87,14 +87,14 @@ func (c *vllmChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, ex 
 		sc.ex = appendPickleSuffix(sc.ex, bs, lora, "")
 		ex0, exN = sc.ex[:n0], sc.ex[n0:]
 		if pickleFast = pickleFits(int(d.N), bs, len(ex0)) && pickleFits(int(d.N), bs, len(exN)); pickleFast {
-			buf = slices.Grow(buf[:0], pickleMaxLen(int(d.N), bs, max(len(ex0), len(exN))))
+			buf = slices.Grow(buf[:0], pickleMaxLen(int(d.N), bs, max(len(ex0), len(exN)))+sha256PadSlack)
 		}
 	} else {
 		sc.ex = appendCBORExtras(sc.ex[:0], lora, salt)
 		n0 := len(sc.ex)
 		sc.ex = appendCBORExtras(sc.ex, lora, "")
 		ex0, exN = sc.ex[:n0], sc.ex[n0:]
-		buf = slices.Grow(buf[:0], c.cbor.maxLen(bs, max(len(ex0), len(exN))))
+		buf = slices.Grow(buf[:0], c.cbor.maxLen(bs, max(len(ex0), len(exN)))+sha256PadSlack)
 	}
 	for i := 0; i < nb; i++ {
 		blk := tokens[i*bs : (i+1)*bs]
@@ -116,7 +116,7 @@ func (c *vllmChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, ex 
 			d.N = 16
 			key = h.Lo
 		} else {
-			d.B = sha256.Sum256(buf)
+			sha256Sum(&d.B, buf) // pads in place: buf has sha256PadSlack spare
 			d.N = 32
 			key = binary.BigEndian.Uint64(d.B[24:32])
 		}

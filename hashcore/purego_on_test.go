@@ -1,0 +1,5 @@
+//go:build purego
+
+package hashcore
+
+const puregoBuild = true
