@@ -58,7 +58,7 @@ func TestSHA256SumMatchesStdlib(t *testing.T) {
 					for i := range full {
 						full[i] = byte(rng.Uint32())
 					}
-					msg := full[:n:n+slack]
+					msg := full[: n : n+slack]
 					want := sha256.Sum256(msg)
 					var got [32]byte
 					sha256Sum(&got, msg)
