@@ -45,6 +45,25 @@ func (e *cborBlockEncoder) encode(buf []byte, parent *Digest, tokens []uint32, e
 		pos = len(appendCBORHead(buf[:1], cborMajorBytes, uint64(parent.N)))
 		pos += copy(buf[pos:], parent.B[:parent.N])
 	}
+	return buf[:e.encodeTokens(buf, pos, tokens, extras)]
+}
+
+// cborParent32At is where a 32-byte parent digest starts in a block message.
+const cborParent32At = 3
+
+// encodeAround32 writes a block whose parent is a 32-byte digest into buf[:cap(buf)],
+// except the parent bytes buf[3:35], and returns the message length. The chain writes
+// the parent last, once the previous block's digest is known, so the rest of the
+// message can be built while that digest is still being computed.
+func (e *cborBlockEncoder) encodeAround32(buf []byte, tokens []uint32, extras []byte) int {
+	buf = buf[:cap(buf)]
+	buf[0], buf[1], buf[2] = 0x83, 0x58, 32
+	return e.encodeTokens(buf, cborParent32At+32, tokens, extras)
+}
+
+// encodeTokens writes the token array and extras at buf[pos:] (buf at full capacity)
+// and returns the message length.
+func (e *cborBlockEncoder) encodeTokens(buf []byte, pos int, tokens []uint32, extras []byte) int {
 	binary.LittleEndian.PutUint64(buf[pos:pos+8], e.tokHeadWord)
 	pos += e.tokHeadN
 	_ = buf[pos+5*len(tokens)+7] // one bounds check for every token store below
@@ -66,7 +85,7 @@ func (e *cborBlockEncoder) encode(buf []byte, parent *Digest, tokens []uint32, e
 	} else {
 		pos += copy(buf[pos:], extras)
 	}
-	return buf[:pos]
+	return pos
 }
 
 // cborTokenForms is indexed by bits.Len32(v): the right shift that brings the

@@ -77,6 +77,25 @@ func encodeBlockPickle(buf []byte, parent *Digest, tokens []uint32, suffix []byt
 	default:
 		pos += copy(buf[pos:], parent.B[:parent.N])
 	}
+	return buf[:encodePickleInts(buf, pos, tokens, suffix)]
+}
+
+// pickleParent32At is where a 32-byte parent digest starts in a block message.
+const pickleParent32At = 13
+
+// encodeAroundPickle32 writes a block whose parent is a 32-byte digest into
+// buf[:cap(buf)] (pickleMaxLen bytes), except the parent bytes buf[13:45], and returns
+// the message length; see cborBlockEncoder.encodeAround32.
+func encodeAroundPickle32(buf []byte, tokens []uint32, suffix []byte) int {
+	buf = buf[:cap(buf)]
+	buf[0], buf[1], buf[2] = pkProto, 5, pkFrame
+	buf[11], buf[12] = pkShortBinBytes, 32
+	return encodePickleInts(buf, pickleParent32At+32, tokens, suffix)
+}
+
+// encodePickleInts writes everything after the parent bytes, which end at pos, and the
+// frame length, and returns the message length.
+func encodePickleInts(buf []byte, pos int, tokens []uint32, suffix []byte) int {
 	buf[pos] = pkMemoize
 	pos++
 	if len(tokens) > 3 {
@@ -92,5 +111,5 @@ func encodeBlockPickle(buf []byte, parent *Digest, tokens []uint32, suffix []byt
 	}
 	pos += copy(buf[pos:], suffix)
 	binary.LittleEndian.PutUint64(buf[3:11], uint64(pos-2-pkFrameHeader))
-	return buf[:pos]
+	return pos
 }

@@ -9,9 +9,10 @@ import (
 // scratch is the per-call encoding buffer, pooled so AppendKeys allocates nothing once
 // warm. A Chain holds only immutable configuration, so it is safe for concurrent use.
 type scratch struct {
-	buf []byte
-	ex  []byte // pre-encoded extra keys
-	pk  pickler
+	buf  []byte
+	buf2 []byte // a second block buffer, for pipelined hashing
+	ex   []byte // pre-encoded extra keys
+	pk   pickler
 }
 
 // scratchSlots is a small lock-free free list of scratch buffers. Unlike sync.Pool it
@@ -35,7 +36,7 @@ func getScratch() *scratch {
 }
 
 func putScratch(s *scratch) {
-	if cap(s.buf) > maxPooledBuf {
+	if cap(s.buf) > maxPooledBuf || cap(s.buf2) > maxPooledBuf {
 		return
 	}
 	s.pk.buf = nil

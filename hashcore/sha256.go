@@ -19,8 +19,6 @@ const sha256PadSlack = 72
 // the crypto/sha256 path on CPUs that have the fast one.
 var useSHA256Blocks = haveSHA256Blocks
 
-var sha256IV = [8]uint32{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19}
-
 // sha256Sum sets out to SHA-256(msg). When the block function is available and msg has
 // sha256PadSlack bytes of capacity after it, the padding is written there (overwriting
 // whatever those bytes held) and no crypto/sha256 call is made.
@@ -30,14 +28,20 @@ func sha256Sum(out *[32]byte, msg []byte) {
 		*out = sha256.Sum256(msg)
 		return
 	}
+	sha256Digest(out, sha256Pad(msg, n))
+}
+
+// sha256Pad writes SHA-256's padding for the n-byte message in p[:n] into the
+// sha256PadSlack bytes after it (cap(p) must allow) and returns the padded message.
+func sha256Pad(p []byte, n int) []byte {
 	total := (n + 9 + 63) &^ 63
-	p := msg[:total]
-	p[n] = 0x80
-	clear(p[n+1 : total-8])
-	binary.BigEndian.PutUint64(p[total-8:], uint64(n)<<3)
-	h := sha256IV
-	sha256Blocks(&h, p)
-	for i, v := range h {
-		binary.BigEndian.PutUint32(out[4*i:], v)
+	p = p[:total]
+	// Zero from n up to the length field in word stores (the last may run into the
+	// field, which is written after), then the 0x80 terminator and the bit length.
+	for i := n; i < total-8; i += 8 {
+		binary.LittleEndian.PutUint64(p[i:i+8], 0)
 	}
+	p[n] = 0x80
+	binary.BigEndian.PutUint64(p[total-8:], uint64(n)<<3)
+	return p
 }

@@ -71,7 +71,10 @@ func TestSHA256SumMatchesStdlib(t *testing.T) {
 	}
 }
 
-// TestSHA256BlocksMultiBlock runs the block function over many blocks in one call, the
+// fipsIV is SHA-256's initial hash value H(0), FIPS 180-4 section 5.3.3.
+var fipsIV = [8]uint32{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19}
+
+// TestSHA256BlocksMultiBlock runs the block functions over many blocks in one call, the
 // way crypto/sha256 does for a long message, padded by hand.
 func TestSHA256BlocksMultiBlock(t *testing.T) {
 	if !haveSHA256Blocks {
@@ -85,7 +88,7 @@ func TestSHA256BlocksMultiBlock(t *testing.T) {
 			msg[i] = byte(rng.Uint32())
 		}
 		want := sha256.Sum256(msg)
-		h := sha256IV
+		h := fipsIV
 		total := (n + 9 + 63) &^ 63
 		p := make([]byte, total+17) // 17 bytes past the last block, to be ignored
 		copy(p, msg)
@@ -103,15 +106,55 @@ func TestSHA256BlocksMultiBlock(t *testing.T) {
 			got[4*i], got[4*i+1], got[4*i+2], got[4*i+3] = byte(v>>24), byte(v>>16), byte(v>>8), byte(v)
 		}
 		if got != want {
-			t.Errorf("len %d: %x, want %x", n, got, want)
+			t.Errorf("sha256Blocks len %d: %x, want %x", n, got, want)
+		}
+		var dig [32]byte
+		sha256Digest(&dig, p)
+		if dig != want {
+			t.Errorf("sha256Digest len %d: %x, want %x", n, dig, want)
 		}
 	}
 	// An empty or shorter-than-a-block input leaves the state alone.
-	h := sha256IV
+	h := fipsIV
 	sha256Blocks(&h, nil)
 	sha256Blocks(&h, make([]byte, 63))
-	if h != sha256IV {
+	if h != fipsIV {
 		t.Errorf("state changed by no whole block: %x", h)
+	}
+}
+
+// TestSHA256ChainAtMatchesStdlib: the chain block functions hash a padded message with
+// a parent digest spliced in at 0, 3 or 13 from d (whatever p holds there), and store
+// the digest in d.
+func TestSHA256ChainAtMatchesStdlib(t *testing.T) {
+	if !haveSHA256Blocks {
+		t.Logf("no block function on this build (%s): crypto/sha256 path only", SHA256Path())
+		return
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	funcs := []struct {
+		at int
+		f  func(*[32]byte, []byte)
+	}{{0, sha256ChainAt0}, {3, sha256ChainAt3}, {13, sha256ChainAt13}}
+	for _, fn := range funcs {
+		for n := fn.at + 32; n <= 300; n++ {
+			buf := make([]byte, n+sha256PadSlack)
+			for i := range buf {
+				buf[i] = byte(rng.Uint32())
+			}
+			var parent [32]byte
+			for i := range parent {
+				parent[i] = byte(rng.Uint32())
+			}
+			msg := slices.Clone(buf[:n])
+			copy(msg[fn.at:], parent[:])
+			want := sha256.Sum256(msg)
+			d := parent
+			fn.f(&d, sha256Pad(buf[:n], n))
+			if d != want {
+				t.Fatalf("at %d len %d: %x, want %x", fn.at, n, d, want)
+			}
+		}
 	}
 }
 

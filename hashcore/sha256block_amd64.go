@@ -11,5 +11,27 @@ import "github.com/klauspost/cpuid/v2"
 //go:noescape
 func sha256Blocks(h *[8]uint32, p []byte)
 
+// sha256Digest runs sha256Blocks from the initial hash value over p, an already padded
+// message (len(p) a multiple of 64), and writes the digest to out. Same CPU needs.
+//
+//go:noescape
+func sha256Digest(out *[32]byte, p []byte)
+
+// sha256ChainAt0, sha256ChainAt3 and sha256ChainAt13 hash a chain's block message
+// whose bytes at..at+32 (at = 0, 3, 13) are its parent digest: they hash p, already
+// padded, as if *d were stored there (what p holds there is ignored), and replace *d
+// with the message's digest. Taking the parent from d, where the previous call left
+// it, keeps a store-to-load stall off the chain's critical path. Same CPU needs as
+// sha256Blocks; len(p) >= 64.
+//
+//go:noescape
+func sha256ChainAt0(d *[32]byte, p []byte)
+
+//go:noescape
+func sha256ChainAt3(d *[32]byte, p []byte)
+
+//go:noescape
+func sha256ChainAt13(d *[32]byte, p []byte)
+
 // haveSHA256Blocks reports whether sha256Blocks can run on this CPU.
 var haveSHA256Blocks = cpuid.CPU.Supports(cpuid.SHA, cpuid.SSSE3, cpuid.SSE4)

@@ -10,7 +10,7 @@
 // later, X2 holds A,B,E,F, X0 the two W+K words.
 //
 // Registers:
-//	DI  h          SI  message    DX  end of message    AX  &sha256K
+//	DI  h or out   SI  message    DX  end of message    AX  &sha256K
 //	X1  ABEF       X2  CDGH       X0  W+K (implicit operand of SHA256RNDS2)
 //	X3..X6  the message schedule, four words each, rotating
 //	X7  scratch    X8  byte-swap mask    X9, X10  state at block start
@@ -37,96 +37,218 @@
 	PADDL X7, wn; \
 	SHA256MSG2 w, wn
 
+// STATE_IN turns a b c d in X1 and e f g h in X2 (lowest lane first) into ABEF in X1
+// and CDGH in X2, the layout SHA256RNDS2 works on.
+#define STATE_IN \
+	PSHUFD $0xB1, X1, X1; \
+	PSHUFD $0x1B, X2, X2; \
+	MOVO X1, X7; \
+	PALIGNR $8, X2, X1; \
+	PBLENDW $0xF0, X7, X2
+
+// STATE_OUT is STATE_IN's inverse.
+#define STATE_OUT \
+	PSHUFD $0x1B, X1, X1; \
+	PSHUFD $0xB1, X2, X2; \
+	MOVO X1, X7; \
+	PBLENDW $0xF0, X2, X1; \
+	PALIGNR $8, X7, X2
+
+// ROUNDS64 compresses one block whose schedule groups 0..3 are loaded in X3..X6 into
+// ABEF (X1), CDGH (X2). Group g (words 4g..4g+3) lives in X3..X6 by g mod 4; in group
+// g's rounds the next group is finished (NEXTW, g = 3..14) and then MSG1 starts group
+// g+3 (g = 1..12).
+#define ROUNDS64 \
+	MOVO X1, X9; \
+	MOVO X2, X10; \
+	ROUNDS4(X3, 0); \
+	ROUNDS4(X4, 16); \
+	SHA256MSG1 X4, X3; \
+	ROUNDS4(X5, 32); \
+	SHA256MSG1 X5, X4; \
+	ROUNDS4(X6, 48); \
+	NEXTW(X3, X6, X5); \
+	SHA256MSG1 X6, X5; \
+	ROUNDS4(X3, 64); \
+	NEXTW(X4, X3, X6); \
+	SHA256MSG1 X3, X6; \
+	ROUNDS4(X4, 80); \
+	NEXTW(X5, X4, X3); \
+	SHA256MSG1 X4, X3; \
+	ROUNDS4(X5, 96); \
+	NEXTW(X6, X5, X4); \
+	SHA256MSG1 X5, X4; \
+	ROUNDS4(X6, 112); \
+	NEXTW(X3, X6, X5); \
+	SHA256MSG1 X6, X5; \
+	ROUNDS4(X3, 128); \
+	NEXTW(X4, X3, X6); \
+	SHA256MSG1 X3, X6; \
+	ROUNDS4(X4, 144); \
+	NEXTW(X5, X4, X3); \
+	SHA256MSG1 X4, X3; \
+	ROUNDS4(X5, 160); \
+	NEXTW(X6, X5, X4); \
+	SHA256MSG1 X5, X4; \
+	ROUNDS4(X6, 176); \
+	NEXTW(X3, X6, X5); \
+	SHA256MSG1 X6, X5; \
+	ROUNDS4(X3, 192); \
+	NEXTW(X4, X3, X6); \
+	SHA256MSG1 X3, X6; \
+	ROUNDS4(X4, 208); \
+	NEXTW(X5, X4, X3); \
+	ROUNDS4(X5, 224); \
+	NEXTW(X6, X5, X4); \
+	ROUNDS4(X6, 240); \
+	PADDL X9, X1; \
+	PADDL X10, X2
+
+// BLOCK compresses the 64 bytes at SI.
+#define BLOCK \
+	LOADW(0, X3); \
+	LOADW(16, X4); \
+	LOADW(32, X5); \
+	LOADW(48, X6); \
+	ROUNDS64
+
+// PARENT_AT(at, rest, mask) loads the first block of a message whose bytes at..at+31
+// are the 32-byte digest at (DI) instead of what p holds there (0 < at < 16, rest =
+// 16-at, mask: at 0xff bytes then zeros). The digest comes from DI as two 16-byte
+// loads: DI is where the previous call stored it the same way, so the loads take it
+// straight from the store buffer, and the chain never waits for a parent written into
+// the message to reach the cache.
+#define PARENT_AT(at, rest, mask) \
+	MOVOU 0(DI), X11; \
+	MOVOU 16(DI), X12; \
+	MOVOU mask, X7; \
+	MOVOU 0(SI), X3; \
+	PAND X7, X3; \
+	MOVO X11, X13; \
+	PSLLO $at, X13; \
+	POR X13, X3; \
+	MOVO X12, X4; \
+	PALIGNR $rest, X11, X4; \
+	MOVOU 32(SI), X13; \
+	PANDN X13, X7; \
+	MOVO X12, X5; \
+	PSRLO $rest, X5; \
+	POR X7, X5; \
+	MOVOU 48(SI), X6; \
+	PSHUFB X8, X3; \
+	PSHUFB X8, X4; \
+	PSHUFB X8, X5; \
+	PSHUFB X8, X6
+
+// PARENT_AT0 is PARENT_AT for a digest at bytes 0..31.
+#define PARENT_AT0 \
+	MOVOU 0(DI), X3; \
+	MOVOU 16(DI), X4; \
+	LOADW(32, X5); \
+	LOADW(48, X6); \
+	PSHUFB X8, X3; \
+	PSHUFB X8, X4
+
+// CHAIN is the body of the sha256ChainAt functions, loading the first block with the
+// given PARENT_AT macro.
+#define CHAIN(parent) \
+	MOVQ d+0(FP), DI; \
+	MOVQ p_base+8(FP), SI; \
+	MOVQ p_len+16(FP), DX; \
+	ANDQ $~63, DX; \
+	JZ done; \
+	ADDQ SI, DX; \
+	LEAQ ·sha256K(SB), AX; \
+	MOVOU ·sha256ByteSwap(SB), X8; \
+	MOVOU ·sha256Init+0(SB), X1; \
+	MOVOU ·sha256Init+16(SB), X2; \
+	STATE_IN; \
+	parent; \
+	ROUNDS64; \
+	ADDQ $64, SI; \
+	CMPQ SI, DX; \
+	JEQ final; \
+loop: \
+	BLOCK; \
+	ADDQ $64, SI; \
+	CMPQ SI, DX; \
+	JNE loop; \
+final: \
+	STATE_OUT; \
+	PSHUFB X8, X1; \
+	PSHUFB X8, X2; \
+	MOVOU X1, 0(DI); \
+	MOVOU X2, 16(DI); \
+done: \
+	RET
+
 // func sha256Blocks(h *[8]uint32, p []byte)
 TEXT ·sha256Blocks(SB), NOSPLIT, $0-32
 	MOVQ h+0(FP), DI
 	MOVQ p_base+8(FP), SI
 	MOVQ p_len+16(FP), DX
 	ANDQ $~63, DX // whole blocks only
-	TESTQ DX, DX
 	JZ done
 	ADDQ SI, DX
 	LEAQ ·sha256K(SB), AX
 	MOVOU ·sha256ByteSwap(SB), X8
-
-	// h[0..3] = a b c d, h[4..7] = e f g h (lowest lane first) -> ABEF, CDGH.
 	MOVOU 0(DI), X1
 	MOVOU 16(DI), X2
-	PSHUFD $0xB1, X1, X1   // b a d c
-	PSHUFD $0x1B, X2, X2   // h g f e
-	MOVO X1, X7
-	PALIGNR $8, X2, X1     // f e b a = ABEF
-	PBLENDW $0xF0, X7, X2  // h g d c = CDGH
+	STATE_IN
 
 loop:
-	MOVO X1, X9
-	MOVO X2, X10
-
-	LOADW(0, X3)
-	ROUNDS4(X3, 0)
-	LOADW(16, X4)
-	ROUNDS4(X4, 16)
-	SHA256MSG1 X4, X3
-	LOADW(32, X5)
-	ROUNDS4(X5, 32)
-	SHA256MSG1 X5, X4
-	LOADW(48, X6)
-	ROUNDS4(X6, 48)
-	NEXTW(X3, X6, X5)
-	SHA256MSG1 X6, X5
-
-	ROUNDS4(X3, 64)
-	NEXTW(X4, X3, X6)
-	SHA256MSG1 X3, X6
-	ROUNDS4(X4, 80)
-	NEXTW(X5, X4, X3)
-	SHA256MSG1 X4, X3
-	ROUNDS4(X5, 96)
-	NEXTW(X6, X5, X4)
-	SHA256MSG1 X5, X4
-	ROUNDS4(X6, 112)
-	NEXTW(X3, X6, X5)
-	SHA256MSG1 X6, X5
-
-	ROUNDS4(X3, 128)
-	NEXTW(X4, X3, X6)
-	SHA256MSG1 X3, X6
-	ROUNDS4(X4, 144)
-	NEXTW(X5, X4, X3)
-	SHA256MSG1 X4, X3
-	ROUNDS4(X5, 160)
-	NEXTW(X6, X5, X4)
-	SHA256MSG1 X5, X4
-	ROUNDS4(X6, 176)
-	NEXTW(X3, X6, X5)
-	SHA256MSG1 X6, X5
-
-	ROUNDS4(X3, 192)
-	NEXTW(X4, X3, X6)
-	SHA256MSG1 X3, X6
-	ROUNDS4(X4, 208)
-	NEXTW(X5, X4, X3)
-	ROUNDS4(X5, 224)
-	NEXTW(X6, X5, X4)
-	ROUNDS4(X6, 240)
-
-	PADDL X9, X1
-	PADDL X10, X2
+	BLOCK
 	ADDQ $64, SI
 	CMPQ SI, DX
 	JNE loop
 
-	// ABEF, CDGH -> a b c d, e f g h.
-	PSHUFD $0x1B, X1, X1   // a b e f
-	PSHUFD $0xB1, X2, X2   // g h c d
-	MOVO X1, X7
-	PBLENDW $0xF0, X2, X1  // a b c d
-	PALIGNR $8, X7, X2     // e f g h
+	STATE_OUT
 	MOVOU X1, 0(DI)
 	MOVOU X2, 16(DI)
 
 done:
 	RET
+
+// func sha256Digest(out *[32]byte, p []byte)
+TEXT ·sha256Digest(SB), NOSPLIT, $0-32
+	MOVQ out+0(FP), DI
+	MOVQ p_base+8(FP), SI
+	MOVQ p_len+16(FP), DX
+	ANDQ $~63, DX // whole blocks only
+	ADDQ SI, DX
+	LEAQ ·sha256K(SB), AX
+	MOVOU ·sha256ByteSwap(SB), X8
+	MOVOU ·sha256Init+0(SB), X1
+	MOVOU ·sha256Init+16(SB), X2
+	STATE_IN
+	CMPQ SI, DX
+	JEQ final
+
+loop:
+	BLOCK
+	ADDQ $64, SI
+	CMPQ SI, DX
+	JNE loop
+
+final:
+	STATE_OUT
+	PSHUFB X8, X1 // the digest is the state words big-endian
+	PSHUFB X8, X2
+	MOVOU X1, 0(DI)
+	MOVOU X2, 16(DI)
+	RET
+
+// func sha256ChainAt0(d *[32]byte, p []byte)
+TEXT ·sha256ChainAt0(SB), NOSPLIT, $0-32
+	CHAIN(PARENT_AT0)
+
+// func sha256ChainAt3(d *[32]byte, p []byte)
+TEXT ·sha256ChainAt3(SB), NOSPLIT, $0-32
+	CHAIN(PARENT_AT(3, 13, ·sha256Low3(SB)))
+
+// func sha256ChainAt13(d *[32]byte, p []byte)
+TEXT ·sha256ChainAt13(SB), NOSPLIT, $0-32
+	CHAIN(PARENT_AT(13, 3, ·sha256Low13(SB)))
 
 // Round constants K[0..63] (FIPS 180-4 section 4.2.2), two per 8-byte word, low first.
 DATA ·sha256K+0(SB)/8, $0x71374491428a2f98
@@ -167,3 +289,18 @@ GLOBL ·sha256K(SB), RODATA|NOPTR, $256
 DATA ·sha256ByteSwap+0(SB)/8, $0x0405060700010203
 DATA ·sha256ByteSwap+8(SB)/8, $0x0c0d0e0f08090a0b
 GLOBL ·sha256ByteSwap(SB), RODATA|NOPTR, $16
+
+// The initial hash value H(0) (FIPS 180-4 section 5.3.3), a..h.
+DATA ·sha256Init+0(SB)/8, $0xbb67ae856a09e667
+DATA ·sha256Init+8(SB)/8, $0xa54ff53a3c6ef372
+DATA ·sha256Init+16(SB)/8, $0x9b05688c510e527f
+DATA ·sha256Init+24(SB)/8, $0x5be0cd191f83d9ab
+GLOBL ·sha256Init(SB), RODATA|NOPTR, $32
+
+// Byte masks for PARENT_AT: the first 3, the first 13 bytes.
+DATA ·sha256Low3+0(SB)/8, $0x0000000000ffffff
+DATA ·sha256Low3+8(SB)/8, $0
+GLOBL ·sha256Low3(SB), RODATA|NOPTR, $16
+DATA ·sha256Low13+0(SB)/8, $0xffffffffffffffff
+DATA ·sha256Low13+8(SB)/8, $0x000000ffffffffff
+GLOBL ·sha256Low13(SB), RODATA|NOPTR, $16

@@ -80,14 +80,15 @@ func (c *vllmChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, ex 
 	// The parts of a block message that repeat, encoded once: the extra keys (CBOR) or
 	// everything after the token ints (pickle), for block 0 and for the blocks after it.
 	var ex0, exN []byte
+	pn := max(int(d.N), 32) // parent length bound: block 0's parent, then this chain's digests
 	pickleFast := false
 	if c.pickle {
 		sc.ex = appendPickleSuffix(sc.ex[:0], bs, lora, salt)
 		n0 := len(sc.ex)
 		sc.ex = appendPickleSuffix(sc.ex, bs, lora, "")
 		ex0, exN = sc.ex[:n0], sc.ex[n0:]
-		if pickleFast = pickleFits(int(d.N), bs, len(ex0)) && pickleFits(int(d.N), bs, len(exN)); pickleFast {
-			buf = slices.Grow(buf[:0], pickleMaxLen(int(d.N), bs, max(len(ex0), len(exN)))+sha256PadSlack)
+		if pickleFast = pickleFits(pn, bs, len(ex0)) && pickleFits(pn, bs, len(exN)); pickleFast {
+			buf = slices.Grow(buf[:0], pickleMaxLen(pn, bs, max(len(ex0), len(exN)))+sha256PadSlack)
 		}
 	} else {
 		sc.ex = appendCBORExtras(sc.ex[:0], lora, salt)
@@ -96,7 +97,15 @@ func (c *vllmChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, ex 
 		ex0, exN = sc.ex[:n0], sc.ex[n0:]
 		buf = slices.Grow(buf[:0], c.cbor.maxLen(bs, max(len(ex0), len(exN)))+sha256PadSlack)
 	}
+	// SHA-256 blocks chained on a 32-byte digest go through kvgate's block function,
+	// pipelined (appendKeysSHA256); block 0 may chain on a parent of another size.
+	pipelined := !c.xxh && useSHA256Blocks && (pickleFast || !c.pickle)
 	for i := 0; i < nb; i++ {
+		if pipelined && d.N == 32 {
+			sc.buf2 = slices.Grow(sc.buf2[:0], cap(buf))
+			dst = c.appendKeysSHA256(dst, &d, tokens[i*bs:nb*bs], ex0, exN, buf, sc.buf2)
+			break
+		}
 		blk := tokens[i*bs : (i+1)*bs]
 		switch {
 		case pickleFast:
@@ -125,4 +134,46 @@ func (c *vllmChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, ex 
 	sc.buf = buf
 	putScratch(sc)
 	return dst, d
+}
+
+// appendKeysSHA256 appends the keys of the blocks of tokens (a whole number of blocks,
+// at least one), the first chained on d, a 32-byte digest, and leaves the last digest in
+// d. ex0 is the first block's extras (pickle: suffix), exN the later blocks'. a and b
+// are scratch buffers of the chain's block capacity plus sha256PadSlack.
+//
+// Each message is written, with its SHA-256 padding, before the previous block's
+// digest is known: the block function reads the parent digest from d itself. The
+// encoding then depends on no digest, so it runs in the shadow of the SHA rounds, whose
+// latency chain (every block needs the previous digest) bounds the loop.
+func (c *vllmChain) appendKeysSHA256(dst []uint64, d *Digest, tokens []uint32, ex0, exN, a, b []byte) []uint64 {
+	bs := c.blockSize
+	msg := c.encodeAround32(a, tokens[:bs], ex0)
+	for i := bs; ; i += bs {
+		var next []byte
+		if i < len(tokens) {
+			next = c.encodeAround32(b, tokens[i:i+bs], exN)
+		}
+		if c.pickle {
+			sha256ChainAt13(&d.B, msg)
+		} else {
+			sha256ChainAt3(&d.B, msg)
+		}
+		dst = append(dst, binary.BigEndian.Uint64(d.B[24:32]))
+		if next == nil {
+			return dst
+		}
+		msg, a, b = next, b, a
+	}
+}
+
+// encodeAround32 writes a block message with room for a 32-byte parent digest, and its
+// SHA-256 padding, into buf and returns the padded message.
+func (c *vllmChain) encodeAround32(buf []byte, tokens []uint32, extras []byte) []byte {
+	var n int
+	if c.pickle {
+		n = encodeAroundPickle32(buf, tokens, extras)
+	} else {
+		n = c.cbor.encodeAround32(buf, tokens, extras)
+	}
+	return sha256Pad(buf, n)
 }
