@@ -221,7 +221,7 @@ const (
 
 func (inv *Inventory) addLocked(s int, sh *shardState, ep int, k, h uint64, cnt *atomic.Int64) int {
 	t := inv.tabs[s].Load()
-	slot, ok, free := t.findForInsert(k, t.home(h, inv.shardBits))
+	slot, ok, free, reuse := t.findForInsert(k, t.home(h, inv.shardBits))
 	if ok && t.has(slot, ep) {
 		return addHeld
 	}
@@ -231,6 +231,13 @@ func (inv *Inventory) addLocked(s int, sh *shardState, ep int, k, h uint64, cnt 
 			return addDropped
 		}
 		r = addEvicted
+		slot, ok, free, reuse = t.findForInsert(k, t.home(h, inv.shardBits))
+	}
+	if !ok && reuse {
+		t.reuse(free, k, ep)
+		sh.live.Add(1)
+		cnt.Add(1)
+		return r
 	}
 	if !ok {
 		if sh.used+1 > t.maxUsed() || free < 0 {
@@ -288,6 +295,10 @@ func (inv *Inventory) clearLocked(t *table, sh *shardState, slot, ep int, cnt *a
 	cnt.Add(-1)
 	if !t.live(slot) {
 		sh.live.Add(-1)
+		if n := t.trimTail(slot); n > 0 {
+			sh.used -= n
+			sh.usedGauge.Store(int64(sh.used))
+		}
 	}
 }
 

@@ -136,7 +136,14 @@ func (t *table) lookup(key, b uint64) uint64 {
 		for j := 0; j < bucketSlots; j++ {
 			k := atomic.LoadUint64(&bk.keys[j])
 			if k == key {
-				return atomic.LoadUint64(&bk.masks[j])
+				// A tombstone's slot may be handed to another key (see reuse): the
+				// writer stores the new key before its mask, so a mask read while the
+				// key still reads as ours is ours (or the tombstone's zero).
+				m := atomic.LoadUint64(&bk.masks[j])
+				if atomic.LoadUint64(&bk.keys[j]) != key {
+					return 0 // our key was a tombstone, now reused: it is absent
+				}
+				return m
 			}
 			if k == 0 {
 				return 0
@@ -184,24 +191,37 @@ func (t *table) find(key, b uint64) (slot int, ok bool) {
 }
 
 // findForInsert is the writer's find and freeSlot in one walk: key's slot (ok), or else
-// the slot an insert of key would claim (free; -1 if the table were full), marking the
-// full buckets before it as overflowed. Shard mutex held: no other writer changes t, so
-// plain loads of keys are race-free (readers only load).
-func (t *table) findForInsert(key, b uint64) (slot int, ok bool, free int) {
+// the slot an insert of key would take (free; -1 if the table were full), marking the
+// full buckets before it as overflowed. reuse says free is a tombstone to recycle rather
+// than an empty slot (tables of <= 64 endpoints only; see reuse). Shard mutex held: no
+// other writer changes t, so plain loads of keys and masks are race-free (readers only
+// load).
+func (t *table) findForInsert(key, b uint64) (slot int, ok bool, free int, reuse bool) {
 	if key == 0 {
-		return zeroSlot, true, zeroSlot
+		return zeroSlot, true, zeroSlot, false
 	}
 	searching := true // false once key is known absent: only a free slot is wanted
+	tomb := -1        // the first tombstone of the run, when tombstones may be reused
 	for n := t.nb; n > 0; n-- {
 		bk := &t.buckets[b]
 		for j := 0; j < bucketSlots; j++ {
 			k := bk.keys[j]
 			if k == 0 {
-				return -1, false, int(b)*bucketSlots + j
+				if tomb >= 0 {
+					return -1, false, tomb, true
+				}
+				return -1, false, int(b)*bucketSlots + j, false
 			}
 			if searching && k == key {
-				return int(b)*bucketSlots + j, true, -1
+				return int(b)*bucketSlots + j, true, -1, false
 			}
+			if tomb < 0 && t.ww == 0 && bk.masks[j] == 0 {
+				tomb = int(b)*bucketSlots + j
+			}
+		}
+		// The bucket is full. Key is not beyond it unless an insert overflowed it.
+		if tomb >= 0 && (!searching || !t.overflowed(b)) {
+			return -1, false, tomb, true
 		}
 		if !t.overflowed(b) {
 			searching = false
@@ -211,7 +231,7 @@ func (t *table) findForInsert(key, b uint64) (slot int, ok bool, free int) {
 			b = 0
 		}
 	}
-	return -1, false, -1
+	return -1, false, -1, false
 }
 
 // freeSlot returns the first empty slot of the probe run from home bucket b, marking
@@ -292,6 +312,52 @@ func (t *table) clearBit(slot, ep int) {
 // mask words a writer stored afterwards or zero, never another key's.
 func (t *table) claim(slot int, key uint64) {
 	atomic.StoreUint64(&t.buckets[slot/bucketSlots].keys[slot%bucketSlots], key)
+}
+
+// reuse hands a tombstone's slot (a key no endpoint holds, mask zero) to key, held by
+// endpoint ep. Why: under steady churn (every block stored matched by one evicted, an
+// engine's normal state) tombstones would otherwise pile up until a rebuild re-inserted
+// every live key, 3.5 re-inserts per new key; recycling them in place keeps most adds
+// from ever reaching a rebuild. Only for tables of <= 64 endpoints (one mask word).
+//
+// Why it is safe for lock-free readers: the key is stored before the mask, and lookup
+// re-reads the key after the mask. A reader of the old key that read the new mask must
+// then read the new key (sequentially consistent atomics), and reports the old key
+// absent, which it was (a tombstone). A reader of the new key sees mask zero (absent,
+// the state before the add) or the new mask. The one residual is a slot recycled twice
+// (old key -> new key -> old key again, into the same slot) between a reader's two loads
+// of the key, nanoseconds apart: that reader would take the middle key's mask.
+func (t *table) reuse(slot int, key uint64, ep int) {
+	bk := &t.buckets[slot/bucketSlots]
+	atomic.StoreUint64(&bk.keys[slot%bucketSlots], key)
+	atomic.StoreUint64(&bk.masks[slot%bucketSlots], 1<<(uint(ep)&63))
+}
+
+// trimTail empties slot, a tombstone, and the tombstones right before it in its bucket,
+// when slot is the bucket's last used one and no insert ever overflowed the bucket, and
+// returns how many slots it emptied. Why: emptied slots no longer count toward the load
+// that triggers a rebuild, so churn rebuilds less. Why it is safe for readers: slots fill
+// in order and no key of the probe runs through this bucket lies beyond it (the bucket
+// never overflowed), so a lookup stopping at the new empty slot misses no key; a reader
+// that read the old key before it went has read its zero mask, and lookup's re-read of
+// the key reports it absent, which it was. Tables of <= 64 endpoints only (see reuse).
+// Shard mutex held.
+func (t *table) trimTail(slot int) int {
+	if t.ww != 0 || slot == zeroSlot {
+		return 0
+	}
+	b := uint64(slot / bucketSlots)
+	j := slot % bucketSlots
+	bk := &t.buckets[b]
+	if (j+1 < bucketSlots && bk.keys[j+1] != 0) || t.overflowed(b) {
+		return 0
+	}
+	n := 0
+	for ; j >= 0 && bk.keys[j] != 0 && bk.masks[j] == 0; j-- {
+		atomic.StoreUint64(&bk.keys[j], 0)
+		n++
+	}
+	return n
 }
 
 // rebuildInto copies every live key of t into the unpublished table nt and returns the
