@@ -66,6 +66,13 @@ func (e *cborBlockEncoder) encodeAround32(buf []byte, tokens []uint32, extras []
 func (e *cborBlockEncoder) encodeTokens(buf []byte, pos int, tokens []uint32, extras []byte) int {
 	binary.LittleEndian.PutUint64(buf[pos:pos+8], e.tokHeadWord)
 	pos += e.tokHeadN
+	if useTokensAVX512 && len(tokens) >= 8 {
+		// A step writes at most 40 bytes and stores 64.
+		if steps := len(tokens) / 8; pos+40*steps+24 <= len(buf) {
+			pos += cborTokensAVX512(&buf[pos], &tokens[0], steps)
+			tokens = tokens[8*steps:]
+		}
+	}
 	_ = buf[pos+5*len(tokens)+7] // one bounds check for every token store below
 	base := unsafe.Pointer(unsafe.SliceData(buf))
 	for _, t := range tokens {

@@ -102,6 +102,13 @@ func encodePickleInts(buf []byte, pos int, tokens []uint32, suffix []byte) int {
 		buf[pos] = pkMark
 		pos++
 	}
+	if useTokensAVX512 && len(tokens) >= 8 {
+		// A step writes at most 56 bytes and stores 64.
+		if steps := len(tokens) / 8; pos+56*steps+8 <= len(buf) {
+			pos += pickleTokensAVX512(&buf[pos], &tokens[0], steps)
+			tokens = tokens[8*steps:]
+		}
+	}
 	_ = buf[pos+7*len(tokens)+7] // one bounds check for every token store below
 	base := unsafe.Pointer(unsafe.SliceData(buf))
 	for _, t := range tokens {

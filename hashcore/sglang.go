@@ -29,9 +29,16 @@ func (c *sglangChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, _
 	sc := getScratch()
 	buf := slices.Grow(sc.buf[:0], 32+4*bs+sha256PadSlack) // sha256Sum pads in place
 	for i := 0; i < nb; i++ {
-		buf = append(buf[:0], d.B[:d.N]...)
-		buf = appendUint32sLE(buf, tokens[i*bs:(i+1)*bs])
-		sha256Sum(&d.B, buf)
+		blk := tokens[i*bs : (i+1)*bs]
+		if useSHA256Blocks && d.N == 32 {
+			// The block function takes the parent from d.B: buf[:32] is only its slot.
+			buf = appendUint32sLE(buf[:32], blk)
+			sha256ChainAt0(&d.B, sha256Pad(buf, len(buf)))
+		} else {
+			buf = append(buf[:0], d.B[:d.N]...)
+			buf = appendUint32sLE(buf, blk)
+			sha256Sum(&d.B, buf)
+		}
 		d.N = 32
 		dst = append(dst, binary.BigEndian.Uint64(d.B[0:8]))
 	}

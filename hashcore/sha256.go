@@ -45,3 +45,7 @@ func sha256Pad(p []byte, n int) []byte {
 	binary.BigEndian.PutUint64(p[total-8:], uint64(n)<<3)
 	return p
 }
+
+// useTokensAVX512 selects the AVX-512 token encoders; tests turn it off to cover the
+// one-token-at-a-time path on CPUs that have them.
+var useTokensAVX512 = haveTokensAVX512

@@ -191,12 +191,22 @@ func TestChainsMatchStdlibPath(t *testing.T) {
 	}
 }
 
-// The Python-oracle goldens again, on the crypto/sha256 path (the plain test names run
-// them on whatever path this CPU selects).
-func TestVLLMGoldensStdlibPath(t *testing.T) {
-	withSHA256Blocks(t, false, func() { TestVLLMGoldens(t) })
+// withPortablePath runs f on the path CPUs without SHA-NI or AVX-512 take:
+// crypto/sha256 and one-token-at-a-time encoding.
+func withPortablePath(t *testing.T, f func()) {
+	t.Helper()
+	old := useTokensAVX512
+	useTokensAVX512 = false
+	defer func() { useTokensAVX512 = old }()
+	withSHA256Blocks(t, false, f)
 }
 
-func TestSGLangGoldensStdlibPath(t *testing.T) {
-	withSHA256Blocks(t, false, func() { TestSGLangGoldens(t) })
+// The Python-oracle goldens again, on the portable path (the plain test names run them
+// on whatever path this CPU selects).
+func TestVLLMGoldensPortablePath(t *testing.T) {
+	withPortablePath(t, func() { TestVLLMGoldens(t) })
+}
+
+func TestSGLangGoldensPortablePath(t *testing.T) {
+	withPortablePath(t, func() { TestSGLangGoldens(t) })
 }
