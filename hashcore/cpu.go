@@ -39,9 +39,25 @@ func CPUFeatures() string {
 	return strings.Join(f, " ")
 }
 
-// SHA256Path names the SHA-256 block function Go's crypto/sha256 picks on this CPU,
-// following its own selection rule (crypto/internal/fips140/sha256, Go 1.26).
+// SHA256Path names the SHA-256 path the chains use on this CPU and build, e.g.
+// "sha-ni (kvgate, avx512 token encoding)": kvgate's own SHA-NI block function, else
+// the block function crypto/sha256 picks (following its own selection rule,
+// crypto/internal/fips140/sha256, Go 1.26), e.g. "avx2 (crypto/sha256)"; and whether
+// the block messages' tokens are encoded with AVX-512.
 func SHA256Path() string {
+	var s string
+	if haveSHA256Blocks {
+		s = "sha-ni (kvgate"
+	} else {
+		s = stdlibSHA256Path() + " (crypto/sha256"
+	}
+	if haveTokensAVX512 {
+		s += ", avx512 token encoding"
+	}
+	return s + ")"
+}
+
+func stdlibSHA256Path() string {
 	switch runtime.GOARCH {
 	case "amd64":
 		if cpuid.CPU.Supports(cpuid.AVX, cpuid.SHA, cpuid.SSE4, cpuid.SSSE3) {

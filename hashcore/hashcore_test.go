@@ -225,7 +225,7 @@ func TestCPUReport(t *testing.T) {
 		}
 	}
 	// The report must agree with itself: SHA-NI is only picked when the CPU has it.
-	if SHA256Path() == "sha-ni" && !strings.Contains(f, "sha-ni") {
+	if strings.HasPrefix(SHA256Path(), "sha-ni") && !strings.Contains(f, "sha-ni") {
 		t.Errorf("SHA256Path sha-ni but CPUFeatures %q", f)
 	}
 }

@@ -36,7 +36,7 @@ func runVersion(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
 		version = bi.Main.Version
 	}
-	_, err := fmt.Fprintf(stdout, "kvgate %s\ngo: %s %s/%s\ncpu: %s\nsha256: %s (crypto/sha256)\nxxh3: %s (github.com/zeebo/xxh3)\n",
+	_, err := fmt.Fprintf(stdout, "kvgate %s\ngo: %s %s/%s\ncpu: %s\nsha256: %s\nxxh3: %s (github.com/zeebo/xxh3)\n",
 		version, runtime.Version(), runtime.GOOS, runtime.GOARCH,
 		hashcore.CPUFeatures(), hashcore.SHA256Path(), hashcore.XXH3Path())
 	if err != nil {
