@@ -18,7 +18,7 @@ import (
 // appendPickleSuffix appends everything after the token ints of a block of n tokens.
 // Memo slots: 0 parent, 1 token tuple, 2.. the extra-key strings.
 func appendPickleSuffix(dst []byte, n int, lora, salt string) []byte {
-	p := pickler{buf: dst, frameStart: 1 << 40} // never at a frame boundary: pickleFits decides
+	p := pickler{buf: dst, frameStart: 1 << 30} // never at a frame boundary: pickleFits decides
 	p.memo = 1
 	p.tupleClose(n)
 	k := 0
