@@ -5,15 +5,16 @@
 // SHA-256 compression with the Intel SHA extensions, written from the Intel SDM's
 // description of SHA256RNDS2/SHA256MSG1/SHA256MSG2 and FIPS 180-4.
 //
-// Go assembly lists operands source first, so Intel's "sha256rnds2 xmm1, xmm2, <xmm0>"
-// is SHA256RNDS2 X0, X2, X1 here: X1 holds C,D,G,H on entry and A,B,E,F two rounds
-// later, X2 holds A,B,E,F, X0 the two W+K words.
+// Go assembly lists operands source first: Intel's "sha256rnds2 xmm1, xmm2, <xmm0>"
+// (xmm1: C,D,G,H in, A,B,E,F two rounds later out; xmm2: A,B,E,F; xmm0: two W+K
+// words) is written SHA256RNDS2 X0, xmm2, xmm1 here.
 //
 // Registers:
-//	DI  h or out   SI  message    DX  end of message    AX  &sha256K
-//	X1  ABEF       X2  CDGH       X0  W+K (implicit operand of SHA256RNDS2)
+//	DI  h, out or d   SI  message    DX  end of message    AX  &sha256K
+//	X1  ABEF          X2  CDGH       X0  W+K (implicit operand of SHA256RNDS2)
 //	X3..X6  the message schedule, four words each, rotating
-//	X7  scratch    X8  byte-swap mask    X9, X10  state at block start
+//	X7  scratch       X8  byte-swap mask    X9, X10  state at block start
+//	X11..X13  the parent digest and scratch (PARENT_AT)
 
 // ROUNDS4 runs four rounds with message words w and round constants at k(AX).
 #define ROUNDS4(w, k) \
