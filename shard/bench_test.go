@@ -557,3 +557,95 @@ func BenchmarkScoreParallel(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkLayouts runs the target workloads for each bucket layout (the in-bucket mask
+// width follows the rule's endpoint count: 8, 16, 32, 64 bits, and 64 plus out-of-line
+// words beyond 64 endpoints), so the figures for endpoints=8 above can be read against
+// every other width. Per width: one writer's 16-key adds at a steady 1M keys matched by
+// removes (add-churn, keys added per second), bytes per key after adding 1M keys
+// (memory), and a 512-key overlap Score against that inventory (score; 3/4 of the keys
+// held). Key i is held by endpoint i % endpoints.
+func BenchmarkLayouts(b *testing.B) {
+	const n, batchLen = 1 << 20, 16
+	for _, eps := range []int{8, 16, 32, 64, 128} {
+		key := func(i uint64) uint64 { return benchKey(i ^ uint64(eps)<<56) }
+		fill := func(b *testing.B) *Inventory {
+			inv, err := New(Config{Endpoints: eps})
+			if err != nil {
+				b.Fatal(err)
+			}
+			batch := make([]uint64, 0, batchLen)
+			for i := uint64(0); i < n; i += batchLen {
+				batch = batch[:0]
+				for j := i; j < i+batchLen; j++ {
+					batch = append(batch, key(j))
+				}
+				inv.Add(int(i/batchLen)%eps, batch)
+			}
+			return inv
+		}
+		var inv *Inventory
+		b.Run(fmt.Sprintf("endpoints=%d/memory", eps), func(b *testing.B) {
+			for b.Loop() {
+				inv = fill(b)
+			}
+			if inv.Len() != n {
+				b.Fatalf("Len = %d", inv.Len())
+			}
+			b.ReportMetric(float64(inv.MemoryBytes())/n, "B/key")
+		})
+		if inv == nil {
+			continue // filtered out: the others need the inventory
+		}
+		b.Run(fmt.Sprintf("endpoints=%d/score", eps), func(b *testing.B) {
+			// Distinct queries, rotated, as in BenchmarkScore: not one cache-resident chain.
+			qs := make([][]uint64, benchQueryCount)
+			for v := range qs {
+				q := make([]uint64, 0, benchQueryLen)
+				for i := uint64(v) * 4099; len(q) < benchQueryHit; i += 2039 * batchLen {
+					q = append(q, key(i%n))
+				}
+				for i := uint64(0); len(q) < benchQueryLen; i++ {
+					q = append(q, key(n+uint64(v)*benchQueryLen+i))
+				}
+				qs[v] = q
+			}
+			elig := NewMask(eps)
+			elig.SetAll(eps)
+			scores := make([]int32, eps)
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				inv.Score(qs[i%benchQueryCount], elig, Overlap, scores)
+				i++
+			}
+			sum := int32(0)
+			for _, s := range scores {
+				sum += s
+			}
+			if sum != benchQueryHit {
+				b.Fatalf("overlap sum %d, want %d", sum, benchQueryHit)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*benchQueryLen), "ns/key")
+		})
+		b.Run(fmt.Sprintf("endpoints=%d/add-churn", eps), func(b *testing.B) {
+			batch := make([]uint64, batchLen)
+			fillBatch := func(start uint64) []uint64 {
+				for i := range batch {
+					batch[i] = key(start + uint64(i))
+				}
+				return batch
+			}
+			oldest, next := uint64(0), uint64(n)
+			b.ReportAllocs()
+			for b.Loop() {
+				inv.Add(int(next/batchLen)%eps, fillBatch(next))
+				next += batchLen
+				inv.Remove(int(oldest/batchLen)%eps, fillBatch(oldest))
+				oldest += batchLen
+			}
+			b.ReportMetric(float64(b.N*batchLen)/b.Elapsed().Seconds()/1e6, "Mkeys/s")
+		})
+		inv = nil
+	}
+}

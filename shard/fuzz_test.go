@@ -8,7 +8,8 @@ import (
 
 // FuzzOps drives an inventory and the model with an op sequence decoded from the input:
 // each op is 3 bytes (op, endpoint, key seed), keys drawn from a small space so ops
-// collide. Run: go test ./shard -run '^$' -fuzz FuzzOps -fuzztime 20s
+// collide; the input's length picks the rule's width (so its bucket layout) and shard
+// count. Run: go test ./shard -run '^$' -fuzz FuzzOps -fuzztime 20s
 func FuzzOps(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 0, 1, 3, 1, 1, 2, 2, 1, 0, 0, 0, 0})
 	f.Add([]byte{0, 70, 0, 0, 70, 255, 4, 70, 0, 1, 70, 255, 3, 0, 0})
@@ -16,7 +17,8 @@ func FuzzOps(f *testing.F) {
 		if len(data) > 3*2000 {
 			return
 		}
-		const endpoints = 80 // wide masks: two words
+		// Every bucket layout: 1-, 2-, 4-, 8-byte in-bucket masks, and wide (two words).
+		endpoints := [...]int{5, 12, 20, 64, 80}[len(data)/3%5]
 		shards := 1 << (len(data) % 4)
 		inv, err := New(Config{Endpoints: endpoints, Shards: shards})
 		if err != nil {

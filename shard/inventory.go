@@ -27,8 +27,8 @@ import (
 )
 
 // DefaultMaxKeysPerEndpoint is the per-endpoint bound used when Config leaves it 0:
-// 4,194,304 keys (about 96 MiB of index if no key is shared), four times the blocks of
-// a large vLLM GPU pool (1M blocks of 16 tokens is 16M tokens of KV cache).
+// 4,194,304 keys (40 to 96 MiB of index, by mask width, if no key is shared), four times
+// the blocks of a large vLLM GPU pool (1M blocks of 16 tokens is 16M tokens of KV cache).
 const DefaultMaxKeysPerEndpoint = 1 << 22
 
 // MaxShards bounds Config.Shards.
@@ -37,7 +37,9 @@ const MaxShards = 1 << 12
 // Config fixes an inventory's shape for the rule's life.
 type Config struct {
 	// Endpoints is the mask width: endpoint indexes are [0, Endpoints). 1..1024; rules of
-	// up to 64 endpoints keep the mask inline in the index (the fast path).
+	// up to 64 endpoints keep the mask inline in the index (the fast path), packed as
+	// narrow as the count allows: 1 byte per key up to 8 endpoints, 2 up to 16, 4 up
+	// to 32 (see layoutFor: narrower masks mean fewer bytes per key and faster writes).
 	Endpoints int
 	// Shards is the number of shards, a power of two up to MaxShards; 0 sizes it from
 	// GOMAXPROCS (4 per P, at least 8, at most 256), so writers rarely share a shard.
@@ -100,6 +102,7 @@ type Inventory struct {
 	shardBits uint
 	shift     uint // 64 - shardBits: h >> shift is the shard
 	maxPerEP  int64
+	lay       layout // how tables pack slots (by mask width)
 
 	tabs   []atomic.Pointer[table] // read side, written only on rebuild and ClearAll
 	shards []shardState
@@ -130,6 +133,7 @@ func New(cfg Config) (*Inventory, error) {
 		endpoints: cfg.Endpoints,
 		words:     (cfg.Endpoints + 63) / 64,
 		maxPerEP:  int64(cfg.MaxKeysPerEndpoint),
+		lay:       layoutFor(cfg.Endpoints),
 		tabs:      make([]atomic.Pointer[table], n),
 		shards:    make([]shardState, n),
 		counts:    make([]paddedCount, cfg.Endpoints),
@@ -142,7 +146,7 @@ func New(cfg Config) (*Inventory, error) {
 	}
 	inv.shift = 64 - inv.shardBits
 	for i := range inv.tabs {
-		inv.tabs[i].Store(newTable(minBuckets, inv.words))
+		inv.tabs[i].Store(newTable(minBuckets, inv.words, inv.lay))
 	}
 	return inv, nil
 }
@@ -271,8 +275,8 @@ func (inv *Inventory) evictLocked(t *table, sh *shardState, ep int, k, h uint64,
 		n = t.nb
 	}
 	for i := uint64(0); i < n; i++ {
-		for j := 0; j < bucketSlots; j++ {
-			slot := int(b)*bucketSlots + j
+		for j := 0; j < t.kpb; j++ {
+			slot := slotOf(b, j)
 			if vk := t.key(slot); vk != 0 && vk != k && t.has(slot, ep) {
 				inv.clearLocked(t, sh, slot, ep, cnt)
 				return true
@@ -306,7 +310,7 @@ func (inv *Inventory) clearLocked(t *table, sh *shardState, slot, ep int, cnt *a
 // tombstones, and returns it.
 func (inv *Inventory) rebuildLocked(s int, sh *shardState, want int) *table {
 	old := inv.tabs[s].Load()
-	nt := newTable(bucketsFor(want), inv.words)
+	nt := newTable(bucketsFor(want, inv.lay), inv.words, inv.lay)
 	n := old.rebuildInto(nt, inv.shardBits)
 	inv.tabs[s].Store(nt)
 	sh.used = n
@@ -319,7 +323,7 @@ func (inv *Inventory) rebuildLocked(s int, sh *shardState, want int) *table {
 func (inv *Inventory) maybeShrinkLocked(s int, sh *shardState) {
 	t := inv.tabs[s].Load()
 	live := int(sh.live.Load())
-	if t.nb > minBuckets && live*shrinkLoadDen < t.slots() && bucketsFor(live) < t.nb {
+	if t.nb > minBuckets && live*shrinkLoadDen < t.capacity() && bucketsFor(live, inv.lay) < t.nb {
 		inv.rebuildLocked(s, sh, live)
 	}
 }
@@ -427,7 +431,7 @@ func (inv *Inventory) ClearAll() {
 		inv.shards[s].mu.Lock()
 	}
 	for s := range inv.shards {
-		inv.tabs[s].Store(newTable(minBuckets, inv.words))
+		inv.tabs[s].Store(newTable(minBuckets, inv.words, inv.lay))
 		inv.shards[s].used = 0
 		inv.shards[s].usedGauge.Store(0)
 		inv.shards[s].live.Store(0)
@@ -484,7 +488,7 @@ func (inv *Inventory) Stats() Stats {
 	}
 	used := int64(0)
 	for s := range inv.tabs {
-		st.Slots += int64(inv.tabs[s].Load().slots())
+		st.Slots += int64(inv.tabs[s].Load().capacity())
 		used += inv.shards[s].usedGauge.Load()
 	}
 	// Key 0 is live without a slot, so this may undercount by one.

@@ -118,7 +118,7 @@ func (w *probeWindow) fill(inv *Inventory, slot int, k uint64) {
 	t := inv.tabs[h>>inv.shift].Load()
 	b := t.home(h, inv.shardBits)
 	w.tabs[slot], w.homes[slot] = t, b
-	_ = atomic.LoadUint64(&t.buckets[b].keys[0])
+	_ = atomic.LoadUint64(&t.buckets[b][0])
 }
 
 func (w *probeWindow) prime(inv *Inventory, keys []uint64) {
@@ -145,16 +145,17 @@ func (inv *Inventory) touch(keys []uint64) {
 }
 
 func (inv *Inventory) overlapWide(keys []uint64, e *[maxWords]uint64, words int, scores []int32) {
-	for _, k := range keys {
-		h := mix(k)
-		t := inv.tabs[h>>inv.shift].Load()
-		slot, ok := t.find(k, t.home(h, inv.shardBits))
-		if !ok {
+	var m [maxWords]uint64
+	var pw probeWindow
+	pw.prime(inv, keys)
+	for i, k := range keys {
+		t, b := pw.next(inv, keys, i)
+		if !t.masks(k, b, &m, words) {
 			continue
 		}
 		for w := 0; w < words; w++ {
-			for m := atomic.LoadUint64(t.word(slot, w)) & e[w]; m != 0; m &= m - 1 {
-				scores[w*64+bits.TrailingZeros64(m)]++
+			for b := m[w] & e[w]; b != 0; b &= b - 1 {
+				scores[w*64+bits.TrailingZeros64(b)]++
 			}
 		}
 	}
@@ -162,15 +163,17 @@ func (inv *Inventory) overlapWide(keys []uint64, e *[maxWords]uint64, words int,
 
 func (inv *Inventory) prefixWide(keys []uint64, e *[maxWords]uint64, words int, scores []int32) {
 	run := *e
+	var held [maxWords]uint64
+	var pw probeWindow
+	pw.prime(inv, keys)
 	for j, k := range keys {
-		h := mix(k)
-		t := inv.tabs[h>>inv.shift].Load()
-		slot, ok := t.find(k, t.home(h, inv.shardBits))
+		t, b := pw.next(inv, keys, j)
+		ok := t.masks(k, b, &held, words)
 		left := uint64(0)
 		for w := 0; w < words; w++ {
 			m := uint64(0)
 			if ok {
-				m = atomic.LoadUint64(t.word(slot, w)) & run[w]
+				m = held[w] & run[w]
 			}
 			for gone := run[w] &^ m; gone != 0; gone &= gone - 1 {
 				scores[w*64+bits.TrailingZeros64(gone)] = int32(j)

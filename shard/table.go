@@ -5,37 +5,47 @@ import (
 	"sync/atomic"
 )
 
-// One shard's index is an open-addressing table of (key, mask) slots, four slots to a
-// 64-byte bucket (keys first, masks after), probed bucket by bucket (linear probing).
+// One shard's index is an open-addressing table of (key, mask) slots packed into 64-byte
+// buckets (keys first, then the slots' masks packed into the words after them), probed
+// bucket by bucket (linear probing).
 //
-// Why this layout: 16 bytes per slot is the least that holds a 64-bit key and a 64-endpoint
-// mask, and a bucket is one cache line, so a probe that misses costs one line, not four.
-// Buckets fill slot 0 to 3 in order and keys are never moved or erased while a table is
-// published, so "slot j holds key 0" means "no later slot of this bucket is used" and a
-// lookup stops at the first empty slot.
+// Why this layout: a bucket is one cache line, so a probe that misses costs one line, and
+// the mask of a key sits in the line that holds the key. How many slots share a line
+// depends on the mask width the rule needs (layoutFor): a rule of 8 endpoints packs 7
+// keys and their 1-byte masks into a line (9.1 bytes per slot), one of 64 endpoints 4 keys
+// and their 8-byte masks (16 bytes per slot). Narrower masks mean more slots per line,
+// so shorter probe runs, fewer bytes per key, and room to run the table emptier, which
+// makes growth cheaper (below).
+//
+// Buckets fill slot 0 up in order, so "slot j holds key 0" means "no later slot of this
+// bucket is used" and a lookup stops at the first empty slot.
 //
 // Why keys never move (tombstones instead of backward-shift deletion): it is what makes
-// readers lock-free without a seqlock. A key's slot, once claimed, holds that key for the
-// table's whole life, so a reader that finds it reads a mask some writer stored whole
-// (an atomic word), never a slot half-way through a shift. Removing an endpoint's last bit
-// leaves the key with an all-zero mask (a tombstone: it scores nothing); re-adding the key
-// revives the same slot. Tombstones are dropped when the table is rebuilt.
+// readers lock-free without a seqlock. A key a reader finds stays in its slot, so the
+// reader reads a mask some writer stored whole (an atomic word), never a slot half-way
+// through a shift. Removing an endpoint's last bit leaves the key with an all-zero mask
+// (a tombstone: it scores nothing); re-adding the key revives the same slot, another key
+// may recycle it (reuse), or at a bucket's tail it is emptied again (trimTail); lookups
+// re-read the key after its mask, so neither is ever taken for a live key's mask.
+// Rebuilds drop the remaining tombstones.
 //
 // Why the bucket count is not a power of two: the memory target (<= 24 B/key at 1M keys)
-// leaves no room for doubling. A rebuild sizes the table so that live keys fill
-// rebuildLoad of it, and the next rebuild comes at maxLoad (growth x1.29), so the table
-// stays between 16/0.875 = 18.3 and 16/0.68 = 23.5 bytes per live key (plus 1/256 of that
-// for the overflow bits). The gap between the two loads is the trade-off: each rebuild
-// re-inserts every live key, so a steady add/remove churn pays 0.68/(0.875-0.68) = 3.5
-// re-inserts per new key; 0.70 would cost 4. The bucket comes from the key hash by
-// multiply-shift range reduction (Lemire's fastrange), which needs no power of two.
+// leaves no room for doubling a 16-byte-slot table. A rebuild sizes the table so that
+// live keys fill the layout's rebuild load, and the next rebuild comes at maxLoad, so a
+// table stays between slotBytes/0.875 and slotBytes/rebuildLoad bytes per live key (plus
+// the overflow bits). Each rebuild re-inserts every live key, so growth costs
+// 1/(maxLoad/rebuildLoad - 1) re-inserts per added key: 3.5 for 16-byte slots (rebuild
+// load 0.68, the least that keeps 23.5 B/key), 1.1 for 1-byte masks (0.45, 20.3 B/key).
+// The bucket comes from the key hash by multiply-shift range reduction (Lemire's
+// fastrange), which needs no power of two.
 const (
-	bucketSlots = 4
+	bucketWords = 8 // a bucket is one 64-byte cache line
+	// slotShift: a slot index is bucket<<slotShift | j, so no division finds a slot's
+	// bucket; indexes with j >= the layout's slots per bucket are holes, always empty.
+	slotShift = 3
 	// maxLoad: a new key that would push used slots (live + tombstones) past it
-	// triggers a rebuild. 7/8 keeps probe runs short with 4-slot buckets.
+	// triggers a rebuild. 7/8 keeps probe runs short with 4- to 7-slot buckets.
 	maxLoadNum, maxLoadDen = 7, 8
-	// rebuildLoad: a rebuilt table holds live keys at 68% of its slots.
-	rebuildLoadNum, rebuildLoadDen = 17, 25
 	// shrinkLoadDen: a table whose live keys fall under 1/4 of its slots after a remove
 	// or a clear is rebuilt smaller, so memory follows the inventory down too.
 	shrinkLoadDen = 4
@@ -44,10 +54,34 @@ const (
 	evictScanBuckets = 256
 )
 
-// bucket is one cache line: four keys, then their four masks (word 0 of each mask).
-type bucket struct {
-	keys  [bucketSlots]uint64
-	masks [bucketSlots]uint64
+// bucket is one cache line: kpb keys in words 0..kpb-1, then word 0 of their masks,
+// mw bits each, packed into the words after (slot j's at bit j*mw from word kpb).
+type bucket [bucketWords]uint64
+
+// layout is how a table packs slots into buckets, fixed by the rule's endpoint count.
+type layout struct {
+	kpb   int    // slots (keys) per bucket
+	mw    uint   // bits of a slot's in-bucket mask: 8, 16, 32 or 64
+	lmask uint64 // 1<<mw - 1
+	// rebuildLoad: a rebuilt table holds live keys at num/den of its slots, the lowest
+	// load that keeps a table under 23.5 bytes per key (20.3 for 1-byte masks, which do
+	// not need all of it to grow cheaply).
+	rebuildNum, rebuildDen uint64
+}
+
+// layoutFor picks the narrowest in-bucket mask that holds endpoints bits (rules of more
+// than 64 endpoints keep bits 64 and up outside the buckets, in table.wide).
+func layoutFor(endpoints int) layout {
+	switch {
+	case endpoints <= 8:
+		return layout{kpb: 7, mw: 8, lmask: 1<<8 - 1, rebuildNum: 9, rebuildDen: 20} // 9.1 B/slot
+	case endpoints <= 16:
+		return layout{kpb: 6, mw: 16, lmask: 1<<16 - 1, rebuildNum: 5, rebuildDen: 11} // 10.7 B/slot
+	case endpoints <= 32:
+		return layout{kpb: 5, mw: 32, lmask: 1<<32 - 1, rebuildNum: 6, rebuildDen: 11} // 12.8 B/slot
+	default:
+		return layout{kpb: 4, mw: 64, lmask: ^uint64(0), rebuildNum: 17, rebuildDen: 25} // 16 B/slot
+	}
 }
 
 // table is one shard's index, published to readers through an atomic pointer (RCU).
@@ -58,9 +92,12 @@ type bucket struct {
 type table struct {
 	buckets []bucket
 	nb      uint64 // len(buckets)
+	kpb     int    // layout: slots per bucket
+	mw      uint   // layout: in-bucket mask bits per slot
+	lmask   uint64 // layout: 1<<mw - 1
 	// ww is the number of mask words beyond word 0 (0 for rules of <= 64 endpoints).
 	ww int
-	// wide holds words 1..ww of slot i's mask at wide[i*ww:(i+1)*ww].
+	// wide holds words 1..ww of a slot's mask at wide[d*ww:(d+1)*ww], d = dense(slot).
 	wide []uint64
 	// zero is the mask of key 0, which cannot live in a slot because 0 marks an empty
 	// one. Only the table of the shard that key 0 hashes to uses it.
@@ -69,44 +106,54 @@ type table struct {
 	// insert found that bucket full and went on to the next. A lookup that does not find
 	// its key in a full bucket without the bit can stop there: the key was never placed
 	// beyond it. Misses, common at a prompt's uncached tail, then cost about one bucket
-	// instead of the whole probe run (4.7 buckets at 83% load without it). It costs one
-	// bit per bucket, so it stays in cache.
+	// instead of the whole probe run. It costs one bit per bucket, so it stays in cache.
 	ovf []uint64
 }
 
 // zeroSlot is the slot index writers use for key 0's out-of-table mask.
 const zeroSlot = -1
 
-func newTable(nb uint64, words int) *table {
+func newTable(nb uint64, words int, lay layout) *table {
 	if nb < minBuckets {
 		nb = minBuckets
 	}
-	t := &table{buckets: make([]bucket, nb), nb: nb, ww: words - 1, zero: make([]uint64, words),
-		ovf: make([]uint64, (nb+63)/64)}
+	t := &table{buckets: make([]bucket, nb), nb: nb, kpb: lay.kpb, mw: lay.mw, lmask: lay.lmask,
+		ww: words - 1, zero: make([]uint64, words), ovf: make([]uint64, (nb+63)/64)}
 	if t.ww > 0 {
-		t.wide = make([]uint64, int(nb)*bucketSlots*t.ww)
+		t.wide = make([]uint64, int(nb)*lay.kpb*t.ww)
 	}
 	return t
 }
 
 // bucketsFor is the bucket count of a table rebuilt to hold live keys.
-func bucketsFor(live int) uint64 {
-	slots := (uint64(live)*rebuildLoadDen + rebuildLoadNum - 1) / rebuildLoadNum
-	nb := (slots + bucketSlots - 1) / bucketSlots
+func bucketsFor(live int, lay layout) uint64 {
+	slots := (uint64(live)*lay.rebuildDen + lay.rebuildNum - 1) / lay.rebuildNum
+	nb := (slots + uint64(lay.kpb) - 1) / uint64(lay.kpb)
 	if nb < minBuckets {
 		nb = minBuckets
 	}
 	return nb
 }
 
-func (t *table) slots() int { return int(t.nb) * bucketSlots }
+// slots is the size of the slot index space (holes included): slot indexes run
+// [0, slots()).
+func (t *table) slots() int { return int(t.nb) << slotShift }
+
+// capacity is the number of real slots.
+func (t *table) capacity() int { return int(t.nb) * t.kpb }
 
 // maxUsed is the number of used slots at which a new key triggers a rebuild.
-func (t *table) maxUsed() int { return t.slots() * maxLoadNum / maxLoadDen }
+func (t *table) maxUsed() int { return t.capacity() * maxLoadNum / maxLoadDen }
 
 func (t *table) bytes() int64 {
-	return int64(len(t.buckets))*64 + int64(len(t.wide)+len(t.zero)+len(t.ovf))*8 + 120
+	return int64(len(t.buckets))*64 + int64(len(t.wide)+len(t.zero)+len(t.ovf))*8 + 136
 }
+
+// slotOf is the slot index of bucket b's slot j.
+func slotOf(b uint64, j int) int { return int(b)<<slotShift | j }
+
+// dense numbers real slots 0..capacity()-1, for the wide mask words.
+func (t *table) dense(slot int) int { return slot>>slotShift*t.kpb + slot&(1<<slotShift-1) }
 
 // mix spreads a key's bits over the hash: engine keys are digests already, but tests,
 // the fast key of small contracts or an adversary may not be. It is a bijection
@@ -124,6 +171,12 @@ func (t *table) home(h uint64, shardBits uint) uint64 {
 	return hi
 }
 
+// maskAt returns the word holding word 0 of slot j's mask in bk, and the mask's shift.
+func (t *table) maskAt(bk *bucket, j int) (*uint64, uint) {
+	o := uint(j) * t.mw
+	return &bk[(t.kpb+int(o>>6))&(bucketWords-1)], o & 63
+}
+
 // lookup returns word 0 of key's mask (0 when absent). Lock-free: safe against writers.
 func (t *table) lookup(key, b uint64) uint64 {
 	if key == 0 {
@@ -133,15 +186,16 @@ func (t *table) lookup(key, b uint64) uint64 {
 	// out; n only keeps a broken invariant from turning into a hang.
 	for n := t.nb; n > 0; n-- {
 		bk := &t.buckets[b]
-		for j := 0; j < bucketSlots; j++ {
-			k := atomic.LoadUint64(&bk.keys[j])
+		for j := 0; j < t.kpb; j++ {
+			k := atomic.LoadUint64(&bk[j&(bucketWords-1)])
 			if k == key {
 				// A tombstone's slot may be handed to another key (see reuse): the
 				// writer stores the new key before its mask, so a mask read while the
 				// key still reads as ours is ours (or the tombstone's zero).
-				m := atomic.LoadUint64(&bk.masks[j])
-				if atomic.LoadUint64(&bk.keys[j]) != key {
-					return 0 // our key was a tombstone, now reused: it is absent
+				p, sh := t.maskAt(bk, j)
+				m := atomic.LoadUint64(p) >> sh & t.lmask
+				if atomic.LoadUint64(&bk[j&(bucketWords-1)]) != key {
+					return 0 // our key was a tombstone, now reused or emptied: absent
 				}
 				return m
 			}
@@ -163,18 +217,34 @@ func (t *table) overflowed(b uint64) bool {
 	return atomic.LoadUint64(&t.ovf[b/64])&(1<<(b%64)) != 0
 }
 
+// masks reads the first words of key's mask into m and reports whether key is present:
+// lookup for rules of more than 64 endpoints. Lock-free: like lookup, it re-reads the
+// key after the mask words, so words of a key that recycled our tombstone's slot (or of
+// an emptied slot) are never taken for ours.
+func (t *table) masks(key, b uint64, m *[maxWords]uint64, words int) bool {
+	slot, ok := t.find(key, b)
+	if !ok {
+		return false
+	}
+	for w := 0; w < words; w++ {
+		m[w] = t.word(slot, w)
+	}
+	return t.key(slot) == key
+}
+
 // find returns key's slot (zeroSlot for key 0), or -1 with ok false when absent.
-// Lock-free: safe against writers.
+// Writers use it under the shard mutex; readers only through lookup's and masks' checks,
+// since a tombstone's slot may pass to another key.
 func (t *table) find(key, b uint64) (slot int, ok bool) {
 	if key == 0 {
 		return zeroSlot, true
 	}
 	for n := t.nb; n > 0; n-- {
 		bk := &t.buckets[b]
-		for j := 0; j < bucketSlots; j++ {
-			k := atomic.LoadUint64(&bk.keys[j])
+		for j := 0; j < t.kpb; j++ {
+			k := atomic.LoadUint64(&bk[j&(bucketWords-1)])
 			if k == key {
-				return int(b)*bucketSlots + j, true
+				return slotOf(b, j), true
 			}
 			if k == 0 {
 				return -1, false
@@ -193,7 +263,7 @@ func (t *table) find(key, b uint64) (slot int, ok bool) {
 // findForInsert is the writer's find and freeSlot in one walk: key's slot (ok), or else
 // the slot an insert of key would take (free; -1 if the table were full), marking the
 // full buckets before it as overflowed. reuse says free is a tombstone to recycle rather
-// than an empty slot (tables of <= 64 endpoints only; see reuse). Shard mutex held: no
+// than an empty slot (see reuse). Shard mutex held: no
 // other writer changes t, so plain loads of keys and masks are race-free (readers only
 // load).
 func (t *table) findForInsert(key, b uint64) (slot int, ok bool, free int, reuse bool) {
@@ -204,19 +274,21 @@ func (t *table) findForInsert(key, b uint64) (slot int, ok bool, free int, reuse
 	tomb := -1        // the first tombstone of the run, when tombstones may be reused
 	for n := t.nb; n > 0; n-- {
 		bk := &t.buckets[b]
-		for j := 0; j < bucketSlots; j++ {
-			k := bk.keys[j]
+		for j := 0; j < t.kpb; j++ {
+			k := bk[j&(bucketWords-1)]
 			if k == 0 {
 				if tomb >= 0 {
 					return -1, false, tomb, true
 				}
-				return -1, false, int(b)*bucketSlots + j, false
+				return -1, false, slotOf(b, j), false
 			}
 			if searching && k == key {
-				return int(b)*bucketSlots + j, true, -1, false
+				return slotOf(b, j), true, -1, false
 			}
-			if tomb < 0 && t.ww == 0 && bk.masks[j] == 0 {
-				tomb = int(b)*bucketSlots + j
+			if tomb < 0 {
+				if p, sh := t.maskAt(bk, j); *p>>sh&t.lmask == 0 && t.wideZero(slotOf(b, j)) {
+					tomb = slotOf(b, j)
+				}
 			}
 		}
 		// The bucket is full. Key is not beyond it unless an insert overflowed it.
@@ -234,6 +306,15 @@ func (t *table) findForInsert(key, b uint64) (slot int, ok bool, free int, reuse
 	return -1, false, -1, false
 }
 
+// wideZero reports whether slot's mask words beyond word 0 are all zero (writer-side).
+func (t *table) wideZero(slot int) bool {
+	if t.ww == 0 {
+		return true
+	}
+	d := t.dense(slot)
+	return allZero(t.wide[d*t.ww : d*t.ww+t.ww])
+}
+
 // freeSlot returns the first empty slot of the probe run from home bucket b, marking
 // every full bucket it passes as overflowed first, so that lookups go on past them.
 // Writer-side (shard mutex held, or an unpublished table). -1 if the table were full,
@@ -242,10 +323,10 @@ func (t *table) freeSlot(b uint64) int {
 	for n := t.nb; n > 0; n-- {
 		bk := &t.buckets[b]
 		// Slots fill in order, so the last one tells whether the bucket is full.
-		if atomic.LoadUint64(&bk.keys[bucketSlots-1]) == 0 {
-			for j := 0; j < bucketSlots; j++ {
-				if atomic.LoadUint64(&bk.keys[j]) == 0 {
-					return int(b)*bucketSlots + j
+		if atomic.LoadUint64(&bk[(t.kpb-1)&(bucketWords-1)]) == 0 {
+			for j := 0; j < t.kpb; j++ {
+				if atomic.LoadUint64(&bk[j&(bucketWords-1)]) == 0 {
+					return slotOf(b, j)
 				}
 			}
 		}
@@ -259,31 +340,34 @@ func (t *table) freeSlot(b uint64) int {
 	return -1
 }
 
-// word returns word w of slot's mask.
-func (t *table) word(slot, w int) *uint64 {
+// word returns mask word w of slot (w = 0: the in-bucket bits, shifted down).
+func (t *table) word(slot, w int) uint64 {
 	if slot == zeroSlot {
-		return &t.zero[w]
+		return atomic.LoadUint64(&t.zero[w])
 	}
 	if w == 0 {
-		return &t.buckets[slot/bucketSlots].masks[slot%bucketSlots]
+		p, sh := t.maskAt(&t.buckets[slot>>slotShift], slot&(1<<slotShift-1))
+		return atomic.LoadUint64(p) >> sh & t.lmask
 	}
-	return &t.wide[slot*t.ww+w-1]
+	return atomic.LoadUint64(&t.wide[t.dense(slot)*t.ww+w-1])
 }
 
+// key returns slot's key; 0 for an empty slot or a hole of the index space.
 func (t *table) key(slot int) uint64 {
 	if slot == zeroSlot {
 		return 0
 	}
-	return atomic.LoadUint64(&t.buckets[slot/bucketSlots].keys[slot%bucketSlots])
+	j := slot & (1<<slotShift - 1)
+	if j >= t.kpb {
+		return 0
+	}
+	return atomic.LoadUint64(&t.buckets[slot>>slotShift][j])
 }
 
 // live reports whether any bit of slot's mask is set.
 func (t *table) live(slot int) bool {
-	if atomic.LoadUint64(t.word(slot, 0)) != 0 {
-		return true
-	}
-	for w := 1; w <= t.ww; w++ {
-		if atomic.LoadUint64(t.word(slot, w)) != 0 {
+	for w := 0; w <= t.ww; w++ {
+		if t.word(slot, w) != 0 {
 			return true
 		}
 	}
@@ -292,45 +376,60 @@ func (t *table) live(slot int) bool {
 
 // has reports whether slot's mask holds endpoint ep.
 func (t *table) has(slot, ep int) bool {
-	return atomic.LoadUint64(t.word(slot, ep>>6))&(1<<(uint(ep)&63)) != 0
+	return t.word(slot, ep>>6)&(1<<(uint(ep)&63)) != 0
+}
+
+// bitAt returns the word holding endpoint ep's bit of slot's mask and the bit.
+func (t *table) bitAt(slot, ep int) (*uint64, uint64) {
+	w := ep >> 6
+	switch {
+	case slot == zeroSlot:
+		return &t.zero[w], 1 << (uint(ep) & 63)
+	case w == 0:
+		p, sh := t.maskAt(&t.buckets[slot>>slotShift], slot&(1<<slotShift-1))
+		return p, 1 << (sh + uint(ep)&63)
+	default:
+		return &t.wide[t.dense(slot)*t.ww+w-1], 1 << (uint(ep) & 63)
+	}
 }
 
 // setBit and clearBit are writer-side (shard mutex held): a load, then one atomic store
-// of the whole word, so a reader sees the word before or after, never torn.
+// of the whole word, so a reader sees the word before or after, never torn. Other slots'
+// masks in the same word are rewritten with the values they already hold.
 func (t *table) setBit(slot, ep int) {
-	p := t.word(slot, ep>>6)
-	atomic.StoreUint64(p, atomic.LoadUint64(p)|1<<(uint(ep)&63))
+	p, bit := t.bitAt(slot, ep)
+	atomic.StoreUint64(p, atomic.LoadUint64(p)|bit)
 }
 
 func (t *table) clearBit(slot, ep int) {
-	p := t.word(slot, ep>>6)
-	atomic.StoreUint64(p, atomic.LoadUint64(p)&^(1<<(uint(ep)&63)))
+	p, bit := t.bitAt(slot, ep)
+	atomic.StoreUint64(p, atomic.LoadUint64(p)&^bit)
 }
 
 // claim stores key into the free slot find returned. The mask words are zero there
 // (a never-used slot), and the key is stored last, so a reader that sees it sees the
 // mask words a writer stored afterwards or zero, never another key's.
 func (t *table) claim(slot int, key uint64) {
-	atomic.StoreUint64(&t.buckets[slot/bucketSlots].keys[slot%bucketSlots], key)
+	atomic.StoreUint64(&t.buckets[slot>>slotShift][slot&(1<<slotShift-1)], key)
 }
 
 // reuse hands a tombstone's slot (a key no endpoint holds, mask zero) to key, held by
 // endpoint ep. Why: under steady churn (every block stored matched by one evicted, an
 // engine's normal state) tombstones would otherwise pile up until a rebuild re-inserted
 // every live key, 3.5 re-inserts per new key; recycling them in place keeps most adds
-// from ever reaching a rebuild. Only for tables of <= 64 endpoints (one mask word).
+// from ever reaching a rebuild. A tombstone's mask words are all zero, and setBit
+// writes the one word ep's bit lives in.
 //
 // Why it is safe for lock-free readers: the key is stored before the mask, and lookup
-// re-reads the key after the mask. A reader of the old key that read the new mask must
+// re-reads the key after the mask (masks, after all the words). A reader of the old key that read the new mask must
 // then read the new key (sequentially consistent atomics), and reports the old key
 // absent, which it was (a tombstone). A reader of the new key sees mask zero (absent,
 // the state before the add) or the new mask. The one residual is a slot recycled twice
 // (old key -> new key -> old key again, into the same slot) between a reader's two loads
 // of the key, nanoseconds apart: that reader would take the middle key's mask.
 func (t *table) reuse(slot int, key uint64, ep int) {
-	bk := &t.buckets[slot/bucketSlots]
-	atomic.StoreUint64(&bk.keys[slot%bucketSlots], key)
-	atomic.StoreUint64(&bk.masks[slot%bucketSlots], 1<<(uint(ep)&63))
+	atomic.StoreUint64(&t.buckets[slot>>slotShift][slot&(1<<slotShift-1)], key)
+	t.setBit(slot, ep)
 }
 
 // trimTail empties slot, a tombstone, and the tombstones right before it in its bucket,
@@ -340,46 +439,50 @@ func (t *table) reuse(slot int, key uint64, ep int) {
 // in order and no key of the probe runs through this bucket lies beyond it (the bucket
 // never overflowed), so a lookup stopping at the new empty slot misses no key; a reader
 // that read the old key before it went has read its zero mask, and lookup's re-read of
-// the key reports it absent, which it was. Tables of <= 64 endpoints only (see reuse).
+// the key reports it absent, which it was (masks does the same for wide rules).
 // Shard mutex held.
 func (t *table) trimTail(slot int) int {
-	if t.ww != 0 || slot == zeroSlot {
+	if slot == zeroSlot {
 		return 0
 	}
-	b := uint64(slot / bucketSlots)
-	j := slot % bucketSlots
+	b := uint64(slot >> slotShift)
+	j := slot & (1<<slotShift - 1)
 	bk := &t.buckets[b]
-	if (j+1 < bucketSlots && bk.keys[j+1] != 0) || t.overflowed(b) {
+	if (j+1 < t.kpb && bk[(j+1)&(bucketWords-1)] != 0) || t.overflowed(b) {
 		return 0
 	}
 	n := 0
-	for ; j >= 0 && bk.keys[j] != 0 && bk.masks[j] == 0; j-- {
-		atomic.StoreUint64(&bk.keys[j], 0)
+	for ; j >= 0 && bk[j] != 0; j-- {
+		if p, sh := t.maskAt(bk, j); *p>>sh&t.lmask != 0 || !t.wideZero(slotOf(b, j)) {
+			break
+		}
+		atomic.StoreUint64(&bk[j], 0)
 		n++
 	}
 	return n
 }
 
-// rebuildInto copies every live key of t into the unpublished table nt and returns the
-// number copied. Writer-side: t's slots change only under the shard mutex the caller
-// holds, so plain loads of them are race-free, and nt is private until published, so
-// plain stores into it are too.
+// rebuildInto copies every live key of t into the unpublished table nt (same layout)
+// and returns the number copied. Writer-side: t's slots change only under the shard
+// mutex the caller holds, so plain loads of them are race-free, and nt is private until
+// published, so plain stores into it are too.
 func (t *table) rebuildInto(nt *table, shardBits uint) int {
 	n := 0
 	copy(nt.zero, t.zero)
 	ww := t.ww
 	for bi := range t.buckets {
 		bk := &t.buckets[bi]
-		for j := 0; j < bucketSlots; j++ {
-			k := bk.keys[j]
+		for j := 0; j < t.kpb; j++ {
+			k := bk[j&(bucketWords-1)]
 			if k == 0 {
 				break // slots fill in order: the rest of the bucket is empty
 			}
-			slot := bi*bucketSlots + j
-			m := bk.masks[j]
+			p, sh := t.maskAt(bk, j)
+			m := *p >> sh & t.lmask
 			var wide []uint64
 			if ww > 0 {
-				wide = t.wide[slot*ww : slot*ww+ww]
+				d := t.dense(slotOf(uint64(bi), j))
+				wide = t.wide[d*ww : d*ww+ww]
 				if m == 0 && allZero(wide) {
 					continue
 				}
@@ -387,11 +490,14 @@ func (t *table) rebuildInto(nt *table, shardBits uint) int {
 				continue
 			}
 			free := nt.freeSlotPrivate(nt.home(mix(k), shardBits))
-			nb := &nt.buckets[free/bucketSlots]
-			nb.keys[free%bucketSlots] = k
-			nb.masks[free%bucketSlots] = m
+			fb := &nt.buckets[free>>slotShift]
+			fj := free & (1<<slotShift - 1)
+			fb[fj] = k
+			fp, fsh := nt.maskAt(fb, fj)
+			*fp |= m << fsh
 			if ww > 0 {
-				copy(nt.wide[free*ww:free*ww+ww], wide)
+				d := nt.dense(free)
+				copy(nt.wide[d*ww:d*ww+ww], wide)
 			}
 			n++
 		}
@@ -403,10 +509,10 @@ func (t *table) rebuildInto(nt *table, shardBits uint) int {
 func (t *table) freeSlotPrivate(b uint64) int {
 	for {
 		bk := &t.buckets[b]
-		if bk.keys[bucketSlots-1] == 0 {
-			for j := 0; j < bucketSlots; j++ {
-				if bk.keys[j] == 0 {
-					return int(b)*bucketSlots + j
+		if bk[(t.kpb-1)&(bucketWords-1)] == 0 {
+			for j := 0; j < t.kpb; j++ {
+				if bk[j&(bucketWords-1)] == 0 {
+					return slotOf(b, j)
 				}
 			}
 		}
