@@ -5,11 +5,11 @@ import (
 	"context"
 	"crypto/tls"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/cloudwego/hertz/pkg/network"
 	"github.com/cloudwego/hertz/pkg/protocol"
+	"github.com/puzpuzpuz/xsync/v3"
 )
 
 // The hertz client cannot abandon a request while it waits for response headers, so
@@ -119,26 +119,26 @@ func (c *trackedConn) ToHertzError(err error) error {
 
 var connTagKey = []byte(hdrConnTag)
 
+// connRegistry maps an in-flight exchange (upstream address and tag) to the connection
+// carrying it. Every upstream request writes it once and reads it twice, from every
+// request goroutine at once, so it is an xsync.MapOf (the card's concurrent map): its
+// buckets lock independently where one mutex over a map would serialize all requests.
 type connRegistry struct {
-	mu sync.Mutex
-	m  map[string]*trackedConn
+	m *xsync.MapOf[string, *trackedConn]
 }
 
-func newConnRegistry() *connRegistry { return &connRegistry{m: map[string]*trackedConn{}} }
+func newConnRegistry() *connRegistry {
+	return &connRegistry{m: xsync.NewMapOf[string, *trackedConn]()}
+}
 
 func regKey(addr string, id []byte) string { return addr + " " + string(id) }
 
 func (r *connRegistry) set(addr string, id []byte, c *trackedConn) {
-	r.mu.Lock()
-	r.m[regKey(addr, id)] = c
-	r.mu.Unlock()
+	r.m.Store(regKey(addr, id), c)
 }
 
 func (r *connRegistry) take(key string) *trackedConn {
-	r.mu.Lock()
-	c := r.m[key]
-	delete(r.m, key)
-	r.mu.Unlock()
+	c, _ := r.m.LoadAndDelete(key)
 	return c
 }
 

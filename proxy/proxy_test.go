@@ -570,10 +570,7 @@ func TestClientDisconnectCancelsNonStream(t *testing.T) {
 		t.Fatal("engine request not cancelled after the client left")
 	}
 	waitFor(t, "in-flight released", func() bool { return s.loads.Get(0) == 0 })
-	s.conns.mu.Lock()
-	n := len(s.conns.m)
-	s.conns.mu.Unlock()
-	if n != 0 {
+	if n := s.conns.m.Size(); n != 0 {
 		t.Errorf("%d connections left registered", n)
 	}
 }
