@@ -62,7 +62,14 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		// Memory the rule holds beside the process totals: the inventory (bounded per
 		// endpoint by the shard's key bound) and each loaded tokenizer.
 		metrics.WriteGaugeUint64(w, "kvgate_inventory_memory_bytes", uint64(max(s.kv.inv.MemoryBytes(), 0)))
-		metrics.WriteGaugeUint64(w, "kvgate_inventory_unique_keys", uint64(max(s.kv.inv.Len(), 0)))
+		st := s.kv.inv.Stats()
+		metrics.WriteGaugeUint64(w, "kvgate_inventory_unique_keys", uint64(max(st.Keys, 0)))
+		metrics.WriteGaugeUint64(w, "kvgate_inventory_slots", uint64(max(st.Slots, 0)))
+		metrics.WriteGaugeUint64(w, "kvgate_inventory_tombstones", uint64(max(st.Tombstones, 0)))
+		metrics.WriteGaugeUint64(w, "kvgate_inventory_max_keys_per_endpoint", uint64(max(st.MaxKeysPerEndpoint, 0)))
+		metrics.WriteCounterUint64(w, "kvgate_inventory_evicted_total", st.EvictedAtBound)
+		metrics.WriteCounterUint64(w, "kvgate_inventory_dropped_total", st.DroppedAtBound)
+		metrics.WriteCounterUint64(w, "kvgate_inventory_rebuilds_total", st.Rebuilds)
 		for _, t := range s.cfg.Tokenizers {
 			if m := s.kv.pool.Get(t.Model); m != nil {
 				metrics.WriteGaugeUint64(w, fmt.Sprintf(`kvgate_tokenizer_memory_bytes{model=%q}`, t.Model),

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvgate/kvgate/shard"
 )
 
 // Engine is the kind of server behind an endpoint; it decides the KV event contract and
@@ -224,6 +226,10 @@ type Config struct {
 	KVScorePrefix    bool   // false: overlap
 	KVMinMatchTokens int
 	KVMaxPromptBytes int // prompt / messages JSON bytes above which KV routing is skipped (0: no bound)
+	// KVMaxKeysPerEndpoint bounds the block keys the inventory holds for one endpoint, so
+	// an event stream that misses removes cannot grow memory forever. At the bound a new
+	// key evicts an older one of the same endpoint (kvgate_inventory_evicted_total).
+	KVMaxKeysPerEndpoint int
 	// LoadFactor is epsilon in the bound ceil((1+epsilon) x mean in-flight). The default 1
 	// lets an endpoint take twice the mean before its KV hit goes elsewhere: with a few
 	// requests in flight per engine, 0.25 turned most hits away and cost TTFT (bench/RESULTS.md).
@@ -262,28 +268,29 @@ type Config struct {
 // Defaults returns a Config with every documented default filled in.
 func Defaults() Config {
 	return Config{
-		Listen:           "127.0.0.1:8080",
-		AdminListen:      "127.0.0.1:9090",
-		KVBlockSize:      16,
-		KVKeys:           "auto",
-		KVMinMatchTokens: 0,
-		KVMaxPromptBytes: 1 << 20,
-		LoadFactor:       1,
-		CHWBLPrefixBytes: 256,
-		BreakerFailures:  3,
-		BreakerOpenFor:   10 * time.Second,
-		BreakerHalfOpen:  1,
-		HealthInterval:   5 * time.Second,
-		HealthTimeout:    2 * time.Second,
-		HealthPath:       "/health",
-		ConnectTimeout:   2 * time.Second,
-		UpstreamTimeout:  300 * time.Second,
-		MaxBodyBytes:     32 << 20,
-		MaxHeaderBytes:   64 << 10,
-		Retry5xx:         true,
-		AffinityTTL:      10 * time.Minute,
-		AffinityMax:      100000,
-		ShutdownGrace:    30 * time.Second,
+		Listen:               "127.0.0.1:8080",
+		AdminListen:          "127.0.0.1:9090",
+		KVBlockSize:          16,
+		KVKeys:               "auto",
+		KVMinMatchTokens:     0,
+		KVMaxPromptBytes:     1 << 20,
+		KVMaxKeysPerEndpoint: shard.DefaultMaxKeysPerEndpoint,
+		LoadFactor:           1,
+		CHWBLPrefixBytes:     256,
+		BreakerFailures:      3,
+		BreakerOpenFor:       10 * time.Second,
+		BreakerHalfOpen:      1,
+		HealthInterval:       5 * time.Second,
+		HealthTimeout:        2 * time.Second,
+		HealthPath:           "/health",
+		ConnectTimeout:       2 * time.Second,
+		UpstreamTimeout:      300 * time.Second,
+		MaxBodyBytes:         32 << 20,
+		MaxHeaderBytes:       64 << 10,
+		Retry5xx:             true,
+		AffinityTTL:          10 * time.Minute,
+		AffinityMax:          100000,
+		ShutdownGrace:        30 * time.Second,
 	}
 }
 
@@ -355,6 +362,9 @@ func (c *Config) Validate() error {
 		if prefill > 0 || decode > 0 {
 			return refuse("-kv-mode", "endpoints with role=prefill or role=decode need -kv-mode 1")
 		}
+	}
+	if c.KVMaxKeysPerEndpoint < 1 {
+		return refuse("-kv-max-keys-per-endpoint", "%d: must be >= 1", c.KVMaxKeysPerEndpoint)
 	}
 	if c.KVMode != KVOff {
 		for _, e := range c.Endpoints {

@@ -55,7 +55,7 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	for a, base := range cfg.LoRA {
 		k.lora[a] = loraAdapter{name: a, base: base}
 	}
-	inv, err := shard.New(shard.Config{Endpoints: len(cfg.Endpoints)})
+	inv, err := shard.New(shard.Config{Endpoints: len(cfg.Endpoints), MaxKeysPerEndpoint: cfg.KVMaxKeysPerEndpoint})
 	if err != nil {
 		return nil, fmt.Errorf("proxy: inventory: %w", err)
 	}

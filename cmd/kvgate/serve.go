@@ -63,6 +63,7 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 	fs.StringVar(&kvScore, "kv-score", "overlap", "scoring: overlap (matching blocks) | prefix (leading run)")
 	fs.IntVar(&cfg.KVMinMatchTokens, "kv-min-match-tokens", cfg.KVMinMatchTokens, "a KV hit below this many matched tokens is a miss (shallow) (default 0: any match counts)")
 	fs.IntVar(&cfg.KVMaxPromptBytes, "kv-max-prompt-bytes", cfg.KVMaxPromptBytes, "prompt or messages JSON above this many bytes is not tokenized: routed by -select as kv-miss:too_long (bounds per-request CPU and memory; 1 MiB is ~250k tokens; 0: no bound)")
+	fs.IntVar(&cfg.KVMaxKeysPerEndpoint, "kv-max-keys-per-endpoint", cfg.KVMaxKeysPerEndpoint, "block keys the inventory holds per endpoint at most (4x a large vLLM pool's 1M blocks; 1-byte masks: ~10-20 MiB per 1M keys): at the bound a new key evicts an older one of the same endpoint, counted in kvgate_inventory_evicted_total, so an event stream that misses removes cannot grow memory forever")
 	fs.Float64Var(&cfg.LoadFactor, "kv-load-factor", cfg.LoadFactor, "bounded-load epsilon: an endpoint above ceil((1+eps) x mean in-flight) is skipped (KV winner and chwbl)")
 	fs.IntVar(&cfg.CHWBLPrefixBytes, "chwbl-prefix-bytes", cfg.CHWBLPrefixBytes, "bytes of the system message / prompt in the chwbl key")
 	fs.Var(&models, "model", "served model name for the -tokenizer of the same position; NAME[,ALIAS...] (repeatable)")

@@ -39,6 +39,7 @@ func TestServeRefusalsNameTheFlag(t *testing.T) {
 		{[]string{"-endpoint", "url=http://127.0.0.1:1", "-kv-score", "max"}, "-kv-score"},
 		{[]string{"-endpoint", "nourl"}, "-endpoint"},
 		{[]string{"-endpoint", "url=http://127.0.0.1:1", "-lora", "x"}, "-lora"},
+		{[]string{"-endpoint", "url=http://127.0.0.1:1", "-kv-max-keys-per-endpoint", "0"}, "-kv-max-keys-per-endpoint"},
 	}
 	for _, tc := range cases {
 		var stderr bytes.Buffer
@@ -59,7 +60,7 @@ func TestServeHelpDocumentsDefaults(t *testing.T) {
 	if code := runServe([]string{"-h"}, nil, io.Discard, &stderr); code != 0 {
 		t.Errorf("-h exit %d", code)
 	}
-	for _, want := range []string{"-admin-listen", `(default "127.0.0.1:9090")`, "-kv-load-factor", "(default 1)", "-kv-block-size", "(default 16)", "-breaker-open", "(default 10s)", "-max-body-bytes"} {
+	for _, want := range []string{"-admin-listen", `(default "127.0.0.1:9090")`, "-kv-load-factor", "(default 1)", "-kv-block-size", "(default 16)", "-breaker-open", "(default 10s)", "-max-body-bytes", "-kv-max-keys-per-endpoint", "(default 4194304)"} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("help lacks %q", want)
 		}
