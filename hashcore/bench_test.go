@@ -156,6 +156,38 @@ func BenchmarkSHA256Raw(b *testing.B) {
 			_ = sink
 			b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e6, "encoded-MB/s")
 		})
+		// The same messages padded in place, each compressed only once the previous
+		// block's digest is known (the block function splices it in, as the chain does):
+		// the serial floor of SHA-256 over a chain of these bytes, where the rows above
+		// let consecutive messages overlap in the CPU. Needs kvgate's block function.
+		if haveSHA256Blocks {
+			serial := make([][]byte, len(msgs))
+			for i, m := range msgs {
+				serial[i] = sha256Pad(append(make([]byte, 0, len(m)+sha256PadSlack), m...), len(m))
+			}
+			pickle := c.(*vllmChain).pickle
+			b.Run(fmt.Sprintf("%s-serial/tokens=%d/block=%d", algo, benchTokens, benchBlock), func(b *testing.B) {
+				b.SetBytes(4 * benchTokens)
+				b.ReportAllocs()
+				var d [32]byte
+				clk := startCPUClock()
+				for b.Loop() {
+					d = c.Root().B
+					for _, m := range serial {
+						if pickle {
+							sha256ChainAt13(&d, m)
+						} else {
+							sha256ChainAt3(&d, m)
+						}
+					}
+				}
+				clk.stop(b)
+				if want := sha256.Sum256(msgs[len(msgs)-1]); d != want {
+					b.Fatalf("serial digest %x, want %x", d, want)
+				}
+				b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e6, "encoded-MB/s")
+			})
+		}
 		// One SHA-256 over all encoded bytes at once: the no-per-block-finalization bound.
 		all := make([]byte, 0, total)
 		for _, m := range msgs {
