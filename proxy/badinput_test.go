@@ -250,32 +250,80 @@ func TestRequestSmuggling(t *testing.T) {
 	}
 }
 
-// TestOversizedHeaders: headers over -max-header-bytes get 431 and never reach an
-// engine; a header block under the limit passes.
+// TestOversizedHeaders: headers over -max-header-bytes get 431 with an OpenAI-style JSON
+// error body (hertz answers these itself, before any handler; headConn rewrites its
+// plain text), as does a request head hertz cannot parse (400), and none reaches an
+// engine; a header block under the limit passes, on a fresh connection and on one that
+// already served a request.
 func TestOversizedHeaders(t *testing.T) {
 	a := newFakeEngine(t, "a")
 	cfg := testConfig(a.url())
 	cfg.MaxHeaderBytes = 4096
 	s := startProxy(t, cfg)
 	body := `{"model":"m","prompt":"x"}`
-	res, _ := rawExchange(t, s.PublicAddr(), rawPost("/v1/completions", body, "X-Big: "+strings.Repeat("x", 8000)))
+	res, got := rawExchange(t, s.PublicAddr(), rawPost("/v1/completions", body, "X-Big: "+strings.Repeat("x", 8000)))
 	if res.StatusCode != 431 {
 		t.Errorf("one big header: %d, want 431", res.StatusCode)
+	}
+	checkErrorBody(t, got, 431)
+	if ct := res.Header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("one big header: Content-Type %q", ct)
 	}
 	var many []string
 	for i := 0; i < 400; i++ {
 		many = append(many, fmt.Sprintf("X-H%d: %s", i, strings.Repeat("v", 20)))
 	}
-	res, _ = rawExchange(t, s.PublicAddr(), rawPost("/v1/completions", body, many...))
+	res, got = rawExchange(t, s.PublicAddr(), rawPost("/v1/completions", body, many...))
 	if res.StatusCode != 431 {
 		t.Errorf("many headers: %d, want 431", res.StatusCode)
 	}
-	res, _ = rawExchange(t, s.PublicAddr(), "GET /"+strings.Repeat("a", 8000)+" HTTP/1.1\r\nHost: x\r\n\r\n")
+	checkErrorBody(t, got, 431)
+	res, got = rawExchange(t, s.PublicAddr(), "GET /"+strings.Repeat("a", 8000)+" HTTP/1.1\r\nHost: x\r\n\r\n")
 	if res.StatusCode != 431 && res.StatusCode != 414 {
 		t.Errorf("long request line: %d, want 431 or 414", res.StatusCode)
 	}
-	if n := len(a.requests()); n != 0 {
-		t.Errorf("%d oversized requests reached the engine", n)
+	checkErrorBody(t, got, res.StatusCode)
+	for _, cl := range []string{"abc", "-5", "1 2", "99999999999999999999999"} {
+		res, got = rawExchange(t, s.PublicAddr(), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "+cl+"\r\n\r\n"+body)
+		if res.StatusCode != 400 {
+			t.Errorf("Content-Length %q: %d, want 400", cl, res.StatusCode)
+		}
+		checkErrorBody(t, got, 400)
+	}
+	// The second request of a keep-alive connection is refused the same way, and the
+	// first one's answer (an engine's) passes through untouched.
+	conn, err := net.Dial("tcp", s.PublicAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	keepAlive := strings.Replace(rawPost("/v1/completions", body), "Connection: close\r\n", "", 1)
+	io.WriteString(conn, keepAlive+rawPost("/v1/completions", body, "X-Big: "+strings.Repeat("x", 8000)))
+	br := bufio.NewReader(conn)
+	for i, want := range []int{200, 431} {
+		res, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("keep-alive response %d: %v", i, err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != want {
+			t.Errorf("keep-alive response %d: %d, want %d", i, res.StatusCode, want)
+		}
+		if want == 431 {
+			checkErrorBody(t, string(b), 431)
+		} else if !strings.Contains(string(b), `"a"`) && len(b) == 0 {
+			t.Errorf("keep-alive response %d: empty engine answer", i)
+		}
+	}
+	if n := len(a.requests()); n != 1 {
+		t.Errorf("%d requests reached the engine, want the 1 well-formed one", n)
+	}
+	m := scrapeMetrics(t, s)
+	if m[`kvgate_bad_requests_total{reason="header_too_large"}`] < 3 || m[`kvgate_bad_requests_total{reason="malformed_head"}`] < 4 {
+		t.Errorf("bad request counters: header_too_large %v, malformed_head %v",
+			m[`kvgate_bad_requests_total{reason="header_too_large"}`], m[`kvgate_bad_requests_total{reason="malformed_head"}`])
 	}
 	res, _ = rawExchange(t, s.PublicAddr(), rawPost("/v1/completions", body, "X-Fits: "+strings.Repeat("x", 2000)))
 	if res.StatusCode != 200 {

@@ -62,10 +62,15 @@ const (
 	BadReadBody
 	BadFraming // Content-Length with Transfer-Encoding, or an unknown transfer coding
 	BadTarget  // a request target hertz cannot parse
+	// Requests hertz refuses itself before any handler (answered as JSON by headConn):
+	BadHeaderTooLarge // request head over -max-header-bytes
+	BadHead           // a request head hertz cannot parse (e.g. a malformed Content-Length)
+	BadTimeout        // the request was not received within the read timeout
 	numBadInputs
 )
 
-var badNames = [numBadInputs]string{"malformed_json", "too_large", "read_body", "framing", "request_target"}
+var badNames = [numBadInputs]string{"malformed_json", "too_large", "read_body", "framing", "request_target",
+	"header_too_large", "malformed_head", "read_timeout"}
 
 // UpstreamError is a failure kind when talking to an endpoint.
 type UpstreamError uint8

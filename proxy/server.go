@@ -17,6 +17,7 @@ import (
 	"github.com/cloudwego/hertz/pkg/app/client"
 	"github.com/cloudwego/hertz/pkg/app/middlewares/server/recovery"
 	"github.com/cloudwego/hertz/pkg/app/server"
+	"github.com/cloudwego/hertz/pkg/common/tracer/stats"
 	"github.com/cloudwego/hertz/pkg/network/standard"
 
 	"github.com/kvgate/kvgate/hashcore"
@@ -195,12 +196,16 @@ func (s *Server) start() error {
 		server.WithExitWaitTime(s.cfg.ShutdownGrace),
 		server.WithMaxHeaderBytes(s.cfg.MaxHeaderBytes),
 		server.WithIdleTimeout(120*time.Second),
+		// Only to answer hertz's own refusals as JSON (headerrors.go); no trace stats.
+		server.WithTracer(&headErrors{s: s}),
+		server.WithTraceLevel(stats.LevelDisabled),
 	)
 	s.h.NoHijackConnPool = true
 	// hertz parses the request target lazily, in its router, before any middleware: a
 	// target like "A:0" without a Host header panics there (hertz v0.10.4 splitHostURI).
 	// Answer 400 and close instead of dropping the connection silently.
 	s.h.PanicHandler = func(ctx context.Context, c *app.RequestContext) {
+		disarmHeadErrors(c) // kvgate writes this answer
 		s.m.bad[BadTarget].Inc()
 		writeError(c, 400, "invalid_request_error", "malformed request target")
 		c.SetConnectionClose()
@@ -298,6 +303,11 @@ func (s *Server) track(c *app.RequestContext) func() {
 }
 
 func (s *Server) routes() {
+	// First: a request that got this far is answered by kvgate, not hertz (headerrors.go).
+	s.h.Use(func(ctx context.Context, c *app.RequestContext) {
+		disarmHeadErrors(c)
+		c.Next(ctx)
+	})
 	// A bug must cost one request, never the process.
 	s.h.Use(recovery.Recovery(recovery.WithRecoveryHandler(func(ctx context.Context, c *app.RequestContext, err any, stack []byte) {
 		s.log.Error("panic serving request", "err", err, "stack", string(stack))
