@@ -230,6 +230,9 @@ type Config struct {
 	// an event stream that misses removes cannot grow memory forever. At the bound a new
 	// key evicts an older one of the same endpoint (kvgate_inventory_evicted_total).
 	KVMaxKeysPerEndpoint int
+	// PDPrefixTrieKeys bounds, per prefill endpoint, the block keys mode 1's prefix trie
+	// remembers of the prompts kvgate sent there (0: no trie tier).
+	PDPrefixTrieKeys int
 	// LoadFactor is epsilon in the bound ceil((1+epsilon) x mean in-flight). The default 1
 	// lets an endpoint take twice the mean before its KV hit goes elsewhere: with a few
 	// requests in flight per engine, 0.25 turned most hits away and cost TTFT (bench/RESULTS.md).
@@ -275,6 +278,7 @@ func Defaults() Config {
 		KVMinMatchTokens:     0,
 		KVMaxPromptBytes:     1 << 20,
 		KVMaxKeysPerEndpoint: shard.DefaultMaxKeysPerEndpoint,
+		PDPrefixTrieKeys:     1 << 18,
 		LoadFactor:           1,
 		CHWBLPrefixBytes:     256,
 		BreakerFailures:      3,
@@ -365,6 +369,9 @@ func (c *Config) Validate() error {
 	}
 	if c.KVMaxKeysPerEndpoint < 1 {
 		return refuse("-kv-max-keys-per-endpoint", "%d: must be >= 1", c.KVMaxKeysPerEndpoint)
+	}
+	if c.PDPrefixTrieKeys < 0 {
+		return refuse("-pd-prefix-trie-keys", "%d: must be >= 0 (0: no prefix trie)", c.PDPrefixTrieKeys)
 	}
 	if c.KVMode != KVOff {
 		for _, e := range c.Endpoints {

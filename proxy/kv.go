@@ -27,6 +27,7 @@ type kvRouter struct {
 	mode      shard.Mode
 	blockSize int
 	lora      map[string]loraAdapter
+	trie      *prefixTrie // mode 1 with -pd-prefix-trie-keys > 0
 }
 
 type loraAdapter struct{ name, base string }
@@ -60,6 +61,11 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 		return nil, fmt.Errorf("proxy: inventory: %w", err)
 	}
 	k.inv = inv
+	if cfg.KVMode == KVDisaggregated && cfg.PDPrefixTrieKeys > 0 {
+		if k.trie, err = newPrefixTrie(len(cfg.Endpoints), cfg.PDPrefixTrieKeys); err != nil {
+			return nil, fmt.Errorf("proxy: prefix trie: %w", err)
+		}
+	}
 	k.fast = hashcore.NewFast(cfg.KVBlockSize)
 	var spec *hashcore.Spec
 	for _, e := range cfg.Endpoints {

@@ -22,6 +22,7 @@ const (
 	RouteMissTooLong // prompt text over -kv-max-prompt-bytes: not tokenized
 	RouteAffinity
 	RoutePDLoad
+	RoutePrefixTrie // mode 1: the prefill endpoint kvgate sent the longest run of the prompt (trie.go)
 	numRoutes
 )
 
@@ -31,7 +32,7 @@ var routeLabels = [numRoutes]string{
 	RouteMissTokenize: "kv-miss:tokenize", RouteMissNoBlocks: "kv-miss:no_blocks",
 	RouteMissNoWorker: "kv-miss:no_worker", RouteMissShallow: "kv-miss:shallow",
 	RouteMissTooLong: "kv-miss:too_long",
-	RouteAffinity:    "affinity", RoutePDLoad: "pd-load",
+	RouteAffinity:    "affinity", RoutePDLoad: "pd-load", RoutePrefixTrie: "prefix-trie",
 }
 
 func (r Route) String() string { return routeLabels[r] }

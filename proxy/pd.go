@@ -17,7 +17,9 @@ import (
 )
 
 // decidePD runs the mode-1 ladder: session affinity -> KV-Exact over prefill endpoints
-// -> prefill by minimum in-flight load (round-robin on ties); decode by minimum load.
+// -> the prefix trie of what kvgate sent where (trie.go) -> prefill by minimum in-flight
+// load (round-robin on ties); decode by minimum load. The prefill pick is recorded in
+// the trie (not for /debug/explain).
 func (s *Server) decidePD(st *reqState, d *decision, explain bool) {
 	d.ep, d.decode, d.predicted, d.route = -1, -1, 0, RouteRR
 	elP := s.baseEligible(st, st.eligible, s.prefillMask)
@@ -31,6 +33,9 @@ func (s *Server) decidePD(st *reqState, d *decision, explain bool) {
 	}
 	if s.kv != nil {
 		s.kv.routeExplain(st, elP, d, explain)
+		if d.ep < 0 && s.kv.trie != nil {
+			s.kv.trieRoute(st, elP, d)
+		}
 	}
 	if d.ep < 0 {
 		d.ep = s.prefRR.MinLoad(elP, s.loads)
@@ -39,6 +44,9 @@ func (s *Server) decidePD(st *reqState, d *decision, explain bool) {
 		}
 	}
 	d.decode = s.decRR.MinLoad(elD, s.loads)
+	if !explain && d.ep >= 0 && s.kv != nil && s.kv.trie != nil {
+		s.kv.trieRecord(st, d.ep)
+	}
 }
 
 // sessionKey is the OpenAI `user` field or the X-Conversation-Id header.

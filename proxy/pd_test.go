@@ -212,3 +212,58 @@ func TestPDKVHitAndConversationAffinity(t *testing.T) {
 		t.Errorf("conversation affinity: %v", res.Header)
 	}
 }
+
+// The mode-1 prefix trie: prefill engines that have not reported a prompt's blocks yet
+// (here: they publish nothing) still get the requests that share its prefix, because
+// kvgate remembers where it sent it. Without the trie the load tier alternates between
+// the two idle prefill endpoints; /debug/explain records nothing; -pd-prefix-trie-keys 0
+// turns the tier off.
+func TestPDPrefixTrie(t *testing.T) {
+	for _, trieKeys := range []int{1 << 18, 0} {
+		t.Run(fmt.Sprintf("keys=%d", trieKeys), func(t *testing.T) {
+			p1, p2, dec := newKVEngine(t, "p1", enginepub.VLLM), newKVEngine(t, "p2", enginepub.VLLM), newKVEngine(t, "d1", enginepub.VLLM)
+			prefill := func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+				w.Header().Set("Content-Type", "application/json")
+				io.WriteString(w, `{"id":"p","choices":[{"index":0,"text":"x","finish_reason":"length"}],"kv_transfer_params":`+vllmKTP+`}`)
+				return true
+			}
+			p1.handle, p2.handle = prefill, prefill
+			cfg := kvConfig(t, KVDisaggregated, p1.spec(0, "vllm", ",role=prefill"), p2.spec(1, "vllm", ",role=prefill"), dec.spec(2, "vllm", ",role=decode"))
+			cfg.PDPrefixTrieKeys = trieKeys
+			s := startProxy(t, cfg)
+
+			res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix+"first question"))
+			if res.StatusCode != 200 || res.Header.Get("x-kvgate-route") != "kv-miss:no_worker" {
+				t.Fatalf("first: %d route %q", res.StatusCode, res.Header.Get("x-kvgate-route"))
+			}
+			first := res.Header.Get("x-kvgate-prefill")
+			trieRoutes, elsewhere := 0, 0
+			for i := 0; i < 4; i++ {
+				res, _ = post(t, s.url("/v1/completions"), complPrompt(sharedPrefix+fmt.Sprintf("follow-up %d", i)))
+				route, pre := res.Header.Get("x-kvgate-route"), res.Header.Get("x-kvgate-prefill")
+				if trieKeys > 0 && (route != "prefix-trie" || pre != first) {
+					t.Errorf("follow-up %d: route %q prefill %q, want prefix-trie to %s", i, route, pre, first)
+				}
+				if route == "prefix-trie" {
+					trieRoutes++
+				}
+				if pre != first {
+					elsewhere++
+				}
+			}
+			if trieKeys == 0 && (trieRoutes != 0 || elsewhere == 0) {
+				t.Errorf("trie off: %d prefix-trie routes, %d of 4 follow-ups elsewhere (want 0, > 0)", trieRoutes, elsewhere)
+			}
+			// A prompt that shares nothing is routed by load, and explaining one
+			// records nothing: after an explain, the prompt is still new.
+			other := complPrompt(strings.Repeat("Completely unrelated text about sailing boats. ", 12))
+			if res, body := post(t, s.admURL("/debug/explain"), other); res.StatusCode != 200 || strings.Contains(body, "prefix-trie") {
+				t.Errorf("explain: %d %s", res.StatusCode, body)
+			}
+			res, _ = post(t, s.url("/v1/completions"), other)
+			if route := res.Header.Get("x-kvgate-route"); route != "kv-miss:no_worker" {
+				t.Errorf("unrelated prompt: route %q", route)
+			}
+		})
+	}
+}
