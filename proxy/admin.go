@@ -70,6 +70,10 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		metrics.WriteCounterUint64(w, "kvgate_inventory_evicted_total", st.EvictedAtBound)
 		metrics.WriteCounterUint64(w, "kvgate_inventory_dropped_total", st.DroppedAtBound)
 		metrics.WriteCounterUint64(w, "kvgate_inventory_rebuilds_total", st.Rebuilds)
+		if t := s.kv.trie; t != nil {
+			metrics.WriteGaugeUint64(w, "kvgate_prefix_trie_keys", uint64(max(t.inv.Len(), 0)))
+			metrics.WriteGaugeUint64(w, "kvgate_prefix_trie_memory_bytes", uint64(max(t.inv.MemoryBytes(), 0)))
+		}
 		for _, t := range s.cfg.Tokenizers {
 			if m := s.kv.pool.Get(t.Model); m != nil {
 				metrics.WriteGaugeUint64(w, fmt.Sprintf(`kvgate_tokenizer_memory_bytes{model=%q}`, t.Model),

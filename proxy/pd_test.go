@@ -251,6 +251,13 @@ func TestPDPrefixTrie(t *testing.T) {
 					elsewhere++
 				}
 			}
+			if m := scrapeMetrics(t, s); trieKeys > 0 {
+				// Requests count against the endpoint that answered the client: the decode one.
+				routed := m[`kvgate_requests_total{endpoint="d1",route="prefix-trie"}`]
+				if m["kvgate_prefix_trie_keys"] < 1 || routed != 4 {
+					t.Errorf("metrics: prefix_trie_keys %v, prefix-trie requests %v", m["kvgate_prefix_trie_keys"], routed)
+				}
+			}
 			if trieKeys == 0 && (trieRoutes != 0 || elsewhere == 0) {
 				t.Errorf("trie off: %d prefix-trie routes, %d of 4 follow-ups elsewhere (want 0, > 0)", trieRoutes, elsewhere)
 			}
