@@ -9,10 +9,11 @@ import (
 // scratch is the per-call encoding buffer, pooled so AppendKeys allocates nothing once
 // warm. A Chain holds only immutable configuration, so it is safe for concurrent use.
 type scratch struct {
-	buf  []byte
-	buf2 []byte // a second block buffer, for pipelined hashing
-	ex   []byte // pre-encoded extra keys
-	pk   pickler
+	buf   []byte
+	buf2  []byte // a second block buffer, for pipelined hashing
+	batch []byte // the two message slots of appendKeysCBORFused
+	ex    []byte // pre-encoded extra keys
+	pk    pickler
 }
 
 // scratchSlots is a small lock-free free list of scratch buffers. Unlike sync.Pool it
@@ -36,7 +37,7 @@ func getScratch() *scratch {
 }
 
 func putScratch(s *scratch) {
-	if cap(s.buf) > maxPooledBuf || cap(s.buf2) > maxPooledBuf {
+	if cap(s.buf) > maxPooledBuf || cap(s.buf2) > maxPooledBuf || cap(s.batch) > maxPooledBuf {
 		return
 	}
 	s.pk.buf = nil

@@ -49,3 +49,26 @@ func sha256Pad(p []byte, n int) []byte {
 // useTokensAVX512 selects the AVX-512 token encoders; tests turn it off to cover the
 // one-token-at-a-time path on CPUs that have them.
 var useTokensAVX512 = haveTokensAVX512
+
+// sha256FusedPlan holds what sha256ChainCBORAVX512 needs to write a chain's block
+// messages itself: the bytes before the tokens (the parent digest's bytes are
+// placeholders) and after them, which are the same for every block after the first.
+// The field offsets are part of the assembly's contract.
+type sha256FusedPlan struct {
+	prefix     [64]byte // the message up to the first token
+	extras     [64]byte // the message after the last token
+	pad        [64]byte // 0x80 then zeros: the start of the padding
+	prefixMask uint64   // the low prefixLen bits
+	extrasMask uint64   // the low extrasLen bits
+	prefixLen  uint64
+	extrasLen  uint64
+	tokBytes   uint64 // 4 * block size, a multiple of 32
+}
+
+// lowBits returns a mask of the low n bits, n <= 64.
+func lowBits(n int) uint64 {
+	if n >= 64 {
+		return ^uint64(0)
+	}
+	return 1<<n - 1
+}

@@ -122,6 +122,11 @@
 #define PARENT_AT(at, rest, mask) \
 	MOVOU 0(DI), X11; \
 	MOVOU 16(DI), X12; \
+	PARENT_SPLICE(at, rest, mask)
+
+// PARENT_SPLICE is PARENT_AT with the digest already in X11 (bytes 0..15) and X12
+// (bytes 16..31).
+#define PARENT_SPLICE(at, rest, mask) \
 	MOVOU mask, X7; \
 	MOVOU 0(SI), X3; \
 	PAND X7, X3; \
@@ -250,6 +255,150 @@ TEXT ·sha256ChainAt3(SB), NOSPLIT, $0-32
 // func sha256ChainAt13(d *[32]byte, p []byte)
 TEXT ·sha256ChainAt13(SB), NOSPLIT, $0-32
 	CHAIN(PARENT_AT(13, 3, ·sha256Low13(SB)))
+
+// sha256ChainCBORAVX512: the vLLM sha256_cbor chain in one loop that, for each block,
+// first writes the next block's message (AVX-512 token encoding, extras, padding) and
+// then compresses the current one with the parent digest spliced in from registers.
+// The encoding depends on no digest, so the out-of-order core runs it under the SHA
+// rounds' latency chain; no Go call, digest store/reload or key append per block.
+//
+// The AVX-512 part uses only Z16..Z31 and K1..K6: SSE code (the SHA rounds) after
+// AVX-512 code that touched only those registers pays no transition cost, and the
+// SHA rounds use X0..X13.
+//
+// Registers: AX &sha256K, SI/DX block and end of the message being hashed, R12 its
+// slot, BX its length in 64-byte blocks, R13 the other slot (being written), DI write
+// cursor, R8 next token, R9 end of the block's tokens then the written message's
+// block count, R10 plan, R11 next key, CX scratch.
+//
+// Plan layout (sha256FusedPlan): 0 prefix, 64 extras, 128 0x80 and zeros, 192 prefix
+// mask, 200 extras mask, 208 prefix length, 216 extras length, 224 bytes of tokens
+// per block.
+
+// CBOR_STEP encodes 8 tokens at (R8) to (DI) and advances DI (cborTokensAVX512's step
+// on Z16..Z31).
+#define CBOR_STEP \
+	VPMOVZXDQ (R8), Z16; \
+	VPSHUFB Z23, Z16, Z17; \
+	VPCMPUQ $5, Z20, Z16, K1; \
+	VPCMPUQ $5, Z21, Z16, K2; \
+	VPCMPUQ $5, Z22, Z16, K3; \
+	VMOVDQA64 Z24, Z18; \
+	VPADDQ Z25, Z18, K2, Z18; \
+	VPADDQ Z25, Z18, K3, Z18; \
+	VPORQ Z18, Z17, Z17; \
+	VMOVDQA64 Z26, Z19; \
+	VMOVDQA64 Z27, K1, Z19; \
+	VMOVDQA64 Z28, K2, Z19; \
+	VMOVDQA64 Z29, K3, Z19; \
+	VPMOVB2M Z19, K4; \
+	VPCOMPRESSB.Z Z17, K4, Z30; \
+	VMOVDQU8 Z30, (DI); \
+	KMOVQ K4, CX; \
+	POPCNTQ CX, CX; \
+	ADDQ CX, DI
+
+// func sha256ChainCBORAVX512(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
+TEXT ·sha256ChainCBORAVX512(SB), NOSPLIT, $0-64
+	MOVQ d+0(FP), DI
+	MOVOU 0(DI), X11
+	MOVOU 16(DI), X12
+	MOVQ plan+8(FP), R10
+	MOVQ slots+16(FP), R12
+	MOVQ slotSize+24(FP), R13
+	ADDQ R12, R13
+	MOVQ blocks0+32(FP), BX
+	MOVQ tokens+40(FP), R8
+	MOVQ keys+48(FP), R11
+	LEAQ ·sha256K(SB), AX
+	MOVOU ·sha256ByteSwap(SB), X8
+	KMOVQ 192(R10), K5
+	KMOVQ 200(R10), K6
+	VPBROADCASTQ ·tokConst+0(SB), Z20  // 24
+	VPBROADCASTQ ·tokConst+8(SB), Z21  // 256
+	VPBROADCASTQ ·tokConst+16(SB), Z22 // 65536
+	VPBROADCASTQ ·tokConst+24(SB), Z24 // 0x18
+	VPBROADCASTQ ·tokConst+32(SB), Z25 // 1
+	VPBROADCASTQ ·tokConst+40(SB), Z26 // select byte 4
+	VPBROADCASTQ ·tokConst+48(SB), Z27 // select bytes 0, 4
+	VPBROADCASTQ ·tokConst+56(SB), Z28 // select bytes 0, 3, 4
+	VPBROADCASTQ ·tokConst+64(SB), Z29 // select bytes 0..4
+	VBROADCASTI32X4 ·cborLaneShuffle(SB), Z23
+
+loop:
+	DECQ n+56(FP) // messages after the one in R12
+	JZ hash
+
+	// Write the next message into R13's slot: prefix (the parent bytes are
+	// placeholders), tokens, extras, padding.
+	VMOVDQU8 0(R10), Z31
+	VMOVDQU8 Z31, K5, (R13)
+	MOVQ 208(R10), DI
+	ADDQ R13, DI
+	MOVQ 224(R10), R9
+	ADDQ R8, R9
+
+encloop:
+	CBOR_STEP
+	ADDQ $32, R8
+	CMPQ R8, R9
+	JNE encloop
+
+	VMOVDQU8 64(R10), Z31
+	VMOVDQU8 Z31, K6, (DI)
+	ADDQ 216(R10), DI
+	VMOVDQU8 128(R10), Z31
+	VMOVDQU8 Z31, (DI) // 0x80, then zeros up to the length field
+	SUBQ R13, DI       // message length
+	LEAQ 72(DI), R9
+	ANDQ $~63, R9      // padded length
+	SHLQ $3, DI
+	BSWAPQ DI
+	MOVQ DI, -8(R13)(R9*1)
+	SHRQ $6, R9
+
+hash:
+	MOVOU ·sha256Init+0(SB), X1
+	MOVOU ·sha256Init+16(SB), X2
+	STATE_IN
+	MOVQ R12, SI
+	MOVQ BX, DX
+	SHLQ $6, DX
+	ADDQ SI, DX
+	PARENT_SPLICE(3, 13, ·sha256Low3(SB))
+	ROUNDS64
+	ADDQ $64, SI
+	CMPQ SI, DX
+	JEQ msgdone
+
+blkloop:
+	BLOCK
+	ADDQ $64, SI
+	CMPQ SI, DX
+	JNE blkloop
+
+msgdone:
+	STATE_OUT
+	PSHUFB X8, X1
+	PSHUFB X8, X2
+	MOVO X1, X11
+	MOVO X2, X12
+	PEXTRQ $1, X12, CX
+	BSWAPQ CX
+	MOVQ CX, (R11)
+	ADDQ $8, R11
+	CMPQ n+56(FP), $0
+	JEQ done
+	XCHGQ R12, R13
+	MOVQ R9, BX
+	JMP loop
+
+done:
+	MOVQ d+0(FP), DI
+	MOVOU X11, 0(DI)
+	MOVOU X12, 16(DI)
+	VZEROUPPER
+	RET
 
 // Round constants K[0..63] (FIPS 180-4 section 4.2.2), two per 8-byte word, low first.
 DATA ·sha256K+0(SB)/8, $0x71374491428a2f98

@@ -1,0 +1,66 @@
+package hashcore
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"testing"
+)
+
+// TestSHA256ChainsMatchPortablePath: the SHA-256 chains give the same keys and final
+// digest on this CPU's path (kvgate's block function, pipelined or fused with the
+// AVX-512 message writer) as on the portable path (crypto/sha256, one token at a
+// time), for block sizes 1..40, prompts of 0 to 3 blocks with and without a tail and
+// of 8192 tokens, every extras shape (none, LoRA, cache salt, both, extras too long
+// for the fused writer), parents of 32 bytes (the root, another digest) and 16 bytes
+// (an XXH3-chained parent), first block or not.
+func TestSHA256ChainsMatchPortablePath(t *testing.T) {
+	if !haveSHA256Blocks && !haveTokensAVX512 {
+		t.Logf("no fast path on this build (%s): nothing to compare", SHA256Path())
+		return
+	}
+	toks := testTokens(8192)
+	long := "lora-" + string(bytes.Repeat([]byte("x"), 80)) // extras past 64 bytes
+	exs := []*Extras{nil, {LoRAName: "lora"}, {CacheSalt: "tenant-7"}, {LoRAName: "sql-adapter", CacheSalt: "s"}, {LoRAName: long}, {LoRAName: "a", CacheSalt: long}}
+	var p32, p16 Digest
+	p32.N, p16.N = 32, 16
+	for i := range p32.B {
+		p32.B[i] = byte(7*i + 1)
+	}
+	copy(p16.B[:16], p32.B[5:])
+	for bs := 1; bs <= 40; bs++ {
+		lens := []int{0, bs - 1, bs, bs + 1, 2 * bs, 2*bs + bs/2 + 1, 3 * bs, 3*bs + 1, 8192}
+		for _, algo := range []string{"sha256_cbor", "sha256", "sglang"} {
+			s := Spec{Engine: "vllm", Algo: algo, BlockSize: bs}
+			if algo == "sglang" {
+				s = Spec{Engine: "sglang", BlockSize: bs}
+			}
+			c, err := New(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range lens {
+				for ei, ex := range exs {
+					for pi, parent := range []Digest{{}, p32, p16} {
+						for _, first := range []bool{true, false} {
+							if n == 8192 && (pi > 0 || !first) {
+								continue // the long prompt once per extras shape
+							}
+							var fastKeys, portKeys []uint64
+							var fastD, portD Digest
+							fastKeys, fastD = c.AppendKeys([]uint64{42}, parent, toks[:n], ex, first)
+							withPortablePath(t, func() { portKeys, portD = c.AppendKeys([]uint64{42}, parent, toks[:n], ex, first) })
+							if !slices.Equal(fastKeys, portKeys) || fastD != portD {
+								t.Fatalf("%s bs=%d tokens=%d extras#%d parent#%d first=%v: keys/digest differ from the portable path\nfast %x %s\nport %x %s",
+									c.Name(), bs, n, ei, pi, first, fastKeys, fmt.Sprintf("%x", fastD.Bytes()), portKeys, fmt.Sprintf("%x", portD.Bytes()))
+							}
+							if len(fastKeys) != 1+n/bs {
+								t.Fatalf("%s bs=%d tokens=%d: %d keys, want %d", c.Name(), bs, n, len(fastKeys)-1, n/bs)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
