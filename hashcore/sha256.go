@@ -55,20 +55,10 @@ var useTokensAVX512 = haveTokensAVX512
 // placeholders) and after them, which are the same for every block after the first.
 // The field offsets are part of the assembly's contract.
 type sha256FusedPlan struct {
-	prefix     [64]byte // the message up to the first token
-	extras     [64]byte // the message after the last token
-	pad        [64]byte // 0x80 then zeros: the start of the padding
-	prefixMask uint64   // the low prefixLen bits
-	extrasMask uint64   // the low extrasLen bits
-	prefixLen  uint64
-	extrasLen  uint64
-	tokBytes   uint64 // 4 * block size, a multiple of 32
-}
-
-// lowBits returns a mask of the low n bits, n <= 64.
-func lowBits(n int) uint64 {
-	if n >= 64 {
-		return ^uint64(0)
-	}
-	return 1<<n - 1
+	prefix    [64]byte // the message up to the first token (stored: bytes 0..7 and 32..63)
+	extras    [64]byte // the message after the last token (stored: bytes 0..31)
+	pad       [64]byte // 0x80 then zeros: the start of the padding
+	prefixLen uint64
+	extrasLen uint64 // at most 32
+	tokBytes  uint64 // 4 * block size, a multiple of 16
 }

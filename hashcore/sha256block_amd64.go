@@ -40,10 +40,14 @@ var haveSHA256Blocks = cpuid.CPU.Supports(cpuid.SHA, cpuid.SSSE3, cpuid.SSE4)
 // is the 32-byte digest *d, writing each block's message itself except the first's:
 // that one is already in slots[:slotSize], padded, blocks0 64-byte blocks long. The
 // others are written from plan and the tokens of blocks 1..n-1 (plan.tokBytes bytes
-// each, a multiple of 32, from tokens) alternately into the two slots of slotSize
+// each, from tokens) alternately into the two slots of slotSize
 // bytes at slots, each while the previous message is being hashed. keys[i] gets
 // block i's key; *d gets the last digest. Needs haveSHA256Blocks and
 // haveTokensAVX512; see sha256FusedPlan for the slot size.
 //
 //go:noescape
 func sha256ChainCBORAVX512(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
+
+// haveSHA256FusedCBOR reports whether sha256ChainCBORAVX512 can run here: the block
+// function's and the AVX-512 token encoders' CPU needs, and AVX-512 VL.
+var haveSHA256FusedCBOR = haveSHA256Blocks && haveTokensAVX512 && cpuid.CPU.Supports(cpuid.AVX512VL)

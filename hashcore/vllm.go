@@ -102,7 +102,7 @@ func (c *vllmChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, ex 
 	pipelined := !c.xxh && useSHA256Blocks && (pickleFast || !c.pickle)
 	for i := 0; i < nb; i++ {
 		if pipelined && d.N == 32 {
-			if !c.pickle && useTokensAVX512 && bs%8 == 0 && len(ex0) <= 64 && len(exN) <= 64 {
+			if !c.pickle && useTokensAVX512 && haveSHA256FusedCBOR && bs%4 == 0 && len(exN) <= 32 {
 				dst = c.appendKeysCBORFused(dst, &d, tokens[i*bs:nb*bs], ex0, exN, sc)
 				break
 			}
@@ -182,8 +182,9 @@ func (c *vllmChain) encodeAround32(buf []byte, tokens []uint32, extras []byte) [
 	return sha256Pad(buf, n)
 }
 
-// appendKeysCBORFused is appendKeysSHA256 for CBOR blocks of a multiple of 8 tokens
-// with short extras, on CPUs with the AVX-512 token encoders: the first block's message
+// appendKeysCBORFused is appendKeysSHA256 for CBOR blocks of a multiple of 4 tokens
+// whose extras (after the first block) take at most 32 bytes, on CPUs with the AVX-512
+// token encoders and AVX-512 VL: the first block's message
 // is written here, every later one by sha256ChainCBORAVX512 itself, which hashes the
 // whole run in one call.
 func (c *vllmChain) appendKeysCBORFused(dst []uint64, d *Digest, tokens []uint32, ex0, exN []byte, sc *scratch) []uint64 {
@@ -195,7 +196,6 @@ func (c *vllmChain) appendKeysCBORFused(dst []uint64, d *Digest, tokens []uint32
 	prefixLen := cborParent32At + 32 + c.cbor.tokHeadN
 	copy(plan.extras[:], exN)
 	plan.pad[0] = 0x80
-	plan.prefixMask, plan.extrasMask = lowBits(prefixLen), lowBits(len(exN))
 	plan.prefixLen, plan.extrasLen = uint64(prefixLen), uint64(len(exN))
 	plan.tokBytes = 4 * uint64(bs)
 	// A slot holds a message, its padding and the 64-byte stores that run past both.
