@@ -36,18 +36,22 @@ func sha256ChainAt13(d *[32]byte, p []byte)
 // haveSHA256Blocks reports whether sha256Blocks can run on this CPU.
 var haveSHA256Blocks = cpuid.CPU.Supports(cpuid.SHA, cpuid.SSSE3, cpuid.SSE4)
 
-// sha256ChainCBORAVX512 runs n >= 1 blocks of a vLLM sha256_cbor chain whose parent
-// is the 32-byte digest *d, writing each block's message itself except the first's:
-// that one is already in slots[:slotSize], padded, blocks0 64-byte blocks long. The
-// others are written from plan and the tokens of blocks 1..n-1 (plan.tokBytes bytes
-// each, from tokens) alternately into the two slots of slotSize
-// bytes at slots, each while the previous message is being hashed. keys[i] gets
-// block i's key; *d gets the last digest. Needs haveSHA256Blocks and
-// haveTokensAVX512; see sha256FusedPlan for the slot size.
+// sha256ChainCBORAVX512 and sha256ChainPickleAVX512 run n >= 1 blocks of a vLLM
+// sha256_cbor or sha256 (pickle) chain whose parent is the 32-byte digest *d. The
+// first block's message is already in slots[:slotSize], padded, blocks0 64-byte
+// blocks long; they write every later one themselves, from plan and the tokens of
+// blocks 1..n-1 (plan.tokBytes bytes each, from tokens), alternately into the two
+// slots of slotSize bytes at slots, each while the previous message is being hashed.
+// A slot must hold a message, its padding and 64 bytes of stores past it. keys[i]
+// gets block i's key, *d the last digest. Need haveSHA256Fused.
 //
 //go:noescape
 func sha256ChainCBORAVX512(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
 
-// haveSHA256FusedCBOR reports whether sha256ChainCBORAVX512 can run here: the block
+//go:noescape
+func sha256ChainPickleAVX512(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
+
+// haveSHA256Fused reports whether sha256ChainCBORAVX512 and sha256ChainPickleAVX512
+// can run here: the block
 // function's and the AVX-512 token encoders' CPU needs, and AVX-512 VL.
-var haveSHA256FusedCBOR = haveSHA256Blocks && haveTokensAVX512 && cpuid.CPU.Supports(cpuid.AVX512VL)
+var haveSHA256Fused = haveSHA256Blocks && haveTokensAVX512 && cpuid.CPU.Supports(cpuid.AVX512VL)

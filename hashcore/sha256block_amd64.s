@@ -188,6 +188,201 @@ final: \
 done: \
 	RET
 
+// sha256ChainCBORAVX512 and sha256ChainPickleAVX512: the vLLM sha256_cbor and sha256
+// (pickle) chains in one loop that, for each block, hashes the current message's first
+// 64-byte block, then writes the next block's message (AVX-512 token encoding, extras,
+// padding), then hashes the rest of the current message, the parent digest spliced in
+// from registers. The writing depends on no digest, so the out-of-order core runs it
+// under the SHA rounds' latency chain; no Go call, digest store/reload or key append
+// per block.
+//
+// The AVX-512 part works on 256-bit vectors (AVX-512 VL), four tokens a step, in
+// Y16..Y31 and K1..K5. 256 bits because a 512-bit µop in flight takes port 1's vector
+// unit away on current Intel cores, leaving the SHA rounds' shuffles one port (about
+// 10% slower, measured); Y16..Y31 because SSE code (the SHA rounds, X0..X13) after AVX
+// code that left only those registers' upper halves dirty pays no transition cost.
+//
+// Registers: AX &sha256K, SI/DX block and end of the message being hashed, R12 its
+// slot, BX its length in 64-byte blocks, R13 the other slot (being written), DI write
+// cursor, R8 next token, R9 end of the block's tokens then the written message's
+// block count, R10 plan, R11 next key, CX scratch.
+//
+// Plan layout (sha256FusedPlan): 0 prefix, 64 extras, 128 0x80 and zeros, 192 prefix
+// length, 200 extras length, 208 bytes of tokens per block.
+
+// CBOR_CONSTS and CBOR_STEP: CBOR_STEP encodes 4 tokens at (R8) as CBOR unsigned ints
+// to (DI) and advances DI (cborTokensAVX512's step on 256-bit vectors).
+#define CBOR_CONSTS \
+	VPBROADCASTQ ·tokConst+0(SB), Y20; \
+	VPBROADCASTQ ·tokConst+8(SB), Y21; \
+	VPBROADCASTQ ·tokConst+16(SB), Y22; \
+	VPBROADCASTQ ·tokConst+24(SB), Y24; \
+	VPBROADCASTQ ·tokConst+32(SB), Y25; \
+	VPBROADCASTQ ·tokConst+40(SB), Y26; \
+	VPBROADCASTQ ·tokConst+48(SB), Y27; \
+	VPBROADCASTQ ·tokConst+56(SB), Y28; \
+	VPBROADCASTQ ·tokConst+64(SB), Y29; \
+	VBROADCASTI32X4 ·cborLaneShuffle(SB), Y23
+
+#define CBOR_STEP \
+	VPMOVZXDQ (R8), Y16; \
+	VPSHUFB Y23, Y16, Y17; \
+	VPCMPUQ $5, Y20, Y16, K1; \
+	VPCMPUQ $5, Y21, Y16, K2; \
+	VPCMPUQ $5, Y22, Y16, K3; \
+	VMOVDQA64 Y24, Y18; \
+	VPADDQ Y25, Y18, K2, Y18; \
+	VPADDQ Y25, Y18, K3, Y18; \
+	VPORQ Y18, Y17, Y17; \
+	VMOVDQA64 Y26, Y19; \
+	VMOVDQA64 Y27, K1, Y19; \
+	VMOVDQA64 Y28, K2, Y19; \
+	VMOVDQA64 Y29, K3, Y19; \
+	VPMOVB2M Y19, K4; \
+	VPCOMPRESSB.Z Y17, K4, Y30; \
+	VMOVDQU8 Y30, (DI); \
+	KMOVD K4, CX; \
+	POPCNTL CX, CX; \
+	ADDQ CX, DI
+
+// PICKLE_CONSTS and PICKLE_STEP: PICKLE_STEP encodes 4 tokens at (R8) as pickle int
+// opcodes to (DI) and advances DI (pickleTokensAVX512's step on 256-bit vectors).
+#define PICKLE_CONSTS \
+	VPBROADCASTQ ·tokConst+72(SB), Y20; \
+	VPBROADCASTQ ·tokConst+8(SB), Y21; \
+	VPBROADCASTQ ·tokConst+16(SB), Y22; \
+	VPBROADCASTQ ·tokConst+80(SB), Y23; \
+	VPBROADCASTQ ·tokConst+88(SB), Y24; \
+	VPBROADCASTQ ·tokConst+96(SB), Y25; \
+	VPBROADCASTQ ·tokConst+104(SB), Y26; \
+	VPBROADCASTQ ·tokConst+112(SB), Y27; \
+	VPBROADCASTQ ·tokConst+120(SB), Y28; \
+	VPBROADCASTQ ·tokConst+64(SB), Y29; \
+	VPBROADCASTQ ·tokConst+128(SB), Y30
+
+#define PICKLE_STEP \
+	VPMOVZXDQ (R8), Y16; \
+	VPCMPUQ $5, Y21, Y16, K2; \
+	VPCMPUQ $5, Y22, Y16, K3; \
+	VPCMPUQ $5, Y20, Y16, K5; \
+	VPSLLQ $8, Y16, Y17; \
+	VMOVDQA64 Y23, Y18; \
+	VMOVDQA64 Y24, K2, Y18; \
+	VMOVDQA64 Y25, K3, Y18; \
+	VPORQ Y18, Y17, Y17; \
+	VPSLLQ $16, Y16, Y18; \
+	VPORQ Y26, Y18, Y18; \
+	VMOVDQA64 Y18, K5, Y17; \
+	VMOVDQA64 Y27, Y19; \
+	VMOVDQA64 Y28, K2, Y19; \
+	VMOVDQA64 Y29, K3, Y19; \
+	VMOVDQA64 Y30, K5, Y19; \
+	VPMOVB2M Y19, K4; \
+	VPCOMPRESSB.Z Y17, K4, Y16; \
+	VMOVDQU8 Y16, (DI); \
+	KMOVD K4, CX; \
+	POPCNTL CX, CX; \
+	ADDQ CX, DI
+
+// NO_FRAME and PICKLE_FRAME run with the message length in DI: pickle writes its frame
+// length (everything after the 11-byte PROTO and FRAME header) at bytes 3..10.
+#define NO_FRAME
+#define PICKLE_FRAME \
+	LEAQ -11(DI), CX; \
+	MOVQ CX, 3(R13)
+
+// FUSED is the body of the sha256Chain*AVX512 functions.
+#define FUSED(consts, step, frame, parent) \
+	MOVQ d+0(FP), DI; \
+	MOVOU 0(DI), X11; \
+	MOVOU 16(DI), X12; \
+	MOVQ plan+8(FP), R10; \
+	MOVQ slots+16(FP), R12; \
+	MOVQ slotSize+24(FP), R13; \
+	ADDQ R12, R13; \
+	MOVQ blocks0+32(FP), BX; \
+	MOVQ tokens+40(FP), R8; \
+	MOVQ keys+48(FP), R11; \
+	LEAQ ·sha256K(SB), AX; \
+	MOVOU ·sha256ByteSwap(SB), X8; \
+	consts; \
+loop: \
+	MOVOU ·sha256Init+0(SB), X1; \
+	MOVOU ·sha256Init+16(SB), X2; \
+	STATE_IN; \
+	MOVQ R12, SI; \
+	MOVQ BX, DX; \
+	SHLQ $6, DX; \
+	ADDQ SI, DX; \
+	parent; \
+	ROUNDS64; \
+	ADDQ $64, SI; \
+	DECQ n+56(FP); \
+	JZ written; \
+	MOVQ 0(R10), CX; \
+	MOVQ CX, 0(R13); \
+	MOVQ 8(R10), CX; \
+	MOVQ CX, 8(R13); \
+	VMOVDQU64 32(R10), Y31; \
+	VMOVDQU64 Y31, 32(R13); \
+	MOVQ 192(R10), DI; \
+	ADDQ R13, DI; \
+	MOVQ 208(R10), R9; \
+	ADDQ R8, R9; \
+encloop: \
+	step; \
+	ADDQ $16, R8; \
+	CMPQ R8, R9; \
+	JNE encloop; \
+	VMOVDQU64 64(R10), Y31; \
+	VMOVDQU64 Y31, (DI); \
+	ADDQ 200(R10), DI; \
+	VMOVDQU64 128(R10), Y31; \
+	VMOVDQU64 Y31, (DI); \
+	VMOVDQU64 160(R10), Y31; \
+	VMOVDQU64 Y31, 32(DI); \
+	SUBQ R13, DI; \
+	frame; \
+	LEAQ 72(DI), R9; \
+	ANDQ $~63, R9; \
+	SHLQ $3, DI; \
+	BSWAPQ DI; \
+	MOVQ DI, -8(R13)(R9*1); \
+	SHRQ $6, R9; \
+written: \
+	CMPQ SI, DX; \
+	JEQ msgdone; \
+blkloop: \
+	BLOCK; \
+	ADDQ $64, SI; \
+	CMPQ SI, DX; \
+	JNE blkloop; \
+msgdone: \
+	STATE_OUT; \
+	PSHUFB X8, X1; \
+	PSHUFB X8, X2; \
+	MOVO X1, X11; \
+	MOVO X2, X12; \
+	PEXTRQ $1, X12, CX; \
+	BSWAPQ CX; \
+	MOVQ CX, (R11); \
+	ADDQ $8, R11; \
+	CMPQ n+56(FP), $0; \
+	JEQ done; \
+	XCHGQ R12, R13; \
+	MOVQ R9, BX; \
+	JMP loop; \
+done: \
+	MOVQ d+0(FP), DI; \
+	MOVOU X11, 0(DI); \
+	MOVOU X12, 16(DI); \
+	VZEROUPPER; \
+	RET
+
+// In FUSED, the next message is written as: the prefix's bytes 0..15 and 32..63 (the
+// parent digest's bytes are placeholders), the tokens, the extras (32 bytes stored),
+// 0x80 and 63 zeros, then the frame length (pickle) and the bit length.
+
 // func sha256Blocks(h *[8]uint32, p []byte)
 TEXT ·sha256Blocks(SB), NOSPLIT, $0-32
 	MOVQ h+0(FP), DI
@@ -256,152 +451,13 @@ TEXT ·sha256ChainAt3(SB), NOSPLIT, $0-32
 TEXT ·sha256ChainAt13(SB), NOSPLIT, $0-32
 	CHAIN(PARENT_AT(13, 3, ·sha256Low13(SB)))
 
-// sha256ChainCBORAVX512: the vLLM sha256_cbor chain in one loop that, for each block,
-// first writes the next block's message (AVX-512 token encoding, extras, padding) and
-// then compresses the current one with the parent digest spliced in from registers.
-// The encoding depends on no digest, so the out-of-order core runs it under the SHA
-// rounds' latency chain; no Go call, digest store/reload or key append per block.
-//
-// The AVX-512 part works on 256-bit vectors (AVX-512 VL), four tokens a step, in
-// Y16..Y31 and K1..K4. 256 bits because a 512-bit µop in flight takes port 1's vector
-// unit away on current Intel cores, leaving the SHA rounds' shuffles one port (-10%
-// measured); Y16..Y31 because SSE code (the SHA rounds, X0..X13) after AVX code that
-// left only those registers' upper halves dirty pays no transition cost.
-//
-// Registers: AX &sha256K, SI/DX block and end of the message being hashed, R12 its
-// slot, BX its length in 64-byte blocks, R13 the other slot (being written), DI write
-// cursor, R8 next token, R9 end of the block's tokens then the written message's
-// block count, R10 plan, R11 next key, CX scratch.
-//
-// Plan layout (sha256FusedPlan): 0 prefix, 64 extras, 128 0x80 and zeros, 192 prefix
-// length, 200 extras length, 208 bytes of tokens per block.
-
-// CBOR_STEP encodes 4 tokens at (R8) to (DI) and advances DI: cborTokensAVX512's
-// step on 256-bit vectors.
-#define CBOR_STEP \
-	VPMOVZXDQ (R8), Y16; \
-	VPSHUFB Y23, Y16, Y17; \
-	VPCMPUQ $5, Y20, Y16, K1; \
-	VPCMPUQ $5, Y21, Y16, K2; \
-	VPCMPUQ $5, Y22, Y16, K3; \
-	VMOVDQA64 Y24, Y18; \
-	VPADDQ Y25, Y18, K2, Y18; \
-	VPADDQ Y25, Y18, K3, Y18; \
-	VPORQ Y18, Y17, Y17; \
-	VMOVDQA64 Y26, Y19; \
-	VMOVDQA64 Y27, K1, Y19; \
-	VMOVDQA64 Y28, K2, Y19; \
-	VMOVDQA64 Y29, K3, Y19; \
-	VPMOVB2M Y19, K4; \
-	VPCOMPRESSB.Z Y17, K4, Y30; \
-	VMOVDQU8 Y30, (DI); \
-	KMOVD K4, CX; \
-	POPCNTL CX, CX; \
-	ADDQ CX, DI
-
 // func sha256ChainCBORAVX512(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
 TEXT ·sha256ChainCBORAVX512(SB), NOSPLIT, $0-64
-	MOVQ d+0(FP), DI
-	MOVOU 0(DI), X11
-	MOVOU 16(DI), X12
-	MOVQ plan+8(FP), R10
-	MOVQ slots+16(FP), R12
-	MOVQ slotSize+24(FP), R13
-	ADDQ R12, R13
-	MOVQ blocks0+32(FP), BX
-	MOVQ tokens+40(FP), R8
-	MOVQ keys+48(FP), R11
-	LEAQ ·sha256K(SB), AX
-	MOVOU ·sha256ByteSwap(SB), X8
-	VPBROADCASTQ ·tokConst+0(SB), Y20  // 24
-	VPBROADCASTQ ·tokConst+8(SB), Y21  // 256
-	VPBROADCASTQ ·tokConst+16(SB), Y22 // 65536
-	VPBROADCASTQ ·tokConst+24(SB), Y24 // 0x18
-	VPBROADCASTQ ·tokConst+32(SB), Y25 // 1
-	VPBROADCASTQ ·tokConst+40(SB), Y26 // select byte 4
-	VPBROADCASTQ ·tokConst+48(SB), Y27 // select bytes 0, 4
-	VPBROADCASTQ ·tokConst+56(SB), Y28 // select bytes 0, 3, 4
-	VPBROADCASTQ ·tokConst+64(SB), Y29 // select bytes 0..4
-	VBROADCASTI32X4 ·cborLaneShuffle(SB), Y23
+	FUSED(CBOR_CONSTS, CBOR_STEP, NO_FRAME, PARENT_SPLICE(3, 13, ·sha256Low3(SB)))
 
-loop:
-	MOVOU ·sha256Init+0(SB), X1
-	MOVOU ·sha256Init+16(SB), X2
-	STATE_IN
-	MOVQ R12, SI
-	MOVQ BX, DX
-	SHLQ $6, DX
-	ADDQ SI, DX
-	PARENT_SPLICE(3, 13, ·sha256Low3(SB))
-	ROUNDS64
-	ADDQ $64, SI
-	DECQ n+56(FP) // messages after this one
-	JZ written
-
-	// Write the next message into R13's slot: prefix (the parent bytes are
-	// placeholders), tokens, extras, padding.
-	MOVQ 0(R10), CX
-	MOVQ CX, 0(R13)
-	VMOVDQU64 32(R10), Y31
-	VMOVDQU64 Y31, 32(R13)
-	MOVQ 192(R10), DI
-	ADDQ R13, DI
-	MOVQ 208(R10), R9
-	ADDQ R8, R9
-
-encloop:
-	CBOR_STEP
-	ADDQ $16, R8
-	CMPQ R8, R9
-	JNE encloop
-
-	VMOVDQU64 64(R10), Y31
-	VMOVDQU64 Y31, (DI)
-	ADDQ 200(R10), DI
-	VMOVDQU64 128(R10), Y31
-	VMOVDQU64 Y31, (DI) // 0x80, then zeros up to the length field
-	VMOVDQU64 160(R10), Y31
-	VMOVDQU64 Y31, 32(DI)
-	SUBQ R13, DI       // message length
-	LEAQ 72(DI), R9
-	ANDQ $~63, R9      // padded length
-	SHLQ $3, DI
-	BSWAPQ DI
-	MOVQ DI, -8(R13)(R9*1)
-	SHRQ $6, R9
-
-written:
-	CMPQ SI, DX
-	JEQ msgdone
-
-blkloop:
-	BLOCK
-	ADDQ $64, SI
-	CMPQ SI, DX
-	JNE blkloop
-
-msgdone:
-	STATE_OUT
-	PSHUFB X8, X1
-	PSHUFB X8, X2
-	MOVO X1, X11
-	MOVO X2, X12
-	PEXTRQ $1, X12, CX
-	BSWAPQ CX
-	MOVQ CX, (R11)
-	ADDQ $8, R11
-	CMPQ n+56(FP), $0
-	JEQ done
-	XCHGQ R12, R13
-	MOVQ R9, BX
-	JMP loop
-
-done:
-	MOVQ d+0(FP), DI
-	MOVOU X11, 0(DI)
-	MOVOU X12, 16(DI)
-	VZEROUPPER
-	RET
+// func sha256ChainPickleAVX512(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
+TEXT ·sha256ChainPickleAVX512(SB), NOSPLIT, $0-64
+	FUSED(PICKLE_CONSTS, PICKLE_STEP, PICKLE_FRAME, PARENT_SPLICE(13, 3, ·sha256Low13(SB)))
 
 // Round constants K[0..63] (FIPS 180-4 section 4.2.2), two per 8-byte word, low first.
 DATA ·sha256K+0(SB)/8, $0x71374491428a2f98

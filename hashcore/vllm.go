@@ -102,8 +102,8 @@ func (c *vllmChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, ex 
 	pipelined := !c.xxh && useSHA256Blocks && (pickleFast || !c.pickle)
 	for i := 0; i < nb; i++ {
 		if pipelined && d.N == 32 {
-			if !c.pickle && useTokensAVX512 && haveSHA256FusedCBOR && bs%4 == 0 && len(exN) <= 32 {
-				dst = c.appendKeysCBORFused(dst, &d, tokens[i*bs:nb*bs], ex0, exN, sc)
+			if useTokensAVX512 && haveSHA256Fused && bs%4 == 0 && len(exN) <= 32 {
+				dst = c.appendKeysFused(dst, &d, tokens[i*bs:nb*bs], ex0, exN, sc)
 				break
 			}
 			sc.buf2 = slices.Grow(sc.buf2[:0], cap(buf))
@@ -182,33 +182,44 @@ func (c *vllmChain) encodeAround32(buf []byte, tokens []uint32, extras []byte) [
 	return sha256Pad(buf, n)
 }
 
-// appendKeysCBORFused is appendKeysSHA256 for CBOR blocks of a multiple of 4 tokens
-// whose extras (after the first block) take at most 32 bytes, on CPUs with the AVX-512
-// token encoders and AVX-512 VL: the first block's message
-// is written here, every later one by sha256ChainCBORAVX512 itself, which hashes the
-// whole run in one call.
-func (c *vllmChain) appendKeysCBORFused(dst []uint64, d *Digest, tokens []uint32, ex0, exN []byte, sc *scratch) []uint64 {
+// appendKeysFused is appendKeysSHA256 for blocks of a multiple of 4 tokens whose
+// extras (pickle: suffix) after the first block take at most 32 bytes, on CPUs with
+// haveSHA256Fused: the first block's message is written here, every later one by the
+// assembly loop itself, which hashes the whole run in one call.
+func (c *vllmChain) appendKeysFused(dst []uint64, d *Digest, tokens []uint32, ex0, exN []byte, sc *scratch) []uint64 {
 	bs := c.blockSize
 	nb := len(tokens) / bs
 	var plan sha256FusedPlan
-	plan.prefix[0], plan.prefix[1], plan.prefix[2] = 0x83, 0x58, 32
-	binary.LittleEndian.PutUint64(plan.prefix[cborParent32At+32:], c.cbor.tokHeadWord)
-	prefixLen := cborParent32At + 32 + c.cbor.tokHeadN
+	var prefixLen, tokMax int // bytes before the first token, most bytes a token takes
+	if c.pickle {
+		plan.prefix[0], plan.prefix[1], plan.prefix[2] = pkProto, 5, pkFrame
+		plan.prefix[11], plan.prefix[12] = pkShortBinBytes, 32
+		plan.prefix[pickleParent32At+32], plan.prefix[pickleParent32At+33] = pkMemoize, pkMark // bs >= 4
+		prefixLen, tokMax = pickleParent32At+34, 7
+	} else {
+		plan.prefix[0], plan.prefix[1], plan.prefix[2] = 0x83, 0x58, 32
+		binary.LittleEndian.PutUint64(plan.prefix[cborParent32At+32:], c.cbor.tokHeadWord)
+		prefixLen, tokMax = cborParent32At+32+c.cbor.tokHeadN, 5
+	}
 	copy(plan.extras[:], exN)
 	plan.pad[0] = 0x80
 	plan.prefixLen, plan.extrasLen = uint64(prefixLen), uint64(len(exN))
 	plan.tokBytes = 4 * uint64(bs)
-	// A slot holds a message, its padding and the 64-byte stores that run past both.
-	slot := (prefixLen + 5*bs + max(len(ex0), len(exN)) + 72 + 63) &^ 63
+	// A slot holds a message, its padding and the stores that run up to 64 bytes past
+	// the message.
+	slot := (prefixLen + tokMax*bs + max(len(ex0), len(exN)) + 72 + 63) &^ 63
 	buf := slices.Grow(sc.batch[:0], 2*slot)[:2*slot]
-	first := buf[:slot:slot]
-	blocks0 := len(sha256Pad(first, c.cbor.encodeAround32(first, tokens[:bs], ex0))) >> 6
+	blocks0 := len(c.encodeAround32(buf[:slot:slot], tokens[:bs], ex0)) >> 6
 	next := &tokens[0]
 	if nb > 1 {
 		next = &tokens[bs]
 	}
 	keys := dst[len(dst) : len(dst)+nb]
-	sha256ChainCBORAVX512(&d.B, &plan, &buf[0], slot, blocks0, next, &keys[0], nb)
+	if c.pickle {
+		sha256ChainPickleAVX512(&d.B, &plan, &buf[0], slot, blocks0, next, &keys[0], nb)
+	} else {
+		sha256ChainCBORAVX512(&d.B, &plan, &buf[0], slot, blocks0, next, &keys[0], nb)
+	}
 	sc.batch = buf[:0]
 	return dst[:len(dst)+nb]
 }
