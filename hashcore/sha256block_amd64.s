@@ -189,12 +189,12 @@ done: \
 	RET
 
 // sha256ChainCBORAVX512 and sha256ChainPickleAVX512: the vLLM sha256_cbor and sha256
-// (pickle) chains in one loop that, for each block, hashes the current message's first
-// 64-byte block, then writes the next block's message (AVX-512 token encoding, extras,
-// padding), then hashes the rest of the current message, the parent digest spliced in
-// from registers. The writing depends on no digest, so the out-of-order core runs it
-// under the SHA rounds' latency chain; no Go call, digest store/reload or key append
-// per block.
+// (pickle) chains in one loop that, for each block, writes the next block's message
+// (AVX-512 token encoding, extras, padding), then hashes the current one with the
+// parent digest spliced in from registers. The writing depends on no digest, so the
+// out-of-order core runs it under the SHA rounds' latency chain (writing it after the
+// current message's first 64-byte block instead measured slower); no Go call, digest
+// store/reload or key append per block.
 //
 // The AVX-512 part works on 256-bit vectors (AVX-512 VL), four tokens a step, in
 // Y16..Y31 and K1..K5. 256 bits because a 512-bit µop in flight takes port 1's vector
@@ -307,16 +307,6 @@ done: \
 	MOVOU ·sha256ByteSwap(SB), X8; \
 	consts; \
 loop: \
-	MOVOU ·sha256Init+0(SB), X1; \
-	MOVOU ·sha256Init+16(SB), X2; \
-	STATE_IN; \
-	MOVQ R12, SI; \
-	MOVQ BX, DX; \
-	SHLQ $6, DX; \
-	ADDQ SI, DX; \
-	parent; \
-	ROUNDS64; \
-	ADDQ $64, SI; \
 	DECQ n+56(FP); \
 	JZ written; \
 	MOVQ 0(R10), CX; \
@@ -350,6 +340,16 @@ encloop: \
 	MOVQ DI, -8(R13)(R9*1); \
 	SHRQ $6, R9; \
 written: \
+	MOVOU ·sha256Init+0(SB), X1; \
+	MOVOU ·sha256Init+16(SB), X2; \
+	STATE_IN; \
+	MOVQ R12, SI; \
+	MOVQ BX, DX; \
+	SHLQ $6, DX; \
+	ADDQ SI, DX; \
+	parent; \
+	ROUNDS64; \
+	ADDQ $64, SI; \
 	CMPQ SI, DX; \
 	JEQ msgdone; \
 blkloop: \
