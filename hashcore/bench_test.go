@@ -82,6 +82,15 @@ func BenchmarkHashChain(b *testing.B) {
 		// The same chain on the portable path (crypto/sha256, one token at a time: the
 		// path before kvgate's SHA-NI block function and AVX-512 token encoders, and
 		// the one CPUs without them take): the ratio of the two rows is what they buy.
+		// The Go loop that pipelines per-block calls of the block function, which the
+		// fused assembly loop replaces where it runs: the ratio is what fusing buys.
+		if haveSHA256Fused && strings.Contains(bs.name, "sha256") && bs.spec.Engine == "vllm" {
+			b.Run(name+"/pipelined", func(b *testing.B) {
+				useSHA256Fused = false
+				defer func() { useSHA256Fused = haveSHA256Fused }()
+				run(b)
+			})
+		}
 		if (haveSHA256Blocks || haveTokensAVX512) && strings.Contains(bs.name, "sha256") {
 			b.Run(name+"/stdlib", func(b *testing.B) {
 				oldSHA, oldTok := useSHA256Blocks, useTokensAVX512

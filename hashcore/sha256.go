@@ -46,6 +46,10 @@ func sha256Pad(p []byte, n int) []byte {
 	return p
 }
 
+// useSHA256Fused selects the fused assembly loops (appendKeysFused); tests turn it off
+// to cover the pipelined Go loop on CPUs that have them.
+var useSHA256Fused = haveSHA256Fused
+
 // useTokensAVX512 selects the AVX-512 token encoders; tests turn it off to cover the
 // one-token-at-a-time path on CPUs that have them.
 var useTokensAVX512 = haveTokensAVX512

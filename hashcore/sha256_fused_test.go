@@ -3,13 +3,26 @@ package hashcore
 import (
 	"bytes"
 	"fmt"
+	"runtime"
 	"slices"
 	"testing"
+
+	"github.com/klauspost/cpuid/v2"
 )
 
+// TestSHA256FusedSelected: on amd64 CPUs with SHA-NI and the AVX-512 token encoders
+// plus AVX-512 VL the fused loops must be on (unless built with -tags purego).
+func TestSHA256FusedSelected(t *testing.T) {
+	want := runtime.GOARCH == "amd64" && !puregoBuild &&
+		cpuid.CPU.Supports(cpuid.SHA, cpuid.SSSE3, cpuid.SSE4, cpuid.AVX512F, cpuid.AVX512BW, cpuid.AVX512VBMI2, cpuid.AVX512VL, cpuid.POPCNT)
+	if haveSHA256Fused != want || useSHA256Fused != want {
+		t.Fatalf("haveSHA256Fused = %v, useSHA256Fused = %v, want %v (cpu %s)", haveSHA256Fused, useSHA256Fused, want, CPUFeatures())
+	}
+}
+
 // TestSHA256ChainsMatchPortablePath: the SHA-256 chains give the same keys and final
-// digest on this CPU's path (kvgate's block function, pipelined or fused with the
-// AVX-512 message writer) as on the portable path (crypto/sha256, one token at a
+// digest on this CPU's paths (kvgate's block function, fused with the AVX-512 message
+// writer or pipelined in Go) as on the portable path (crypto/sha256, one token at a
 // time), for block sizes 1..40, prompts of 0 to 3 blocks with and without a tail and
 // of 8192 tokens, every extras shape (none, LoRA, cache salt, both, extras too long
 // for the fused writer), parents of 32 bytes (the root, another digest) and 16 bytes
@@ -46,16 +59,23 @@ func TestSHA256ChainsMatchPortablePath(t *testing.T) {
 							if n == 8192 && (pi > 0 || !first) {
 								continue // the long prompt once per extras shape
 							}
-							var fastKeys, portKeys []uint64
-							var fastD, portD Digest
-							fastKeys, fastD = c.AppendKeys([]uint64{42}, parent, toks[:n], ex, first)
+							var portKeys []uint64
+							var portD Digest
 							withPortablePath(t, func() { portKeys, portD = c.AppendKeys([]uint64{42}, parent, toks[:n], ex, first) })
-							if !slices.Equal(fastKeys, portKeys) || fastD != portD {
-								t.Fatalf("%s bs=%d tokens=%d extras#%d parent#%d first=%v: keys/digest differ from the portable path\nfast %x %s\nport %x %s",
-									c.Name(), bs, n, ei, pi, first, fastKeys, fmt.Sprintf("%x", fastD.Bytes()), portKeys, fmt.Sprintf("%x", portD.Bytes()))
+							if len(portKeys) != 1+n/bs {
+								t.Fatalf("%s bs=%d tokens=%d: %d keys, want %d", c.Name(), bs, n, len(portKeys)-1, n/bs)
 							}
-							if len(fastKeys) != 1+n/bs {
-								t.Fatalf("%s bs=%d tokens=%d: %d keys, want %d", c.Name(), bs, n, len(fastKeys)-1, n/bs)
+							for _, fused := range []bool{true, false} {
+								if fused && !haveSHA256Fused {
+									continue
+								}
+								useSHA256Fused = fused
+								keys, d := c.AppendKeys([]uint64{42}, parent, toks[:n], ex, first)
+								useSHA256Fused = haveSHA256Fused
+								if !slices.Equal(keys, portKeys) || d != portD {
+									t.Fatalf("%s bs=%d tokens=%d extras#%d parent#%d first=%v fused=%v: keys/digest differ from the portable path\nfast %x %s\nport %x %s",
+										c.Name(), bs, n, ei, pi, first, fused, keys, fmt.Sprintf("%x", d.Bytes()), portKeys, fmt.Sprintf("%x", portD.Bytes()))
+								}
 							}
 						}
 					}

@@ -102,7 +102,7 @@ func (c *vllmChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, ex 
 	pipelined := !c.xxh && useSHA256Blocks && (pickleFast || !c.pickle)
 	for i := 0; i < nb; i++ {
 		if pipelined && d.N == 32 {
-			if useTokensAVX512 && haveSHA256Fused && bs%4 == 0 && len(exN) <= 32 {
+			if useSHA256Fused && useTokensAVX512 && bs%4 == 0 && len(exN) <= 32 {
 				dst = c.appendKeysFused(dst, &d, tokens[i*bs:nb*bs], ex0, exN, sc)
 				break
 			}
