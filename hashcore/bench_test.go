@@ -84,7 +84,7 @@ func BenchmarkHashChain(b *testing.B) {
 		// the one CPUs without them take): the ratio of the two rows is what they buy.
 		// The Go loop that pipelines per-block calls of the block function, which the
 		// fused assembly loop replaces where it runs: the ratio is what fusing buys.
-		if haveSHA256Fused && strings.Contains(bs.name, "sha256") && bs.spec.Engine == "vllm" {
+		if haveSHA256Fused && strings.Contains(bs.name, "sha256") {
 			b.Run(name+"/pipelined", func(b *testing.B) {
 				useSHA256Fused = false
 				defer func() { useSHA256Fused = haveSHA256Fused }()
@@ -93,9 +93,9 @@ func BenchmarkHashChain(b *testing.B) {
 		}
 		if (haveSHA256Blocks || haveTokensAVX512) && strings.Contains(bs.name, "sha256") {
 			b.Run(name+"/stdlib", func(b *testing.B) {
-				oldSHA, oldTok := useSHA256Blocks, useTokensAVX512
-				useSHA256Blocks, useTokensAVX512 = false, false
-				defer func() { useSHA256Blocks, useTokensAVX512 = oldSHA, oldTok }()
+				oldSHA, oldTok, oldFused := useSHA256Blocks, useTokensAVX512, useSHA256Fused
+				useSHA256Blocks, useTokensAVX512, useSHA256Fused = false, false, false
+				defer func() { useSHA256Blocks, useTokensAVX512, useSHA256Fused = oldSHA, oldTok, oldFused }()
 				run(b)
 			})
 		}

@@ -29,6 +29,10 @@ func (c *sglangChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, _
 	sc := getScratch()
 	buf := slices.Grow(sc.buf[:0], 32+4*bs+sha256PadSlack) // sha256Sum pads in place
 	for i := 0; i < nb; i++ {
+		if useSHA256Fused && useSHA256Blocks && useTokensAVX512 && bs%4 == 0 && d.N == 32 {
+			dst = c.appendKeysFused(dst, &d, tokens[i*bs:nb*bs], sc)
+			break
+		}
 		blk := tokens[i*bs : (i+1)*bs]
 		if useSHA256Blocks && d.N == 32 {
 			// The block function takes the parent from d.B: buf[:32] is only its slot.
@@ -45,4 +49,26 @@ func (c *sglangChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, _
 	sc.buf = buf
 	putScratch(sc)
 	return dst, d
+}
+
+// appendKeysFused hashes pages of a multiple of 4 tokens chained on the 32-byte
+// digest d in one call of the fused assembly loop (see vllmChain.appendKeysFused);
+// needs haveSHA256Fused.
+func (c *sglangChain) appendKeysFused(dst []uint64, d *Digest, tokens []uint32, sc *scratch) []uint64 {
+	bs := c.blockSize
+	nb := len(tokens) / bs
+	plan := sha256FusedPlan{prefixLen: 32, tokBytes: 4 * uint64(bs)}
+	plan.pad[0] = 0x80
+	slot := (32 + 4*bs + 72 + 63) &^ 63
+	buf := slices.Grow(sc.batch[:0], 2*slot)[:2*slot]
+	first := appendUint32sLE(buf[:32:slot], tokens[:bs]) // buf[:32] is the parent's slot
+	blocks0 := len(sha256Pad(first, len(first))) >> 6
+	next := &tokens[0]
+	if nb > 1 {
+		next = &tokens[bs]
+	}
+	keys := dst[len(dst) : len(dst)+nb]
+	sha256ChainSGLangAVX512(&d.B, &plan, &buf[0], slot, blocks0, next, &keys[0], nb)
+	sc.batch = buf[:0]
+	return dst[:len(dst)+nb]
 }

@@ -195,9 +195,9 @@ func TestChainsMatchStdlibPath(t *testing.T) {
 // crypto/sha256 and one-token-at-a-time encoding.
 func withPortablePath(t *testing.T, f func()) {
 	t.Helper()
-	old := useTokensAVX512
-	useTokensAVX512 = false
-	defer func() { useTokensAVX512 = old }()
+	old, oldFused := useTokensAVX512, useSHA256Fused
+	useTokensAVX512, useSHA256Fused = false, false
+	defer func() { useTokensAVX512, useSHA256Fused = old, oldFused }()
 	withSHA256Blocks(t, false, f)
 }
 

@@ -36,8 +36,9 @@ func sha256ChainAt13(d *[32]byte, p []byte)
 // haveSHA256Blocks reports whether sha256Blocks can run on this CPU.
 var haveSHA256Blocks = cpuid.CPU.Supports(cpuid.SHA, cpuid.SSSE3, cpuid.SSE4)
 
-// sha256ChainCBORAVX512 and sha256ChainPickleAVX512 run n >= 1 blocks of a vLLM
-// sha256_cbor or sha256 (pickle) chain whose parent is the 32-byte digest *d. The
+// sha256ChainCBORAVX512, sha256ChainPickleAVX512 and sha256ChainSGLangAVX512 run
+// n >= 1 blocks of a vLLM sha256_cbor or sha256 (pickle) chain or of SGLang's page
+// chain whose parent is the 32-byte digest *d. The
 // first block's message is already in slots[:slotSize], padded, blocks0 64-byte
 // blocks long; they write every later one themselves, from plan and the tokens of
 // blocks 1..n-1 (plan.tokBytes bytes each, from tokens), alternately into the two
@@ -51,7 +52,9 @@ func sha256ChainCBORAVX512(d *[32]byte, plan *sha256FusedPlan, slots *byte, slot
 //go:noescape
 func sha256ChainPickleAVX512(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
 
-// haveSHA256Fused reports whether sha256ChainCBORAVX512 and sha256ChainPickleAVX512
-// can run here: the block
+//go:noescape
+func sha256ChainSGLangAVX512(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
+
+// haveSHA256Fused reports whether the sha256Chain*AVX512 loops can run here: the block
 // function's and the AVX-512 token encoders' CPU needs, and AVX-512 VL.
 var haveSHA256Fused = haveSHA256Blocks && haveTokensAVX512 && cpuid.CPU.Supports(cpuid.AVX512VL)

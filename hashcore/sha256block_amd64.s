@@ -188,8 +188,8 @@ final: \
 done: \
 	RET
 
-// sha256ChainCBORAVX512 and sha256ChainPickleAVX512: the vLLM sha256_cbor and sha256
-// (pickle) chains in one loop that, for each block, writes the next block's message
+// sha256ChainCBORAVX512, sha256ChainPickleAVX512 and sha256ChainSGLangAVX512: the vLLM
+// sha256_cbor and sha256 (pickle) chains and SGLang's page chain in one loop that, for each block, writes the next block's message
 // (AVX-512 token encoding, extras, padding), then hashes the current one with the
 // parent digest spliced in from registers. The writing depends on no digest, so the
 // out-of-order core runs it under the SHA rounds' latency chain (writing it after the
@@ -284,6 +284,28 @@ done: \
 	POPCNTL CX, CX; \
 	ADDQ CX, DI
 
+// SGLANG_STEP copies 4 tokens at (R8) to (DI), little-endian as they are, and
+// advances DI: SGLang's page message is the parent digest then the tokens.
+#define NO_CONSTS
+#define SGLANG_STEP \
+	VMOVDQU64 (R8), X16; \
+	VMOVDQU64 X16, (DI); \
+	ADDQ $16, DI
+
+// PARENT_SPLICE0 is PARENT_SPLICE for a digest at bytes 0..31.
+#define PARENT_SPLICE0 \
+	MOVO X11, X3; \
+	MOVO X12, X4; \
+	LOADW(32, X5); \
+	LOADW(48, X6); \
+	PSHUFB X8, X3; \
+	PSHUFB X8, X4
+
+// KEY_LAST8 and KEY_FIRST8 take the digest's last (vLLM) or first (SGLang) 8 bytes
+// into CX, to be byte-swapped into the big-endian key.
+#define KEY_LAST8 PEXTRQ $1, X12, CX
+#define KEY_FIRST8 MOVQ X11, CX
+
 // NO_FRAME and PICKLE_FRAME run with the message length in DI: pickle writes its frame
 // length (everything after the 11-byte PROTO and FRAME header) at bytes 3..10.
 #define NO_FRAME
@@ -292,7 +314,7 @@ done: \
 	MOVQ CX, 3(R13)
 
 // FUSED is the body of the sha256Chain*AVX512 functions.
-#define FUSED(consts, step, frame, parent) \
+#define FUSED(consts, step, frame, parent, key) \
 	MOVQ d+0(FP), DI; \
 	MOVOU 0(DI), X11; \
 	MOVOU 16(DI), X12; \
@@ -363,7 +385,7 @@ msgdone: \
 	PSHUFB X8, X2; \
 	MOVO X1, X11; \
 	MOVO X2, X12; \
-	PEXTRQ $1, X12, CX; \
+	key; \
 	BSWAPQ CX; \
 	MOVQ CX, (R11); \
 	ADDQ $8, R11; \
@@ -453,11 +475,15 @@ TEXT ·sha256ChainAt13(SB), NOSPLIT, $0-32
 
 // func sha256ChainCBORAVX512(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
 TEXT ·sha256ChainCBORAVX512(SB), NOSPLIT, $0-64
-	FUSED(CBOR_CONSTS, CBOR_STEP, NO_FRAME, PARENT_SPLICE(3, 13, ·sha256Low3(SB)))
+	FUSED(CBOR_CONSTS, CBOR_STEP, NO_FRAME, PARENT_SPLICE(3, 13, ·sha256Low3(SB)), KEY_LAST8)
 
 // func sha256ChainPickleAVX512(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
 TEXT ·sha256ChainPickleAVX512(SB), NOSPLIT, $0-64
-	FUSED(PICKLE_CONSTS, PICKLE_STEP, PICKLE_FRAME, PARENT_SPLICE(13, 3, ·sha256Low13(SB)))
+	FUSED(PICKLE_CONSTS, PICKLE_STEP, PICKLE_FRAME, PARENT_SPLICE(13, 3, ·sha256Low13(SB)), KEY_LAST8)
+
+// func sha256ChainSGLangAVX512(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
+TEXT ·sha256ChainSGLangAVX512(SB), NOSPLIT, $0-64
+	FUSED(NO_CONSTS, SGLANG_STEP, NO_FRAME, PARENT_SPLICE0, KEY_FIRST8)
 
 // Round constants K[0..63] (FIPS 180-4 section 4.2.2), two per 8-byte word, low first.
 DATA ·sha256K+0(SB)/8, $0x71374491428a2f98

@@ -28,3 +28,7 @@ func sha256ChainCBORAVX512(d *[32]byte, plan *sha256FusedPlan, slots *byte, slot
 func sha256ChainPickleAVX512(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int) {
 	sha256Blocks(nil, nil)
 }
+
+func sha256ChainSGLangAVX512(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int) {
+	sha256Blocks(nil, nil)
+}
