@@ -84,3 +84,45 @@ func TestSHA256ChainsMatchPortablePath(t *testing.T) {
 		}
 	}
 }
+
+// FuzzSHA256ChainsFused compares the SHA-256 chains on this CPU's path with the
+// portable path over fuzzed tokens (any uint32), block sizes, extras and parents.
+func FuzzSHA256ChainsFused(f *testing.F) {
+	f.Add([]byte("\x00\x01\x02\x03\xff\xff\xff\xff\x17\x00\x00\x00\x18\x00\x00\x00"), uint8(4), "", "", false)
+	f.Add(bytes.Repeat([]byte{0xff, 0x00, 0x01, 0x80}, 200), uint8(16), "lora", "salt", true)
+	f.Fuzz(func(t *testing.T, raw []byte, bs uint8, lora, salt string, parent16 bool) {
+		if bs == 0 || bs > 64 {
+			return
+		}
+		toks := make([]uint32, len(raw)/4)
+		for i := range toks {
+			toks[i] = uint32(raw[4*i]) | uint32(raw[4*i+1])<<8 | uint32(raw[4*i+2])<<16 | uint32(raw[4*i+3])<<24
+		}
+		ex := &Extras{LoRAName: lora, CacheSalt: salt}
+		if ValidateExtras(ex) != nil {
+			return
+		}
+		var parent Digest
+		if parent16 {
+			parent.N = 16
+			copy(parent.B[:], raw)
+		}
+		for _, s := range []Spec{
+			{Engine: "vllm", Algo: "sha256_cbor", BlockSize: int(bs)},
+			{Engine: "vllm", Algo: "sha256", BlockSize: int(bs)},
+			{Engine: "sglang", BlockSize: int(bs)},
+		} {
+			c, err := New(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			keys, d := c.AppendKeys(nil, parent, toks, ex, true)
+			var portKeys []uint64
+			var portD Digest
+			withPortablePath(t, func() { portKeys, portD = c.AppendKeys(nil, parent, toks, ex, true) })
+			if !slices.Equal(keys, portKeys) || d != portD {
+				t.Fatalf("%s bs=%d tokens=%d: keys/digest differ from the portable path", c.Name(), bs, len(toks))
+			}
+		}
+	})
+}
