@@ -40,10 +40,11 @@ func CPUFeatures() string {
 }
 
 // SHA256Path names the SHA-256 path the chains use on this CPU and build, e.g.
-// "sha-ni (kvgate, avx512 token encoding)": kvgate's own SHA-NI block function, else
+// "sha-ni (kvgate, avx512 token encoding, fused loop)": kvgate's own SHA-NI block function, else
 // the block function crypto/sha256 picks (following its own selection rule,
 // crypto/internal/fips140/sha256, Go 1.26), e.g. "avx2 (crypto/sha256)"; and whether
-// the block messages' tokens are encoded with AVX-512.
+// the block messages' tokens are encoded with AVX-512, and whether the chains run in
+// the fused assembly loop that writes each message while hashing the previous one.
 func SHA256Path() string {
 	var s string
 	if haveSHA256Blocks {
@@ -53,6 +54,9 @@ func SHA256Path() string {
 	}
 	if haveTokensAVX512 {
 		s += ", avx512 token encoding"
+	}
+	if haveSHA256Fused {
+		s += ", fused loop"
 	}
 	return s + ")"
 }

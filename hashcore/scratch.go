@@ -11,7 +11,7 @@ import (
 type scratch struct {
 	buf   []byte
 	buf2  []byte // a second block buffer, for pipelined hashing
-	batch []byte // the two message slots of appendKeysCBORFused
+	batch []byte // the two message slots of the fused loops (appendKeysFused)
 	ex    []byte // pre-encoded extra keys
 	pk    pickler
 }
