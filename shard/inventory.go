@@ -237,13 +237,11 @@ func (inv *Inventory) addLocked(s int, sh *shardState, ep int, k, h uint64, cnt 
 		r = addEvicted
 		slot, ok, free, reuse = t.findForInsert(k, t.home(h, inv.shardBits))
 	}
-	if !ok && reuse {
-		t.reuse(free, k, ep)
+	switch {
+	case !ok && reuse:
+		t.reuse(free, k, ep) // a tombstone: stays counted in used
 		sh.live.Add(1)
-		cnt.Add(1)
-		return r
-	}
-	if !ok {
+	case !ok:
 		if sh.used+1 > t.maxUsed() || free < 0 {
 			t = inv.rebuildLocked(s, sh, int(sh.live.Load())+1)
 			free = t.freeSlot(t.home(h, inv.shardBits))
@@ -256,13 +254,12 @@ func (inv *Inventory) addLocked(s int, sh *shardState, ep int, k, h uint64, cnt 
 			sh.usedGauge.Store(int64(sh.used)) // a gauge: coarse is enough
 		}
 		sh.live.Add(1)
-		cnt.Add(1)
-		return r
+	default:
+		if !t.live(slot) {
+			sh.live.Add(1)
+		}
+		t.setBit(slot, ep)
 	}
-	if !t.live(slot) {
-		sh.live.Add(1)
-	}
-	t.setBit(slot, ep)
 	cnt.Add(1)
 	return r
 }

@@ -154,8 +154,8 @@ func (inv *Inventory) overlapWide(keys []uint64, e *[maxWords]uint64, words int,
 			continue
 		}
 		for w := 0; w < words; w++ {
-			for b := m[w] & e[w]; b != 0; b &= b - 1 {
-				scores[w*64+bits.TrailingZeros64(b)]++
+			for x := m[w] & e[w]; x != 0; x &= x - 1 {
+				scores[w*64+bits.TrailingZeros64(x)]++
 			}
 		}
 	}

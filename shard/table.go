@@ -285,10 +285,8 @@ func (t *table) findForInsert(key, b uint64) (slot int, ok bool, free int, reuse
 			if searching && k == key {
 				return slotOf(b, j), true, -1, false
 			}
-			if tomb < 0 {
-				if p, sh := t.maskAt(bk, j); *p>>sh&t.lmask == 0 && t.wideZero(slotOf(b, j)) {
-					tomb = slotOf(b, j)
-				}
+			if tomb < 0 && !t.live(slotOf(b, j)) {
+				tomb = slotOf(b, j)
 			}
 		}
 		// The bucket is full. Key is not beyond it unless an insert overflowed it.
@@ -304,15 +302,6 @@ func (t *table) findForInsert(key, b uint64) (slot int, ok bool, free int, reuse
 		}
 	}
 	return -1, false, -1, false
-}
-
-// wideZero reports whether slot's mask words beyond word 0 are all zero (writer-side).
-func (t *table) wideZero(slot int) bool {
-	if t.ww == 0 {
-		return true
-	}
-	d := t.dense(slot)
-	return allZero(t.wide[d*t.ww : d*t.ww+t.ww])
 }
 
 // freeSlot returns the first empty slot of the probe run from home bucket b, marking
@@ -452,10 +441,7 @@ func (t *table) trimTail(slot int) int {
 		return 0
 	}
 	n := 0
-	for ; j >= 0 && bk[j] != 0; j-- {
-		if p, sh := t.maskAt(bk, j); *p>>sh&t.lmask != 0 || !t.wideZero(slotOf(b, j)) {
-			break
-		}
+	for ; j >= 0 && bk[j] != 0 && !t.live(slotOf(b, j)); j-- {
 		atomic.StoreUint64(&bk[j], 0)
 		n++
 	}
