@@ -26,6 +26,7 @@ type kvRouter struct {
 	mgr       *ingest.Manager
 	mode      shard.Mode
 	blockSize int
+	minBlocks int32 // -kv-min-match-tokens in whole blocks: a shallower match is a miss
 	lora      map[string]loraAdapter
 	trie      *prefixTrie // mode 1 with -pd-prefix-trie-keys > 0
 }
@@ -35,7 +36,8 @@ type loraAdapter struct{ name, base string }
 func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	cfg := &s.cfg
 	k := &kvRouter{s: s, pool: tokenize.NewPool(), blockSize: cfg.KVBlockSize, mode: shard.Overlap,
-		lora: map[string]loraAdapter{}}
+		minBlocks: int32((cfg.KVMinMatchTokens + cfg.KVBlockSize - 1) / cfg.KVBlockSize),
+		lora:      map[string]loraAdapter{}}
 	if cfg.KVScorePrefix {
 		k.mode = shard.Prefix
 	}
@@ -308,8 +310,7 @@ func (k *kvRouter) routeExplain(st *reqState, el shard.Mask, d *decision, explai
 		k.miss(st, d, RouteMissNoWorker, explain)
 		return
 	}
-	minBlocks := int32((s.cfg.KVMinMatchTokens + k.blockSize - 1) / k.blockSize)
-	if st.scores[best] < minBlocks {
+	if st.scores[best] < k.minBlocks {
 		k.miss(st, d, RouteMissShallow, explain)
 		return
 	}
@@ -318,7 +319,7 @@ func (k *kvRouter) routeExplain(st *reqState, el shard.Mask, d *decision, explai
 	if !s.loads.Under(best, bound) {
 		winner = -1
 		for i := range s.eps {
-			if i == best || !el.Has(i) || st.scores[i] < minBlocks || st.scores[i] == 0 || !s.loads.Under(i, bound) {
+			if i == best || !el.Has(i) || st.scores[i] < k.minBlocks || st.scores[i] == 0 || !s.loads.Under(i, bound) {
 				continue
 			}
 			if winner < 0 || st.scores[i] > st.scores[winner] {

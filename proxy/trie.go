@@ -68,8 +68,7 @@ func (k *kvRouter) trieRoute(st *reqState, el shard.Mask, d *decision) {
 	if best < 0 || st.scores2[best] == 0 {
 		return
 	}
-	minBlocks := int32((s.cfg.KVMinMatchTokens + k.blockSize - 1) / k.blockSize)
-	if st.scores2[best] < minBlocks || !s.loads.Under(best, s.loads.Bound(el, s.cfg.LoadFactor)) {
+	if st.scores2[best] < k.minBlocks || !s.loads.Under(best, s.loads.Bound(el, s.cfg.LoadFactor)) {
 		return
 	}
 	// predicted stays 0: the trie is kvgate's memory, not an engine's report, and must
