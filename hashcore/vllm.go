@@ -1,7 +1,6 @@
 package hashcore
 
 import (
-	"crypto/sha256"
 	"encoding/binary"
 	"slices"
 
@@ -38,19 +37,29 @@ func (c *vllmChain) encodeSeed(dst []byte, seed string) []byte {
 	return appendCBORText(dst, seed)
 }
 
+// digestOf is the digest of one block message.
 func (c *vllmChain) digestOf(msg []byte) Digest {
 	var d Digest
+	c.digestInto(&d, msg)
+	return d
+}
+
+// digestInto sets d to the digest of one block message. A SHA-256 message with
+// sha256PadSlack bytes of spare capacity is padded in place there (sha256Sum).
+func (c *vllmChain) digestInto(d *Digest, msg []byte) {
 	if c.xxh {
 		h := xxh3.Hash128(msg)
 		binary.BigEndian.PutUint64(d.B[0:8], h.Hi)
 		binary.BigEndian.PutUint64(d.B[8:16], h.Lo)
 		d.N = 16
-		return d
+		return
 	}
-	d.B = sha256.Sum256(msg)
+	sha256Sum(&d.B, msg)
 	d.N = 32
-	return d
 }
+
+// vllmKey is the key vLLM publishes for a block: its digest's last 8 bytes, big-endian.
+func vllmKey(d *Digest) uint64 { return binary.BigEndian.Uint64(d.B[d.N-8 : d.N]) }
 
 // AppendKeys implements Chain. A zero parent means NONE_HASH. Extras failing
 // ValidateExtras yield no keys.
@@ -120,20 +129,9 @@ func (c *vllmChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, ex 
 		default:
 			buf = c.cbor.encode(buf, &d, blk, ex0)
 		}
-		ex0 = exN // the cache salt enters block 0 only
-		var key uint64
-		if c.xxh {
-			h := xxh3.Hash128(buf)
-			binary.BigEndian.PutUint64(d.B[0:8], h.Hi)
-			binary.BigEndian.PutUint64(d.B[8:16], h.Lo)
-			d.N = 16
-			key = h.Lo
-		} else {
-			sha256Sum(&d.B, buf) // pads in place: buf has sha256PadSlack spare
-			d.N = 32
-			key = binary.BigEndian.Uint64(d.B[24:32])
-		}
-		dst = append(dst, key)
+		ex0 = exN             // the cache salt enters block 0 only
+		c.digestInto(&d, buf) // buf has sha256PadSlack spare
+		dst = append(dst, vllmKey(&d))
 	}
 	sc.buf = buf
 	putScratch(sc)
@@ -162,7 +160,7 @@ func (c *vllmChain) appendKeysSHA256(dst []uint64, d *Digest, tokens []uint32, e
 		} else {
 			sha256ChainAt3(&d.B, msg)
 		}
-		dst = append(dst, binary.BigEndian.Uint64(d.B[24:32]))
+		dst = append(dst, vllmKey(d))
 		if next == nil {
 			return dst
 		}
