@@ -57,6 +57,24 @@ func (p *jsonParser) errf(format string, a ...any) error {
 	return fmt.Errorf("chat: invalid JSON at offset %d: %s", p.i, fmt.Sprintf(format, a...))
 }
 
+// next consumes what follows an object member or array element: ',' (more follow) or
+// the container's closing byte (done).
+func (p *jsonParser) next(closing byte, container string) (done bool, err error) {
+	p.ws()
+	if p.i >= len(p.b) {
+		return false, p.errf("unexpected end of %s", container)
+	}
+	switch p.b[p.i] {
+	case ',':
+		p.i++
+		return false, nil
+	case closing:
+		p.i++
+		return true, nil
+	}
+	return false, p.errf("expected ',' or '%c'", closing)
+}
+
 func (p *jsonParser) ws() {
 	for p.i < len(p.b) {
 		switch p.b[p.i] {
@@ -105,16 +123,9 @@ func (p *jsonParser) value(depth int) (Value, error) {
 			}
 			p.keys = append(p.keys, k)
 			p.vals = append(p.vals, v)
-			p.ws()
-			if p.i >= len(p.b) {
-				return undefined, p.errf("unexpected end of object")
-			}
-			if p.b[p.i] == ',' {
-				p.i++
-				continue
-			}
-			if p.b[p.i] == '}' {
-				p.i++
+			if done, err := p.next('}', "object"); err != nil {
+				return undefined, err
+			} else if done {
 				d := p.a.dict(len(p.keys) - kb)
 				for j := kb; j < len(p.keys); j++ {
 					d.set(p.keys[j], p.vals[vb+j-kb]) // a repeated key keeps its first place, last value
@@ -124,7 +135,6 @@ func (p *jsonParser) value(depth int) (Value, error) {
 				p.keys, p.vals = p.keys[:kb], p.vals[:vb]
 				return dictValue(d), nil
 			}
-			return undefined, p.errf("expected ',' or '}'")
 		}
 	case c == '[':
 		p.i++
@@ -141,23 +151,15 @@ func (p *jsonParser) value(depth int) (Value, error) {
 				return undefined, err
 			}
 			p.vals = append(p.vals, v)
-			p.ws()
-			if p.i >= len(p.b) {
-				return undefined, p.errf("unexpected end of array")
-			}
-			if p.b[p.i] == ',' {
-				p.i++
-				continue
-			}
-			if p.b[p.i] == ']' {
-				p.i++
+			if done, err := p.next(']', "array"); err != nil {
+				return undefined, err
+			} else if done {
 				items := p.a.valSlice(len(p.vals) - base)
 				copy(items, p.vals[base:])
 				clear(p.vals[base:])
 				p.vals = p.vals[:base]
 				return p.a.list(items, false), nil
 			}
-			return undefined, p.errf("expected ',' or ']'")
 		}
 	case c == '"':
 		s, err := p.str()
