@@ -225,6 +225,15 @@ func appendBlockPickle(p *pickler, dst, parent []byte, tokens []uint32, lora, sa
 	p.tupleOpen(len(tokens))
 	p.ints(tokens)
 	p.tupleClose(len(tokens))
+	p.extraKeys(lora, salt)
+	p.tupleClose(3)
+	return p.end()
+}
+
+// extraKeys pickles a block's extra keys: None, or the tuple of the LoRA name and the
+// cache salt that are set (a salt equal to the name refers to the name's memo slot when
+// CPython would share the two str objects).
+func (p *pickler) extraKeys(lora, salt string) {
 	n := 0
 	if lora != "" {
 		n++
@@ -234,24 +243,22 @@ func appendBlockPickle(p *pickler, dst, parent []byte, tokens []uint32, lora, sa
 	}
 	if n == 0 {
 		p.none()
-	} else {
-		p.tupleOpen(n)
-		loraSlot := -1
-		if lora != "" {
-			loraSlot = p.memo
-			p.str(lora, -1)
-		}
-		if salt != "" {
-			same := -1
-			if loraSlot >= 0 && salt == lora && sharedPyStr(salt) {
-				same = loraSlot
-			}
-			p.str(salt, same)
-		}
-		p.tupleClose(n)
+		return
 	}
-	p.tupleClose(3)
-	return p.end()
+	p.tupleOpen(n)
+	loraSlot := -1
+	if lora != "" {
+		loraSlot = p.memo
+		p.str(lora, -1)
+	}
+	if salt != "" {
+		same := -1
+		if loraSlot >= 0 && salt == lora && sharedPyStr(salt) {
+			same = loraSlot
+		}
+		p.str(salt, same)
+	}
+	p.tupleClose(n)
 }
 
 // appendStrPickle appends pickle.dumps(s, protocol=5): how vLLM hashes the NONE_HASH seed.

@@ -21,30 +21,7 @@ func appendPickleSuffix(dst []byte, n int, lora, salt string) []byte {
 	p := pickler{buf: dst, frameStart: 1 << 30} // never at a frame boundary: pickleFits decides
 	p.memo = 1
 	p.tupleClose(n)
-	k := 0
-	if lora != "" {
-		k++
-	}
-	if salt != "" {
-		k++
-	}
-	if k == 0 {
-		p.buf = append(p.buf, pkNone)
-	} else {
-		loraSlot := -1
-		if lora != "" {
-			loraSlot = p.memo
-			p.str(lora, -1)
-		}
-		if salt != "" {
-			same := -1
-			if loraSlot >= 0 && salt == lora && sharedPyStr(salt) {
-				same = loraSlot
-			}
-			p.str(salt, same)
-		}
-		p.tupleClose(k)
-	}
+	p.extraKeys(lora, salt)
 	p.tupleClose(3)
 	return append(p.buf, pkStop)
 }
