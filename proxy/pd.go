@@ -216,24 +216,37 @@ func (s *Server) decodeLeg(ctx context.Context, c *app.RequestContext, st *reqSt
 	}
 }
 
+// prefillLeg sends the prefill (context) request in st.legA to d.ep and returns its
+// 200 answer. ok false: the leg failed or the engine refused it, and (out, failed) is
+// what the P/D step returns (a retry, or the client already answered).
+func (s *Server) prefillLeg(ctx context.Context, c *app.RequestContext, st *reqState, d *decision) (resp []byte, out outcome, failed int, ok bool) {
+	status, resp, kind, err := s.exchange(ctx, c, d.ep, st.legA, st.legResp)
+	st.legResp = resp
+	if err != nil {
+		out, failed = s.legFailed(c, d.ep, kind, err)
+		return nil, out, failed, false
+	}
+	if status != 200 {
+		s.relayLegError(c, d, status, resp)
+		return nil, outcome{kind: outDone}, -1, false
+	}
+	return resp, outcome{}, 0, true
+}
+
 // pdVLLM: the prefill request gets max_tokens=1, stream=false and
 // kv_transfer_params{do_remote_decode:true}; the decode request carries the
 // kv_transfer_params the prefill answered with and streams to the client.
 func (s *Server) pdVLLM(ctx context.Context, c *app.RequestContext, st *reqState, d *decision) (outcome, int) {
-	extra := []byte(`"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null},"stream":false,"max_tokens":1`)
+	extra := append(st.legB[:0], `"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null},"stream":false,"max_tokens":1`...)
 	if st.oa.Member[openai.FMaxCompletionTokens].Present() {
 		extra = append(extra, `,"max_completion_tokens":1`...)
 	}
+	st.legB = extra
 	st.legA = openai.AppendRewritten(st.legA[:0], st.body, &st.oa, extra,
 		openai.FKVTransferParams, openai.FStream, openai.FStreamOptions, openai.FMaxTokens, openai.FMaxCompletionTokens)
-	status, resp, kind, err := s.exchange(ctx, c, d.ep, st.legA, st.legResp)
-	st.legResp = resp
-	if err != nil {
-		return s.legFailed(c, d.ep, kind, err)
-	}
-	if status != 200 {
-		s.relayLegError(c, d, status, resp)
-		return outcome{kind: outDone}, -1
+	resp, out, failed, ok := s.prefillLeg(ctx, c, st, d)
+	if !ok {
+		return out, failed
 	}
 	ktp := openai.Path(resp, "kv_transfer_params")
 	if len(ktp) == 0 {
@@ -297,14 +310,9 @@ func (s *Server) pdTRT(ctx context.Context, c *app.RequestContext, st *reqState,
 	st.legA = openai.AppendRewritten(st.legA[:0], st.body, &st.oa,
 		[]byte(`"disaggregated_params":{"request_type":"context_only"},"stream":false`),
 		openai.FDisaggregatedParams, openai.FStream, openai.FStreamOptions)
-	status, resp, kind, err := s.exchange(ctx, c, d.ep, st.legA, st.legResp)
-	st.legResp = resp
-	if err != nil {
-		return s.legFailed(c, d.ep, kind, err)
-	}
-	if status != 200 {
-		s.relayLegError(c, d, status, resp)
-		return outcome{kind: outDone}, -1
+	resp, out, failed, ok := s.prefillLeg(ctx, c, st, d)
+	if !ok {
+		return out, failed
 	}
 	choice := openai.FirstElement(openai.Path(resp, "choices"))
 	fr := openai.Path(choice, "finish_reason")
