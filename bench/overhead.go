@@ -318,27 +318,19 @@ type stageSum struct{ sum, count float64 }
 // metrics whose names contain "stage", keyed by their stage label) from its /metrics.
 func scrapeStages(url string) map[string]stageSum {
 	out := map[string]stageSum{}
-	resp, err := http.Get(url)
-	if err != nil {
-		return out
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<16), 1<<22)
-	for sc.Scan() {
-		l := sc.Text()
+	scrapeLines(url, func(l string) {
 		if strings.HasPrefix(l, "#") || !strings.Contains(l, "stage") {
-			continue
+			return
 		}
 		sp := strings.LastIndexByte(l, ' ')
 		lb, le := strings.IndexByte(l, '{'), strings.IndexByte(l, '}')
 		if sp < 0 || lb < 0 || le < lb {
-			continue
+			return
 		}
 		name := l[:lb]
 		v, err := strconv.ParseFloat(l[sp+1:], 64)
 		if err != nil {
-			continue
+			return
 		}
 		stage := ""
 		for _, kv := range strings.Split(l[lb+1:le], ",") {
@@ -347,7 +339,7 @@ func scrapeStages(url string) map[string]stageSum {
 			}
 		}
 		if stage == "" {
-			continue
+			return
 		}
 		e := out[stage]
 		switch {
@@ -356,10 +348,10 @@ func scrapeStages(url string) map[string]stageSum {
 		case strings.HasSuffix(name, "_count"):
 			e.count = v
 		default:
-			continue
+			return
 		}
 		out[stage] = e
-	}
+	})
 	return out
 }
 
@@ -367,30 +359,36 @@ func scrapeStages(url string) map[string]stageSum {
 // label ("1.000e-04...1.136e-04") -> count.
 func scrapeBuckets(url, series string) map[string]float64 {
 	out := map[string]float64{}
-	resp, err := http.Get(url)
-	if err != nil {
-		return out
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<16), 1<<22)
 	prefix := series + `{vmrange="`
-	for sc.Scan() {
-		l := sc.Text()
+	scrapeLines(url, func(l string) {
 		if !strings.HasPrefix(l, prefix) {
-			continue
+			return
 		}
 		rest := l[len(prefix):]
 		q := strings.IndexByte(rest, '"')
 		sp := strings.LastIndexByte(rest, ' ')
 		if q < 0 || sp < q {
-			continue
+			return
 		}
 		if v, err := strconv.ParseFloat(rest[sp+1:], 64); err == nil {
 			out[rest[:q]] = v
 		}
-	}
+	})
 	return out
+}
+
+// scrapeLines calls line for each line of a /metrics page (none when it cannot be read).
+func scrapeLines(url string, line func(string)) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<16), 1<<22)
+	for sc.Scan() {
+		line(sc.Text())
+	}
 }
 
 // routeQuantiles turns the bucket counts added between two scrapes into p50 and p99

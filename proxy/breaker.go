@@ -63,7 +63,13 @@ func (b *Breaker) tickLocked() {
 
 // Ready says whether a request could be admitted now (selection filter; no side effect
 // beyond the open -> half-open transition).
-func (b *Breaker) Ready() bool {
+func (b *Breaker) Ready() bool { return b.admit(false) }
+
+// Allow admits one request, claiming a trial slot when half-open. Every Allow that
+// returns true must be followed by Success, Failure or Neutral.
+func (b *Breaker) Allow() bool { return b.admit(true) }
+
+func (b *Breaker) admit(claim bool) bool {
 	if b.closed.Load() { // the common case: no lock on the request path
 		return true
 	}
@@ -74,26 +80,10 @@ func (b *Breaker) Ready() bool {
 	case BreakerClosed:
 		return true
 	case BreakerHalfOpen:
-		return b.inTrial < b.trials
-	}
-	return false
-}
-
-// Allow admits one request, claiming a trial slot when half-open. Every Allow that
-// returns true must be followed by Success, Failure or Neutral.
-func (b *Breaker) Allow() bool {
-	if b.closed.Load() {
-		return true
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.tickLocked()
-	switch b.state {
-	case BreakerClosed:
-		return true
-	case BreakerHalfOpen:
 		if b.inTrial < b.trials {
-			b.inTrial++
+			if claim {
+				b.inTrial++
+			}
 			return true
 		}
 	}
