@@ -61,24 +61,25 @@ func (a *arena) strSlice(n int) []string {
 	if a == nil {
 		return make([]string, n)
 	}
-	if n > cap(a.strs)-len(a.strs) {
-		a.strs = make([]string, 0, max(n, slabSize))
-	}
-	l := len(a.strs)
-	a.strs = a.strs[:l+n]
-	return a.strs[l : l+n : l+n]
+	return carve(&a.strs, n)
 }
 
 func (a *arena) valSlice(n int) []Value {
 	if a == nil {
 		return make([]Value, n)
 	}
-	if n > cap(a.vals)-len(a.vals) {
-		a.vals = make([]Value, 0, max(n, slabSize))
+	return carve(&a.vals, n)
+}
+
+// carve cuts n elements (capacity n, so appends never spill into the next cut) from the
+// slab, starting a new slab when the current one has no room.
+func carve[T any](slab *[]T, n int) []T {
+	if n > cap(*slab)-len(*slab) {
+		*slab = make([]T, 0, max(n, slabSize))
 	}
-	l := len(a.vals)
-	a.vals = a.vals[:l+n]
-	return a.vals[l : l+n : l+n]
+	l := len(*slab)
+	*slab = (*slab)[:l+n]
+	return (*slab)[l : l+n : l+n]
 }
 
 // dict returns an empty dict with room for n keys.
