@@ -76,17 +76,11 @@ func (k *kvRouter) trieRoute(st *reqState, el shard.Mask, d *decision) {
 	d.ep, d.route = best, RoutePrefixTrie
 }
 
-// trieRecord remembers that the request's prompt went to prefill endpoint ep. Only
-// the blocks past the run ep was already sent are added, so a conversation's next turn
-// costs its new blocks.
+// trieRecord remembers that the request's prompt went to prefill endpoint ep. Blocks ep
+// was already sent are no-ops for the inventory, so a conversation's next turn adds only
+// its new blocks.
 func (k *kvRouter) trieRecord(st *reqState, ep int) {
-	keys := k.trieKeys(st)
-	if len(keys) == 0 {
-		return
+	if keys := k.trieKeys(st); len(keys) > 0 {
+		k.trie.inv.Add(ep, keys)
 	}
-	one := st.engMask // free once KV-Exact has scored
-	clear(one)
-	one.Set(ep)
-	k.trie.inv.Score(keys, one, shard.Prefix, st.scores2)
-	k.trie.inv.Add(ep, keys[st.scores2[ep]:])
 }
