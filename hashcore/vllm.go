@@ -44,22 +44,25 @@ func (c *vllmChain) digestOf(msg []byte) Digest {
 	return d
 }
 
-// digestInto sets d to the digest of one block message. A SHA-256 message with
-// sha256PadSlack bytes of spare capacity is padded in place there (sha256Sum).
-func (c *vllmChain) digestInto(d *Digest, msg []byte) {
+// digestInto sets d to the digest of one block message and returns the block's key. A
+// SHA-256 message with sha256PadSlack bytes of spare capacity is padded in place there
+// (sha256Sum).
+func (c *vllmChain) digestInto(d *Digest, msg []byte) (key uint64) {
 	if c.xxh {
 		h := xxh3.Hash128(msg)
 		binary.BigEndian.PutUint64(d.B[0:8], h.Hi)
 		binary.BigEndian.PutUint64(d.B[8:16], h.Lo)
 		d.N = 16
-		return
+		return h.Lo
 	}
 	sha256Sum(&d.B, msg)
 	d.N = 32
+	return vllmKey(d)
 }
 
-// vllmKey is the key vLLM publishes for a block: its digest's last 8 bytes, big-endian.
-func vllmKey(d *Digest) uint64 { return binary.BigEndian.Uint64(d.B[d.N-8 : d.N]) }
+// vllmKey is the key vLLM publishes for a block of a SHA-256 chain: the digest's last 8
+// bytes, big-endian (XXH3-128's low half, for xxhash chains, digestInto returns).
+func vllmKey(d *Digest) uint64 { return binary.BigEndian.Uint64(d.B[24:32]) }
 
 // AppendKeys implements Chain. A zero parent means NONE_HASH. Extras failing
 // ValidateExtras yield no keys.
@@ -129,9 +132,8 @@ func (c *vllmChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, ex 
 		default:
 			buf = c.cbor.encode(buf, &d, blk, ex0)
 		}
-		ex0 = exN             // the cache salt enters block 0 only
-		c.digestInto(&d, buf) // buf has sha256PadSlack spare
-		dst = append(dst, vllmKey(&d))
+		ex0 = exN                                // the cache salt enters block 0 only
+		dst = append(dst, c.digestInto(&d, buf)) // buf has sha256PadSlack spare
 	}
 	sc.buf = buf
 	putScratch(sc)
