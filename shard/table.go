@@ -285,7 +285,7 @@ func (t *table) findForInsert(key, b uint64) (slot int, ok bool, free int, reuse
 			if searching && k == key {
 				return slotOf(b, j), true, -1, false
 			}
-			if tomb < 0 && !t.live(slotOf(b, j)) {
+			if tomb < 0 && t.tombstone(bk, b, j) {
 				tomb = slotOf(b, j)
 			}
 		}
@@ -302,6 +302,20 @@ func (t *table) findForInsert(key, b uint64) (slot int, ok bool, free int, reuse
 		}
 	}
 	return -1, false, -1, false
+}
+
+// tombstone reports whether slot j of bucket bk (bucket b), which holds a key, has an
+// all-zero mask. Writer-side (shard mutex held): plain loads. The in-bucket word is read
+// in place, since the insert walk asks it of every slot it passes.
+func (t *table) tombstone(bk *bucket, b uint64, j int) bool {
+	if p, sh := t.maskAt(bk, j); *p>>sh&t.lmask != 0 {
+		return false
+	}
+	if t.ww == 0 {
+		return true
+	}
+	d := t.dense(slotOf(b, j))
+	return allZero(t.wide[d*t.ww : d*t.ww+t.ww])
 }
 
 // freeSlot returns the first empty slot of the probe run from home bucket b, marking
@@ -441,7 +455,7 @@ func (t *table) trimTail(slot int) int {
 		return 0
 	}
 	n := 0
-	for ; j >= 0 && bk[j] != 0 && !t.live(slotOf(b, j)); j-- {
+	for ; j >= 0 && bk[j] != 0 && t.tombstone(bk, b, j); j-- {
 		atomic.StoreUint64(&bk[j], 0)
 		n++
 	}
