@@ -8,10 +8,12 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"strings"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/kvgate/kvgate/proxy/openai"
+	"github.com/kvgate/kvgate/proxy/route"
 )
 
 // adminHandler serves the admin listener: metrics, pprof, inventory, explain, health,
@@ -71,8 +73,9 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		metrics.WriteCounterUint64(w, "kvgate_inventory_dropped_total", st.DroppedAtBound)
 		metrics.WriteCounterUint64(w, "kvgate_inventory_rebuilds_total", st.Rebuilds)
 		if t := s.kv.trie; t != nil {
-			metrics.WriteGaugeUint64(w, "kvgate_prefix_trie_keys", uint64(max(t.inv.Len(), 0)))
-			metrics.WriteGaugeUint64(w, "kvgate_prefix_trie_memory_bytes", uint64(max(t.inv.MemoryBytes(), 0)))
+			keys, bytes := t.stats()
+			metrics.WriteGaugeUint64(w, "kvgate_prefix_trie_keys", uint64(max(keys, 0)))
+			metrics.WriteGaugeUint64(w, "kvgate_prefix_trie_memory_bytes", uint64(max(bytes, 0)))
 		}
 		for _, t := range s.cfg.Tokenizers {
 			if m := s.kv.pool.Get(t.Model); m != nil {
@@ -110,6 +113,18 @@ type inventoryEndpoint struct {
 	Receipts  uint64 `json:"receipts"`
 	KVHits    uint64 `json:"kv_hits"`
 	Delivery  string `json:"delivery"`
+	// Load is the cost policy's view: queued prefill, learned rate, the engine's report.
+	Load *route.EndpointView `json:"load,omitempty"`
+	// Scrape is how reading the engine's /metrics goes ("off" when -kv-load-scrape is 0).
+	Scrape *scrapeView `json:"scrape,omitempty"`
+}
+
+type scrapeView struct {
+	OK        uint64  `json:"ok"`
+	Failed    uint64  `json:"failed"`
+	Failing   bool    `json:"failing"`
+	LastError string  `json:"last_error,omitempty"`
+	LastMs    float64 `json:"last_ms"`
 }
 
 // deliveryNote reads the receipts: engines reporting far fewer cached tokens than
@@ -141,6 +156,16 @@ func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
 		ie.Delivery = deliveryNote(ie.Receipts, ie.Predicted, ie.Delivered)
 		if s.kv != nil {
 			ie.Keys, ie.Parity, ie.Connected, ie.LastSeq = s.kv.inventory(i)
+			v := s.queues.View(i, time.Now())
+			ie.Load = &v
+			if s.cfg.KVLoadScrape > 0 {
+				sc := &scrapeView{OK: e.scrape.ok.Load(), Failed: e.scrape.failed.Load(),
+					Failing: e.scrape.failing.Load(), LastMs: float64(e.scrape.duration.Load()) / 1e6}
+				if p := e.scrape.lastErr.Load(); p != nil && sc.Failing {
+					sc.LastError = *p
+				}
+				ie.Scrape = sc
+			}
 		}
 		out.Endpoints = append(out.Endpoints, ie)
 	}
@@ -171,7 +196,19 @@ type Explanation struct {
 	Endpoint string          `json:"endpoint"`
 	Route    string          `json:"route"`
 	Decode   string          `json:"decode,omitempty"`
+	// Policy is -kv-policy; Terms are each endpoint's inputs to it (cost: queued,
+	// uncached, rate, predicted ms), recorded by the decision traffic runs.
+	Policy string                 `json:"policy,omitempty"`
+	Terms  map[string]route.Terms `json:"terms,omitempty"`
 }
+
+// explainTerms is the Observer /debug/explain hands the selector.
+type explainTerms struct {
+	names []string
+	terms map[string]route.Terms
+}
+
+func (e *explainTerms) Endpoint(ep int, t route.Terms) { e.terms[e.names[ep]] = t }
 
 func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
@@ -198,9 +235,15 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	ex := Explanation{Scores: map[string]int{}, Eligible: map[string]bool{}}
 	var d decision
 	d.ep, d.decode = -1, -1
+	obs := &explainTerms{names: s.names, terms: map[string]route.Terms{}}
+	st.obs = obs
+	defer func() { st.obs = nil }()
+	if s.kv != nil {
+		ex.Policy, ex.Terms = s.kv.sel.Name(), obs.terms
+	}
 	if s.cfg.KVMode == KVDisaggregated {
 		st.sessKey = append(st.sessKey[:0], sessionKey(nil, st)...)
-		s.decidePD(st, &d, true)
+		s.decidePD(st, &d)
 	} else {
 		el := s.baseEligible(st, st.eligible, nil)
 		if s.kv != nil {

@@ -238,6 +238,22 @@ type Config struct {
 	// requests in flight per engine, 0.25 turned most hits away and cost TTFT (bench/RESULTS.md).
 	LoadFactor       float64
 	CHWBLPrefixBytes int
+	// KVPolicy chooses among the endpoints once some holds the prompt's prefix: "cost"
+	// (predicted time to first token; the default) or "overlap" (the most matched blocks
+	// under the load bound).
+	KVPolicy string
+	// KVPrefillRate pins every endpoint's prefill rate in tokens/s (0: learned per
+	// endpoint from the first tokens kvgate sees, starting from route.PriorRate).
+	KVPrefillRate float64
+	// KVEngineSlots pins how many requests an engine runs at once (0: learned from the
+	// engine's reported running count while requests wait).
+	KVEngineSlots int
+	// KVLoadScrape is how often each engine's /metrics is read for its running and
+	// waiting requests and KV usage (0: never; kvgate's own accounting only).
+	KVLoadScrape time.Duration
+	// KVPendingTTL: in mode 3, a prompt's blocks count as held by the endpoint kvgate sent
+	// it to for this long, until the engine's own events report them (0: off).
+	KVPendingTTL time.Duration
 
 	Tokenizers []TokenizerSpec
 	LoRA       map[string]string // adapter served name -> base model
@@ -280,6 +296,9 @@ func Defaults() Config {
 		KVMaxKeysPerEndpoint: shard.DefaultMaxKeysPerEndpoint,
 		PDPrefixTrieKeys:     1 << 18,
 		LoadFactor:           1,
+		KVPolicy:             "cost",
+		KVLoadScrape:         500 * time.Millisecond,
+		KVPendingTTL:         2 * time.Second,
 		CHWBLPrefixBytes:     256,
 		BreakerFailures:      3,
 		BreakerOpenFor:       10 * time.Second,
@@ -428,6 +447,23 @@ func (c *Config) Validate() error {
 		if !found {
 			return refuse("-lora", "%s=%s: base model %q has no -tokenizer", a, base, base)
 		}
+	}
+	switch c.KVPolicy {
+	case "cost", "overlap":
+	default:
+		return refuse("-kv-policy", "%q: want cost or overlap", c.KVPolicy)
+	}
+	if c.KVPrefillRate < 0 || math.IsNaN(c.KVPrefillRate) || math.IsInf(c.KVPrefillRate, 0) {
+		return refuse("-kv-prefill-rate", "%v: want tokens/s > 0, or 0 to learn it", c.KVPrefillRate)
+	}
+	if c.KVEngineSlots < 0 {
+		return refuse("-kv-engine-slots", "%d: want >= 0 (0: learn from the engines)", c.KVEngineSlots)
+	}
+	if c.KVLoadScrape < 0 {
+		return refuse("-kv-load-scrape", "%v: want >= 0 (0: off)", c.KVLoadScrape)
+	}
+	if c.KVPendingTTL < 0 {
+		return refuse("-kv-pending-ttl", "%v: want >= 0 (0: off)", c.KVPendingTTL)
 	}
 	if c.LoadFactor < 0 || math.IsNaN(c.LoadFactor) || math.IsInf(c.LoadFactor, 0) {
 		return refuse("-kv-load-factor", "%v: want epsilon >= 0", c.LoadFactor)

@@ -31,6 +31,14 @@ type decision struct {
 	prefill   int // mode 1 decode leg: the prefill endpoint + 1 (0: none)
 
 	prefillName string
+
+	// The cost policy's accounting of this attempt (route.Queues): the prompt tokens the
+	// endpoint must prefill, when it was sent, whether nothing was queued ahead of it, and
+	// whether its first token is still due.
+	uncached int
+	sentAt   time.Time
+	alone    bool
+	firstDue bool
 }
 
 func prefillName(d *decision) string { return d.prefillName }
@@ -166,6 +174,8 @@ func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqStat
 	s.buildUpstream(c, req, ep, body, nil)
 	s.loads.Inc(d.ep)
 	defer s.loads.Dec(d.ep)
+	s.sent(d)
+	defer s.finished(d)
 	err := s.do(ctx, ep.spec.host, req, res)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -196,10 +206,40 @@ func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqStat
 		ep.breaker.Success()
 	}
 	s.m.routed[d.route][d.ep].Inc()
+	if !bytes.HasPrefix(res.Header.ContentType(), []byte("text/event-stream")) {
+		// A whole answer comes after the last token: it ends the prefill's queue time but
+		// is no sample of its speed.
+		d.alone = false
+		s.firstToken(d)
+	}
 	if !s.relayResponse(ctx, c, st, d, ep, res) {
 		return outcome{kind: outRetry, err: errors.New("endpoint " + ep.spec.Name + " broke off its response")}
 	}
 	return outcome{kind: outDone}
+}
+
+// sent counts d's prompt as queued prefill at its endpoint (route.Queues).
+func (s *Server) sent(d *decision) {
+	d.sentAt, d.firstDue = time.Now(), true
+	d.alone = s.queues.Sent(d.ep, d.uncached)
+}
+
+// firstToken records the first byte of d's answer: its prefill is done.
+func (s *Server) firstToken(d *decision) {
+	if d.firstDue {
+		d.firstDue = false
+		s.queues.FirstToken(d.ep, d.uncached, time.Since(d.sentAt), d.alone)
+	}
+}
+
+// finished takes d off its endpoint's queue if no byte came, and records how long it
+// held the endpoint.
+func (s *Server) finished(d *decision) {
+	if d.firstDue {
+		d.firstDue = false
+		s.queues.Unsent(d.ep, d.uncached)
+	}
+	s.queues.Finished(d.ep, time.Since(d.sentAt))
 }
 
 // setDecisionHeaders adds the evidence headers a user reads to see each decision.
@@ -312,6 +352,7 @@ func (s *Server) streamBody(ctx context.Context, c *app.RequestContext, st *reqS
 	for {
 		n, err := body.Read(st.relay)
 		if n > 0 {
+			s.firstToken(d)
 			if _, werr := w.Write(st.relay[:n]); werr != nil {
 				clientGone = true
 			} else if ferr := w.Flush(); ferr != nil {

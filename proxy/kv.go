@@ -10,6 +10,7 @@ import (
 	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/ingest"
 	"github.com/kvgate/kvgate/proxy/openai"
+	"github.com/kvgate/kvgate/proxy/route"
 	"github.com/kvgate/kvgate/shard"
 	"github.com/kvgate/kvgate/tokenize"
 )
@@ -28,7 +29,8 @@ type kvRouter struct {
 	blockSize int
 	minBlocks int32 // -kv-min-match-tokens in whole blocks: a shallower match is a miss
 	lora      map[string]loraAdapter
-	trie      *prefixTrie // mode 1 with -pd-prefix-trie-keys > 0
+	trie      *prefixTrie // mode 1 with -pd-prefix-trie-keys > 0; mode 3 with -kv-pending-ttl > 0
+	sel       route.Selector
 }
 
 type loraAdapter struct{ name, base string }
@@ -63,10 +65,19 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 		return nil, fmt.Errorf("proxy: inventory: %w", err)
 	}
 	k.inv = inv
-	if cfg.KVMode == KVDisaggregated && cfg.PDPrefixTrieKeys > 0 {
-		if k.trie, err = newPrefixTrie(len(cfg.Endpoints), cfg.PDPrefixTrieKeys); err != nil {
-			return nil, fmt.Errorf("proxy: prefix trie: %w", err)
-		}
+	switch {
+	case cfg.KVMode == KVDisaggregated && cfg.PDPrefixTrieKeys > 0:
+		k.trie, err = newPrefixTrie(len(cfg.Endpoints), cfg.PDPrefixTrieKeys, 0)
+	case cfg.KVMode == KVConverged && cfg.KVPendingTTL > 0 && cfg.KVPolicy == "cost":
+		k.trie, err = newPrefixTrie(len(cfg.Endpoints), cfg.PDPrefixTrieKeys, cfg.KVPendingTTL)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("proxy: prefix trie: %w", err)
+	}
+	if cfg.KVPolicy == "overlap" {
+		k.sel = &route.Overlap{Loads: s.loads, LoadFactor: cfg.LoadFactor}
+	} else {
+		k.sel = &route.Cost{Loads: s.loads, Queues: s.queues}
 	}
 	k.fast = hashcore.NewFast(cfg.KVBlockSize)
 	var spec *hashcore.Spec
@@ -123,7 +134,7 @@ func (k *kvRouter) inventory(i int) (keys int, parity string, connected bool, la
 }
 
 func (k *kvRouter) explain(st *reqState, el shard.Mask, d *decision) (tokens, blocks int) {
-	k.routeExplain(st, el, d, true)
+	k.route(st, el, d)
 	blocks = len(st.keys)
 	if len(st.fastKeys) > blocks {
 		blocks = len(st.fastKeys)
@@ -134,21 +145,20 @@ func (k *kvRouter) explain(st *reqState, el shard.Mask, d *decision) (tokens, bl
 // bstr views b as a string without copying; the callee must not keep it.
 func bstr(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
-func (k *kvRouter) miss(st *reqState, d *decision, r Route, explain bool) {
+func (k *kvRouter) miss(st *reqState, d *decision, r Route) {
 	d.ep, d.route = -1, r
-	if !explain {
+	if st.obs == nil {
 		k.s.m.misses[r].Inc()
 	}
 }
 
-func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) { k.routeExplain(st, el, d, false) }
-
-// routeExplain is the guard ladder: text_empty, model_unknown, tokenize, no_blocks,
+// route is the guard ladder: text_empty, model_unknown, tokenize, no_blocks,
 // no_worker, shallow; then the winner's load bound (next-best overlap when over it).
 // el already excludes endpoints that are excluded, admin-down, unhealthy or whose
 // breaker is open. On a miss d.ep is -1 and d.route names the reason.
-func (k *kvRouter) routeExplain(st *reqState, el shard.Mask, d *decision, explain bool) {
+func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	s := k.s
+	explain := st.obs != nil // /debug/explain: the same path, no counters
 	b := st.body
 	oa := &st.oa
 	st.tokens, st.keys, st.fastKeys = st.tokens[:0], st.keys[:0], st.fastKeys[:0]
@@ -156,17 +166,17 @@ func (k *kvRouter) routeExplain(st *reqState, el shard.Mask, d *decision, explai
 	if st.chat {
 		m := oa.Value[openai.FMessages]
 		if !m.Present() || openai.FirstElement(m.Bytes(b)) == nil {
-			k.miss(st, d, RouteMissTextEmpty, explain)
+			k.miss(st, d, RouteMissTextEmpty)
 			return
 		}
 	} else if p := oa.Value[openai.FPrompt]; !p.Present() || p.End-p.Start <= 2 || oa.Prompt == openai.PromptNone {
-		k.miss(st, d, RouteMissTextEmpty, explain)
+		k.miss(st, d, RouteMissTextEmpty)
 		return
 	}
 	// Model -> tokenizer; LoRA adapters are served under their own names.
 	mv := oa.Value[openai.FModel]
 	if !mv.Present() {
-		k.miss(st, d, RouteMissModelUnknown, explain)
+		k.miss(st, d, RouteMissModelUnknown)
 		return
 	}
 	st.text = openai.AppendUnquoted(st.text[:0], mv.Bytes(b))
@@ -182,7 +192,7 @@ func (k *kvRouter) routeExplain(st *reqState, el shard.Mask, d *decision, explai
 		if !explain {
 			s.m.unknownMdl.Inc()
 		}
-		k.miss(st, d, RouteMissModelUnknown, explain)
+		k.miss(st, d, RouteMissModelUnknown)
 		return
 	}
 	// A bound on the text kvgate tokenizes: a 1M-token prompt costs ~100 ms and ~70 MB
@@ -197,7 +207,7 @@ func (k *kvRouter) routeExplain(st *reqState, el shard.Mask, d *decision, explai
 		textLen = p.End - p.Start
 	}
 	if max := s.cfg.KVMaxPromptBytes; max > 0 && int(textLen) > max {
-		k.miss(st, d, RouteMissTooLong, explain)
+		k.miss(st, d, RouteMissTooLong)
 		return
 	}
 	t0 := time.Now()
@@ -224,7 +234,7 @@ func (k *kvRouter) routeExplain(st *reqState, el shard.Mask, d *decision, explai
 		}
 		st.out = openai.AppendUnquoted(st.out[:0], p)
 		if len(st.out) == 0 {
-			k.miss(st, d, RouteMissTextEmpty, explain)
+			k.miss(st, d, RouteMissTextEmpty)
 			return
 		}
 		st.tokens, err = model.EncodePrompt(st.tokens, bstr(st.out))
@@ -238,7 +248,7 @@ func (k *kvRouter) routeExplain(st *reqState, el shard.Mask, d *decision, explai
 		s.m.stage[StageTokenize].UpdateDuration(t0)
 	}
 	if err != nil {
-		k.miss(st, d, RouteMissTokenize, explain)
+		k.miss(st, d, RouteMissTokenize)
 		return
 	}
 	if salt := oa.Value[openai.FCacheSalt]; salt.Present() {
@@ -278,10 +288,10 @@ func (k *kvRouter) routeExplain(st *reqState, el shard.Mask, d *decision, explai
 	}
 	if len(st.keys) == 0 && len(st.fastKeys) == 0 {
 		if len(st.tokens) >= k.blockSize && nEng+nFast == 0 {
-			k.miss(st, d, RouteMissNoWorker, explain)
+			k.miss(st, d, RouteMissNoWorker)
 			return
 		}
-		k.miss(st, d, RouteMissNoBlocks, explain)
+		k.miss(st, d, RouteMissNoBlocks)
 		return
 	}
 	t2 := time.Now()
@@ -299,45 +309,65 @@ func (k *kvRouter) routeExplain(st *reqState, el shard.Mask, d *decision, explai
 	if !explain {
 		s.m.stage[StageScore].UpdateDuration(t2)
 	}
-	// Best overlap, then the load bound: over it, the next-best overlap wins.
+	k.choose(st, el, d)
+}
+
+// choose is the KV tier's verdict once the prompt is scored: the deepest holder must
+// match enough blocks (else kv-miss:shallow, or no_worker when none holds any), then the
+// rule's policy picks among the eligible endpoints. Blocks kvgate sent and the engine
+// has not reported yet (the pending / prefix-trie inventory) count as held for the cost
+// policy's uncached tokens; predicted cached tokens, the parity evidence, count only
+// what the engines reported.
+func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
+	s := k.s
+	matched := st.matched
+	copy(matched, st.scores)
+	if k.trie != nil && k.sel.Name() == "cost" {
+		if keys := k.trieKeys(st); len(keys) > 0 {
+			k.trie.score(keys, el, st.scores2, st.scores3, matched)
+		}
+	}
 	best := -1
 	for i := range s.eps {
-		if el.Has(i) && st.scores[i] > 0 && (best < 0 || st.scores[i] > st.scores[best]) {
+		if el.Has(i) && matched[i] > 0 && (best < 0 || matched[i] > matched[best]) {
 			best = i
 		}
 	}
+	d.uncached = len(st.tokens)
 	if best < 0 {
-		k.miss(st, d, RouteMissNoWorker, explain)
+		k.miss(st, d, RouteMissNoWorker)
 		return
 	}
-	if st.scores[best] < k.minBlocks {
-		k.miss(st, d, RouteMissShallow, explain)
+	if matched[best] < k.minBlocks {
+		k.miss(st, d, RouteMissShallow)
 		return
 	}
-	winner := best
-	bound := s.loads.Bound(el, s.cfg.LoadFactor)
-	if !s.loads.Under(best, bound) {
-		winner = -1
-		for i := range s.eps {
-			if i == best || !el.Has(i) || st.scores[i] < k.minBlocks || st.scores[i] == 0 || !s.loads.Under(i, bound) {
-				continue
-			}
-			if winner < 0 || st.scores[i] > st.scores[winner] {
-				winner = i
-			}
-		}
-		if winner < 0 {
-			k.miss(st, d, RouteMissNoWorker, explain)
-			return
-		}
-		if !explain {
-			s.m.nextBest.Inc()
-		}
+	c := &st.cand
+	*c = route.Candidates{Eligible: el, Matched: matched, Best: best, Tokens: len(st.tokens),
+		BlockSize: k.blockSize, MinBlocks: max(k.minBlocks, 1)}
+	winner := k.sel.Select(c, st.obs)
+	if winner < 0 {
+		k.miss(st, d, RouteMissNoWorker)
+		return
 	}
-	d.ep, d.route = winner, RouteKVHit
+	if winner != best && st.obs == nil {
+		s.m.nextBest.Inc()
+	}
+	d.ep = winner
 	d.predicted = int(st.scores[winner]) * k.blockSize
-	if !explain {
-		s.m.hits[winner].Inc()
+	if m := matched[winner]; m >= c.MinBlocks {
+		d.uncached = max(len(st.tokens)-int(m)*k.blockSize, 0)
+	}
+	switch {
+	case st.scores[winner] >= c.MinBlocks:
+		d.route = RouteKVHit
+		if st.obs == nil {
+			s.m.hits[winner].Inc()
+		}
+	case matched[winner] >= c.MinBlocks:
+		d.route = RoutePrefixTrie
+	default:
+		d.route = RouteKVSpread
 	}
 }
 

@@ -4,8 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -253,6 +256,7 @@ func TestKVLoadBound(t *testing.T) {
 	a, b := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM)
 	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""))
 	cfg.LoadFactor = 0
+	cfg.KVPolicy = "overlap"
 	s := startProxy(t, cfg)
 	toks := engineTokens(t, sharedPrefix)
 	a.store(t, c, toks, 6)
@@ -271,4 +275,120 @@ func TestKVLoadBound(t *testing.T) {
 	if res.Header.Get("x-kvgate-endpoint") != "b" || res.Header.Get("x-kvgate-route") != "kv-hit" || s.m.nextBest.Get() != 1 {
 		t.Errorf("%s %s next-best=%d", res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"), s.m.nextBest.Get())
 	}
+}
+
+// The cost policy: the deeper holder wins while its queue is empty; once the prefill
+// queued there costs more than the uncached tokens elsewhere, the shallower holder
+// (or an endpoint holding nothing: kv-spread) takes the request, and /debug/explain
+// shows each endpoint's terms from the same decision.
+func TestKVCostPolicy(t *testing.T) {
+	c := vllmChain(t)
+	a, b, e := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM), newKVEngine(t, "e", enginepub.VLLM)
+	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""), e.spec(2, "vllm", ""))
+	cfg.KVPrefillRate = 10000
+	s := startProxy(t, cfg)
+	toks := engineTokens(t, sharedPrefix)
+	a.store(t, c, toks, 6)
+	b.store(t, c, toks, 2)
+	waitFor(t, "events", func() bool { return s.kv.inv.Count(0) == 6 && s.kv.inv.Count(1) == 2 })
+	res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+	if res.Header.Get("x-kvgate-endpoint") != "a" || res.Header.Get("x-kvgate-route") != "kv-hit" {
+		t.Fatalf("idle: %s %s", res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"))
+	}
+	// 50,000 tokens (5 s) queued at a: b's 4 extra uncached blocks cost 6.4 ms.
+	s.queues.Sent(0, 50000)
+	res, _ = post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+	if res.Header.Get("x-kvgate-endpoint") != "b" || res.Header.Get("x-kvgate-route") != "kv-hit" {
+		t.Fatalf("a queued: %s %s", res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"))
+	}
+	s.queues.Sent(1, 50000)
+	res, _ = post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+	if res.Header.Get("x-kvgate-endpoint") != "e" || res.Header.Get("x-kvgate-route") != "kv-spread" {
+		t.Fatalf("a and b queued: %s %s", res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"))
+	}
+	res, body := post(t, s.admURL("/debug/explain"), complPrompt(sharedPrefix))
+	var ex Explanation
+	if err := json.Unmarshal([]byte(body), &ex); err != nil || res.StatusCode != 200 {
+		t.Fatalf("%d %v %s", res.StatusCode, err, body)
+	}
+	if ex.Policy != "cost" || ex.Endpoint != "e" || ex.Route != "kv-spread" || len(ex.Terms) != 3 ||
+		ex.Terms["a"].Queued != 50000 || ex.Terms["a"].Matched != 6 || ex.Terms["e"].Uncached != len(toks) ||
+		ex.Terms["e"].Predicted >= ex.Terms["b"].Predicted || ex.Terms["b"].Rate != 10000 {
+		t.Fatalf("explain %s", body)
+	}
+	if got := s.m.misses[RouteMissNoWorker].Get(); got != 0 {
+		t.Errorf("explain or spread counted as misses: %d", got)
+	}
+}
+
+// Engine load reports: kvgate reads each engine's /metrics (vLLM's gauges), a holder
+// whose engine reports a long waiting queue loses to a shallower holder, and an engine
+// whose /metrics is garbage keeps being routed on kvgate's own accounting, shown per
+// endpoint on /debug/inventory.
+func TestKVCostEngineReports(t *testing.T) {
+	c := vllmChain(t)
+	a, b := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM)
+	var running, waiting atomic.Int64
+	running.Store(4)
+	waiting.Store(20)
+	a.handle = func(w http.ResponseWriter, r *http.Request, _ []byte) bool {
+		if r.URL.Path != "/metrics" {
+			return false
+		}
+		fmt.Fprintf(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} %d\n"+
+			"vllm:num_requests_waiting{model_name=\"m\"} %d\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.9\n", running.Load(), waiting.Load())
+		return true
+	}
+	b.handle = func(w http.ResponseWriter, r *http.Request, _ []byte) bool {
+		if r.URL.Path != "/metrics" {
+			return false
+		}
+		io.WriteString(w, "<html>not metrics</html>")
+		return true
+	}
+	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""))
+	cfg.KVPrefillRate = 10000
+	cfg.KVLoadScrape = 20 * time.Millisecond
+	s := startProxy(t, cfg)
+	toks := engineTokens(t, sharedPrefix)
+	a.store(t, c, toks, 6)
+	b.store(t, c, toks, 2)
+	waitFor(t, "events", func() bool { return s.kv.inv.Count(0) == 6 && s.kv.inv.Count(1) == 2 })
+	waitFor(t, "scrapes", func() bool { return s.eps[0].scrape.ok.Load() > 0 && s.eps[1].scrape.failed.Load() > 0 })
+	s.queues.Finished(0, time.Second) // a request holds a for 1 s: 21 ahead over 4 slots wait ~5 s
+	res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+	if res.Header.Get("x-kvgate-endpoint") != "b" || res.Header.Get("x-kvgate-route") != "kv-hit" {
+		t.Fatalf("a's engine reports 20 waiting: %s %s", res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"))
+	}
+	running.Store(1) // a slot is free: no wait ahead
+	waiting.Store(0)
+	waitFor(t, "queue drained", func() bool {
+		res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+		return res.Header.Get("x-kvgate-endpoint") == "a"
+	})
+	_, body := get(t, s.admURL("/debug/inventory"))
+	var inv struct {
+		Endpoints []inventoryEndpoint `json:"endpoints"`
+	}
+	if err := json.Unmarshal([]byte(body), &inv); err != nil {
+		t.Fatal(err)
+	}
+	ea, eb := inv.Endpoints[0], inv.Endpoints[1]
+	if ea.Load == nil || !ea.Load.Engine.Fresh || ea.Load.Engine.Running != 1 || ea.Load.Engine.KVUsage != 0.9 || ea.Load.Slots != 4 || ea.Scrape.Failing {
+		t.Errorf("a: %s", body)
+	}
+	if eb.Scrape == nil || !eb.Scrape.Failing || eb.Scrape.LastError == "" || eb.Load.Engine.Fresh {
+		t.Errorf("b: %s", body)
+	}
+}
+
+func get(t *testing.T, url string) (*http.Response, string) {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res, string(b)
 }

@@ -23,6 +23,9 @@ const (
 	RouteAffinity
 	RoutePDLoad
 	RoutePrefixTrie // mode 1: the prefill endpoint kvgate sent the longest run of the prompt (trie.go)
+	// RouteKVSpread: the cost policy placed the request away from every holder of its
+	// prefix, whose queue costs more than the prefill it would save.
+	RouteKVSpread
 	numRoutes
 )
 
@@ -33,6 +36,7 @@ var routeLabels = [numRoutes]string{
 	RouteMissNoWorker: "kv-miss:no_worker", RouteMissShallow: "kv-miss:shallow",
 	RouteMissTooLong: "kv-miss:too_long",
 	RouteAffinity:    "affinity", RoutePDLoad: "pd-load", RoutePrefixTrie: "prefix-trie",
+	RouteKVSpread: "kv-spread",
 }
 
 func (r Route) String() string { return routeLabels[r] }

@@ -20,7 +20,8 @@ import (
 // -> the prefix trie of what kvgate sent where (trie.go) -> prefill by minimum in-flight
 // load (round-robin on ties); decode by minimum load. The prefill pick is recorded in
 // the trie (not for /debug/explain).
-func (s *Server) decidePD(st *reqState, d *decision, explain bool) {
+func (s *Server) decidePD(st *reqState, d *decision) {
+	explain := st.obs != nil
 	d.ep, d.decode, d.predicted, d.route = -1, -1, 0, RouteRR
 	elP := s.baseEligible(st, st.eligible, s.prefillMask)
 	elD := s.baseEligible(st, st.scratch, s.decodeMask)
@@ -32,7 +33,7 @@ func (s *Server) decidePD(st *reqState, d *decision, explain bool) {
 		return
 	}
 	if s.kv != nil {
-		s.kv.routeExplain(st, elP, d, explain)
+		s.kv.route(st, elP, d)
 		if d.ep < 0 && s.kv.trie != nil {
 			s.kv.trieRoute(st, elP, d)
 		}
@@ -43,7 +44,7 @@ func (s *Server) decidePD(st *reqState, d *decision, explain bool) {
 			d.route = RoutePDLoad
 		}
 	}
-	d.decode = s.decRR.MinLoad(elD, s.loads)
+	d.decode = s.decodeSel.Select(elD)
 	if !explain && d.ep >= 0 && s.kv != nil && s.kv.trie != nil {
 		s.kv.trieRecord(st, d.ep)
 	}
@@ -70,7 +71,7 @@ func (s *Server) servePD(ctx context.Context, c *app.RequestContext, st *reqStat
 	for attempt := 0; attempt < len(s.eps); attempt++ {
 		var d decision
 		t0 := time.Now()
-		s.decidePD(st, &d, false)
+		s.decidePD(st, &d)
 		s.m.stage[StageSelect].UpdateDuration(t0)
 		if attempt == 0 {
 			s.m.route.UpdateDuration(st.routeStart)
@@ -201,13 +202,14 @@ func (s *Server) decodeLeg(ctx context.Context, c *app.RequestContext, st *reqSt
 		dd.ep = d.decode
 		dd.prefill = d.ep + 1
 		dd.prefillName = s.eps[d.ep].spec.Name
+		dd.uncached = 0 // the KV arrives from the prefill endpoint
 		out := s.forward(ctx, c, st, &dd, body)
 		if out.kind == outDone {
 			return out, -1
 		}
 		st.excluded.Set(d.decode)
 		el := s.baseEligible(st, st.scratch, s.decodeMask)
-		next := s.decRR.MinLoad(el, s.loads)
+		next := s.decodeSel.Select(el)
 		if next < 0 || !s.eps[next].breaker.Allow() {
 			return out, d.decode
 		}
@@ -220,8 +222,13 @@ func (s *Server) decodeLeg(ctx context.Context, c *app.RequestContext, st *reqSt
 // 200 answer. ok false: the leg failed or the engine refused it, and (out, failed) is
 // what the P/D step returns (a retry, or the client already answered).
 func (s *Server) prefillLeg(ctx context.Context, c *app.RequestContext, st *reqState, d *decision) (resp []byte, out outcome, failed int, ok bool) {
+	s.sent(d)
 	status, resp, kind, err := s.exchange(ctx, c, d.ep, st.legA, st.legResp)
 	st.legResp = resp
+	if err == nil && status == 200 {
+		s.firstToken(d) // the prefill leg answers once its one token exists
+	}
+	s.finished(d)
 	if err != nil {
 		out, failed = s.legFailed(c, d.ep, kind, err)
 		return nil, out, failed, false

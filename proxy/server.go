@@ -23,6 +23,7 @@ import (
 	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/proxy/balance"
 	"github.com/kvgate/kvgate/proxy/openai"
+	"github.com/kvgate/kvgate/proxy/route"
 	"github.com/kvgate/kvgate/shard"
 	"github.com/kvgate/kvgate/tokenize"
 )
@@ -35,24 +36,26 @@ type endpoint struct {
 	down    atomic.Bool // administratively drained
 	healthy atomic.Bool // last active health check passed (true when checks are off)
 	checked atomic.Bool // at least one health check completed
+	scrape  scrapeState // engine /metrics reads for the cost policy (loadscrape.go)
 }
 
 // Server is one running rule: the public proxy listener, the admin listener, the
 // endpoints' state and the KV-Exact machinery when enabled.
 type Server struct {
-	cfg    Config
-	log    *slog.Logger
-	eps    []*endpoint
-	names  []string
-	loads  *balance.Loads
-	rr     *balance.RR
-	ring   *balance.Ring
-	prefRR *balance.RR // mode 1 prefill min-load ties
-	decRR  *balance.RR // mode 1 decode min-load ties
-	client *client.Client
-	m      *proxyMetrics
-	kv     *kvRouter
-	aff    *affinity
+	cfg       Config
+	log       *slog.Logger
+	eps       []*endpoint
+	names     []string
+	loads     *balance.Loads
+	queues    *route.Queues // prefill queued, learned rates, engine reports (the cost policy)
+	rr        *balance.RR
+	ring      *balance.Ring
+	prefRR    *balance.RR   // mode 1 prefill min-load ties
+	decodeSel *route.Decode // mode 1 decode choice
+	client    *client.Client
+	m         *proxyMetrics
+	kv        *kvRouter
+	aff       *affinity
 
 	prefillMask, decodeMask shard.Mask
 
@@ -117,7 +120,9 @@ func New(cfg Config, opt Options) (*Server, error) {
 	}
 	s.gapWarned = make([]atomic.Int64, n)
 	s.loads = balance.NewLoads(n)
-	s.rr, s.prefRR, s.decRR = balance.NewRR(n), balance.NewRR(n), balance.NewRR(n)
+	s.queues = route.NewQueues(n, cfg.KVPrefillRate, cfg.KVEngineSlots, 3*cfg.KVLoadScrape)
+	s.rr, s.prefRR = balance.NewRR(n), balance.NewRR(n)
+	s.decodeSel = &route.Decode{Loads: s.loads, Queues: s.queues}
 	s.ring = balance.NewRing(s.names, weights)
 	s.m = newProxyMetrics(s.names)
 	s.aff = newAffinity(cfg.AffinityTTL, cfg.AffinityMax)
@@ -187,6 +192,10 @@ func (s *Server) start() error {
 	if s.cfg.HealthInterval > 0 {
 		s.wg.Add(1)
 		go s.healthLoop()
+	}
+	if s.cfg.KVMode != KVOff && s.cfg.KVLoadScrape > 0 {
+		s.wg.Add(1)
+		go s.scrapeLoop()
 	}
 	s.h = server.New(
 		server.WithListener(s.publicLn),
@@ -330,6 +339,10 @@ type reqState struct {
 	fastKeys []uint64
 	scores   []int32
 	scores2  []int32
+	scores3  []int32
+	matched  []int32 // blocks held per endpoint as the policy sees them (inventory, then pending)
+	cand     route.Candidates
+	obs      route.Observer // /debug/explain's recorder; nil for traffic
 	eligible shard.Mask
 	excluded shard.Mask
 	scratch  shard.Mask
@@ -357,6 +370,8 @@ func newReqState(n int) *reqState {
 		body:     make([]byte, 0, 16<<10),
 		scores:   make([]int32, n),
 		scores2:  make([]int32, n),
+		scores3:  make([]int32, n),
+		matched:  make([]int32, n),
 		eligible: shard.NewMask(n),
 		excluded: shard.NewMask(n),
 		scratch:  shard.NewMask(n),

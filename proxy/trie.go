@@ -1,6 +1,10 @@
 package proxy
 
 import (
+	"sync"
+	"sync/atomic"
+	"time"
+
 	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/shard"
 )
@@ -25,16 +29,96 @@ import (
 // before the load tier: DESIGN's "KV-Exact (tier 1.5)" between session affinity and the
 // trie. It answers only when KV-Exact found no endpoint holding enough of the prompt
 // (kv-miss no_worker or shallow), and its pick must be under the load bound.
+//
+// Mode 3 uses the same inventory as its pending entries (-kv-pending-ttl): there the
+// engines' events are the record, and what kvgate sent only has to bridge the prefill and
+// the event lag, so entries live for one to two TTLs: records go to the current
+// generation, scoring reads both, and each TTL the older generation is emptied and
+// becomes the current one.
 type prefixTrie struct {
-	inv *shard.Inventory
+	// ttl > 0: prev is the older generation, scored beside inv; turned is when the
+	// generations last turned (unix nanos).
+	ttl    time.Duration
+	prev   atomic.Pointer[shard.Inventory]
+	cur    atomic.Pointer[shard.Inventory]
+	turned atomic.Int64
+	mu     sync.Mutex
 }
 
-func newPrefixTrie(endpoints, maxKeys int) (*prefixTrie, error) {
-	inv, err := shard.New(shard.Config{Endpoints: endpoints, MaxKeysPerEndpoint: maxKeys})
+func newPrefixTrie(endpoints, maxKeys int, ttl time.Duration) (*prefixTrie, error) {
+	cfg := shard.Config{Endpoints: endpoints, MaxKeysPerEndpoint: maxKeys}
+	inv, err := shard.New(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &prefixTrie{inv: inv}, nil
+	t := &prefixTrie{ttl: ttl}
+	t.cur.Store(inv)
+	if ttl > 0 {
+		old, err := shard.New(cfg)
+		if err != nil {
+			return nil, err
+		}
+		t.prev.Store(old)
+		t.turned.Store(time.Now().UnixNano())
+	}
+	return t, nil
+}
+
+// add records keys as sent to ep, turning the generations when a TTL has passed.
+func (t *prefixTrie) add(ep int, keys []uint64) {
+	if t.ttl > 0 {
+		if now := time.Now().UnixNano(); now-t.turned.Load() >= int64(t.ttl) {
+			t.mu.Lock()
+			if now-t.turned.Load() >= int64(t.ttl) {
+				old := t.prev.Load()
+				old.ClearAll()
+				t.prev.Store(t.cur.Load())
+				t.cur.Store(old)
+				t.turned.Store(now)
+			}
+			t.mu.Unlock()
+		}
+	}
+	t.cur.Load().Add(ep, keys)
+}
+
+// best scores keys' leading run per eligible endpoint into scores and returns the
+// deepest, over both generations.
+func (t *prefixTrie) best(keys []uint64, el shard.Mask, scores, tmp []int32) int {
+	best, _ := t.cur.Load().Score(keys, el, shard.Prefix, scores)
+	if p := t.prev.Load(); p != nil {
+		p.Score(keys, el, shard.Prefix, tmp)
+		for i := range scores {
+			if tmp[i] > scores[i] {
+				scores[i] = tmp[i]
+				if best < 0 || scores[i] > scores[best] {
+					best = i
+				}
+			}
+		}
+	}
+	return best
+}
+
+// score raises matched[i] to the run endpoint i was sent, where that is deeper.
+func (t *prefixTrie) score(keys []uint64, el shard.Mask, scores, tmp, matched []int32) {
+	t.best(keys, el, scores, tmp)
+	for i, v := range scores {
+		if el.Has(i) && v > matched[i] {
+			matched[i] = v
+		}
+	}
+}
+
+// keys and memory of both generations, for /metrics.
+func (t *prefixTrie) stats() (keys int, bytes int64) {
+	for _, inv := range [2]*shard.Inventory{t.cur.Load(), t.prev.Load()} {
+		if inv != nil {
+			keys += inv.Len()
+			bytes += inv.MemoryBytes()
+		}
+	}
+	return keys, bytes
 }
 
 // trieKeys returns the request's fast keys, hashing them when KV-Exact did not need
@@ -64,7 +148,7 @@ func (k *kvRouter) trieRoute(st *reqState, el shard.Mask, d *decision) {
 		return
 	}
 	s := k.s
-	best, _ := k.trie.inv.Score(keys, el, shard.Prefix, st.scores2)
+	best := k.trie.best(keys, el, st.scores2, st.scores3)
 	if best < 0 || st.scores2[best] == 0 {
 		return
 	}
@@ -81,6 +165,6 @@ func (k *kvRouter) trieRoute(st *reqState, el shard.Mask, d *decision) {
 // its new blocks.
 func (k *kvRouter) trieRecord(st *reqState, ep int) {
 	if keys := k.trieKeys(st); len(keys) > 0 {
-		k.trie.inv.Add(ep, keys)
+		k.trie.add(ep, keys)
 	}
 }

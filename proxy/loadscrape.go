@@ -1,0 +1,108 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/cloudwego/hertz/pkg/protocol"
+
+	"github.com/kvgate/kvgate/proxy/route"
+)
+
+// maxMetricsBody bounds one engine /metrics read: vLLM's is tens of kilobytes; a body
+// past this is not what kvgate reads.
+const maxMetricsBody = 4 << 20
+
+// scrapeState is one endpoint's engine-load scrape, for /debug/inventory and /metrics.
+type scrapeState struct {
+	ok       atomic.Uint64
+	failed   atomic.Uint64
+	failing  atomic.Bool
+	lastErr  atomic.Pointer[string]
+	duration atomic.Int64 // last scrape, nanoseconds
+	inFlight atomic.Bool
+}
+
+// scrapeLoop reads every endpoint's /metrics each -kv-load-scrape (route.ParseReport)
+// into s.queues. Nothing on the request path waits for it: a missing, slow or garbage
+// /metrics only leaves that endpoint's report to go stale, and the cost policy and the
+// decode choice fall back to kvgate's own accounting for it (counted, shown per endpoint
+// on /debug/inventory, warned once per failing episode).
+func (s *Server) scrapeLoop() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.KVLoadScrape)
+	defer t.Stop()
+	for {
+		for i, e := range s.eps {
+			// A slow engine's last scrape still running is skipped, not piled up.
+			if e.scrape.inFlight.CompareAndSwap(false, true) {
+				s.wg.Add(1)
+				go func() {
+					defer s.wg.Done()
+					s.scrapeOne(i, e)
+				}()
+			}
+		}
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Server) scrapeOne(i int, e *endpoint) {
+	defer e.scrape.inFlight.Store(false)
+	t0 := time.Now()
+	r, err := s.readReport(e)
+	e.scrape.duration.Store(int64(time.Since(t0)))
+	if err != nil {
+		e.scrape.failed.Add(1)
+		msg := err.Error()
+		e.scrape.lastErr.Store(&msg)
+		if !e.scrape.failing.Swap(true) {
+			s.log.Warn("engine /metrics unreadable: its load comes from kvgate's own accounting until it reads again",
+				"endpoint", e.spec.Name, "err", msg)
+		}
+		return
+	}
+	e.scrape.ok.Add(1)
+	if e.scrape.failing.Swap(false) {
+		s.log.Info("engine /metrics readable again", "endpoint", e.spec.Name)
+	}
+	s.queues.Observe(i, r, s.loads.Get(i), time.Now())
+}
+
+var errNoLoad = errors.New("no running or waiting request gauge in the body")
+
+func (s *Server) readReport(e *endpoint) (route.Report, error) {
+	req := protocol.AcquireRequest()
+	res := protocol.AcquireResponse()
+	defer protocol.ReleaseRequest(req)
+	defer protocol.ReleaseResponse(res)
+	req.SetRequestURI(e.spec.URL + "/metrics")
+	req.Header.SetMethod("GET")
+	timeout := min(s.cfg.KVLoadScrape, s.cfg.HealthTimeout)
+	ctx, cancel := context.WithTimeout(s.ctx, timeout)
+	defer cancel()
+	if err := s.client.DoTimeout(ctx, req, res, timeout); err != nil {
+		return route.Report{}, err
+	}
+	defer res.CloseBodyStream() //nolint:errcheck
+	if code := res.StatusCode(); code != 200 {
+		return route.Report{}, errors.New("status " + strconv.Itoa(code))
+	}
+	body, err := io.ReadAll(io.LimitReader(res.BodyStream(), maxMetricsBody))
+	if err != nil {
+		return route.Report{}, err
+	}
+	r, ok := route.ParseReport(body)
+	if !ok {
+		return route.Report{}, errNoLoad
+	}
+	return r, nil
+}

@@ -1,0 +1,70 @@
+package route
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/proxy/balance"
+)
+
+// Cost is the default KV-Exact policy (-kv-policy cost): each eligible endpoint is
+// scored by the request's predicted time to first token there (Queues.Predict: the
+// prefill queued ahead plus the request's uncached tokens at the endpoint's rate, after
+// any wait for a batch slot), and the minimum wins. Cache overlap is a credit (fewer
+// uncached tokens), not the whole decision: a short hot prefix no longer pulls every
+// request onto one engine once its queue costs more than the prefill it saves.
+//
+// Ties: two predictions closer than one block's prefill at the faster endpoint's rate are
+// within the model's resolution (it counts whole blocks), so they tie; ties go to the
+// fewer requests in flight, then to a rotating start, never to endpoint order.
+type Cost struct {
+	Loads  *balance.Loads
+	Queues *Queues
+	rot    atomic.Uint64
+}
+
+func (c *Cost) Name() string { return "cost" }
+
+func (c *Cost) Select(cd *Candidates, obs Observer) int {
+	n := len(cd.Matched)
+	if n == 0 {
+		return -1
+	}
+	now := time.Now()
+	start := int(c.rot.Add(1) % uint64(n))
+	best, bestMs, bestLoad, bestRate := -1, 0.0, int64(0), 0.0
+	for j := 0; j < n; j++ {
+		i := start + j
+		if i >= n {
+			i -= n
+		}
+		if !cd.Eligible.Has(i) {
+			continue
+		}
+		m := cd.Matched[i]
+		cached := int(m) * cd.BlockSize
+		if m < cd.MinBlocks {
+			cached = 0 // too shallow to count as a hit: the engine may well not reuse it
+		}
+		uncached := max(cd.Tokens-cached, 0)
+		load := c.Loads.Get(i)
+		t := c.Queues.Predict(i, uncached, load, now)
+		t.Matched = m
+		if obs != nil {
+			obs.Endpoint(i, t)
+		}
+		if best < 0 {
+			best, bestMs, bestLoad, bestRate = i, t.Predicted, load, t.Rate
+			continue
+		}
+		band := 1000 * float64(cd.BlockSize) / max(t.Rate, bestRate)
+		switch {
+		case t.Predicted < bestMs-band:
+		case t.Predicted <= bestMs+band && load < bestLoad:
+		default:
+			continue
+		}
+		best, bestMs, bestLoad, bestRate = i, t.Predicted, load, t.Rate
+	}
+	return best
+}

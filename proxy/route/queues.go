@@ -1,0 +1,284 @@
+package route
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Queues is kvgate's view of the work waiting at each endpoint: the prefill tokens it sent
+// there that have not produced a first token, the endpoint's measured prefill speed, and
+// what the engine itself last reported on its /metrics (running and waiting requests, KV
+// usage). Request-path reads are atomic loads; writes come from request completions and
+// the scraper.
+type Queues struct {
+	eps        []epQueue
+	pinnedRate float64       // tokens/s from -kv-prefill-rate; 0 learns per endpoint
+	staleAfter time.Duration // an engine report older than this no longer counts
+	slotsFlag  int64         // -kv-engine-slots; 0 learns them from the engine's reports
+}
+
+// PriorRate is the prefill rate an endpoint is assumed to have before kvgate has measured
+// it: an 8B-class model on one current datacenter GPU prefills on the order of 10^4
+// tokens/s. Every endpoint starts from the same prior, so it only weighs prefill against
+// queueing until the first measurements replace it.
+const PriorRate = 10000
+
+// fitDecay is the weight each older sample keeps per new one in the prefill-rate fit:
+// about the last 50 unqueued requests count, so a rate follows a GPU that slows down
+// within a minute of traffic while one outlier moves it by 2%.
+const fitDecay = 0.98
+
+// serviceDecay weighs the mean request duration the same way over the last ~10 requests:
+// it sets how long a batch slot stays taken, which follows the traffic's output lengths.
+const serviceDecay = 0.9
+
+type epQueue struct {
+	queued   atomic.Int64  // uncached prompt tokens sent, no first token yet
+	rate     atomic.Uint64 // float64 bits: prefill tokens/s
+	base     atomic.Uint64 // float64 bits: fixed seconds before the first token
+	service  atomic.Uint64 // float64 bits: mean seconds a request holds its endpoint
+	slots    atomic.Int64  // requests the engine runs at once (learned or pinned); 0 unknown
+	running  atomic.Int64  // engine-reported, at engAt
+	waiting  atomic.Int64  // engine-reported, at engAt
+	kvUsage  atomic.Uint64 // float64 bits, engine-reported KV cache usage 0..1
+	engAt    atomic.Int64  // unix nanos of the last good engine report; 0 never
+	flightAt atomic.Int64  // kvgate's in-flight count when that report was read
+	samples  atomic.Int64  // rate-fit samples taken
+
+	mu  sync.Mutex // the fit's sums
+	fit lineFit
+	_   [40]byte
+}
+
+// NewQueues returns the view for n endpoints. rate pins every endpoint's prefill rate
+// (tokens/s) when > 0; slots pins the engines' concurrent-request capacity when > 0.
+// Engine reports older than staleAfter decay to kvgate's own accounting.
+func NewQueues(n int, rate float64, slots int, staleAfter time.Duration) *Queues {
+	q := &Queues{eps: make([]epQueue, n), pinnedRate: rate, staleAfter: staleAfter, slotsFlag: int64(slots)}
+	r := float64(PriorRate)
+	if rate > 0 {
+		r = rate
+	}
+	for i := range q.eps {
+		q.eps[i].rate.Store(math.Float64bits(r))
+		q.eps[i].slots.Store(int64(slots))
+	}
+	return q
+}
+
+// Len is the number of endpoints.
+func (q *Queues) Len() int { return len(q.eps) }
+
+func loadF(a *atomic.Uint64) float64     { return math.Float64frombits(a.Load()) }
+func storeF(a *atomic.Uint64, v float64) { a.Store(math.Float64bits(v)) }
+
+// Sent records a request dispatched to ep that must prefill uncached tokens. It reports
+// whether nothing of kvgate's was queued there ahead of it: only such requests measure
+// the endpoint's own prefill speed.
+func (q *Queues) Sent(ep, uncached int) (alone bool) {
+	e := &q.eps[ep]
+	return e.queued.Add(int64(uncached)) == int64(uncached)
+}
+
+// FirstToken records the first response byte of a request Sent to ep, ttft after it was
+// sent. An alone request with no engine-reported queue is a sample of the endpoint's
+// prefill line ttft = base + uncached/rate.
+func (q *Queues) FirstToken(ep, uncached int, ttft time.Duration, alone bool) {
+	e := &q.eps[ep]
+	e.queued.Add(-int64(uncached))
+	if !alone || q.pinnedRate > 0 || ttft <= 0 {
+		return
+	}
+	if q.fresh(e, time.Now()) && e.waiting.Load() > 0 {
+		return // it may have waited for a batch slot: not a prefill sample
+	}
+	e.mu.Lock()
+	rate, base, ok := e.fit.add(float64(uncached), ttft.Seconds())
+	e.mu.Unlock()
+	e.samples.Add(1)
+	if ok {
+		storeF(&e.rate, rate)
+		storeF(&e.base, base)
+	}
+}
+
+// Unsent takes back a request Sent to ep that ended without a first byte.
+func (q *Queues) Unsent(ep, uncached int) { q.eps[ep].queued.Add(-int64(uncached)) }
+
+// Finished records how long a request held ep (sent to last byte).
+func (q *Queues) Finished(ep int, held time.Duration) {
+	e := &q.eps[ep]
+	s := held.Seconds()
+	for {
+		old := e.service.Load()
+		v := math.Float64frombits(old)
+		nv := s
+		if v > 0 {
+			nv = serviceDecay*v + (1-serviceDecay)*s
+		}
+		if e.service.CompareAndSwap(old, math.Float64bits(nv)) {
+			return
+		}
+	}
+}
+
+// Report is one engine /metrics reading.
+type Report struct {
+	Running, Waiting int64
+	KVUsage          float64 // 0..1; negative when the engine does not say
+}
+
+// Observe stores an engine report read at now, with kvgate's in-flight count for ep at
+// that moment (requests kvgate sends or finishes afterwards correct the report until the
+// next one). A report that shows requests waiting tells how many the engine runs at once.
+func (q *Queues) Observe(ep int, r Report, inflight int64, now time.Time) {
+	e := &q.eps[ep]
+	e.running.Store(r.Running)
+	e.waiting.Store(r.Waiting)
+	storeF(&e.kvUsage, r.KVUsage)
+	e.flightAt.Store(inflight)
+	e.engAt.Store(now.UnixNano())
+	// Requests waiting while r.Running run: that is what the engine runs at once now
+	// (its max_num_seqs or what its KV cache holds). More running than that later raises it.
+	if q.slotsFlag == 0 && r.Running > 0 {
+		if s := e.slots.Load(); r.Waiting > 0 || (s > 0 && r.Running > s) {
+			e.slots.Store(r.Running)
+		}
+	}
+}
+
+func (q *Queues) fresh(e *epQueue, now time.Time) bool {
+	at := e.engAt.Load()
+	return at != 0 && now.UnixNano()-at <= int64(q.staleAfter)
+}
+
+// Fresh says whether ep's last engine report still counts at now.
+func (q *Queues) Fresh(ep int, now time.Time) bool { return q.fresh(&q.eps[ep], now) }
+
+// Ahead is how many requests a new one would wait behind for a batch slot at ep, and
+// whether that comes from a fresh engine report: the engine's running and waiting count
+// corrected by what kvgate sent or finished since, against the engine's slots; without a
+// fresh report, kvgate's own in-flight count against the slots.
+func (q *Queues) Ahead(ep int, inflight int64, now time.Time) (ahead int64, fromEngine bool) {
+	e := &q.eps[ep]
+	occ := inflight
+	if q.fresh(e, now) {
+		occ = e.running.Load() + e.waiting.Load() + inflight - e.flightAt.Load()
+		fromEngine = true
+	}
+	slots := e.slots.Load()
+	if slots <= 0 || occ < slots {
+		return 0, fromEngine
+	}
+	return occ - slots + 1, fromEngine
+}
+
+// Predict is the time to first token at ep for a request of uncached tokens: the prefill
+// of what is queued there plus its own at the endpoint's rate, after any wait for a batch
+// slot (each request ahead frees one of the slots after a mean request time / slots).
+func (q *Queues) Predict(ep, uncached int, inflight int64, now time.Time) Terms {
+	e := &q.eps[ep]
+	queued := max(e.queued.Load(), 0)
+	rate := loadF(&e.rate)
+	t := Terms{Uncached: uncached, Queued: queued, InFlight: inflight, Rate: rate, Source: "kvgate"}
+	ahead, eng := q.Ahead(ep, inflight, now)
+	if eng {
+		t.Source = "engine"
+	}
+	t.Ahead = ahead
+	sec := loadF(&e.base) + float64(queued+int64(uncached))/rate
+	if ahead > 0 {
+		if slots := e.slots.Load(); slots > 0 {
+			sec += float64(ahead) * loadF(&e.service) / float64(slots)
+		}
+	}
+	t.Predicted = sec * 1000
+	return t
+}
+
+// EndpointView is one endpoint's learned and reported state, for /debug/inventory.
+type EndpointView struct {
+	QueuedTokens int64   `json:"queued_prefill_tokens"`
+	Rate         float64 `json:"prefill_tokens_per_s"`
+	BaseMs       float64 `json:"prefill_base_ms"`
+	ServiceMs    float64 `json:"mean_request_ms"`
+	Slots        int64   `json:"slots"`
+	RateSamples  int64   `json:"rate_samples"`
+	Engine       struct {
+		Fresh   bool    `json:"fresh"`
+		AgeMs   float64 `json:"age_ms"`
+		Running int64   `json:"running"`
+		Waiting int64   `json:"waiting"`
+		KVUsage float64 `json:"kv_usage"`
+	} `json:"engine_report"`
+}
+
+// View reads ep's state.
+func (q *Queues) View(ep int, now time.Time) EndpointView {
+	e := &q.eps[ep]
+	var v EndpointView
+	v.QueuedTokens = e.queued.Load()
+	v.Rate = loadF(&e.rate)
+	v.BaseMs = loadF(&e.base) * 1000
+	v.ServiceMs = loadF(&e.service) * 1000
+	v.Slots = e.slots.Load()
+	v.RateSamples = e.samples.Load()
+	if at := e.engAt.Load(); at != 0 {
+		v.Engine.Fresh = q.fresh(e, now)
+		v.Engine.AgeMs = float64(now.UnixNano()-at) / 1e6
+		v.Engine.Running, v.Engine.Waiting = e.running.Load(), e.waiting.Load()
+		v.Engine.KVUsage = loadF(&e.kvUsage)
+	}
+	return v
+}
+
+// KVUsage is ep's engine-reported KV usage and whether the report is fresh.
+func (q *Queues) KVUsage(ep int, now time.Time) (float64, bool) {
+	e := &q.eps[ep]
+	return loadF(&e.kvUsage), q.fresh(e, now)
+}
+
+// Running is ep's engine-reported running plus waiting requests corrected by kvgate's
+// dispatches since the report, and whether the report is fresh.
+func (q *Queues) Running(ep int, inflight int64, now time.Time) (int64, bool) {
+	e := &q.eps[ep]
+	if !q.fresh(e, now) {
+		return inflight, false
+	}
+	return max(e.running.Load()+e.waiting.Load()+inflight-e.flightAt.Load(), 0), true
+}
+
+// lineFit is an exponentially weighted least-squares fit of y = a + b x, for the prefill
+// line ttft = base + uncached/rate.
+type lineFit struct{ w, x, y, xx, xy float64 }
+
+// add takes one sample and returns the fitted rate (1/b) and base (a), ok when the
+// samples spread enough in x to tell slope from intercept and the fit is physical.
+func (f *lineFit) add(x, y float64) (rate, base float64, ok bool) {
+	f.w = fitDecay*f.w + 1
+	f.x = fitDecay*f.x + x
+	f.y = fitDecay*f.y + y
+	f.xx = fitDecay*f.xx + x*x
+	f.xy = fitDecay*f.xy + x*y
+	if f.w < 4 {
+		return 0, 0, false
+	}
+	mx, my := f.x/f.w, f.y/f.w
+	vx := f.xx/f.w - mx*mx
+	// Below a spread of a few blocks' worth of tokens the slope is noise.
+	if vx < 64*64 {
+		return 0, 0, false
+	}
+	b := (f.xy/f.w - mx*my) / vx
+	if b <= 0 || math.IsNaN(b) {
+		return 0, 0, false
+	}
+	a := my - b*mx
+	rate = 1 / b
+	if rate < 100 || rate > 1e8 {
+		return 0, 0, false
+	}
+	return rate, max(a, 0), true
+}

@@ -1,0 +1,52 @@
+// Package route holds kvgate's KV-Exact selection policies: given the endpoints that may
+// take a request and how many of its prompt's blocks each one holds, pick one. Each policy
+// is a small type behind Selector; its inputs are explicit values (Candidates, the loads
+// and queues it was built with), never the server. /debug/explain and traffic run the same
+// Select; an Observer, when given, records every endpoint's terms and the verdict.
+package route
+
+import (
+	"github.com/kvgate/kvgate/shard"
+)
+
+// Candidates are the request facts a selector decides from.
+type Candidates struct {
+	// Eligible are the endpoints that may take the request (healthy, not excluded, not
+	// admin-down, breaker closed, of the right role).
+	Eligible shard.Mask
+	// Matched is the number of the prompt's blocks each endpoint holds (index by
+	// endpoint; 0 where it holds none or is not eligible).
+	Matched []int32
+	// Best is the eligible endpoint with the most matched blocks (Matched[Best] > 0).
+	Best int
+	// Tokens is the prompt's length in tokens, BlockSize the engines' block size.
+	Tokens, BlockSize int
+	// MinBlocks is the shallowest match that counts as a hit (-kv-min-match-tokens).
+	MinBlocks int32
+}
+
+// Terms are one endpoint's inputs to a cost decision, as /debug/explain shows them.
+type Terms struct {
+	Matched   int32   // blocks of the prompt the endpoint holds
+	Uncached  int     // prompt tokens it would have to prefill
+	Queued    int64   // prefill tokens kvgate sent it that have not produced a first token
+	Ahead     int64   // requests predicted to wait for a batch slot ahead of this one
+	InFlight  int64   // requests kvgate has in flight there
+	Rate      float64 // prefill tokens per second (learned or pinned)
+	Predicted float64 // predicted time to first token, milliseconds
+	Source    string  // where the load view came from: "engine" (fresh scrape) or "kvgate"
+}
+
+// Observer records a decision's inputs. Traffic passes nil.
+type Observer interface {
+	Endpoint(ep int, t Terms)
+}
+
+// Selector picks one eligible endpoint for a request some endpoint holds a prefix of. It
+// returns -1 when no eligible endpoint is acceptable (the caller falls back to the rule's
+// selector and counts kv-miss:no_worker).
+type Selector interface {
+	Select(c *Candidates, obs Observer) int
+	// Name is the policy's -kv-policy value.
+	Name() string
+}

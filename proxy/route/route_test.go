@@ -1,0 +1,228 @@
+package route
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/proxy/balance"
+	"github.com/kvgate/kvgate/shard"
+)
+
+func candidates(n int, matched []int32, tokens int) *Candidates {
+	el := shard.NewMask(n)
+	best := -1
+	for i := 0; i < n; i++ {
+		el.Set(i)
+		if matched[i] > 0 && (best < 0 || matched[i] > matched[best]) {
+			best = i
+		}
+	}
+	return &Candidates{Eligible: el, Matched: matched, Best: best, Tokens: tokens, BlockSize: 16, MinBlocks: 1}
+}
+
+type recorder map[int]Terms
+
+func (r recorder) Endpoint(ep int, t Terms) { r[ep] = t }
+
+func TestCostPrefersHolderWhenIdle(t *testing.T) {
+	q := NewQueues(4, 10000, 0, time.Second)
+	c := &Cost{Loads: balance.NewLoads(4), Queues: q}
+	cd := candidates(4, []int32{0, 120, 0, 0}, 2048)
+	for k := 0; k < 8; k++ {
+		if got := c.Select(cd, nil); got != 1 {
+			t.Fatalf("idle pool: got %d, want the holder 1", got)
+		}
+	}
+}
+
+func TestCostSpreadsWhenHolderQueueCostsMore(t *testing.T) {
+	q := NewQueues(2, 10000, 0, time.Second)
+	loads := balance.NewLoads(2)
+	c := &Cost{Loads: loads, Queues: q}
+	// 1,000 of 2,048 tokens cached at endpoint 0, but 20,000 tokens already queued there
+	// (2 s of prefill): the idle endpoint 1 prefills all 2,048 in ~0.2 s.
+	q.Sent(0, 20000)
+	loads.Inc(0)
+	cd := candidates(2, []int32{62, 0}, 2048)
+	obs := recorder{}
+	if got := c.Select(cd, obs); got != 1 {
+		t.Fatalf("got %d, want the idle endpoint 1; terms %+v", got, obs)
+	}
+	if obs[0].Queued != 20000 || obs[0].Uncached != 2048-62*16 || obs[1].Uncached != 2048 {
+		t.Fatalf("terms %+v", obs)
+	}
+	if math.Abs(obs[1].Predicted-204.8) > 0.01 || math.Abs(obs[0].Predicted-(20000+1056)/10.0) > 0.01 {
+		t.Fatalf("predicted ms %+v", obs)
+	}
+	// Once the queue drains the holder wins again.
+	q.FirstToken(0, 20000, time.Second, true)
+	loads.Dec(0)
+	if got := c.Select(cd, nil); got != 0 {
+		t.Fatalf("drained: got %d, want the holder 0", got)
+	}
+}
+
+func TestCostTiesRotateThenLoad(t *testing.T) {
+	q := NewQueues(4, 0, 0, time.Second)
+	loads := balance.NewLoads(4)
+	c := &Cost{Loads: loads, Queues: q}
+	cd := candidates(4, []int32{0, 0, 0, 0}, 512)
+	seen := map[int]int{}
+	for k := 0; k < 40; k++ {
+		seen[c.Select(cd, nil)]++
+	}
+	for i := 0; i < 4; i++ {
+		if seen[i] != 10 {
+			t.Fatalf("equal endpoints must rotate evenly: %v", seen)
+		}
+	}
+	// A tie broken by load: endpoint 2 has the fewest in flight.
+	for i := 0; i < 4; i++ {
+		if i != 2 {
+			loads.Inc(i)
+		}
+	}
+	for k := 0; k < 8; k++ {
+		if got := c.Select(cd, nil); got != 2 {
+			t.Fatalf("tie by load: got %d, want 2", got)
+		}
+	}
+}
+
+func TestCostShallowMatchIsNoCredit(t *testing.T) {
+	q := NewQueues(2, 10000, 0, time.Second)
+	c := &Cost{Loads: balance.NewLoads(2), Queues: q}
+	cd := candidates(2, []int32{2, 0}, 4096)
+	cd.MinBlocks = 4
+	obs := recorder{}
+	c.Select(cd, obs)
+	if obs[0].Uncached != 4096 {
+		t.Fatalf("a match under -kv-min-match-tokens must not count: %+v", obs[0])
+	}
+}
+
+func TestSlotWaitFromEngineReport(t *testing.T) {
+	q := NewQueues(2, 10000, 0, time.Second)
+	loads := balance.NewLoads(2)
+	c := &Cost{Loads: loads, Queues: q}
+	now := time.Now()
+	q.Finished(0, 400*time.Millisecond)
+	q.Finished(1, 400*time.Millisecond)
+	// Endpoint 0 runs 8 and has 8 waiting (requests of another replica): a new request
+	// waits behind 9 slot releases of 400ms/8 each.
+	q.Observe(0, Report{Running: 8, Waiting: 8, KVUsage: 0.5}, 0, now)
+	q.Observe(1, Report{Running: 2, Waiting: 0, KVUsage: 0.1}, 0, now)
+	ahead, eng := q.Ahead(0, 0, now)
+	if ahead != 9 || !eng {
+		t.Fatalf("ahead %d engine %v", ahead, eng)
+	}
+	tm := q.Predict(0, 32, 0, now)
+	want := (32.0/10000 + 9*0.4/8) * 1000
+	if math.Abs(tm.Predicted-want) > 0.01 || tm.Source != "engine" {
+		t.Fatalf("predicted %+v, want %.2f ms", tm, want)
+	}
+	cd := candidates(2, []int32{100, 0}, 1632)
+	if got := c.Select(cd, nil); got != 1 {
+		t.Fatalf("the holder's slot queue costs 450 ms, a full prefill 163 ms: got %d", got)
+	}
+	// Requests kvgate sends after the report count on top of it; finished ones come off.
+	if a, _ := q.Ahead(1, 7, now); a != 0 {
+		t.Fatalf("slots unknown (the engine never queued): ahead %d, want 0", a)
+	}
+	q.Observe(1, Report{Running: 8, Waiting: 1}, 0, now)
+	q.Observe(1, Report{Running: 2, Waiting: 0}, 0, now)
+	if a, _ := q.Ahead(1, 7, now); a != 2 {
+		t.Fatalf("2 running + 7 sent since, slots 8: ahead %d, want 2", a)
+	}
+	// A stale report decays to kvgate's own accounting.
+	later := now.Add(2 * time.Second)
+	if q.Fresh(0, later) {
+		t.Fatal("report should be stale")
+	}
+	if a, eng := q.Ahead(0, 3, later); a != 0 || eng {
+		t.Fatalf("stale: ahead %d engine %v", a, eng)
+	}
+	if a, _ := q.Ahead(0, 9, later); a != 2 {
+		t.Fatalf("stale, 9 in flight over 8 learned slots: ahead %d, want 2", a)
+	}
+}
+
+func TestRateFitLearnsLine(t *testing.T) {
+	q := NewQueues(1, 0, 0, time.Second)
+	// An endpoint at 4,000 tokens/s with 12 ms fixed cost.
+	for k := 0; k < 60; k++ {
+		unc := 100 + (k*397)%3000
+		ttft := time.Duration((0.012 + float64(unc)/4000) * float64(time.Second))
+		alone := q.Sent(0, unc)
+		if !alone {
+			t.Fatal("nothing else queued")
+		}
+		q.FirstToken(0, unc, ttft, alone)
+	}
+	v := q.View(0, time.Now())
+	if math.Abs(v.Rate-4000) > 40 || math.Abs(v.BaseMs-12) > 0.5 {
+		t.Fatalf("fit rate %.1f base %.2f ms, want 4000 and 12", v.Rate, v.BaseMs)
+	}
+	if v.QueuedTokens != 0 {
+		t.Fatalf("queued %d after every first token", v.QueuedTokens)
+	}
+}
+
+func TestRateFitIgnoresQueuedSamples(t *testing.T) {
+	q := NewQueues(1, 0, 0, time.Second)
+	a := q.Sent(0, 1000)
+	b := q.Sent(0, 1000)
+	if !a || b {
+		t.Fatalf("alone %v %v", a, b)
+	}
+	q.FirstToken(0, 1000, 10*time.Second, b) // waited behind a: not a sample
+	if v := q.View(0, time.Now()); v.RateSamples != 0 || v.Rate != PriorRate {
+		t.Fatalf("%+v", v)
+	}
+}
+
+func TestPinnedRate(t *testing.T) {
+	q := NewQueues(1, 2500, 0, time.Second)
+	for k := 0; k < 20; k++ {
+		unc := 200 + k*300
+		q.FirstToken(0, unc, time.Duration(unc)*time.Millisecond, q.Sent(0, unc))
+	}
+	if v := q.View(0, time.Now()); v.Rate != 2500 {
+		t.Fatalf("a pinned rate must not move: %+v", v)
+	}
+}
+
+func TestOverlapArgmaxAndBound(t *testing.T) {
+	loads := balance.NewLoads(3)
+	o := &Overlap{Loads: loads, LoadFactor: 0.25}
+	cd := candidates(3, []int32{3, 9, 5}, 1024)
+	if got := o.Select(cd, nil); got != 1 {
+		t.Fatalf("got %d", got)
+	}
+	for k := 0; k < 4; k++ {
+		loads.Inc(1)
+	}
+	if got := o.Select(cd, nil); got != 2 {
+		t.Fatalf("over the bound the next-best holder wins: got %d", got)
+	}
+}
+
+func TestCostSelectAllocatesNothing(t *testing.T) {
+	q := NewQueues(8, 0, 0, time.Second)
+	c := &Cost{Loads: balance.NewLoads(8), Queues: q}
+	cd := candidates(8, []int32{1, 5, 0, 9, 0, 0, 2, 0}, 4096)
+	if a := testing.AllocsPerRun(1000, func() { c.Select(cd, nil) }); a != 0 {
+		t.Fatalf("Select allocates %.1f per call", a)
+	}
+}
+
+func BenchmarkCostSelect(b *testing.B) {
+	q := NewQueues(8, 0, 0, time.Second)
+	c := &Cost{Loads: balance.NewLoads(8), Queues: q}
+	cd := candidates(8, []int32{1, 5, 0, 9, 0, 0, 2, 0}, 4096)
+	b.ReportAllocs()
+	for b.Loop() {
+		c.Select(cd, nil)
+	}
+}
