@@ -154,7 +154,7 @@ func tinyConfig(t *testing.T, policies ...Policy) Config {
 // deliver more cache hits than round-robin on a shared-prefix workload.
 func TestEndToEndReport(t *testing.T) {
 	rr, _ := PolicyByName("rr")
-	kv, _ := PolicyByName("kv-exact-overlap")
+	kv, _ := PolicyByName("kv-exact")
 	cfg := tinyConfig(t, rr, kv, OraclePolicy())
 	res, err := Run(context.Background(), cfg)
 	if err != nil {
@@ -178,7 +178,7 @@ func TestEndToEndReport(t *testing.T) {
 	var tbl bytes.Buffer
 	res.WriteTable(&tbl)
 	t.Logf("\n%s", tbl.String())
-	rrRes, kvRes, or := res.Find("rr"), res.Find("kv-exact-overlap"), res.Find("oracle")
+	rrRes, kvRes, or := res.Find("rr"), res.Find("kv-exact"), res.Find("oracle")
 	// rr spreads each user's turns over the engines, so a turn's history is cached only
 	// where its previous turn ran; KV-Exact and the oracle follow it.
 	if !(kvRes.HitRatio() > rrRes.HitRatio()) || !(or.HitRatio() > rrRes.HitRatio()) {
@@ -196,7 +196,7 @@ func TestEndToEndReport(t *testing.T) {
 	res.WriteReport(&md, "test", plots)
 	rep := md.String()
 	for _, want := range []string{"| policy | requests | errors | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms |", "\n| rr | 32 | 0 |",
-		"\n| kv-exact-overlap | 32 | 0 |", "\n| oracle | 32 | 0 |", "Targets:", "kvgate flags added to every kvgate policy: `-kv-load-factor 1`", "## Load per endpoint", "![ttft-cdf](ttft-cdf.svg)", "![hit-ratio](hit-ratio.svg)", "![load](load.svg)"} {
+		"\n| kv-exact | 32 | 0 |", "\n| oracle | 32 | 0 |", "Targets:", "kvgate flags added to every kvgate policy: `-kv-load-factor 1`", "## Load per endpoint", "![ttft-cdf](ttft-cdf.svg)", "![hit-ratio](hit-ratio.svg)", "![load](load.svg)"} {
 		if !strings.Contains(rep, want) {
 			t.Errorf("report lacks %q:\n%s", want, rep)
 		}

@@ -56,29 +56,36 @@ func (env *Env) engines() []RemoteEngine {
 // Policy is one routing choice under test. Start returns the target and a stop function
 // that must release everything Start started.
 type Policy struct {
-	Name  string
+	Name string
+	// Flags are the `kvgate serve` routing flags of a kvgate policy (nil for the others).
+	Flags []string
 	Start func(ctx context.Context, env *Env) (Target, func() error, error)
 }
 
 // KvgatePolicy runs `kvgate serve` with the given routing flags in front of the sims.
 // withEvents subscribes it to every sim's KV events (KV-Exact needs them).
 func KvgatePolicy(name string, withEvents bool, flags ...string) Policy {
-	return Policy{Name: name, Start: func(ctx context.Context, env *Env) (Target, func() error, error) {
+	return Policy{Name: name, Flags: flags, Start: func(ctx context.Context, env *Env) (Target, func() error, error) {
 		return startKvgate(ctx, env, withEvents, flags)
 	}}
 }
 
 // StandardPolicies are the comparisons the issue asks for: round-robin, CHWBL, KV-Exact
-// mode 3 with both scorers, and the oracle placement.
+// mode 3 as shipped (every default: the cost policy), KV-Exact pinned to the overlap argmax
+// with both scorers (what mode 3 did before the cost policy), and the oracle placement.
 func StandardPolicies() []Policy {
 	return []Policy{
 		KvgatePolicy("rr", false, "-select", "rr", "-kv-mode", "off"),
 		KvgatePolicy("chwbl", false, "-select", "chwbl", "-kv-mode", "off"),
-		KvgatePolicy("kv-exact-overlap", true, "-select", "rr", "-kv-mode", "3", "-kv-score", "overlap"),
-		KvgatePolicy("kv-exact-prefix", true, "-select", "rr", "-kv-mode", "3", "-kv-score", "prefix"),
+		KvgatePolicy("kv-exact", true, "-kv-mode", "3"),
+		KvgatePolicy("kv-exact-overlap", true, "-select", "rr", "-kv-mode", "3", "-kv-policy", "overlap", "-kv-score", "overlap"),
+		KvgatePolicy("kv-exact-prefix", true, "-select", "rr", "-kv-mode", "3", "-kv-policy", "overlap", "-kv-score", "prefix"),
 		OraclePolicy(),
 	}
 }
+
+// DefaultPolicies is the -policies default of `kvgate bench`.
+const DefaultPolicies = "rr,chwbl,kv-exact,kv-exact-overlap,kv-exact-prefix,oracle"
 
 // PolicyByName returns a standard policy, "direct-rr" (round-robin in the harness, no
 // kvgate: for when no kvgate binary is available) or "oracle".

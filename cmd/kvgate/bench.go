@@ -36,7 +36,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	overhead := fs.Bool("overhead", false, "measure kvgate's added latency and req/s against a direct connection to a zero-latency engine")
 	out := fs.String("out", "bench/out", "directory for report.md and the SVG plots")
 	engines := fs.Int("engines", 4, "simulated engines per policy run")
-	policies := fs.String("policies", "rr,chwbl,kv-exact-overlap,kv-exact-prefix,oracle", "comma-separated: rr, chwbl, kv-exact-overlap, kv-exact-prefix, oracle, direct-rr (harness round-robin, no kvgate)")
+	policies := fs.String("policies", bench.DefaultPolicies, "comma-separated: rr, chwbl, kv-exact (serve -kv-mode 3, every default), kv-exact-overlap, kv-exact-prefix (-kv-policy overlap), oracle, direct-rr (harness round-robin, no kvgate)")
 	workload := fs.String("workload", "shared-prefix", "shared-prefix, rag or trace")
 	model := fs.String("model", "qwen3", "served model name")
 	tokDir := fs.String("tokenizer", defaultTokenizerDir(), "tokenizer directory for the engines and kvgate; \"words\" = one token per word (no kvgate parity)")
@@ -171,7 +171,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		shp = bench.SharedPrefix{SystemPrompts: 8, Users: 64, Turns: 4, SystemTokens: 2048, TurnTokens: 48,
 			Spread: 5 * time.Second, Think: 200 * time.Millisecond}
 		*workload = "shared-prefix"
-		names = []string{"rr", "kv-exact-overlap", "oracle"}
+		names = []string{"rr", "kv-exact", "oracle"}
 	}
 	shp.Seed, shp.MaxTokens, shp.Words = *seed, *maxTokens, words
 	switch *workload {
