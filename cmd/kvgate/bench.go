@@ -37,7 +37,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	out := fs.String("out", "bench/out", "directory for report.md and the SVG plots")
 	engines := fs.Int("engines", 4, "simulated engines per policy run")
 	policies := fs.String("policies", bench.DefaultPolicies, "comma-separated: rr, chwbl, kv-exact (serve -kv-mode 3, every default), kv-exact-overlap, kv-exact-prefix (-kv-policy overlap), oracle, direct-rr (harness round-robin, no kvgate)")
-	workload := fs.String("workload", "shared-prefix", "shared-prefix, rag or trace")
+	workload := fs.String("workload", "shared-prefix", "shared-prefix, hot-prefix, rag or trace")
 	model := fs.String("model", "qwen3", "served model name")
 	tokDir := fs.String("tokenizer", defaultTokenizerDir(), "tokenizer directory for the engines and kvgate; \"words\" = one token per word (no kvgate parity)")
 	kvgateBin := fs.String("kvgate", "", "kvgate binary to run as the router (default: this executable)")
@@ -73,6 +73,14 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.IntVar(&rag.DocTokens, "doc-tokens", 512, "rag: words per document")
 	fs.IntVar(&rag.Queries, "queries", 200, "rag: queries")
 	fs.IntVar(&rag.DocsPerQuery, "docs-per-query", 3, "rag: documents cited per query")
+
+	var hot bench.HotPrefix
+	fs.IntVar(&hot.Prefixes, "hot-prefixes", 6, "hot-prefix: system prompts")
+	fs.IntVar(&hot.PrefixTokens[0], "hot-prefix-min-tokens", 300, "hot-prefix: fewest words per system prompt")
+	fs.IntVar(&hot.PrefixTokens[1], "hot-prefix-max-tokens", 2000, "hot-prefix: most words per system prompt")
+	fs.IntVar(&hot.Requests, "hot-requests", 300, "hot-prefix: requests (Poisson arrivals over -spread)")
+	fs.IntVar(&hot.SuffixTokens, "hot-suffix-tokens", 32, "hot-prefix: words per unique user message")
+	fs.Float64Var(&hot.Zipf, "zipf", 1.1, "hot-prefix: popularity skew s, prefix k has weight 1/(k+1)^s (0 = uniform)")
 
 	var tr bench.Trace
 	fs.StringVar(&tr.Path, "trace", "", "trace: Mooncake JSONL path")
@@ -177,6 +185,17 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	switch *workload {
 	case "shared-prefix":
 		cfg.Workload = shp.Build()
+	case "hot-prefix":
+		if hot.Zipf < 0 {
+			fmt.Fprintf(stderr, "bench: -zipf %g: want a skew >= 0\n", hot.Zipf)
+			return 2
+		}
+		if hot.Prefixes <= 0 || hot.Requests <= 0 || hot.PrefixTokens[0] <= 0 || hot.PrefixTokens[1] < hot.PrefixTokens[0] {
+			fmt.Fprintln(stderr, "bench: -hot-prefixes and -hot-requests must be positive and 0 < -hot-prefix-min-tokens <= -hot-prefix-max-tokens")
+			return 2
+		}
+		hot.Seed, hot.MaxTokens, hot.Words, hot.Window = *seed, *maxTokens, words, shp.Spread
+		cfg.Workload = hot.Build()
 	case "rag":
 		rag.Seed, rag.MaxTokens, rag.Words, rag.QueryTokens, rag.Spread = *seed, *maxTokens, words, 32, shp.Spread
 		cfg.Workload = rag.Build()
@@ -196,7 +215,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		cfg.Workload = w
 	default:
-		fmt.Fprintf(stderr, "bench: unknown workload %q (want shared-prefix, rag or trace)\n", *workload)
+		fmt.Fprintf(stderr, "bench: unknown workload %q (want shared-prefix, hot-prefix, rag or trace)\n", *workload)
 		return 2
 	}
 	for _, n := range names {
