@@ -204,54 +204,6 @@ func tail(s string, n int) string {
 	return s
 }
 
-// OraclePolicy places each request on the engine that would serve the most of its prompt
-// from cache right now (it asks every engine's pool directly), among the engines that can
-// start it at once (fewer requests in flight than their batch size); ties go to the least
-// loaded engine, then round-robin. When every engine is full it picks the least loaded.
-// It is the ceiling a KV-aware router can reach.
-func OraclePolicy() Policy {
-	return Policy{Name: "oracle", Start: func(ctx context.Context, env *Env) (Target, func() error, error) {
-		return &oracle{sims: env.Sims}, func() error { return nil }, nil
-	}}
-}
-
-type oracle struct {
-	sims []*enginesim.Sim
-	mu   sync.Mutex
-	next int
-}
-
-func (o *oracle) Route(body []byte, chat bool) (string, error) {
-	// Probe and pick under one lock so two concurrent first-time prefixes see each other's load.
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	best, bestCached, bestLoad := -1, -1, 0
-	least, leastLoad := -1, 0
-	n := len(o.sims)
-	for j := 0; j < n; j++ {
-		i := (o.next + j) % n
-		pr, err := o.sims[i].ProbeBody(body, chat)
-		if err != nil {
-			return "", err
-		}
-		load := pr.Running + pr.Waiting
-		if least < 0 || load < leastLoad {
-			least, leastLoad = i, load
-		}
-		if load >= o.sims[i].Config().MaxBatch {
-			continue
-		}
-		if pr.CachedTokens > bestCached || (pr.CachedTokens == bestCached && load < bestLoad) {
-			best, bestCached, bestLoad = i, pr.CachedTokens, load
-		}
-	}
-	if best < 0 {
-		best = least
-	}
-	o.next = (o.next + 1) % n
-	return o.sims[best].URL(), nil
-}
-
 // DirectRRPolicy is round-robin done by the harness itself, without kvgate.
 func DirectRRPolicy() Policy {
 	return Policy{Name: "direct-rr", Start: func(ctx context.Context, env *Env) (Target, func() error, error) {

@@ -296,7 +296,13 @@ func runSession(ctx context.Context, cfg Config, hc *http.Client, target Target,
 			record(Sample{Err: err})
 			return
 		}
-		base, err := target.Route(body, sess.Chat)
+		var base string
+		var done func()
+		if tt, ok := target.(trackedTarget); ok {
+			base, done, err = tt.RouteTracked(body, sess.Chat)
+		} else {
+			base, err = target.Route(body, sess.Chat)
+		}
 		if err != nil {
 			record(Sample{Err: fmt.Errorf("route: %w", err)})
 			return
@@ -304,6 +310,9 @@ func runSession(ctx context.Context, cfg Config, hc *http.Client, target Target,
 		rctx, cancel := context.WithTimeout(ctx, cfg.RequestTimeout)
 		s := doStream(rctx, hc, base+path, body)
 		cancel()
+		if done != nil {
+			done()
+		}
 		record(s)
 		if s.Err != nil {
 			// Count the turns that will not run as failed too, so every policy reports
