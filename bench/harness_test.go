@@ -250,3 +250,38 @@ func TestOverheadShape(t *testing.T) {
 		t.Fatalf("report:\n%s", md.String())
 	}
 }
+
+// Two kvgate replicas, each subscribed to every engine: clients alternate between them,
+// every request succeeds, and both route on the KV events they receive (more hits than
+// round-robin's baseline on this workload, measured in TestEndToEndReport).
+func TestReplicas(t *testing.T) {
+	kv, _ := PolicyByName("kv-exact")
+	rr, _ := PolicyByName("rr")
+	cfg := tinyConfig(t, rr, kv)
+	cfg.Replicas = 2
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tbl bytes.Buffer
+	res.WriteTable(&tbl)
+	t.Logf("\n%s", tbl.String())
+	for _, name := range []string{"rr", "kv-exact"} {
+		p := res.Find(name)
+		if p == nil || p.Requests != 32 || p.Errors != 0 {
+			t.Fatalf("%s: %+v", name, p)
+		}
+		// 8 sessions of 4 turns, sessions alternating over the replicas.
+		if len(p.ReplicaRequests) != 2 || p.ReplicaRequests[0] != 16 || p.ReplicaRequests[1] != 16 {
+			t.Fatalf("%s: requests per replica %v, want [16 16]", name, p.ReplicaRequests)
+		}
+	}
+	if kvr, rrr := res.Find("kv-exact"), res.Find("rr"); !(kvr.HitRatio() > rrr.HitRatio()) {
+		t.Fatalf("hit ratio with 2 replicas: kv-exact %.3f, rr %.3f", kvr.HitRatio(), rrr.HitRatio())
+	}
+	var md bytes.Buffer
+	res.WriteReport(&md, "replicas", nil)
+	if !strings.Contains(md.String(), "ran 2 `kvgate serve` replicas") || !strings.Contains(md.String(), "- kv-exact requests per kvgate replica: 16 16") {
+		t.Fatalf("report:\n%s", md.String())
+	}
+}

@@ -54,6 +54,9 @@ func (r *Result) writeSetup(w io.Writer) {
 	if len(r.KvgateArgs) > 0 {
 		fmt.Fprintf(w, "kvgate flags added to every kvgate policy: `%s`.\n\n", strings.Join(r.KvgateArgs, " "))
 	}
+	if r.Replicas > 1 {
+		fmt.Fprintf(w, "Every kvgate policy ran %d `kvgate serve` replicas, each subscribed to every engine; clients (sessions) were spread over them round-robin.\n\n", r.Replicas)
+	}
 	fmt.Fprintln(w, policyLegend)
 	fmt.Fprintln(w)
 }
@@ -84,6 +87,14 @@ func (r *Result) writeSections(w io.Writer, h string, plots []string) {
 		fmt.Fprintln(w)
 	}
 	fmt.Fprintln(w)
+	for _, p := range r.Policies {
+		if len(p.ReplicaRequests) > 0 {
+			fmt.Fprintf(w, "- %s requests per kvgate replica: %s\n", p.Policy, strings.Trim(fmt.Sprint(p.ReplicaRequests), "[]"))
+		}
+	}
+	if r.Replicas > 1 {
+		fmt.Fprintln(w)
+	}
 	var errs []string
 	for _, p := range r.Policies {
 		if p.FirstErr != "" {

@@ -46,6 +46,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	progress := fs.Bool("progress", IsTTY(os.Stderr), "draw a progress bar on stderr")
 	seed := fs.Uint64("seed", 1, "workload seed")
 	plotFmt := fs.String("plot-format", "svg", "plot file format: svg, png or pdf")
+	replicas := fs.Int("replicas", 1, "kvgate serve processes per kvgate policy, each subscribed to every engine; clients (sessions) are spread over them round-robin")
 	rateScale := fs.String("rate-scale", "1", "load sweep: comma-separated arrival-rate multipliers, e.g. 0.5,1,2,4 (arrival and think times divided by each); one table per level and a TTFT-versus-load plot")
 
 	var sp enginesim.Spec
@@ -174,7 +175,11 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
 		return 2
 	}
-	cfg := bench.Config{Engines: *engines, Sim: sp, Kvgate: bin, Tokenizer: tokenizer, KvgateArgs: kvArgs, Progress: bar}
+	if *replicas < 1 {
+		fmt.Fprintf(stderr, "bench: -replicas %d: want 1 or more\n", *replicas)
+		return 2
+	}
+	cfg := bench.Config{Engines: *engines, Sim: sp, Kvgate: bin, Tokenizer: tokenizer, KvgateArgs: kvArgs, Progress: bar, Replicas: *replicas}
 	names := strings.Split(*policies, ",")
 	kinds := []string{*workload}
 	if *demo {
