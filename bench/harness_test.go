@@ -154,7 +154,7 @@ func tinyConfig(t *testing.T, policies ...Policy) Config {
 // deliver more cache hits than round-robin on a shared-prefix workload.
 func TestEndToEndReport(t *testing.T) {
 	rr, _ := PolicyByName("rr")
-	kv, _ := PolicyByName("kv-exact-overlap")
+	kv, _ := PolicyByName("kv-exact")
 	cfg := tinyConfig(t, rr, kv, OraclePolicy())
 	res, err := Run(context.Background(), cfg)
 	if err != nil {
@@ -178,7 +178,7 @@ func TestEndToEndReport(t *testing.T) {
 	var tbl bytes.Buffer
 	res.WriteTable(&tbl)
 	t.Logf("\n%s", tbl.String())
-	rrRes, kvRes, or := res.Find("rr"), res.Find("kv-exact-overlap"), res.Find("oracle")
+	rrRes, kvRes, or := res.Find("rr"), res.Find("kv-exact"), res.Find("oracle")
 	// rr spreads each user's turns over the engines, so a turn's history is cached only
 	// where its previous turn ran; KV-Exact and the oracle follow it.
 	if !(kvRes.HitRatio() > rrRes.HitRatio()) || !(or.HitRatio() > rrRes.HitRatio()) {
@@ -196,7 +196,7 @@ func TestEndToEndReport(t *testing.T) {
 	res.WriteReport(&md, "test", plots)
 	rep := md.String()
 	for _, want := range []string{"| policy | requests | errors | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms |", "\n| rr | 32 | 0 |",
-		"\n| kv-exact-overlap | 32 | 0 |", "\n| oracle | 32 | 0 |", "Targets:", "kvgate flags added to every kvgate policy: `-kv-load-factor 1`", "## Load per endpoint", "![ttft-cdf](ttft-cdf.svg)", "![hit-ratio](hit-ratio.svg)", "![load](load.svg)"} {
+		"\n| kv-exact | 32 | 0 |", "\n| oracle | 32 | 0 |", "Targets:", "kvgate flags added to every kvgate policy: `-kv-load-factor 1`", "## Load per endpoint", "![ttft-cdf](ttft-cdf.svg)", "![hit-ratio](hit-ratio.svg)", "![load](load.svg)"} {
 		if !strings.Contains(rep, want) {
 			t.Errorf("report lacks %q:\n%s", want, rep)
 		}
@@ -247,6 +247,41 @@ func TestOverheadShape(t *testing.T) {
 	var md bytes.Buffer
 	res.WriteReport(&md)
 	if !strings.Contains(md.String(), "| 256 |") && !strings.Contains(md.String(), "| direct | 20 | 0 |") {
+		t.Fatalf("report:\n%s", md.String())
+	}
+}
+
+// Two kvgate replicas, each subscribed to every engine: clients alternate between them,
+// every request succeeds, and both route on the KV events they receive (more hits than
+// round-robin's baseline on this workload, measured in TestEndToEndReport).
+func TestReplicas(t *testing.T) {
+	kv, _ := PolicyByName("kv-exact")
+	rr, _ := PolicyByName("rr")
+	cfg := tinyConfig(t, rr, kv)
+	cfg.Replicas = 2
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tbl bytes.Buffer
+	res.WriteTable(&tbl)
+	t.Logf("\n%s", tbl.String())
+	for _, name := range []string{"rr", "kv-exact"} {
+		p := res.Find(name)
+		if p == nil || p.Requests != 32 || p.Errors != 0 {
+			t.Fatalf("%s: %+v", name, p)
+		}
+		// 8 sessions of 4 turns, sessions alternating over the replicas.
+		if len(p.ReplicaRequests) != 2 || p.ReplicaRequests[0] != 16 || p.ReplicaRequests[1] != 16 {
+			t.Fatalf("%s: requests per replica %v, want [16 16]", name, p.ReplicaRequests)
+		}
+	}
+	if kvr, rrr := res.Find("kv-exact"), res.Find("rr"); !(kvr.HitRatio() > rrr.HitRatio()) {
+		t.Fatalf("hit ratio with 2 replicas: kv-exact %.3f, rr %.3f", kvr.HitRatio(), rrr.HitRatio())
+	}
+	var md bytes.Buffer
+	res.WriteReport(&md, "replicas", nil)
+	if !strings.Contains(md.String(), "ran 2 `kvgate serve` replicas") || !strings.Contains(md.String(), "- kv-exact requests per kvgate replica: 16 16") {
 		t.Fatalf("report:\n%s", md.String())
 	}
 }

@@ -25,14 +25,19 @@ func (r *Result) WritePlotsAs(dir, ext string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
+	return r.writePlots(dir, "", ext)
+}
+
+// writePlots writes the three figures with file names prefixed by pre.
+func (r *Result) writePlots(dir, pre, ext string) ([]string, error) {
 	var names []string
 	for _, f := range []struct {
 		name string
 		make func() (*plot.Plot, error)
 	}{
-		{"ttft-cdf." + ext, r.ttftCDF},
-		{"hit-ratio." + ext, r.hitRatioBars},
-		{"load." + ext, r.loadBars},
+		{pre + "ttft-cdf." + ext, r.ttftCDF},
+		{pre + "hit-ratio." + ext, r.hitRatioBars},
+		{pre + "load." + ext, r.loadBars},
 	} {
 		p, err := f.make()
 		if err != nil {
@@ -44,6 +49,94 @@ func (r *Result) WritePlotsAs(dir, ext string) ([]string, error) {
 		names = append(names, f.name)
 	}
 	return names, nil
+}
+
+// WriteSweepPlots writes each sweep's figures into dir as ext files: w<i>-ttft-vs-load
+// (TTFT p90 and p50 versus the arrival-rate multiplier, one colour per policy) when the
+// sweep has more than one level, and w<i>-<level>-{ttft-cdf,hit-ratio,load} per level.
+func WriteSweepPlots(dir, ext string, sweeps []*Sweep) ([]SweepPlots, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	out := make([]SweepPlots, len(sweeps))
+	for i, sw := range sweeps {
+		pre := fmt.Sprintf("w%d-", i+1)
+		if len(sw.Levels) > 1 {
+			name := pre + "ttft-vs-load." + ext
+			p, err := sw.ttftVsLoad()
+			if err == nil {
+				err = p.Save(7*vg.Inch, 4*vg.Inch, filepath.Join(dir, name))
+			}
+			if err != nil {
+				return out, fmt.Errorf("%s: %w", name, err)
+			}
+			out[i].Load = name
+		}
+		for _, lv := range sw.Levels {
+			names, err := lv.Result.writePlots(dir, pre+LevelName(lv.RateScale)+"-", ext)
+			out[i].Levels = append(out[i].Levels, names)
+			if err != nil {
+				return out, err
+			}
+		}
+	}
+	return out, nil
+}
+
+// ttftVsLoad draws TTFT p90 (solid, with points) and p50 (dashed) per policy against the
+// rate multiplier on log axes: the levels are usually geometric (0.5, 1, 2, 4).
+func (sw *Sweep) ttftVsLoad() (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = "TTFT versus load: " + sw.Workload
+	p.X.Label.Text = "arrival-rate multiplier (log scale)"
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = levelTicks(sw.Levels)
+	p.Y.Label.Text = "TTFT ms (p90 solid, p50 dashed; log scale)"
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = ticks125{}
+	p.Legend.Top, p.Legend.Left = true, true
+	p.Add(plotter.NewGrid())
+	for i, name := range sw.PolicyNames() {
+		var p90, p50 plotter.XYs
+		for _, lv := range sw.Levels {
+			if r := lv.Result.Find(name); r != nil && len(r.TTFT) > 0 {
+				x := lv.RateScale
+				p90 = append(p90, plotter.XY{X: x, Y: max(float64(Percentile(r.TTFT, 90))/float64(time.Millisecond), 0.01)})
+				p50 = append(p50, plotter.XY{X: x, Y: max(float64(Percentile(r.TTFT, 50))/float64(time.Millisecond), 0.01)})
+			}
+		}
+		if len(p90) == 0 {
+			continue
+		}
+		l, pts, err := plotter.NewLinePoints(p90)
+		if err != nil {
+			return nil, err
+		}
+		l.Color, pts.Color = plotutil.Color(i), plotutil.Color(i)
+		l.Width = vg.Points(1.8)
+		pts.Shape = plotutil.Shape(i)
+		l50, err := plotter.NewLine(p50)
+		if err != nil {
+			return nil, err
+		}
+		l50.Color = plotutil.Color(i)
+		l50.Width = vg.Points(1)
+		l50.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+		p.Add(l, pts, l50)
+		p.Legend.Add(name, l, pts)
+	}
+	return p, nil
+}
+
+// levelTicks labels the x axis at the sweep's levels.
+type levelTicks []Level
+
+func (lt levelTicks) Ticks(lo, hi float64) []plot.Tick {
+	var ts []plot.Tick
+	for _, lv := range lt {
+		ts = append(ts, plot.Tick{Value: lv.RateScale, Label: LevelName(lv.RateScale)})
+	}
+	return ts
 }
 
 func (r *Result) ttftCDF() (*plot.Plot, error) {

@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -37,6 +38,9 @@ type Env struct {
 	// Kvgate is the kvgate binary; KvgateArgs are extra serve flags.
 	Kvgate     string
 	KvgateArgs []string
+	// Replicas is how many `kvgate serve` processes a kvgate policy runs (default 1), each
+	// subscribed to every engine; clients (sessions) are spread over them round-robin.
+	Replicas int
 }
 
 // RemoteEngine is an engine in another process: its base URL and event PUB address.
@@ -56,29 +60,36 @@ func (env *Env) engines() []RemoteEngine {
 // Policy is one routing choice under test. Start returns the target and a stop function
 // that must release everything Start started.
 type Policy struct {
-	Name  string
+	Name string
+	// Flags are the `kvgate serve` routing flags of a kvgate policy (nil for the others).
+	Flags []string
 	Start func(ctx context.Context, env *Env) (Target, func() error, error)
 }
 
 // KvgatePolicy runs `kvgate serve` with the given routing flags in front of the sims.
 // withEvents subscribes it to every sim's KV events (KV-Exact needs them).
 func KvgatePolicy(name string, withEvents bool, flags ...string) Policy {
-	return Policy{Name: name, Start: func(ctx context.Context, env *Env) (Target, func() error, error) {
+	return Policy{Name: name, Flags: flags, Start: func(ctx context.Context, env *Env) (Target, func() error, error) {
 		return startKvgate(ctx, env, withEvents, flags)
 	}}
 }
 
 // StandardPolicies are the comparisons the issue asks for: round-robin, CHWBL, KV-Exact
-// mode 3 with both scorers, and the oracle placement.
+// mode 3 as shipped (every default: the cost policy), KV-Exact pinned to the overlap argmax
+// with both scorers (what mode 3 did before the cost policy), and the oracle placement.
 func StandardPolicies() []Policy {
 	return []Policy{
 		KvgatePolicy("rr", false, "-select", "rr", "-kv-mode", "off"),
 		KvgatePolicy("chwbl", false, "-select", "chwbl", "-kv-mode", "off"),
-		KvgatePolicy("kv-exact-overlap", true, "-select", "rr", "-kv-mode", "3", "-kv-score", "overlap"),
-		KvgatePolicy("kv-exact-prefix", true, "-select", "rr", "-kv-mode", "3", "-kv-score", "prefix"),
+		KvgatePolicy("kv-exact", true, "-kv-mode", "3"),
+		KvgatePolicy("kv-exact-overlap", true, "-select", "rr", "-kv-mode", "3", "-kv-policy", "overlap", "-kv-score", "overlap"),
+		KvgatePolicy("kv-exact-prefix", true, "-select", "rr", "-kv-mode", "3", "-kv-policy", "overlap", "-kv-score", "prefix"),
 		OraclePolicy(),
 	}
 }
+
+// DefaultPolicies is the -policies default of `kvgate bench`.
+const DefaultPolicies = "rr,chwbl,kv-exact,kv-exact-overlap,kv-exact-prefix,oracle"
 
 // PolicyByName returns a standard policy, "direct-rr" (round-robin in the harness, no
 // kvgate: for when no kvgate binary is available) or "oracle".
@@ -152,11 +163,116 @@ func ServeArgs(env *Env, listen, admin string, withEvents bool, flags []string) 
 }
 
 func startKvgate(ctx context.Context, env *Env, withEvents bool, flags []string) (Target, func() error, error) {
-	admin, err := freePort()
-	if err != nil {
-		return nil, nil, err
+	n := max(env.Replicas, 1)
+	var targets []Target
+	var stops []func() error
+	stopAll := func() error {
+		var errs []error
+		for _, stop := range stops {
+			errs = append(errs, stop())
+		}
+		return errors.Join(errs...)
 	}
-	return startKvgateAt(ctx, env, withEvents, flags, admin)
+	for r := 0; r < n; r++ {
+		admin, err := freePort()
+		if err != nil {
+			stopAll()
+			return nil, nil, err
+		}
+		t, stop, err := startKvgateAt(ctx, env, withEvents, flags, admin)
+		if err != nil {
+			stopAll()
+			return nil, nil, err
+		}
+		stops = append(stops, stop)
+		targets = append(targets, t)
+		if withEvents && n > 1 {
+			// The engines already have replica 0 as a subscriber, so WaitSubscribed says
+			// nothing about this one: wait until it reports every endpoint connected.
+			if err := waitEventsConnected(ctx, "http://"+admin+"/metrics", len(env.engines()), 15*time.Second); err != nil {
+				stopAll()
+				return nil, nil, fmt.Errorf("kvgate replica %d: %w", r, err)
+			}
+		}
+	}
+	if n == 1 {
+		return targets[0], stopAll, nil
+	}
+	rt := &replicaTarget{}
+	for _, t := range targets {
+		rt.replicas = append(rt.replicas, &countedTarget{Target: t})
+	}
+	return rt, stopAll, nil
+}
+
+// waitEventsConnected polls a kvgate /metrics until n endpoints report
+// kvgate_events_connected 1, then allows the subscription message a moment to reach the
+// engines (ZeroMQ sends it right after the connection).
+func waitEventsConnected(ctx context.Context, metricsURL string, n int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		up := 0
+		scrapeLines(metricsURL, func(l string) {
+			if strings.HasPrefix(l, "kvgate_events_connected{") && strings.HasSuffix(l, " 1") {
+				up++
+			}
+		})
+		if up >= n {
+			return sleepCtx(ctx, 100*time.Millisecond)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d endpoints' events connected after %v", up, n, timeout)
+		}
+		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if !sleepUntil(ctx, time.Now().Add(d)) {
+		return ctx.Err()
+	}
+	return nil
+}
+
+// replicaTarget is several kvgate replicas behind a client-side round-robin: each client
+// (session) talks to one replica, the way an L4 balancer pins a connection.
+type replicaTarget struct {
+	replicas []*countedTarget
+	next     atomic.Uint64
+}
+
+func (r *replicaTarget) Route(body []byte, chat bool) (string, error) {
+	return r.replicas[(r.next.Add(1)-1)%uint64(len(r.replicas))].Route(body, chat)
+}
+
+// ForSession is the replica client number i uses.
+func (r *replicaTarget) ForSession(i int) Target { return r.replicas[i%len(r.replicas)] }
+
+// Routed is how many requests went to each replica.
+func (r *replicaTarget) Routed() []int64 {
+	out := make([]int64, len(r.replicas))
+	for i, c := range r.replicas {
+		out[i] = c.n.Load()
+	}
+	return out
+}
+
+// countedTarget counts the requests routed through it.
+type countedTarget struct {
+	Target
+	n atomic.Int64
+}
+
+func (c *countedTarget) Route(body []byte, chat bool) (string, error) {
+	c.n.Add(1)
+	return c.Target.Route(body, chat)
+}
+
+// sessionTarget is a Target that gives each client (session) its own Target.
+type sessionTarget interface {
+	ForSession(i int) Target
 }
 
 // startKvgateAt runs kvgate serve with its admin listener on admin, waits until it is
@@ -195,54 +311,6 @@ func tail(s string, n int) string {
 		return "..." + s[len(s)-n:]
 	}
 	return s
-}
-
-// OraclePolicy places each request on the engine that would serve the most of its prompt
-// from cache right now (it asks every engine's pool directly), among the engines that can
-// start it at once (fewer requests in flight than their batch size); ties go to the least
-// loaded engine, then round-robin. When every engine is full it picks the least loaded.
-// It is the ceiling a KV-aware router can reach.
-func OraclePolicy() Policy {
-	return Policy{Name: "oracle", Start: func(ctx context.Context, env *Env) (Target, func() error, error) {
-		return &oracle{sims: env.Sims}, func() error { return nil }, nil
-	}}
-}
-
-type oracle struct {
-	sims []*enginesim.Sim
-	mu   sync.Mutex
-	next int
-}
-
-func (o *oracle) Route(body []byte, chat bool) (string, error) {
-	// Probe and pick under one lock so two concurrent first-time prefixes see each other's load.
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	best, bestCached, bestLoad := -1, -1, 0
-	least, leastLoad := -1, 0
-	n := len(o.sims)
-	for j := 0; j < n; j++ {
-		i := (o.next + j) % n
-		pr, err := o.sims[i].ProbeBody(body, chat)
-		if err != nil {
-			return "", err
-		}
-		load := pr.Running + pr.Waiting
-		if least < 0 || load < leastLoad {
-			least, leastLoad = i, load
-		}
-		if load >= o.sims[i].Config().MaxBatch {
-			continue
-		}
-		if pr.CachedTokens > bestCached || (pr.CachedTokens == bestCached && load < bestLoad) {
-			best, bestCached, bestLoad = i, pr.CachedTokens, load
-		}
-	}
-	if best < 0 {
-		best = least
-	}
-	o.next = (o.next + 1) % n
-	return o.sims[best].URL(), nil
 }
 
 // DirectRRPolicy is round-robin done by the harness itself, without kvgate.

@@ -25,8 +25,10 @@ type Config struct {
 	// Kvgate is the kvgate binary; Tokenizer the tokenizer directory kvgate loads.
 	Kvgate, Tokenizer string
 	KvgateArgs        []string
-	RequestTimeout    time.Duration // per request (default 60s)
-	Progress          io.Writer     // nil = no progress bar
+	// Replicas is how many kvgate processes each kvgate policy runs (see Env.Replicas).
+	Replicas       int
+	RequestTimeout time.Duration // per request (default 60s)
+	Progress       io.Writer     // nil = no progress bar
 }
 
 // PolicyResult is what one policy achieved.
@@ -40,7 +42,9 @@ type PolicyResult struct {
 	// Prompt and cached tokens as the engines reported them in usage.
 	PromptTokens, CachedTokens int64
 	Endpoints                  []enginesim.Stats
-	Wall                       time.Duration
+	// ReplicaRequests is how many requests each kvgate replica routed (with Replicas > 1).
+	ReplicaRequests []int64
+	Wall            time.Duration
 }
 
 // HitRatio is the delivered cache-hit ratio: cached / prompt tokens.
@@ -94,6 +98,7 @@ type Result struct {
 	Sim      enginesim.Spec
 	// KvgateArgs are the serve flags added to every kvgate policy.
 	KvgateArgs []string
+	Replicas   int // kvgate processes per kvgate policy
 	Policies   []PolicyResult
 }
 
@@ -105,7 +110,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 60 * time.Second
 	}
-	res := &Result{Workload: cfg.Workload.Name, Engines: cfg.Engines, Sim: cfg.Sim, KvgateArgs: cfg.KvgateArgs}
+	res := &Result{Workload: cfg.Workload.Name, Engines: cfg.Engines, Sim: cfg.Sim, KvgateArgs: cfg.KvgateArgs, Replicas: max(cfg.Replicas, 1)}
 	// A policy that cannot start is reported and skipped; the others still run.
 	var errs []error
 	for _, p := range cfg.Policies {
@@ -168,7 +173,7 @@ func RunPolicy(ctx context.Context, cfg Config, p Policy) (*PolicyResult, error)
 	}()
 	env := &Env{Sims: sims, Engine: sims[0].Config().Engine, HashAlgo: cfg.Sim.HashAlgo, HashSeed: cfg.Sim.HashSeed,
 		SeedSet: cfg.Sim.SeedSet, BlockSize: sims[0].Config().Chain.BlockSize(), Model: sims[0].Config().Model,
-		Tokenizer: cfg.Tokenizer, Kvgate: cfg.Kvgate, KvgateArgs: cfg.KvgateArgs}
+		Tokenizer: cfg.Tokenizer, Kvgate: cfg.Kvgate, KvgateArgs: cfg.KvgateArgs, Replicas: cfg.Replicas}
 	target, stop, err := p.Start(ctx, env)
 	if err != nil {
 		return nil, err
@@ -180,6 +185,9 @@ func RunPolicy(ctx context.Context, cfg Config, p Policy) (*PolicyResult, error)
 	}
 	for _, s := range sims {
 		pr.Endpoints = append(pr.Endpoints, s.Stats())
+	}
+	if rt, ok := target.(*replicaTarget); ok {
+		pr.ReplicaRequests = rt.Routed()
 	}
 	return pr, nil
 }
@@ -219,13 +227,17 @@ func replay(ctx context.Context, cfg Config, name, model string, target Target) 
 	}()
 	for i := range cfg.Workload.Sessions {
 		sess := &cfg.Workload.Sessions[i]
+		t := target
+		if st, ok := target.(sessionTarget); ok {
+			t = st.ForSession(i)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			if !sleepUntil(ctx, start.Add(sess.At)) {
 				return
 			}
-			runSession(ctx, cfg, hc, target, model, sess, func(s Sample) {
+			runSession(ctx, cfg, hc, t, model, sess, func(s Sample) {
 				mu.Lock()
 				samples = append(samples, s)
 				mu.Unlock()
@@ -296,7 +308,13 @@ func runSession(ctx context.Context, cfg Config, hc *http.Client, target Target,
 			record(Sample{Err: err})
 			return
 		}
-		base, err := target.Route(body, sess.Chat)
+		var base string
+		var done func()
+		if tt, ok := target.(trackedTarget); ok {
+			base, done, err = tt.RouteTracked(body, sess.Chat)
+		} else {
+			base, err = target.Route(body, sess.Chat)
+		}
 		if err != nil {
 			record(Sample{Err: fmt.Errorf("route: %w", err)})
 			return
@@ -304,6 +322,9 @@ func runSession(ctx context.Context, cfg Config, hc *http.Client, target Target,
 		rctx, cancel := context.WithTimeout(ctx, cfg.RequestTimeout)
 		s := doStream(rctx, hc, base+path, body)
 		cancel()
+		if done != nil {
+			done()
+		}
 		record(s)
 		if s.Err != nil {
 			// Count the turns that will not run as failed too, so every policy reports

@@ -9,8 +9,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -153,6 +155,72 @@ func (c RAG) Build() Workload {
 	}
 	sort.SliceStable(w.Sessions, func(i, j int) bool { return w.Sessions[i].At < w.Sessions[j].At })
 	return w
+}
+
+// HotPrefix is single-turn chat requests over a few hot system prompts: each request is
+// one prefix, drawn with Zipf-skewed popularity, plus a unique user message, arriving as a
+// Poisson process. Routing on overlap alone sends every request of the top prefix to the
+// one engine that holds it; a load-aware router spreads them.
+type HotPrefix struct {
+	Prefixes     int           // system prompts (default 6)
+	PrefixTokens [2]int        // words per system prompt, drawn uniformly in [min, max] (default 300..2000)
+	Requests     int           // requests in the run
+	SuffixTokens int           // words per user message
+	MaxTokens    int           // output tokens per request
+	Window       time.Duration // Poisson arrivals at Requests/Window per second
+	Zipf         float64       // skew s >= 0: prefix k (0-based) has weight 1/(k+1)^s; 0 = uniform
+	Seed         uint64
+	Words        []string
+}
+
+// Build generates the sessions.
+func (c HotPrefix) Build() Workload {
+	k := c.Prefixes
+	if k <= 0 {
+		k = 6
+	}
+	lo, hi := c.PrefixTokens[0], c.PrefixTokens[1]
+	if lo <= 0 && hi <= 0 {
+		lo, hi = 300, 2000
+	}
+	hi = max(hi, lo)
+	r := rand.New(rand.NewPCG(c.Seed, 4))
+	systems := make([]string, k)
+	for i := range systems {
+		n := lo + r.IntN(hi-lo+1)
+		systems[i] = fmt.Sprintf("You are hot assistant %d.", i) + Text(c.Words, c.Seed*104729+uint64(i), n)
+	}
+	pick := zipfPicker(k, c.Zipf)
+	w := Workload{Name: fmt.Sprintf("hot-prefix (%d system prompts, Zipf s=%.2g, %d requests)", k, max(c.Zipf, 0), c.Requests)}
+	var at float64 // seconds
+	rate := float64(c.Requests) / max(c.Window.Seconds(), 1e-9)
+	for q := 0; q < c.Requests; q++ {
+		if c.Window > 0 && q > 0 {
+			at += r.ExpFloat64() / rate
+		}
+		sess := Session{At: time.Duration(at * float64(time.Second)), Chat: true, System: systems[pick(r.Float64())],
+			MaxTokens: c.MaxTokens,
+			Prompts:   []string{fmt.Sprintf("Request %d:", q) + Text(c.Words, c.Seed<<28+uint64(q), c.SuffixTokens)}}
+		w.Sessions = append(w.Sessions, sess)
+	}
+	return w
+}
+
+// zipfPicker maps a uniform u in [0,1) to k in [0,n) with P(k) proportional to 1/(k+1)^s.
+// (math/rand's Zipf needs s > 1; hot-prefix skews are often near or below 1.)
+func zipfPicker(n int, s float64) func(u float64) int {
+	s = max(s, 0)
+	cdf := make([]float64, n)
+	var sum float64
+	for k := range cdf {
+		sum += math.Pow(float64(k+1), -s)
+		cdf[k] = sum
+	}
+	return func(u float64) int {
+		x := u * sum
+		i, _ := slices.BinarySearch(cdf, x)
+		return min(i, n-1)
+	}
 }
 
 // Trace replays a Mooncake-format JSONL trace: one request per line,

@@ -32,12 +32,12 @@ func defaultTokenizerDir() string {
 func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	demo := fs.Bool("demo", false, "the README demo: 4 engines, a short shared-prefix workload under rr, KV-Exact and the oracle (overrides workload and policy flags)")
+	demo := fs.Bool("demo", false, "the README demo: 4 engines, shared-prefix and hot-prefix workloads at rates x1, x2, x4 under rr, chwbl, kv-exact and the oracle (overrides workload and policy flags; -rate-scale still applies)")
 	overhead := fs.Bool("overhead", false, "measure kvgate's added latency and req/s against a direct connection to a zero-latency engine")
 	out := fs.String("out", "bench/out", "directory for report.md and the SVG plots")
 	engines := fs.Int("engines", 4, "simulated engines per policy run")
-	policies := fs.String("policies", "rr,chwbl,kv-exact-overlap,kv-exact-prefix,oracle", "comma-separated: rr, chwbl, kv-exact-overlap, kv-exact-prefix, oracle, direct-rr (harness round-robin, no kvgate)")
-	workload := fs.String("workload", "shared-prefix", "shared-prefix, rag or trace")
+	policies := fs.String("policies", bench.DefaultPolicies, "comma-separated: rr, chwbl, kv-exact (serve -kv-mode 3, every default), kv-exact-overlap, kv-exact-prefix (-kv-policy overlap), oracle, direct-rr (harness round-robin, no kvgate)")
+	workload := fs.String("workload", "shared-prefix", "shared-prefix, hot-prefix, rag or trace")
 	model := fs.String("model", "qwen3", "served model name")
 	tokDir := fs.String("tokenizer", defaultTokenizerDir(), "tokenizer directory for the engines and kvgate; \"words\" = one token per word (no kvgate parity)")
 	kvgateBin := fs.String("kvgate", "", "kvgate binary to run as the router (default: this executable)")
@@ -46,6 +46,8 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	progress := fs.Bool("progress", IsTTY(os.Stderr), "draw a progress bar on stderr")
 	seed := fs.Uint64("seed", 1, "workload seed")
 	plotFmt := fs.String("plot-format", "svg", "plot file format: svg, png or pdf")
+	replicas := fs.Int("replicas", 1, "kvgate serve processes per kvgate policy, each subscribed to every engine; clients (sessions) are spread over them round-robin")
+	rateScale := fs.String("rate-scale", "1", "load sweep: comma-separated arrival-rate multipliers, e.g. 0.5,1,2,4 (arrival and think times divided by each); one table per level and a TTFT-versus-load plot")
 
 	var sp enginesim.Spec
 	fs.StringVar(&sp.Engine, "engine", "vllm", "engine the simulators play: vllm, sglang or trtllm")
@@ -73,6 +75,14 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.IntVar(&rag.DocTokens, "doc-tokens", 512, "rag: words per document")
 	fs.IntVar(&rag.Queries, "queries", 200, "rag: queries")
 	fs.IntVar(&rag.DocsPerQuery, "docs-per-query", 3, "rag: documents cited per query")
+
+	var hot bench.HotPrefix
+	fs.IntVar(&hot.Prefixes, "hot-prefixes", 6, "hot-prefix: system prompts")
+	fs.IntVar(&hot.PrefixTokens[0], "hot-prefix-min-tokens", 300, "hot-prefix: fewest words per system prompt")
+	fs.IntVar(&hot.PrefixTokens[1], "hot-prefix-max-tokens", 2000, "hot-prefix: most words per system prompt")
+	fs.IntVar(&hot.Requests, "hot-requests", 300, "hot-prefix: requests (Poisson arrivals over -spread)")
+	fs.IntVar(&hot.SuffixTokens, "hot-suffix-tokens", 32, "hot-prefix: words per unique user message")
+	fs.Float64Var(&hot.Zipf, "zipf", 1.1, "hot-prefix: popularity skew s, prefix k has weight 1/(k+1)^s (0 = uniform)")
 
 	var tr bench.Trace
 	fs.StringVar(&tr.Path, "trace", "", "trace: Mooncake JSONL path")
@@ -160,44 +170,34 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 0
 	}
 
-	cfg := bench.Config{Engines: *engines, Sim: sp, Kvgate: bin, Tokenizer: tokenizer, KvgateArgs: kvArgs, Progress: bar}
+	scales, err := bench.ParseRateScales(*rateScale)
+	if err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		return 2
+	}
+	if *replicas < 1 {
+		fmt.Fprintf(stderr, "bench: -replicas %d: want 1 or more\n", *replicas)
+		return 2
+	}
+	cfg := bench.Config{Engines: *engines, Sim: sp, Kvgate: bin, Tokenizer: tokenizer, KvgateArgs: kvArgs, Progress: bar, Replicas: *replicas}
 	names := strings.Split(*policies, ",")
+	kinds := []string{*workload}
 	if *demo {
-		// The default workload, sized to take about 7 s per policy on 2 cores.
-		// Engine pools of 768 blocks (12k tokens) hold about a quarter of the 8 system prompts
-		// plus their users' histories, so placement decides what stays cached.
+		// Two workloads, each swept over three load levels, sized to finish in about two
+		// minutes on 2 cores. Engine pools of 768 blocks (12k tokens) hold about a quarter
+		// of the 8 shared-prefix system prompts plus their users' histories, so placement
+		// decides what stays cached; on hot-prefix the top prompts fit everywhere, so what
+		// decides is whether a router herds onto the one engine that holds the hottest.
 		cfg.Engines = 4
 		cfg.Sim.NumBlocks = 768
-		shp = bench.SharedPrefix{SystemPrompts: 8, Users: 64, Turns: 4, SystemTokens: 2048, TurnTokens: 48,
-			Spread: 5 * time.Second, Think: 200 * time.Millisecond}
-		*workload = "shared-prefix"
-		names = []string{"rr", "kv-exact-overlap", "oracle"}
-	}
-	shp.Seed, shp.MaxTokens, shp.Words = *seed, *maxTokens, words
-	switch *workload {
-	case "shared-prefix":
-		cfg.Workload = shp.Build()
-	case "rag":
-		rag.Seed, rag.MaxTokens, rag.Words, rag.QueryTokens, rag.Spread = *seed, *maxTokens, words, 32, shp.Spread
-		cfg.Workload = rag.Build()
-	case "trace":
-		if tr.Path == "" {
-			fmt.Fprintln(stderr, "bench: -workload trace needs -trace PATH (a Mooncake JSONL file)")
-			return 2
+		shp = bench.SharedPrefix{SystemPrompts: 8, Users: 48, Turns: 3, SystemTokens: 2048, TurnTokens: 48,
+			Spread: 4 * time.Second, Think: 200 * time.Millisecond}
+		hot = bench.HotPrefix{Prefixes: 6, PrefixTokens: [2]int{300, 2000}, Requests: 240, SuffixTokens: 32, Zipf: 1.1}
+		kinds = []string{"shared-prefix", "hot-prefix"}
+		names = []string{"rr", "chwbl", "kv-exact", "oracle"}
+		if !setFlags["rate-scale"] {
+			scales = []float64{1, 2, 4}
 		}
-		tr.MaxTokens, tr.Words = *maxTokens, words
-		if !setFlags["num-blocks"] {
-			cfg.Sim.NumBlocks = 16384 // trace prompts are long, and conversations return minutes later
-		}
-		w, err := tr.Build()
-		if err != nil {
-			fmt.Fprintf(stderr, "bench: %v\n", err)
-			return 2
-		}
-		cfg.Workload = w
-	default:
-		fmt.Fprintf(stderr, "bench: unknown workload %q (want shared-prefix, rag or trace)\n", *workload)
-		return 2
 	}
 	for _, n := range names {
 		p, ok := bench.PolicyByName(strings.TrimSpace(n))
@@ -207,34 +207,123 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		cfg.Policies = append(cfg.Policies, p)
 	}
-	fmt.Fprintf(stdout, "workload: %s, %d requests over ~%.1fs, %d engines; policies: %s\n",
-		cfg.Workload.Name, cfg.Workload.Requests(), cfg.Workload.Span().Seconds(), cfg.Engines, strings.Join(names, ", "))
+	shp.Seed, shp.MaxTokens, shp.Words = *seed, *maxTokens, words
+	type job struct {
+		w   bench.Workload
+		sim enginesim.Spec
+	}
+	var jobs []job
+	for _, kind := range kinds {
+		j := job{sim: cfg.Sim}
+		switch kind {
+		case "shared-prefix":
+			j.w = shp.Build()
+		case "hot-prefix":
+			if hot.Zipf < 0 {
+				fmt.Fprintf(stderr, "bench: -zipf %g: want a skew >= 0\n", hot.Zipf)
+				return 2
+			}
+			if hot.Prefixes <= 0 || hot.Requests <= 0 || hot.PrefixTokens[0] <= 0 || hot.PrefixTokens[1] < hot.PrefixTokens[0] {
+				fmt.Fprintln(stderr, "bench: -hot-prefixes and -hot-requests must be positive and 0 < -hot-prefix-min-tokens <= -hot-prefix-max-tokens")
+				return 2
+			}
+			hot.Seed, hot.MaxTokens, hot.Words, hot.Window = *seed, *maxTokens, words, shp.Spread
+			j.w = hot.Build()
+		case "rag":
+			rag.Seed, rag.MaxTokens, rag.Words, rag.QueryTokens, rag.Spread = *seed, *maxTokens, words, 32, shp.Spread
+			j.w = rag.Build()
+		case "trace":
+			if tr.Path == "" {
+				fmt.Fprintln(stderr, "bench: -workload trace needs -trace PATH (a Mooncake JSONL file)")
+				return 2
+			}
+			tr.MaxTokens, tr.Words = *maxTokens, words
+			if !setFlags["num-blocks"] {
+				j.sim.NumBlocks = 16384 // trace prompts are long, and conversations return minutes later
+			}
+			w, err := tr.Build()
+			if err != nil {
+				fmt.Fprintf(stderr, "bench: %v\n", err)
+				return 2
+			}
+			j.w = w
+		default:
+			fmt.Fprintf(stderr, "bench: unknown workload %q (want shared-prefix, hot-prefix, rag or trace)\n", kind)
+			return 2
+		}
+		jobs = append(jobs, j)
+	}
 	if len(cfg.KvgateArgs) > 0 {
 		fmt.Fprintf(stdout, "kvgate flags for every kvgate policy: %s\n", strings.Join(cfg.KvgateArgs, " "))
 	}
+	sweeping := len(scales) > 1 || scales[0] != 1
 	start := time.Now()
-	res, err := bench.Run(ctx, cfg)
-	if err != nil {
-		fmt.Fprintf(stderr, "bench: %v\n", err)
-		if res == nil || len(res.Policies) == 0 {
-			return 1
+	var sweeps []*bench.Sweep
+	var runErr error
+	for _, j := range jobs {
+		cfg.Workload, cfg.Sim = j.w, j.sim
+		before := func(f float64, w *bench.Workload) {
+			rate := ""
+			if sweeping {
+				rate = ", rate " + bench.LevelName(f)
+			}
+			fmt.Fprintf(stdout, "workload: %s%s, %d requests over ~%.1fs, %d engines; policies: %s\n",
+				w.Name, rate, w.Requests(), w.Span().Seconds(), cfg.Engines, strings.Join(names, ", "))
+		}
+		after := func(lv *bench.Level) {
+			fmt.Fprintln(stdout)
+			lv.Result.WriteTable(stdout)
+			fmt.Fprintln(stdout)
+			lv.Result.WriteTargets(stdout)
+		}
+		sw, err := bench.RunSweep(ctx, cfg, scales, before, after)
+		if err != nil {
+			fmt.Fprintf(stderr, "bench: %v\n", err)
+			runErr = err
+		}
+		if len(sw.Levels) > 0 {
+			sweeps = append(sweeps, sw)
+		}
+		if ctx.Err() != nil {
+			break
 		}
 	}
-	fmt.Fprintln(stdout)
-	res.WriteTable(stdout)
-	fmt.Fprintln(stdout)
-	res.WriteTargets(stdout)
-	plots, perr := res.WritePlotsAs(*out, *plotFmt)
+	if len(sweeps) == 0 {
+		return 1
+	}
+	report := filepath.Join(*out, "report.md")
+	var plots []string
+	var perr, werr error
+	if len(sweeps) == 1 && len(sweeps[0].Levels) == 1 && !sweeping {
+		res := sweeps[0].Levels[0].Result
+		plots, perr = res.WritePlotsAs(*out, *plotFmt)
+		werr = writeFile(report, func(w io.Writer) { res.WriteReport(w, "kvgate TTFT benchmark", plots) })
+	} else {
+		for _, sw := range sweeps {
+			if len(sw.Levels) > 1 {
+				fmt.Fprintf(stdout, "TTFT versus load, %s:\n\n", sw.Workload)
+				sw.WriteLoadTable(stdout)
+				fmt.Fprintln(stdout)
+			}
+		}
+		var sp []bench.SweepPlots
+		sp, perr = bench.WriteSweepPlots(*out, *plotFmt, sweeps)
+		for _, p := range sp {
+			if p.Load != "" {
+				plots = append(plots, p.Load)
+			}
+		}
+		werr = writeFile(report, func(w io.Writer) { bench.WriteSweepReport(w, "kvgate TTFT benchmark", sweeps, sp) })
+	}
 	if perr != nil {
 		fmt.Fprintf(stderr, "bench: plots: %v\n", perr)
 	}
-	report := filepath.Join(*out, "report.md")
-	if werr := writeFile(report, func(w io.Writer) { res.WriteReport(w, "kvgate TTFT benchmark", plots) }); werr != nil {
+	if werr != nil {
 		fmt.Fprintf(stderr, "bench: %v\n", werr)
 		return 1
 	}
 	fmt.Fprintf(stdout, "\nreport: %s (plots: %s) in %.1fs\n", report, strings.Join(plots, ", "), time.Since(start).Seconds())
-	if err != nil || perr != nil {
+	if runErr != nil || perr != nil {
 		return 1
 	}
 	return 0
