@@ -77,6 +77,8 @@ type Sim struct {
 
 	// counters
 	reqOK, reqErr, promptTok, cachedTok, genTok atomic.Uint64
+	prefilling                                  atomic.Int64  // requests in their prefill now
+	trtIter, trtCompleted                       atomic.Uint64 // TensorRT-LLM iteration stats state
 }
 
 // New validates cfg and builds the simulator (not yet listening).
@@ -187,6 +189,7 @@ func (s *Sim) Handler() http.Handler {
 	mux.HandleFunc("GET /debug/stats", s.serveStats)
 	if s.cfg.Engine == EngineTRTLLM {
 		mux.HandleFunc("POST /kv_cache_events", s.serveTRTEvents)
+		mux.HandleFunc("GET /prometheus/metrics", s.serveTRTPrometheus)
 		mux.HandleFunc("GET /server_info", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
 			fmt.Fprintf(w, `{"tokens_per_block":%d,"model":%q}`, s.pool.BlockSize(), s.cfg.Model)
@@ -412,7 +415,10 @@ func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 	g := &gen{s: s, p: p, w: w, id: prefix + s.cfg.Name + "-" + strconv.FormatUint(id, 10),
 		created: time.Now().Unix(), cached: cached, seed: seed, alloc: alloc}
 	w.Header().Set("X-Engine-Id", s.cfg.Name)
-	if !sleepCtx(ctx, prefill) {
+	s.prefilling.Add(1)
+	ok := sleepCtx(ctx, prefill)
+	s.prefilling.Add(-1)
+	if !ok {
 		s.reqErr.Add(1)
 		return
 	}
@@ -651,41 +657,6 @@ func (s *Sim) serveModels(w http.ResponseWriter, r *http.Request) {
 	b = append(b, "]}"...)
 	w.Header().Set("Content-Type", "application/json")
 	w.Write(b)
-}
-
-func (s *Sim) serveMetrics(w http.ResponseWriter, r *http.Request) {
-	run, wait := s.sched.load()
-	st := s.pool.Stats()
-	lbl := `{engine="0",model_name="` + s.cfg.Model + `"}`
-	var sb strings.Builder
-	gauge := func(name string, v float64) {
-		fmt.Fprintf(&sb, "# TYPE %s gauge\n%s%s %g\n", name, name, lbl, v)
-	}
-	counter := func(name string, v uint64) {
-		fmt.Fprintf(&sb, "# TYPE %s counter\n%s%s %d\n", name, name, lbl, v)
-	}
-	usage := 1 - float64(st.Free)/float64(st.Blocks)
-	if s.cfg.Engine == EngineSGLang {
-		gauge("sglang:num_running_reqs", float64(run))
-		gauge("sglang:num_queue_reqs", float64(wait))
-		gauge("sglang:token_usage", usage)
-		var rate float64
-		if st.QueryTokens > 0 {
-			rate = float64(st.HitTokens) / float64(st.QueryTokens)
-		}
-		gauge("sglang:cache_hit_rate", rate)
-	} else {
-		gauge("vllm:num_requests_running", float64(run))
-		gauge("vllm:num_requests_waiting", float64(wait))
-		gauge("vllm:kv_cache_usage_perc", usage)
-		counter("vllm:prefix_cache_queries_total", st.QueryTokens)
-		counter("vllm:prefix_cache_hits_total", st.HitTokens)
-		counter("vllm:prompt_tokens_total", s.promptTok.Load())
-		counter("vllm:generation_tokens_total", s.genTok.Load())
-		counter("vllm:request_success_total", s.reqOK.Load())
-	}
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-	w.Write([]byte(sb.String()))
 }
 
 // Stats is the simulator's running totals (GET /debug/stats).
