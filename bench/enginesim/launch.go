@@ -23,6 +23,7 @@ type Spec struct {
 
 	NumBlocks, MaxBatch, DefaultMaxTokens        int
 	PrefillBase, PrefillPerToken, DecodePerToken time.Duration
+	PrefillShared                                bool // Config.PrefillShared
 
 	Listen string // HTTP address, e.g. 127.0.0.1:0
 
@@ -58,7 +59,8 @@ func Launch(sp Spec) (*Sim, error) {
 	}
 	cfg := Config{Name: sp.Name, Engine: engine, Model: sp.Model, LoRAs: sp.LoRAs, Encoder: sp.Encoder, Chain: chain,
 		Role: sp.Role, NumBlocks: sp.NumBlocks, MaxBatch: sp.MaxBatch, DefaultMaxTokens: sp.DefaultMaxTokens,
-		PrefillBase: sp.PrefillBase, PrefillPerToken: sp.PrefillPerToken, DecodePerToken: sp.DecodePerToken}
+		PrefillBase: sp.PrefillBase, PrefillPerToken: sp.PrefillPerToken, DecodePerToken: sp.DecodePerToken,
+		PrefillShared: sp.PrefillShared}
 	var closeSink func()
 	switch {
 	case engine == EngineTRTLLM:

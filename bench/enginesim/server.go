@@ -58,6 +58,11 @@ type Config struct {
 	// each further output token takes DecodePerToken.
 	PrefillBase, PrefillPerToken, DecodePerToken time.Duration
 	DefaultMaxTokens                             int
+	// PrefillShared makes the PrefillPerToken part one compute shared equally by the
+	// requests prefilling at once (a GPU's prefill throughput does not grow with its
+	// batch); PrefillBase stays a per-request fixed cost, paid first. Off: every request
+	// prefills in parallel at full rate.
+	PrefillShared bool
 
 	// Sink receives cache events (nil = none). NewEventSink builds one for vLLM/SGLang.
 	Sink Sink
@@ -70,6 +75,7 @@ type Sim struct {
 	cfg    Config
 	pool   *Pool
 	sched  *scheduler
+	shared *sharedPrefill // nil unless cfg.PrefillShared
 	ln     net.Listener
 	srv    *http.Server
 	loras  map[string]bool
@@ -127,6 +133,9 @@ func New(cfg Config) (*Sim, error) {
 	}
 	s.pool = NewPool(cfg.NumBlocks, cfg.Chain.BlockSize(), sink)
 	s.sched = &scheduler{pool: s.pool, maxBatch: cfg.MaxBatch}
+	if cfg.PrefillShared {
+		s.shared = newSharedPrefill()
+	}
 	if cfg.TRT != nil {
 		cfg.TRT.Q.Created(cfg.NumBlocks)
 	}
@@ -395,11 +404,10 @@ func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	defer s.sched.finish(alloc)
 	cached := alloc.CachedTokens
-	uncached := len(p.tokens) - cached
-	prefill := s.cfg.PrefillBase + time.Duration(uncached)*s.cfg.PrefillPerToken
+	compute := time.Duration(len(p.tokens)-cached) * s.cfg.PrefillPerToken
 	if p.kv.DoRemotePrefill {
 		// The KV arrives from the prefill engine: only the fixed cost remains.
-		prefill = s.cfg.PrefillBase
+		compute = 0
 	}
 	s.promptTok.Add(uint64(len(p.tokens)))
 	s.cachedTok.Add(uint64(cached))
@@ -416,7 +424,7 @@ func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 		created: time.Now().Unix(), cached: cached, seed: seed, alloc: alloc}
 	w.Header().Set("X-Engine-Id", s.cfg.Name)
 	s.prefilling.Add(1)
-	ok := sleepCtx(ctx, prefill)
+	ok := s.prefill(ctx, compute)
 	s.prefilling.Add(-1)
 	if !ok {
 		s.reqErr.Add(1)
@@ -427,6 +435,15 @@ func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 	} else {
 		g.whole(ctx)
 	}
+}
+
+// prefill waits out a request's prefill: the fixed cost, then compute (full-rate prefill
+// time of its uncached tokens), alone or shared with the other prefills.
+func (s *Sim) prefill(ctx context.Context, compute time.Duration) bool {
+	if s.shared == nil {
+		return sleepCtx(ctx, s.cfg.PrefillBase+compute)
+	}
+	return sleepCtx(ctx, s.cfg.PrefillBase) && s.shared.run(ctx, compute)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {

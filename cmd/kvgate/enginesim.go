@@ -39,6 +39,7 @@ func runEngineSim(args []string, stdin io.Reader, stdout, stderr io.Writer) int 
 	fs.DurationVar(&sp.PrefillBase, "prefill-base", 5*time.Millisecond, "fixed prefill time per request")
 	fs.DurationVar(&sp.PrefillPerToken, "prefill-per-token", 50*time.Microsecond, "prefill time per uncached prompt token")
 	fs.DurationVar(&sp.DecodePerToken, "decode-per-token", 10*time.Millisecond, "time per output token after the first")
+	fs.BoolVar(&sp.PrefillShared, "prefill-shared", false, "prefill compute is shared by concurrent prefills (total rate 1/prefill-per-token, split equally), as on a GPU; off: each prefills at full rate in parallel")
 	fs.StringVar(&sp.Events, "kv-events", "tcp://127.0.0.1:5557", "ZeroMQ PUB endpoint for KV events (vllm, sglang); empty = off")
 	fs.StringVar(&sp.Replay, "kv-replay", "", "ZeroMQ ROUTER replay endpoint; empty = off")
 	fs.StringVar(&sp.Topic, "kv-topic", "", "event topic")
