@@ -28,6 +28,7 @@ func runEngineSim(args []string, stdin io.Reader, stdout, stderr io.Writer) int 
 	fs.StringVar(&sp.Model, "model", "sim", "served model name")
 	loras := fs.String("lora", "", "comma-separated LoRA adapter names served as extra models")
 	tokDir := fs.String("tokenizer", "", "tokenizer directory (tokenizer.json + tokenizer_config.json); \"words\": one token per word; empty: prompts must be token-id lists")
+	fs.BoolVar(&sp.TokenizeDrift, "tokenize-drift", false, "tokenize unlike -tokenizer on purpose (one extra leading token on every prompt, in /tokenize and generation): a mismatched engine for parity checks")
 	fs.StringVar(&sp.Role, "role", "both", "P/D role: both, prefill (returns kv_transfer_params) or decode (accepts them)")
 	fs.IntVar(&sp.BlockSize, "block-size", 0, "tokens per KV block (default: vllm 16, sglang page 1, trtllm 32)")
 	fs.StringVar(&sp.HashAlgo, "prefix-caching-hash-algo", "sha256", "vLLM block hash: sha256, sha256_cbor, xxhash or xxhash_cbor")
@@ -73,6 +74,10 @@ func runEngineSim(args []string, stdin io.Reader, stdout, stderr io.Writer) int 
 			return 2
 		}
 		sp.Encoder = enc
+	}
+	if sp.TokenizeDrift && sp.Encoder == nil {
+		fmt.Fprintln(stderr, "engine-sim: -tokenize-drift needs -tokenizer")
+		return 2
 	}
 	sim, err := enginesim.Launch(sp)
 	if err != nil {
