@@ -15,6 +15,10 @@ type Spec struct {
 	Name, Engine, Model, Role string
 	LoRAs                     []string
 	Encoder                   Encoder // nil: prompts must be token-id lists
+	// TokenizeDrift makes the engine tokenize unlike Encoder (one extra leading token on
+	// every prompt, in /tokenize and in generation alike): a deliberately mismatched
+	// engine for parity checks and `kvgate doctor`.
+	TokenizeDrift bool
 
 	BlockSize int
 	HashAlgo  string // vLLM --prefix-caching-hash-algo; ignored for SGLang
@@ -23,6 +27,7 @@ type Spec struct {
 
 	NumBlocks, MaxBatch, DefaultMaxTokens        int
 	PrefillBase, PrefillPerToken, DecodePerToken time.Duration
+	PrefillShared                                bool // Config.PrefillShared
 
 	Listen string // HTTP address, e.g. 127.0.0.1:0
 
@@ -56,9 +61,17 @@ func Launch(sp Spec) (*Sim, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := Config{Name: sp.Name, Engine: engine, Model: sp.Model, LoRAs: sp.LoRAs, Encoder: sp.Encoder, Chain: chain,
+	enc := sp.Encoder
+	if sp.TokenizeDrift {
+		if enc == nil {
+			return nil, fmt.Errorf("enginesim: tokenize drift needs a tokenizer")
+		}
+		enc = driftEncoder{enc}
+	}
+	cfg := Config{Name: sp.Name, Engine: engine, Model: sp.Model, LoRAs: sp.LoRAs, Encoder: enc, Chain: chain,
 		Role: sp.Role, NumBlocks: sp.NumBlocks, MaxBatch: sp.MaxBatch, DefaultMaxTokens: sp.DefaultMaxTokens,
-		PrefillBase: sp.PrefillBase, PrefillPerToken: sp.PrefillPerToken, DecodePerToken: sp.DecodePerToken}
+		PrefillBase: sp.PrefillBase, PrefillPerToken: sp.PrefillPerToken, DecodePerToken: sp.DecodePerToken,
+		PrefillShared: sp.PrefillShared}
 	var closeSink func()
 	switch {
 	case engine == EngineTRTLLM:

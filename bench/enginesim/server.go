@@ -31,14 +31,6 @@ const (
 	RoleDecode  = "decode"
 )
 
-// Encoder turns a request's prompt into token IDs the way the engine does: completions get
-// the tokenizer's post-processor (BOS), chat requests the model's chat template with the
-// generation prompt. Raw JSON arguments are nil when absent.
-type Encoder interface {
-	EncodePrompt(dst []uint32, prompt string) ([]uint32, error)
-	EncodeChat(dst []uint32, messages, tools, kwargs []byte) ([]uint32, error)
-}
-
 // Config is one simulated engine.
 type Config struct {
 	Name   string // engine id in logs, headers and kv_transfer_params
@@ -58,6 +50,11 @@ type Config struct {
 	// each further output token takes DecodePerToken.
 	PrefillBase, PrefillPerToken, DecodePerToken time.Duration
 	DefaultMaxTokens                             int
+	// PrefillShared makes the PrefillPerToken part one compute shared equally by the
+	// requests prefilling at once (a GPU's prefill throughput does not grow with its
+	// batch); PrefillBase stays a per-request fixed cost, paid first. Off: every request
+	// prefills in parallel at full rate.
+	PrefillShared bool
 
 	// Sink receives cache events (nil = none). NewEventSink builds one for vLLM/SGLang.
 	Sink Sink
@@ -70,6 +67,7 @@ type Sim struct {
 	cfg    Config
 	pool   *Pool
 	sched  *scheduler
+	shared *sharedPrefill // nil unless cfg.PrefillShared
 	ln     net.Listener
 	srv    *http.Server
 	loras  map[string]bool
@@ -77,6 +75,8 @@ type Sim struct {
 
 	// counters
 	reqOK, reqErr, promptTok, cachedTok, genTok atomic.Uint64
+	prefilling                                  atomic.Int64  // requests in their prefill now
+	trtIter, trtCompleted                       atomic.Uint64 // TensorRT-LLM iteration stats state
 }
 
 // New validates cfg and builds the simulator (not yet listening).
@@ -125,6 +125,9 @@ func New(cfg Config) (*Sim, error) {
 	}
 	s.pool = NewPool(cfg.NumBlocks, cfg.Chain.BlockSize(), sink)
 	s.sched = &scheduler{pool: s.pool, maxBatch: cfg.MaxBatch}
+	if cfg.PrefillShared {
+		s.shared = newSharedPrefill()
+	}
 	if cfg.TRT != nil {
 		cfg.TRT.Q.Created(cfg.NumBlocks)
 	}
@@ -187,12 +190,17 @@ func (s *Sim) Handler() http.Handler {
 	mux.HandleFunc("GET /debug/stats", s.serveStats)
 	if s.cfg.Engine == EngineTRTLLM {
 		mux.HandleFunc("POST /kv_cache_events", s.serveTRTEvents)
+		mux.HandleFunc("GET /prometheus/metrics", s.serveTRTPrometheus)
 		mux.HandleFunc("GET /server_info", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
 			fmt.Fprintf(w, `{"tokens_per_block":%d,"model":%q}`, s.pool.BlockSize(), s.cfg.Model)
 		})
 	}
+	if s.cfg.Engine != EngineTRTLLM {
+		mux.HandleFunc("POST /tokenize", s.serveTokenize)
+	}
 	if s.cfg.Engine == EngineSGLang {
+		mux.HandleFunc("POST /v1/tokenize", s.serveTokenize)
 		mux.HandleFunc("GET /get_model_info", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
 			fmt.Fprintf(w, `{"model_path":%q,"is_generation":true}`, s.cfg.Model)
@@ -216,7 +224,38 @@ type genRequest struct {
 	} `json:"stream_options"`
 	CacheSalt        string          `json:"cache_salt"`
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+	chatSwitches
 }
+
+// chatSwitches are vLLM's request fields that change how a prompt is templated and
+// tokenized (chat completions, completions and /tokenize share them).
+type chatSwitches struct {
+	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
+	ContinueFinalMessage bool  `json:"continue_final_message"`
+	AddSpecialTokens     *bool `json:"add_special_tokens"`
+}
+
+// chatPrompt applies vLLM's defaults: the generation prompt unless the final message is
+// continued (an unset add_generation_prompt yields to continue_final_message, as kvgate's
+// router reads it), no extra special tokens.
+func (c *chatSwitches) chatPrompt(messages, tools, kwargs json.RawMessage) (*ChatPrompt, error) {
+	if len(messages) == 0 || string(messages) == "null" {
+		return nil, badRequest("messages is required")
+	}
+	gen := c.AddGenerationPrompt == nil || *c.AddGenerationPrompt
+	if c.ContinueFinalMessage {
+		if c.AddGenerationPrompt != nil && *c.AddGenerationPrompt {
+			return nil, badRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+		}
+		gen = false
+	}
+	return &ChatPrompt{Messages: messages, Tools: nullToNil(tools), TemplateKwargs: nullToNil(kwargs),
+		AddGenerationPrompt: gen, ContinueFinalMessage: c.ContinueFinalMessage,
+		AddSpecialTokens: c.AddSpecialTokens != nil && *c.AddSpecialTokens}, nil
+}
+
+// promptSpecial is add_special_tokens for a text prompt (vLLM: true unless set).
+func (c *chatSwitches) promptSpecial() bool { return c.AddSpecialTokens == nil || *c.AddSpecialTokens }
 
 type kvTransfer struct {
 	DoRemoteDecode  bool `json:"do_remote_decode"`
@@ -252,24 +291,21 @@ func (s *Sim) prepare(body io.Reader, chat bool) (*prepared, error) {
 	if err := dec.Decode(&p.req); err != nil {
 		return nil, badRequest("invalid JSON body: %v", err)
 	}
-	switch {
-	case p.req.Model == "" || p.req.Model == s.cfg.Model:
-	case s.loras[p.req.Model]:
-		p.lora = p.req.Model
-	default:
-		return nil, &httpError{code: http.StatusNotFound, msg: fmt.Sprintf("The model `%s` does not exist.", p.req.Model)}
-	}
 	var err error
+	if p.lora, err = s.lookupModel(p.req.Model); err != nil {
+		return nil, err
+	}
 	if s.cfg.Encoder == nil && (chat || isStringPrompt(p.req.Prompt)) {
 		return nil, badRequest("this engine has no tokenizer: send prompt as a list of token ids")
 	}
 	if chat {
-		if len(p.req.Messages) == 0 {
-			return nil, badRequest("messages is required")
+		var c *ChatPrompt
+		if c, err = p.req.chatPrompt(p.req.Messages, p.req.Tools, p.req.ChatTemplateKwargs); err != nil {
+			return nil, err
 		}
-		p.tokens, err = s.cfg.Encoder.EncodeChat(nil, p.req.Messages, nullToNil(p.req.Tools), nullToNil(p.req.ChatTemplateKwargs))
+		p.tokens, err = s.cfg.Encoder.EncodeChat(nil, c)
 	} else {
-		p.tokens, err = s.encodeCompletionPrompt(p.req.Prompt)
+		p.tokens, err = s.encodeCompletionPrompt(p.req.Prompt, p.req.promptSpecial())
 	}
 	if err != nil {
 		var he *httpError
@@ -313,6 +349,18 @@ func (s *Sim) prepare(body io.Reader, chat bool) (*prepared, error) {
 	return &p, nil
 }
 
+// lookupModel resolves a request's model name: the served model (or none given), or one of
+// its LoRA adapters (returned).
+func (s *Sim) lookupModel(name string) (lora string, err error) {
+	switch {
+	case name == "" || name == s.cfg.Model:
+		return "", nil
+	case s.loras[name]:
+		return name, nil
+	}
+	return "", &httpError{code: http.StatusNotFound, msg: fmt.Sprintf("The model `%s` does not exist.", name)}
+}
+
 func isStringPrompt(raw json.RawMessage) bool {
 	t := strings.TrimLeft(string(raw), " \t\r\n[")
 	return strings.HasPrefix(t, `"`)
@@ -327,7 +375,7 @@ func nullToNil(b json.RawMessage) []byte {
 
 // encodeCompletionPrompt accepts what vLLM accepts for one prompt: a string, a list of
 // token IDs, or a one-element list of either.
-func (s *Sim) encodeCompletionPrompt(raw json.RawMessage) ([]uint32, error) {
+func (s *Sim) encodeCompletionPrompt(raw json.RawMessage, addSpecialTokens bool) ([]uint32, error) {
 	raw = json.RawMessage(strings.TrimSpace(string(raw)))
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, badRequest("prompt is required")
@@ -337,6 +385,9 @@ func (s *Sim) encodeCompletionPrompt(raw json.RawMessage) ([]uint32, error) {
 		var str string
 		if err := json.Unmarshal(raw, &str); err != nil {
 			return nil, badRequest("invalid prompt: %v", err)
+		}
+		if !addSpecialTokens {
+			return s.cfg.Encoder.EncodeText(nil, str)
 		}
 		return s.cfg.Encoder.EncodePrompt(nil, str)
 	case '[':
@@ -355,7 +406,7 @@ func (s *Sim) encodeCompletionPrompt(raw json.RawMessage) ([]uint32, error) {
 		if err := json.Unmarshal(raw, &list); err != nil || len(list) != 1 {
 			return nil, badRequest("prompt must be a string, a list of token ids, or a one-element list of either")
 		}
-		return s.encodeCompletionPrompt(list[0])
+		return s.encodeCompletionPrompt(list[0], addSpecialTokens)
 	}
 	return nil, badRequest("prompt must be a string or a list of token ids")
 }
@@ -392,11 +443,10 @@ func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	defer s.sched.finish(alloc)
 	cached := alloc.CachedTokens
-	uncached := len(p.tokens) - cached
-	prefill := s.cfg.PrefillBase + time.Duration(uncached)*s.cfg.PrefillPerToken
+	compute := time.Duration(len(p.tokens)-cached) * s.cfg.PrefillPerToken
 	if p.kv.DoRemotePrefill {
 		// The KV arrives from the prefill engine: only the fixed cost remains.
-		prefill = s.cfg.PrefillBase
+		compute = 0
 	}
 	s.promptTok.Add(uint64(len(p.tokens)))
 	s.cachedTok.Add(uint64(cached))
@@ -412,7 +462,10 @@ func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 	g := &gen{s: s, p: p, w: w, id: prefix + s.cfg.Name + "-" + strconv.FormatUint(id, 10),
 		created: time.Now().Unix(), cached: cached, seed: seed, alloc: alloc}
 	w.Header().Set("X-Engine-Id", s.cfg.Name)
-	if !sleepCtx(ctx, prefill) {
+	s.prefilling.Add(1)
+	ok := s.prefill(ctx, compute)
+	s.prefilling.Add(-1)
+	if !ok {
 		s.reqErr.Add(1)
 		return
 	}
@@ -421,6 +474,15 @@ func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 	} else {
 		g.whole(ctx)
 	}
+}
+
+// prefill waits out a request's prefill: the fixed cost, then compute (full-rate prefill
+// time of its uncached tokens), alone or shared with the other prefills.
+func (s *Sim) prefill(ctx context.Context, compute time.Duration) bool {
+	if s.shared == nil {
+		return sleepCtx(ctx, s.cfg.PrefillBase+compute)
+	}
+	return sleepCtx(ctx, s.cfg.PrefillBase) && s.shared.run(ctx, compute)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {
@@ -641,7 +703,7 @@ func (s *Sim) serveModels(w http.ResponseWriter, r *http.Request) {
 			b = strconv.AppendQuote(b, parent)
 		}
 		b = append(b, `,"max_model_len":`...)
-		b = strconv.AppendInt(b, int64(s.pool.NumBlocks()*s.pool.BlockSize()), 10)
+		b = strconv.AppendInt(b, int64(s.maxModelLen()), 10)
 		b = append(b, '}')
 	}
 	add(s.cfg.Model, "")
@@ -651,41 +713,6 @@ func (s *Sim) serveModels(w http.ResponseWriter, r *http.Request) {
 	b = append(b, "]}"...)
 	w.Header().Set("Content-Type", "application/json")
 	w.Write(b)
-}
-
-func (s *Sim) serveMetrics(w http.ResponseWriter, r *http.Request) {
-	run, wait := s.sched.load()
-	st := s.pool.Stats()
-	lbl := `{engine="0",model_name="` + s.cfg.Model + `"}`
-	var sb strings.Builder
-	gauge := func(name string, v float64) {
-		fmt.Fprintf(&sb, "# TYPE %s gauge\n%s%s %g\n", name, name, lbl, v)
-	}
-	counter := func(name string, v uint64) {
-		fmt.Fprintf(&sb, "# TYPE %s counter\n%s%s %d\n", name, name, lbl, v)
-	}
-	usage := 1 - float64(st.Free)/float64(st.Blocks)
-	if s.cfg.Engine == EngineSGLang {
-		gauge("sglang:num_running_reqs", float64(run))
-		gauge("sglang:num_queue_reqs", float64(wait))
-		gauge("sglang:token_usage", usage)
-		var rate float64
-		if st.QueryTokens > 0 {
-			rate = float64(st.HitTokens) / float64(st.QueryTokens)
-		}
-		gauge("sglang:cache_hit_rate", rate)
-	} else {
-		gauge("vllm:num_requests_running", float64(run))
-		gauge("vllm:num_requests_waiting", float64(wait))
-		gauge("vllm:kv_cache_usage_perc", usage)
-		counter("vllm:prefix_cache_queries_total", st.QueryTokens)
-		counter("vllm:prefix_cache_hits_total", st.HitTokens)
-		counter("vllm:prompt_tokens_total", s.promptTok.Load())
-		counter("vllm:generation_tokens_total", s.genTok.Load())
-		counter("vllm:request_success_total", s.reqOK.Load())
-	}
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-	w.Write([]byte(sb.String()))
 }
 
 // Stats is the simulator's running totals (GET /debug/stats).

@@ -164,8 +164,8 @@ func TestChatAndModelsAndMetrics(t *testing.T) {
 	}
 	mb, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{`vllm:num_requests_running{engine="0",model_name="m"} 0`, `vllm:num_requests_waiting{engine="0",model_name="m"} 0`,
-		`vllm:prefix_cache_queries_total{engine="0",model_name="m"} 39`, `vllm:prefix_cache_hits_total{engine="0",model_name="m"} 12`} {
+	for _, want := range []string{`vllm:num_requests_running{model_name="m",engine="0"} 0`, `vllm:num_requests_waiting{model_name="m",engine="0"} 0`,
+		`vllm:prefix_cache_queries_total{model_name="m",engine="0"} 39`, `vllm:prefix_cache_hits_total{model_name="m",engine="0"} 12`} {
 		if !bytes.Contains(mb, []byte(want)) {
 			t.Errorf("metrics lack %q:\n%s", want, mb)
 		}

@@ -21,22 +21,33 @@ func wordID(w string) uint32 {
 }
 
 // EncodePrompt appends one token per word, after a BOS token (ID 1).
-func (WordEncoder) EncodePrompt(dst []uint32, prompt string) ([]uint32, error) {
-	dst = append(dst, 1)
+func (e WordEncoder) EncodePrompt(dst []uint32, prompt string) ([]uint32, error) {
+	return e.EncodeText(append(dst, 1), prompt)
+}
+
+// EncodeText appends one token per word.
+func (WordEncoder) EncodeText(dst []uint32, prompt string) ([]uint32, error) {
 	for _, w := range strings.Fields(prompt) {
 		dst = append(dst, wordID(w))
 	}
 	return dst, nil
 }
 
-// EncodeChat appends <role> words... per message, then the assistant role token.
-func (WordEncoder) EncodeChat(dst []uint32, messages, tools, kwargs []byte) ([]uint32, error) {
+// EncodeChat appends <role> words... per message, then the assistant role token when the
+// generation prompt is asked for (BOS first with AddSpecialTokens).
+func (WordEncoder) EncodeChat(dst []uint32, c *ChatPrompt) ([]uint32, error) {
 	var msgs []struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
 	}
-	if err := json.Unmarshal(messages, &msgs); err != nil {
+	if err := json.Unmarshal(c.Messages, &msgs); err != nil {
 		return dst, fmt.Errorf("messages: %v", err)
+	}
+	if c.ContinueFinalMessage && len(msgs) == 0 {
+		return dst, fmt.Errorf("continue_final_message needs a final message")
+	}
+	if c.AddSpecialTokens {
+		dst = append(dst, 1)
 	}
 	for _, m := range msgs {
 		dst = append(dst, wordID("<|"+m.Role+"|>"))
@@ -60,5 +71,8 @@ func (WordEncoder) EncodeChat(dst []uint32, messages, tools, kwargs []byte) ([]u
 			dst = append(dst, wordID(w))
 		}
 	}
-	return append(dst, wordID("<|assistant|>")), nil
+	if c.AddGenerationPrompt {
+		dst = append(dst, wordID("<|assistant|>"))
+	}
+	return dst, nil
 }

@@ -28,6 +28,7 @@ func runEngineSim(args []string, stdin io.Reader, stdout, stderr io.Writer) int 
 	fs.StringVar(&sp.Model, "model", "sim", "served model name")
 	loras := fs.String("lora", "", "comma-separated LoRA adapter names served as extra models")
 	tokDir := fs.String("tokenizer", "", "tokenizer directory (tokenizer.json + tokenizer_config.json); \"words\": one token per word; empty: prompts must be token-id lists")
+	fs.BoolVar(&sp.TokenizeDrift, "tokenize-drift", false, "tokenize unlike -tokenizer on purpose (one extra leading token on every prompt, in /tokenize and generation): a mismatched engine for parity checks")
 	fs.StringVar(&sp.Role, "role", "both", "P/D role: both, prefill (returns kv_transfer_params) or decode (accepts them)")
 	fs.IntVar(&sp.BlockSize, "block-size", 0, "tokens per KV block (default: vllm 16, sglang page 1, trtllm 32)")
 	fs.StringVar(&sp.HashAlgo, "prefix-caching-hash-algo", "sha256", "vLLM block hash: sha256, sha256_cbor, xxhash or xxhash_cbor")
@@ -39,6 +40,7 @@ func runEngineSim(args []string, stdin io.Reader, stdout, stderr io.Writer) int 
 	fs.DurationVar(&sp.PrefillBase, "prefill-base", 5*time.Millisecond, "fixed prefill time per request")
 	fs.DurationVar(&sp.PrefillPerToken, "prefill-per-token", 50*time.Microsecond, "prefill time per uncached prompt token")
 	fs.DurationVar(&sp.DecodePerToken, "decode-per-token", 10*time.Millisecond, "time per output token after the first")
+	fs.BoolVar(&sp.PrefillShared, "prefill-shared", false, "prefill compute is shared by concurrent prefills (total rate 1/prefill-per-token, split equally), as on a GPU; off: each prefills at full rate in parallel")
 	fs.StringVar(&sp.Events, "kv-events", "tcp://127.0.0.1:5557", "ZeroMQ PUB endpoint for KV events (vllm, sglang); empty = off")
 	fs.StringVar(&sp.Replay, "kv-replay", "", "ZeroMQ ROUTER replay endpoint; empty = off")
 	fs.StringVar(&sp.Topic, "kv-topic", "", "event topic")
@@ -72,6 +74,10 @@ func runEngineSim(args []string, stdin io.Reader, stdout, stderr io.Writer) int 
 			return 2
 		}
 		sp.Encoder = enc
+	}
+	if sp.TokenizeDrift && sp.Encoder == nil {
+		fmt.Fprintln(stderr, "engine-sim: -tokenize-drift needs -tokenizer")
+		return 2
 	}
 	sim, err := enginesim.Launch(sp)
 	if err != nil {
