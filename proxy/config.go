@@ -297,7 +297,7 @@ func Defaults() Config {
 		PDPrefixTrieKeys:     1 << 18,
 		LoadFactor:           1,
 		KVPolicy:             "cost",
-		KVLoadScrape:         500 * time.Millisecond,
+		KVLoadScrape:         50 * time.Millisecond,
 		KVPendingTTL:         2 * time.Second,
 		CHWBLPrefixBytes:     256,
 		BreakerFailures:      3,
