@@ -25,6 +25,9 @@ type scrapeState struct {
 	lastErr  atomic.Pointer[string]
 	duration atomic.Int64 // last scrape, nanoseconds
 	inFlight atomic.Bool
+	// jsonOnly: a TensorRT-LLM endpoint without the Prometheus route (404); its JSON
+	// /metrics is read instead.
+	jsonOnly atomic.Bool
 }
 
 // scrapeLoop reads every endpoint's /metrics each -kv-load-scrape (route.ParseReport)
@@ -84,7 +87,14 @@ func (s *Server) readReport(e *endpoint) (route.Report, error) {
 	res := protocol.AcquireResponse()
 	defer protocol.ReleaseRequest(req)
 	defer protocol.ReleaseResponse(res)
-	req.SetRequestURI(e.spec.URL + "/metrics")
+	// trtllm-serve's /metrics is a JSON drain of iteration stats that two readers would
+	// split; its Prometheus gauges (return_perf_metrics) are read when it serves them.
+	trtProm := e.spec.Engine == EngineTRTLLM && !e.scrape.jsonOnly.Load()
+	if trtProm {
+		req.SetRequestURI(e.spec.URL + "/prometheus/metrics")
+	} else {
+		req.SetRequestURI(e.spec.URL + "/metrics")
+	}
 	req.Header.SetMethod("GET")
 	timeout := min(s.cfg.KVLoadScrape, s.cfg.HealthTimeout)
 	ctx, cancel := context.WithTimeout(s.ctx, timeout)
@@ -93,7 +103,10 @@ func (s *Server) readReport(e *endpoint) (route.Report, error) {
 		return route.Report{}, err
 	}
 	defer res.CloseBodyStream() //nolint:errcheck
-	if code := res.StatusCode(); code != 200 {
+	if code := res.StatusCode(); trtProm && code == 404 {
+		e.scrape.jsonOnly.Store(true)
+		return route.Report{}, errors.New("no /prometheus/metrics (return_perf_metrics off): reading the JSON /metrics from now on")
+	} else if code != 200 {
 		return route.Report{}, errors.New("status " + strconv.Itoa(code))
 	}
 	body, err := io.ReadAll(io.LimitReader(res.BodyStream(), maxMetricsBody))

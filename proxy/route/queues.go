@@ -128,6 +128,7 @@ func (q *Queues) Finished(ep int, held time.Duration) {
 type Report struct {
 	Running, Waiting int64
 	KVUsage          float64 // 0..1; negative when the engine does not say
+	Slots            int64   // requests the engine says it runs at once (TensorRT-LLM); 0 unknown
 }
 
 // Observe stores an engine report read at now, with kvgate's in-flight count for ep at
@@ -142,7 +143,9 @@ func (q *Queues) Observe(ep int, r Report, inflight int64, now time.Time) {
 	e.engAt.Store(now.UnixNano())
 	// Requests waiting while r.Running run: that is what the engine runs at once now
 	// (its max_num_seqs or what its KV cache holds). More running than that later raises it.
-	if q.slotsFlag == 0 && r.Running > 0 {
+	if q.slotsFlag == 0 && r.Slots > 0 {
+		e.slots.Store(r.Slots)
+	} else if q.slotsFlag == 0 && r.Running > 0 {
 		if s := e.slots.Load(); r.Waiting > 0 || (s > 0 && r.Running > s) {
 			e.slots.Store(r.Running)
 		}

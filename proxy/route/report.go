@@ -10,13 +10,15 @@ import (
 // docs/CONTRACTS.md, "Engine load metrics"). A family may carry several label sets (one
 // per model or engine index): running and waiting add up, KV usage takes the fullest.
 var (
-	runningNames = [...]string{"vllm:num_requests_running", "sglang:num_running_reqs"}
-	waitingNames = [...]string{"vllm:num_requests_waiting", "sglang:num_queue_reqs"}
-	kvUsageNames = [...]string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"}
+	runningNames = [...]string{"vllm:num_requests_running", "sglang:num_running_reqs", "trtllm_num_requests_running"}
+	waitingNames = [...]string{"vllm:num_requests_waiting", "sglang:num_queue_reqs", "trtllm_num_requests_waiting"}
+	kvUsageNames = [...]string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
+		"trtllm_kv_cache_utilization"}
 )
 
 // ParseReport reads an engine's /metrics body: Prometheus text (vLLM, SGLang) or
-// TensorRT-LLM's JSON list of iteration stats (the newest entry counts). ok is false when
+// TensorRT-LLM's JSON list of iteration stats (the newest entry counts; an empty list is an
+// idle engine: no iteration ran since the last read). ok is false when
 // the body names neither a running nor a waiting count: garbage, or an engine kvgate does
 // not know, whose load then comes from kvgate's own accounting.
 func ParseReport(body []byte) (r Report, ok bool) {
@@ -92,9 +94,10 @@ func in(name []byte, names []string) bool {
 
 // trtStats is the part of one TensorRT-LLM iteration-stats entry kvgate reads.
 type trtStats struct {
-	NumActiveRequests *int64 `json:"numActiveRequests"`
-	NumQueuedRequests *int64 `json:"numQueuedRequests"`
-	KVCacheStats      *struct {
+	NumActiveRequests    *int64 `json:"numActiveRequests"`
+	MaxNumActiveRequests int64  `json:"maxNumActiveRequests"`
+	NumQueuedRequests    *int64 `json:"numQueuedRequests"`
+	KVCacheStats         *struct {
 		MaxNumBlocks  float64 `json:"maxNumBlocks"`
 		UsedNumBlocks float64 `json:"usedNumBlocks"`
 	} `json:"kvCacheStats"`
@@ -108,11 +111,15 @@ func parseTRT(b []byte) (r Report, ok bool) {
 			return r, false
 		}
 		list = append(list, one)
-	} else if json.Unmarshal(b, &list) != nil || len(list) == 0 {
+	} else if json.Unmarshal(b, &list) != nil {
 		return r, false
 	}
-	last := list[len(list)-1]
 	r.KVUsage = -1
+	if len(list) == 0 {
+		return r, true
+	}
+	last := list[len(list)-1]
+	r.Slots = max(last.MaxNumActiveRequests, 0)
 	if last.NumActiveRequests != nil {
 		r.Running, ok = max(*last.NumActiveRequests, 0), true
 	}

@@ -30,10 +30,19 @@ func TestParseReportSGLang(t *testing.T) {
 }
 
 func TestParseReportTRT(t *testing.T) {
-	body := []byte(`[{"iter":1,"numActiveRequests":1,"numQueuedRequests":0},{"iter":2,"numActiveRequests":6,"numQueuedRequests":2,"kvCacheStats":{"maxNumBlocks":1000,"usedNumBlocks":250}}]`)
+	body := []byte(`[{"iter":1,"numActiveRequests":1,"numQueuedRequests":0},{"iter":2,"numActiveRequests":6,"numQueuedRequests":2,"maxNumActiveRequests":64,"kvCacheStats":{"maxNumBlocks":1000,"usedNumBlocks":250}}]`)
 	r, ok := ParseReport(body)
-	if !ok || r.Running != 6 || r.Waiting != 2 || r.KVUsage != 0.25 {
+	if !ok || r.Running != 6 || r.Waiting != 2 || r.KVUsage != 0.25 || r.Slots != 64 {
 		t.Fatalf("%+v %v", r, ok)
+	}
+	// No iteration since the last read: idle.
+	if r, ok := ParseReport([]byte("[]")); !ok || r.Running != 0 || r.Waiting != 0 {
+		t.Fatalf("empty list: %+v %v", r, ok)
+	}
+	// trtllm-serve's Prometheus route (return_perf_metrics).
+	prom := []byte("trtllm_num_requests_running{model_name=\"undefined\",engine_type=\"undefined\"} 3\ntrtllm_num_requests_waiting{model_name=\"undefined\",engine_type=\"undefined\"} 1\ntrtllm_kv_cache_utilization{model_name=\"undefined\",engine_type=\"undefined\"} 0.5\n")
+	if r, ok := ParseReport(prom); !ok || r.Running != 3 || r.Waiting != 1 || r.KVUsage != 0.5 {
+		t.Fatalf("prometheus route: %+v %v", r, ok)
 	}
 }
 
