@@ -20,6 +20,7 @@ import (
 	"github.com/cloudwego/hertz/pkg/protocol/http1/resp"
 
 	"github.com/kvgate/kvgate/proxy/openai"
+	"github.com/kvgate/kvgate/proxy/route"
 )
 
 // decision is where one request goes and why.
@@ -33,11 +34,10 @@ type decision struct {
 	prefillName string
 
 	// The cost policy's accounting of this attempt (route.Queues): the prompt tokens the
-	// endpoint must prefill, when it was sent, whether nothing was queued ahead of it, and
-	// whether its first token is still due.
+	// endpoint must prefill, when and how it was sent, and whether its first byte is due.
 	uncached int
 	sentAt   time.Time
-	alone    bool
+	ticket   route.Ticket
 	firstDue bool
 }
 
@@ -209,7 +209,7 @@ func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqStat
 	if !bytes.HasPrefix(res.Header.ContentType(), []byte("text/event-stream")) {
 		// A whole answer comes after the last token: it ends the prefill's queue time but
 		// is no sample of its speed.
-		d.alone = false
+		d.ticket.NoSample()
 		s.firstToken(d)
 	}
 	if !s.relayResponse(ctx, c, st, d, ep, res) {
@@ -221,14 +221,14 @@ func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqStat
 // sent counts d's prompt as queued prefill at its endpoint (route.Queues).
 func (s *Server) sent(d *decision) {
 	d.sentAt, d.firstDue = time.Now(), true
-	d.alone = s.queues.Sent(d.ep, d.uncached)
+	d.ticket = s.queues.Sent(d.ep, d.uncached)
 }
 
 // firstToken records the first byte of d's answer: its prefill is done.
 func (s *Server) firstToken(d *decision) {
 	if d.firstDue {
 		d.firstDue = false
-		s.queues.FirstToken(d.ep, d.uncached, time.Since(d.sentAt), d.alone)
+		s.queues.FirstToken(d.ep, d.uncached, time.Since(d.sentAt), d.ticket)
 	}
 }
 

@@ -46,6 +46,7 @@ type epQueue struct {
 	engAt    atomic.Int64  // unix nanos of the last good engine report; 0 never
 	flightAt atomic.Int64  // kvgate's in-flight count when that report was read
 	samples  atomic.Int64  // rate-fit samples taken
+	sends    atomic.Uint64 // requests sent so far
 
 	mu  sync.Mutex // the fit's sums
 	fit lineFit
@@ -74,21 +75,33 @@ func (q *Queues) Len() int { return len(q.eps) }
 func loadF(a *atomic.Uint64) float64     { return math.Float64frombits(a.Load()) }
 func storeF(a *atomic.Uint64, v float64) { a.Store(math.Float64bits(v)) }
 
-// Sent records a request dispatched to ep that must prefill uncached tokens. It reports
-// whether nothing of kvgate's was queued there ahead of it: only such requests measure
-// the endpoint's own prefill speed.
-func (q *Queues) Sent(ep, uncached int) (alone bool) {
+// Ticket is what Sent hands back for FirstToken: whether nothing of kvgate's was queued
+// ahead of the request, and which send it was.
+type Ticket struct {
+	alone bool
+	send  uint64
+}
+
+// NoSample marks a first byte that says nothing of the prefill's speed (a whole,
+// non-streamed answer comes after the last token).
+func (t *Ticket) NoSample() { t.alone = false }
+
+// Sent records a request dispatched to ep that must prefill uncached tokens.
+func (q *Queues) Sent(ep, uncached int) Ticket {
 	e := &q.eps[ep]
-	return e.queued.Add(int64(uncached)) == int64(uncached)
+	alone := e.queued.Add(int64(uncached)) == int64(uncached)
+	return Ticket{alone: alone, send: e.sends.Add(1)}
 }
 
 // FirstToken records the first response byte of a request Sent to ep, ttft after it was
-// sent. An alone request with no engine-reported queue is a sample of the endpoint's
-// prefill line ttft = base + uncached/rate.
-func (q *Queues) FirstToken(ep, uncached int, ttft time.Duration, alone bool) {
+// sent. A request that had the endpoint to itself, with nothing of kvgate's queued ahead,
+// nothing sent after it before its first token (another prefill would share the GPU) and
+// no engine-reported queue, is a sample of the endpoint's prefill line
+// ttft = base + uncached/rate.
+func (q *Queues) FirstToken(ep, uncached int, ttft time.Duration, t Ticket) {
 	e := &q.eps[ep]
 	e.queued.Add(-int64(uncached))
-	if !alone || q.pinnedRate > 0 || ttft <= 0 {
+	if !t.alone || e.sends.Load() != t.send || q.pinnedRate > 0 || ttft <= 0 {
 		return
 	}
 	if q.fresh(e, time.Now()) && e.waiting.Load() > 0 {

@@ -42,7 +42,7 @@ func TestCostSpreadsWhenHolderQueueCostsMore(t *testing.T) {
 	c := &Cost{Loads: loads, Queues: q}
 	// 1,000 of 2,048 tokens cached at endpoint 0, but 20,000 tokens already queued there
 	// (2 s of prefill): the idle endpoint 1 prefills all 2,048 in ~0.2 s.
-	q.Sent(0, 20000)
+	tk := q.Sent(0, 20000)
 	loads.Inc(0)
 	cd := candidates(2, []int32{62, 0}, 2048)
 	obs := recorder{}
@@ -56,7 +56,7 @@ func TestCostSpreadsWhenHolderQueueCostsMore(t *testing.T) {
 		t.Fatalf("predicted ms %+v", obs)
 	}
 	// Once the queue drains the holder wins again.
-	q.FirstToken(0, 20000, time.Second, true)
+	q.FirstToken(0, 20000, time.Second, tk)
 	loads.Dec(0)
 	if got := c.Select(cd, nil); got != 0 {
 		t.Fatalf("drained: got %d, want the holder 0", got)
@@ -154,11 +154,11 @@ func TestRateFitLearnsLine(t *testing.T) {
 	for k := 0; k < 60; k++ {
 		unc := 100 + (k*397)%3000
 		ttft := time.Duration((0.012 + float64(unc)/4000) * float64(time.Second))
-		alone := q.Sent(0, unc)
-		if !alone {
+		tk := q.Sent(0, unc)
+		if !tk.alone {
 			t.Fatal("nothing else queued")
 		}
-		q.FirstToken(0, unc, ttft, alone)
+		q.FirstToken(0, unc, ttft, tk)
 	}
 	v := q.View(0, time.Now())
 	if math.Abs(v.Rate-4000) > 40 || math.Abs(v.BaseMs-12) > 0.5 {
@@ -173,12 +173,18 @@ func TestRateFitIgnoresQueuedSamples(t *testing.T) {
 	q := NewQueues(1, 0, 0, time.Second)
 	a := q.Sent(0, 1000)
 	b := q.Sent(0, 1000)
-	if !a || b {
+	if !a.alone || b.alone {
 		t.Fatalf("alone %v %v", a, b)
 	}
 	q.FirstToken(0, 1000, 10*time.Second, b) // waited behind a: not a sample
+	q.FirstToken(0, 1000, 10*time.Second, a) // b shared its prefill: not a sample
 	if v := q.View(0, time.Now()); v.RateSamples != 0 || v.Rate != PriorRate {
 		t.Fatalf("%+v", v)
+	}
+	c := q.Sent(0, 1000)
+	q.FirstToken(0, 1000, 110*time.Millisecond, c)
+	if v := q.View(0, time.Now()); v.RateSamples != 1 {
+		t.Fatalf("a request alone is a sample: %+v", v)
 	}
 }
 
@@ -187,6 +193,9 @@ func TestPinnedRate(t *testing.T) {
 	for k := 0; k < 20; k++ {
 		unc := 200 + k*300
 		q.FirstToken(0, unc, time.Duration(unc)*time.Millisecond, q.Sent(0, unc))
+		if k == 19 && q.View(0, time.Now()).RateSamples != 0 {
+			t.Fatal("a pinned rate takes no samples")
+		}
 	}
 	if v := q.View(0, time.Now()); v.Rate != 2500 {
 		t.Fatalf("a pinned rate must not move: %+v", v)
