@@ -30,6 +30,8 @@ func runEngineSim(args []string, stdin io.Reader, stdout, stderr io.Writer) int 
 	tokDir := fs.String("tokenizer", "", "tokenizer directory (tokenizer.json + tokenizer_config.json); \"words\": one token per word; empty: prompts must be token-id lists")
 	fs.BoolVar(&sp.TokenizeDrift, "tokenize-drift", false, "tokenize unlike -tokenizer on purpose (one extra leading token on every prompt, in /tokenize and generation): a mismatched engine for parity checks")
 	fs.StringVar(&sp.Role, "role", "both", "P/D role: both, prefill (returns kv_transfer_params) or decode (accepts them)")
+	fs.IntVar(&sp.BootstrapPort, "disaggregation-bootstrap-port", 8998, "sglang -role prefill: port of the bootstrap server decode engines pull KV through (on the -listen host)")
+	fs.DurationVar(&sp.BootstrapTimeout, "bootstrap-timeout", 30*time.Second, "sglang -role decode: how long a request waits for its prefill's KV")
 	fs.IntVar(&sp.BlockSize, "block-size", 0, "tokens per KV block (default: vllm 16, sglang page 1, trtllm 32)")
 	fs.StringVar(&sp.HashAlgo, "prefix-caching-hash-algo", "sha256", "vLLM block hash: sha256, sha256_cbor, xxhash or xxhash_cbor")
 	seed, seedSet := os.LookupEnv("PYTHONHASHSEED")
@@ -90,6 +92,9 @@ func runEngineSim(args []string, stdin io.Reader, stdout, stderr io.Writer) int 
 	}
 	if a := sim.ReplayAddr(); a != "" {
 		fmt.Fprintf(stdout, ", replay %s", a)
+	}
+	if a := sim.BootstrapAddr(); a != "" {
+		fmt.Fprintf(stdout, ", bootstrap %s", a)
 	}
 	fmt.Fprintln(stdout)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
