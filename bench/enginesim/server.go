@@ -761,6 +761,9 @@ func (g *gen) stream(ctx context.Context) {
 	send()
 }
 
+// ownedBy is each engine's ModelCard.owned_by.
+var ownedBy = map[string]string{EngineVLLM: `"vllm"`, EngineSGLang: `"sglang"`, EngineTRTLLM: `"tensorrt_llm"`}
+
 func (s *Sim) serveModels(w http.ResponseWriter, r *http.Request) {
 	now := time.Now().Unix()
 	var b []byte
@@ -773,7 +776,9 @@ func (s *Sim) serveModels(w http.ResponseWriter, r *http.Request) {
 		b = strconv.AppendQuote(b, id)
 		b = append(b, `,"object":"model","created":`...)
 		b = strconv.AppendInt(b, now, 10)
-		b = append(b, `,"owned_by":"vllm","root":`...)
+		b = append(b, `,"owned_by":`...)
+		b = append(b, ownedBy[s.cfg.Engine]...)
+		b = append(b, `,"root":`...)
 		b = strconv.AppendQuote(b, s.cfg.Model)
 		b = append(b, `,"parent":`...)
 		if parent == "" {
