@@ -326,11 +326,12 @@ func (s *Sim) prepare(body io.Reader, chat bool) (*prepared, error) {
 	if p.lora, err = s.lookupModel(p.req.Model); err != nil {
 		return nil, err
 	}
-	if s.cfg.Encoder == nil && (chat || isStringPrompt(p.req.Prompt)) {
+	trtIDs := chat && s.cfg.Engine == EngineTRTLLM && len(p.req.PromptTokenIDs) > 0
+	if s.cfg.Encoder == nil && (chat && !trtIDs || isStringPrompt(p.req.Prompt)) {
 		return nil, badRequest("this engine has no tokenizer: send prompt as a list of token ids")
 	}
 	switch {
-	case chat && s.cfg.Engine == EngineTRTLLM && len(p.req.PromptTokenIDs) > 0:
+	case trtIDs:
 		p.tokens = p.req.PromptTokenIDs
 	case chat:
 		var c *ChatPrompt
