@@ -353,6 +353,19 @@ func (b *bootstrapServer) serveRoom(w http.ResponseWriter, req *http.Request) {
 	w.Write(out)
 }
 
+// inflight counts the rooms whose KV is computed but not yet collected by a decode.
+func (b *bootstrapServer) inflight() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, r := range b.rooms {
+		if !r.finished.IsZero() && !r.failed {
+			n++
+		}
+	}
+	return n
+}
+
 // forget drops a room a decode gave up on, unless a prefill holds it.
 func (b *bootstrapServer) forget(id uint64, r *room) {
 	b.mu.Lock()

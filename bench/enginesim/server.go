@@ -84,6 +84,7 @@ type Sim struct {
 	// counters
 	reqOK, reqErr, promptTok, cachedTok, genTok atomic.Uint64
 	prefilling                                  atomic.Int64  // requests in their prefill now
+	transferring                                atomic.Int64  // SGLang decode: requests waiting for their KV
 	trtIter, trtCompleted                       atomic.Uint64 // TensorRT-LLM iteration stats state
 }
 
@@ -486,7 +487,10 @@ func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 	defer s.sched.finish(alloc)
 	if p.pd.step == pdDecode && p.pd.bootstrap != "" {
 		// SGLang: the decode server pulls the KV from the prefill server's bootstrap port.
-		if err := s.fetchKV(ctx, p); err != nil {
+		s.transferring.Add(1)
+		err := s.fetchKV(ctx, p)
+		s.transferring.Add(-1)
+		if err != nil {
 			s.reqErr.Add(1)
 			if ctx.Err() == nil {
 				writeError(w, err)
