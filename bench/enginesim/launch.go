@@ -3,6 +3,8 @@ package enginesim
 import (
 	"context"
 	"fmt"
+	"net"
+	"strconv"
 	"time"
 
 	"github.com/kvgate/kvgate/hashcore"
@@ -30,6 +32,12 @@ type Spec struct {
 	PrefillShared                                bool // Config.PrefillShared
 
 	Listen string // HTTP address, e.g. 127.0.0.1:0
+
+	// SGLang prefill role: the bootstrap server's port on the Listen host (SGLang's
+	// --disaggregation-bootstrap-port; 0 = any free port, see Sim.BootstrapAddr) and how
+	// long a decode waits for its prefill's KV (Config.BootstrapTimeout).
+	BootstrapPort    int
+	BootstrapTimeout time.Duration
 
 	// Events (vLLM, SGLang): PUB endpoint ("" = no events), optional replay ROUTER.
 	Events, Replay, Topic string
@@ -71,7 +79,18 @@ func Launch(sp Spec) (*Sim, error) {
 	cfg := Config{Name: sp.Name, Engine: engine, Model: sp.Model, LoRAs: sp.LoRAs, Encoder: enc, Chain: chain,
 		Role: sp.Role, NumBlocks: sp.NumBlocks, MaxBatch: sp.MaxBatch, DefaultMaxTokens: sp.DefaultMaxTokens,
 		PrefillBase: sp.PrefillBase, PrefillPerToken: sp.PrefillPerToken, DecodePerToken: sp.DecodePerToken,
-		PrefillShared: sp.PrefillShared}
+		PrefillShared: sp.PrefillShared, BootstrapTimeout: sp.BootstrapTimeout}
+	listen := sp.Listen
+	if listen == "" {
+		listen = "127.0.0.1:0"
+	}
+	if engine == EngineSGLang && sp.Role == RolePrefill {
+		host, _, err := net.SplitHostPort(listen)
+		if err != nil {
+			return nil, fmt.Errorf("enginesim: listen address %q: %w", listen, err)
+		}
+		cfg.BootstrapListen = net.JoinHostPort(host, strconv.Itoa(sp.BootstrapPort))
+	}
 	var closeSink func()
 	switch {
 	case engine == EngineTRTLLM:
@@ -105,10 +124,6 @@ func Launch(sp Spec) (*Sim, error) {
 			closeSink()
 		}
 		return nil, err
-	}
-	listen := sp.Listen
-	if listen == "" {
-		listen = "127.0.0.1:0"
 	}
 	if err := s.Listen(listen); err != nil {
 		if closeSink != nil {

@@ -148,6 +148,12 @@ func (s *Sim) appendSGLangMetrics(b []byte, l *loadSnapshot) []byte {
 		rate = float64(l.pool.HitTokens) / float64(l.pool.QueryTokens)
 	}
 	p.gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", rate)
+	switch {
+	case s.boot != nil:
+		p.gauge("sglang:num_prefill_inflight_queue_reqs", "The number of requests in the prefill inflight queue.", float64(s.boot.inflight()))
+	case s.cfg.Role == RoleDecode:
+		p.gauge("sglang:num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue.", float64(s.transferring.Load()))
+	}
 	p.labels = model
 	p.counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.", l.promptTok)
 	p.counter("sglang:generation_tokens_total", "Number of generation tokens processed.", l.genTok)

@@ -236,3 +236,54 @@ func TestTRTLLMLoadMetricsFollowTheQueue(t *testing.T) {
 		t.Errorf("released stats %+v", st)
 	}
 }
+
+// SGLang's P/D queues: a prefill engine's computed-but-uncollected KV (inflight) and a
+// decode engine's requests waiting for their KV (transfer).
+func TestSGLangPDQueueMetrics(t *testing.T) {
+	sp := launch(t, Spec{Engine: EngineSGLang, Role: RolePrefill, Encoder: WordEncoder{}, Model: "m", NumBlocks: 256})
+	sd := launch(t, Spec{Engine: EngineSGLang, Role: RoleDecode, Encoder: WordEncoder{}, Model: "m", NumBlocks: 256, BootstrapTimeout: 10 * time.Second})
+	lbl := map[string]string{"model_name": "m", "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
+	host, port, _ := strings.Cut(sp.BootstrapAddr(), ":")
+	room := func(n string) string {
+		return `,"bootstrap_host":"` + host + `","bootstrap_port":` + port + `,"bootstrap_room":` + n + `}`
+	}
+	gauge := func(s *Sim, name string) float64 {
+		return sample(t, scrape(t, s.URL()+"/metrics"), name, dto.MetricType_GAUGE, lbl)
+	}
+	if code, b, _ := post(t, sp.URL()+"/v1/completions", `{"prompt":"a b c"`+room("11")); code != 200 {
+		t.Fatalf("prefill: HTTP %d %s", code, b)
+	}
+	if n := gauge(sp, "sglang:num_prefill_inflight_queue_reqs"); n != 1 {
+		t.Errorf("prefill inflight %v, want 1", n)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, _ := http.NewRequestWithContext(ctx, "POST", sd.URL()+"/v1/completions", strings.NewReader(`{"prompt":"x y"`+room("12")))
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for gauge(sd, "sglang:num_decode_transfer_queue_reqs") != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the decode waiting for room 12 never showed in the transfer queue")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	for gauge(sd, "sglang:num_decode_transfer_queue_reqs") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the transfer queue kept a request its client left")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if code, b, _ := post(t, sd.URL()+"/v1/completions", `{"prompt":"a b c"`+room("11")); code != 200 {
+		t.Fatalf("decode: HTTP %d %s", code, b)
+	}
+	if n := gauge(sp, "sglang:num_prefill_inflight_queue_reqs"); n != 0 {
+		t.Errorf("prefill inflight after the decode collected it: %v", n)
+	}
+}

@@ -56,6 +56,13 @@ type Config struct {
 	// prefills in parallel at full rate.
 	PrefillShared bool
 
+	// BootstrapListen (SGLang, role prefill) is where the simulated bootstrap server
+	// listens, the port decode engines pull KV through (SGLang's
+	// --disaggregation-bootstrap-port); "" = none.
+	BootstrapListen string
+	// BootstrapTimeout bounds a decode's wait for its prefill's KV (default 30s).
+	BootstrapTimeout time.Duration
+
 	// Sink receives cache events (nil = none). NewEventSink builds one for vLLM/SGLang.
 	Sink Sink
 	// TRT, when set (trtllm engine), queues events for POST /kv_cache_events.
@@ -67,7 +74,8 @@ type Sim struct {
 	cfg    Config
 	pool   *Pool
 	sched  *scheduler
-	shared *sharedPrefill // nil unless cfg.PrefillShared
+	shared *sharedPrefill   // nil unless cfg.PrefillShared
+	boot   *bootstrapServer // SGLang prefill role: the bootstrap port
 	ln     net.Listener
 	srv    *http.Server
 	loras  map[string]bool
@@ -76,6 +84,7 @@ type Sim struct {
 	// counters
 	reqOK, reqErr, promptTok, cachedTok, genTok atomic.Uint64
 	prefilling                                  atomic.Int64  // requests in their prefill now
+	transferring                                atomic.Int64  // SGLang decode: requests waiting for their KV
 	trtIter, trtCompleted                       atomic.Uint64 // TensorRT-LLM iteration stats state
 }
 
@@ -115,6 +124,12 @@ func New(cfg Config) (*Sim, error) {
 	if cfg.DefaultMaxTokens <= 0 {
 		cfg.DefaultMaxTokens = 16
 	}
+	if cfg.BootstrapTimeout <= 0 {
+		cfg.BootstrapTimeout = 30 * time.Second
+	}
+	if cfg.BootstrapListen != "" && (cfg.Engine != EngineSGLang || cfg.Role != RolePrefill) {
+		return nil, errors.New("enginesim: a bootstrap server is for an SGLang engine in the prefill role")
+	}
 	s := &Sim{cfg: cfg, loras: map[string]bool{}}
 	for _, l := range cfg.LoRAs {
 		s.loras[l] = true
@@ -146,10 +161,24 @@ func (s *Sim) Listen(addr string) error {
 	if err != nil {
 		return err
 	}
+	if s.cfg.BootstrapListen != "" {
+		if s.boot, err = startBootstrap(s.cfg.BootstrapListen, s.cfg.BootstrapTimeout); err != nil {
+			ln.Close()
+			return fmt.Errorf("enginesim: bootstrap server on %s: %w", s.cfg.BootstrapListen, err)
+		}
+	}
 	s.ln = ln
 	s.srv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	go s.srv.Serve(ln)
 	return nil
+}
+
+// BootstrapAddr is the SGLang bootstrap server's address, or "".
+func (s *Sim) BootstrapAddr() string {
+	if s.boot == nil {
+		return ""
+	}
+	return s.boot.ln.Addr().String()
 }
 
 // Addr is the listening address (host:port).
@@ -168,6 +197,9 @@ func (s *Sim) Close() error {
 		if err != nil {
 			s.srv.Close()
 		}
+	}
+	if s.boot != nil {
+		s.boot.close()
 	}
 	if c, ok := s.cfg.Sink.(interface{ Close() error }); ok {
 		if e := c.Close(); e != nil && err == nil {
@@ -222,9 +254,12 @@ type genRequest struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
-	CacheSalt        string          `json:"cache_salt"`
-	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+	CacheSalt string `json:"cache_salt"`
+	// PromptTokenIDs: TensorRT-LLM's disaggregated server puts the context server's
+	// prompt ids on a chat generation request, and the generation server uses them.
+	PromptTokenIDs []uint32 `json:"prompt_token_ids"`
 	chatSwitches
+	pdFields
 }
 
 // chatSwitches are vLLM's request fields that change how a prompt is templated and
@@ -257,11 +292,6 @@ func (c *chatSwitches) chatPrompt(messages, tools, kwargs json.RawMessage) (*Cha
 // promptSpecial is add_special_tokens for a text prompt (vLLM: true unless set).
 func (c *chatSwitches) promptSpecial() bool { return c.AddSpecialTokens == nil || *c.AddSpecialTokens }
 
-type kvTransfer struct {
-	DoRemoteDecode  bool `json:"do_remote_decode"`
-	DoRemotePrefill bool `json:"do_remote_prefill"`
-}
-
 type httpError struct {
 	code int
 	msg  string
@@ -280,8 +310,10 @@ type prepared struct {
 	tokens []uint32
 	keys   []uint64
 	lora   string
-	maxNew int
-	kv     kvTransfer
+	maxNew int    // output tokens this engine generates
+	asked  int    // output tokens the client asked for (a prefill leg generates 1 of them)
+	seed   uint64 // FNV-1a of the tokens: names the prompt (output words, P/D checks)
+	pd     pdPlan
 }
 
 func (s *Sim) prepare(body io.Reader, chat bool) (*prepared, error) {
@@ -295,16 +327,20 @@ func (s *Sim) prepare(body io.Reader, chat bool) (*prepared, error) {
 	if p.lora, err = s.lookupModel(p.req.Model); err != nil {
 		return nil, err
 	}
-	if s.cfg.Encoder == nil && (chat || isStringPrompt(p.req.Prompt)) {
+	trtIDs := chat && s.cfg.Engine == EngineTRTLLM && len(p.req.PromptTokenIDs) > 0
+	if s.cfg.Encoder == nil && (chat && !trtIDs || isStringPrompt(p.req.Prompt)) {
 		return nil, badRequest("this engine has no tokenizer: send prompt as a list of token ids")
 	}
-	if chat {
+	switch {
+	case trtIDs:
+		p.tokens = p.req.PromptTokenIDs
+	case chat:
 		var c *ChatPrompt
 		if c, err = p.req.chatPrompt(p.req.Messages, p.req.Tools, p.req.ChatTemplateKwargs); err != nil {
 			return nil, err
 		}
 		p.tokens, err = s.cfg.Encoder.EncodeChat(nil, c)
-	} else {
+	default:
 		p.tokens, err = s.encodeCompletionPrompt(p.req.Prompt, p.req.promptSpecial())
 	}
 	if err != nil {
@@ -327,19 +363,16 @@ func (s *Sim) prepare(body io.Reader, chat bool) (*prepared, error) {
 	if p.maxNew < 1 {
 		return nil, badRequest("max_tokens must be at least 1, got %d", p.maxNew)
 	}
-	if len(p.req.KVTransferParams) > 0 && string(p.req.KVTransferParams) != "null" {
-		if err := json.Unmarshal(p.req.KVTransferParams, &p.kv); err != nil {
-			return nil, badRequest("invalid kv_transfer_params: %v", err)
-		}
+	p.seed = 1469598103934665603
+	for _, t := range p.tokens {
+		p.seed = (p.seed ^ uint64(t)) * 1099511628211
 	}
-	if p.kv.DoRemoteDecode {
-		if s.cfg.Role == RoleDecode {
-			return nil, badRequest("do_remote_decode sent to a decode-only engine")
-		}
+	if err := s.parsePD(&p); err != nil {
+		return nil, err
+	}
+	p.asked = p.maxNew
+	if p.pd.step == pdPrefill {
 		p.maxNew = 1 // the prefill side of a P/D pair stops after the first token
-	}
-	if p.kv.DoRemotePrefill && s.cfg.Role == RolePrefill {
-		return nil, badRequest("do_remote_prefill sent to a prefill-only engine")
 	}
 	var ex *hashcore.Extras
 	if p.lora != "" || p.req.CacheSalt != "" {
@@ -433,6 +466,16 @@ func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	ctx := r.Context()
+	sglangRoom := s.boot != nil && p.pd.step == pdPrefill
+	if sglangRoom {
+		if err := s.boot.open(p.pd.room); err != nil {
+			s.reqErr.Add(1)
+			writeError(w, err)
+			return
+		}
+		// The room fails unless its prefill completes (finish is once per room).
+		defer s.boot.finish(p.pd.room, false, 0, 0)
+	}
 	alloc, err := s.sched.admit(ctx, p.keys, p.tokens, p.maxNew, p.lora)
 	if err != nil {
 		s.reqErr.Add(1)
@@ -442,25 +485,34 @@ func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	defer s.sched.finish(alloc)
+	if p.pd.step == pdDecode && p.pd.bootstrap != "" {
+		// SGLang: the decode server pulls the KV from the prefill server's bootstrap port.
+		s.transferring.Add(1)
+		err := s.fetchKV(ctx, p)
+		s.transferring.Add(-1)
+		if err != nil {
+			s.reqErr.Add(1)
+			if ctx.Err() == nil {
+				writeError(w, err)
+			}
+			return
+		}
+	}
 	cached := alloc.CachedTokens
 	compute := time.Duration(len(p.tokens)-cached) * s.cfg.PrefillPerToken
-	if p.kv.DoRemotePrefill {
+	if p.pd.step == pdDecode {
 		// The KV arrives from the prefill engine: only the fixed cost remains.
 		compute = 0
 	}
 	s.promptTok.Add(uint64(len(p.tokens)))
 	s.cachedTok.Add(uint64(cached))
 	id := s.nextID.Add(1)
-	var seed uint64 = 1469598103934665603
-	for _, t := range p.tokens {
-		seed = (seed ^ uint64(t)) * 1099511628211
-	}
 	prefix := "cmpl-"
 	if chat {
 		prefix = "chatcmpl-"
 	}
-	g := &gen{s: s, p: p, w: w, id: prefix + s.cfg.Name + "-" + strconv.FormatUint(id, 10),
-		created: time.Now().Unix(), cached: cached, seed: seed, alloc: alloc}
+	g := &gen{s: s, p: p, w: w, id: prefix + s.cfg.Name + "-" + strconv.FormatUint(id, 10), reqID: id,
+		created: time.Now().Unix(), cached: cached, seed: p.seed, alloc: alloc}
 	w.Header().Set("X-Engine-Id", s.cfg.Name)
 	s.prefilling.Add(1)
 	ok := s.prefill(ctx, compute)
@@ -468,6 +520,9 @@ func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 	if !ok {
 		s.reqErr.Add(1)
 		return
+	}
+	if sglangRoom {
+		s.boot.finish(p.pd.room, true, len(p.tokens), p.seed)
 	}
 	if p.req.Stream {
 		g.stream(ctx)
@@ -508,19 +563,34 @@ type gen struct {
 	p       *prepared
 	w       http.ResponseWriter
 	id      string
+	reqID   uint64
 	created int64
 	cached  int
 	seed    uint64
 	alloc   *Alloc
 }
 
-func (g *gen) word(i int) string {
+// wordIndex is output token i: an index into words (also its token id where one is shown).
+func (g *gen) wordIndex(i int) uint64 {
 	x := g.seed + uint64(i)*0x9e3779b97f4a7c15
 	x ^= x >> 31
 	x *= 0xbf58476d1ce4e5b9
 	x ^= x >> 29
-	return " " + words[x%uint64(len(words))]
+	return x % uint64(len(words))
 }
+
+func (g *gen) word(i int) string { return " " + words[g.wordIndex(i)] }
+
+// finishReason of the last token: "length" (every simulated request runs to max_tokens),
+// except a TensorRT-LLM context_only answer for a request wanting more tokens.
+func (g *gen) finishReason() string {
+	if g.trtContext() && g.p.asked > 1 {
+		return `"not_finished"`
+	}
+	return `"length"`
+}
+
+func (g *gen) trtContext() bool { return g.s.cfg.Engine == EngineTRTLLM && g.p.pd.step == pdPrefill }
 
 func (g *gen) usage(b []byte, completion int) []byte {
 	pt := len(g.p.tokens)
@@ -547,9 +617,13 @@ func (g *gen) head(b []byte, object string) []byte {
 	return b
 }
 
+// kvParams appends vLLM's top-level kv_transfer_params (other engines have none).
 func (g *gen) kvParams(b []byte) []byte {
+	if g.s.cfg.Engine != EngineVLLM {
+		return b
+	}
 	b = append(b, `,"kv_transfer_params":`...)
-	if !g.p.kv.DoRemoteDecode {
+	if g.p.pd.step != pdPrefill {
 		return append(b, "null"...)
 	}
 	host, port, _ := net.SplitHostPort(g.s.Addr())
@@ -585,16 +659,26 @@ func (g *gen) whole(ctx context.Context) {
 		b = g.head(b, "chat.completion")
 		b = append(b, `,"choices":[{"index":0,"message":{"role":"assistant","content":`...)
 		b = strconv.AppendQuote(b, text.String())
-		b = append(b, `},"logprobs":null,"finish_reason":"length","stop_reason":null}]`...)
+		b = append(b, '}')
 	} else {
 		b = g.head(b, "text_completion")
 		b = append(b, `,"choices":[{"index":0,"text":`...)
 		b = strconv.AppendQuote(b, text.String())
-		b = append(b, `,"logprobs":null,"finish_reason":"length","stop_reason":null}]`...)
 	}
-	b = append(b, `,"usage":`...)
+	b = append(b, `,"logprobs":null,"finish_reason":`...)
+	b = append(b, g.finishReason()...)
+	b = append(b, `,"stop_reason":null`...)
+	if g.trtContext() {
+		b = g.appendTRTContext(b)
+	}
+	b = append(b, `}],"usage":`...)
 	b = g.usage(b, n)
 	b = g.kvParams(b)
+	if g.trtContext() {
+		// TensorRT-LLM returns the prompt's ids so the generation server need not tokenize.
+		b = append(b, `,"prompt_token_ids":`...)
+		b = appendIDs(b, g.p.tokens)
+	}
 	b = append(b, '}')
 	// Count before the client can see the answer: a client reading the stats right after
 	// its response must find this request in them.
@@ -656,7 +740,7 @@ func (g *gen) stream(ctx context.Context) {
 		b = append(b, `,"logprobs":null,"finish_reason":`...)
 		if i == n-1 {
 			b = append(b, `"length","stop_reason":null}]`...)
-			if g.p.kv.DoRemoteDecode {
+			if g.p.pd.step == pdPrefill {
 				b = g.kvParams(b)
 			}
 		} else {
@@ -682,6 +766,9 @@ func (g *gen) stream(ctx context.Context) {
 	send()
 }
 
+// ownedBy is each engine's ModelCard.owned_by.
+var ownedBy = map[string]string{EngineVLLM: `"vllm"`, EngineSGLang: `"sglang"`, EngineTRTLLM: `"tensorrt_llm"`}
+
 func (s *Sim) serveModels(w http.ResponseWriter, r *http.Request) {
 	now := time.Now().Unix()
 	var b []byte
@@ -694,7 +781,9 @@ func (s *Sim) serveModels(w http.ResponseWriter, r *http.Request) {
 		b = strconv.AppendQuote(b, id)
 		b = append(b, `,"object":"model","created":`...)
 		b = strconv.AppendInt(b, now, 10)
-		b = append(b, `,"owned_by":"vllm","root":`...)
+		b = append(b, `,"owned_by":`...)
+		b = append(b, ownedBy[s.cfg.Engine]...)
+		b = append(b, `,"root":`...)
 		b = strconv.AppendQuote(b, s.cfg.Model)
 		b = append(b, `,"parent":`...)
 		if parent == "" {

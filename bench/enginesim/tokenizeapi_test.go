@@ -4,6 +4,7 @@ import (
 	"compress/gzip"
 	"encoding/json"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -31,6 +32,20 @@ func readGz(t *testing.T, path string, v any) {
 	if err := json.Unmarshal(b, v); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func get(t *testing.T, url string) (int, []byte, http.Header) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, b, resp.Header
 }
 
 func stagedEncoder(t *testing.T, name string) Encoder {
@@ -247,6 +262,9 @@ func TestTokenizeSGLangShape(t *testing.T) {
 	}
 	if code != 200 || json.Unmarshal(b, &one) != nil || !slices.Equal(one.Tokens, append([]uint32{1}, w("a", "b")...)) || one.Count != 3 {
 		t.Errorf("string prompt: HTTP %d %s", code, b)
+	}
+	if code, b, _ := get(t, s.URL()+"/v1/models"); code != 200 || !strings.Contains(string(b), `"owned_by":"sglang"`) {
+		t.Errorf("/v1/models: HTTP %d %s", code, b)
 	}
 	code, b, _ = post(t, s.URL()+"/tokenize", `{"messages":[{"role":"user","content":"hi"}]}`)
 	if code != 200 || json.Unmarshal(b, &one) != nil || !slices.Equal(one.Tokens, w("<|user|>", "hi", "<|assistant|>")) {

