@@ -392,3 +392,55 @@ func get(t *testing.T, url string) (*http.Response, string) {
 	b, _ := io.ReadAll(res.Body)
 	return res, string(b)
 }
+
+// Two kvgate replicas in front of the same engines see the same engine-reported load, so
+// they make the same choice without sharing any state: both move off the engine whose
+// queue grows, and both come back once it drains.
+func TestKVCostReplicasAgree(t *testing.T) {
+	c := vllmChain(t)
+	a, b := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM)
+	var waiting atomic.Int64
+	metricsFor := func(run func() int64) func(http.ResponseWriter, *http.Request, []byte) bool {
+		return func(w http.ResponseWriter, r *http.Request, _ []byte) bool {
+			if r.URL.Path != "/metrics" {
+				return false
+			}
+			fmt.Fprintf(w, "vllm:num_requests_running{model_name=\"m\"} %d\nvllm:num_requests_waiting{model_name=\"m\"} %d\n", run(), waiting.Load())
+			return true
+		}
+	}
+	a.handle = metricsFor(func() int64 {
+		if waiting.Load() > 0 {
+			return 8
+		}
+		return 1
+	})
+	b.handle = metricsFor(func() int64 { return 1 })
+	var replicas []*Server
+	for i := 0; i < 2; i++ {
+		cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""))
+		cfg.KVPrefillRate = 10000
+		cfg.KVLoadScrape = 20 * time.Millisecond
+		replicas = append(replicas, startProxy(t, cfg))
+	}
+	toks := engineTokens(t, sharedPrefix)
+	a.store(t, c, toks, 6)
+	b.store(t, c, toks, 2)
+	for _, s := range replicas {
+		waitFor(t, "events", func() bool { return s.kv.inv.Count(0) == 6 && s.kv.inv.Count(1) == 2 })
+		s.queues.Finished(0, time.Second)
+	}
+	choices := func() string {
+		var out string
+		for _, s := range replicas {
+			res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+			out += res.Header.Get("x-kvgate-endpoint")
+		}
+		return out
+	}
+	waitFor(t, "both on the deeper holder", func() bool { return choices() == "aa" })
+	waiting.Store(30) // another client's burst queues on a
+	waitFor(t, "both move to b", func() bool { return choices() == "bb" })
+	waiting.Store(0)
+	waitFor(t, "both back on a", func() bool { return choices() == "aa" })
+}

@@ -235,3 +235,46 @@ func BenchmarkCostSelect(b *testing.B) {
 		c.Select(cd, nil)
 	}
 }
+
+func TestDecodeByEngineReport(t *testing.T) {
+	q := NewQueues(3, 0, 0, time.Second)
+	loads := balance.NewLoads(3)
+	d := &Decode{Loads: loads, Queues: q}
+	el := shard.NewMask(3)
+	for i := 0; i < 3; i++ {
+		el.Set(i)
+	}
+	now := time.Now()
+	// kvgate has nothing in flight anywhere, but the engines report their own load
+	// (another replica's decodes): 0 runs 12, 1 runs 3 with a full KV cache, 2 runs 5.
+	q.Observe(0, Report{Running: 12, KVUsage: 0.5}, 0, now)
+	q.Observe(1, Report{Running: 3, KVUsage: 0.97}, 0, now)
+	q.Observe(2, Report{Running: 5, KVUsage: 0.6}, 0, now)
+	for k := 0; k < 6; k++ {
+		if got := d.Select(el); got != 2 {
+			t.Fatalf("want 2 (fewest running with room), got %d", got)
+		}
+	}
+	// Requests kvgate sends after the report count on top of it.
+	for k := 0; k < 8; k++ {
+		loads.Inc(2)
+	}
+	if got := d.Select(el); got != 0 {
+		t.Fatalf("2 now runs 13: want 0, got %d", got)
+	}
+	// Every cache full: the fewest running wins anyway.
+	q.Observe(0, Report{Running: 12, KVUsage: 0.99}, 0, now)
+	q.Observe(2, Report{Running: 5, KVUsage: 0.99}, 8, now)
+	if got := d.Select(el); got != 1 {
+		t.Fatalf("all full: want 1 (3 running), got %d", got)
+	}
+	// Stale reports: kvgate's own in-flight counts, rotating on ties.
+	d2 := &Decode{Loads: balance.NewLoads(3), Queues: NewQueues(3, 0, 0, time.Second)}
+	seen := map[int]int{}
+	for k := 0; k < 30; k++ {
+		seen[d2.Select(el)]++
+	}
+	if seen[0] != 10 || seen[1] != 10 || seen[2] != 10 {
+		t.Fatalf("ties rotate: %v", seen)
+	}
+}
