@@ -236,8 +236,7 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	var d decision
 	d.ep, d.decode = -1, -1
 	obs := &explainTerms{names: s.names, terms: map[string]route.Terms{}}
-	st.obs = obs
-	defer func() { st.obs = nil }()
+	st.obs, st.meter = obs, nil // the traffic path, recording instead of counting
 	if s.kv != nil {
 		ex.Policy, ex.Terms = s.kv.sel.Name(), obs.terms
 	}

@@ -147,9 +147,7 @@ func bstr(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 func (k *kvRouter) miss(st *reqState, d *decision, r Route) {
 	d.ep, d.route = -1, r
-	if st.obs == nil {
-		k.s.m.misses[r].Inc()
-	}
+	st.meter.miss(r)
 }
 
 // route is the guard ladder: text_empty, model_unknown, tokenize, no_blocks,
@@ -158,7 +156,6 @@ func (k *kvRouter) miss(st *reqState, d *decision, r Route) {
 // breaker is open. On a miss d.ep is -1 and d.route names the reason.
 func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	s := k.s
-	explain := st.obs != nil // /debug/explain: the same path, no counters
 	b := st.body
 	oa := &st.oa
 	st.tokens, st.keys, st.fastKeys = st.tokens[:0], st.keys[:0], st.fastKeys[:0]
@@ -189,9 +186,7 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	}
 	model := k.pool.Get(name)
 	if model == nil {
-		if !explain {
-			s.m.unknownMdl.Inc()
-		}
+		st.meter.unknownModel()
 		k.miss(st, d, RouteMissModelUnknown)
 		return
 	}
@@ -244,9 +239,7 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 			err = errBadTokens
 		}
 	}
-	if !explain {
-		s.m.stage[StageTokenize].UpdateDuration(t0)
-	}
+	st.meter.stage(StageTokenize, t0)
 	if err != nil {
 		k.miss(st, d, RouteMissTokenize)
 		return
@@ -283,9 +276,7 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	if nFast > 0 {
 		st.fastKeys = hashcore.Keys(k.fast, st.fastKeys[:0], st.tokens, exp)
 	}
-	if !explain {
-		s.m.stage[StageHash].UpdateDuration(t1)
-	}
+	st.meter.stage(StageHash, t1)
 	if len(st.keys) == 0 && len(st.fastKeys) == 0 {
 		if len(st.tokens) >= k.blockSize && nEng+nFast == 0 {
 			k.miss(st, d, RouteMissNoWorker)
@@ -306,9 +297,7 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 			}
 		}
 	}
-	if !explain {
-		s.m.stage[StageScore].UpdateDuration(t2)
-	}
+	st.meter.stage(StageScore, t2)
 	k.choose(st, el, d)
 }
 
@@ -345,13 +334,13 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 	c := &st.cand
 	*c = route.Candidates{Eligible: el, Matched: matched, Best: best, Tokens: len(st.tokens),
 		BlockSize: k.blockSize, MinBlocks: max(k.minBlocks, 1)}
-	winner := k.sel.Select(c, st.obs)
+	winner := k.sel.Select(c, st.observer())
 	if winner < 0 {
 		k.miss(st, d, RouteMissNoWorker)
 		return
 	}
-	if winner != best && st.obs == nil {
-		s.m.nextBest.Inc()
+	if winner != best {
+		st.meter.nextBest()
 	}
 	d.ep = winner
 	d.predicted = int(st.scores[winner]) * k.blockSize
@@ -361,9 +350,7 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 	switch {
 	case st.scores[winner] >= c.MinBlocks:
 		d.route = RouteKVHit
-		if st.obs == nil {
-			s.m.hits[winner].Inc()
-		}
+		st.meter.hit(winner)
 	case matched[winner] >= c.MinBlocks:
 		d.route = RoutePrefixTrie
 	default:

@@ -286,6 +286,7 @@ func TestKVCostPolicy(t *testing.T) {
 	a, b, e := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM), newKVEngine(t, "e", enginepub.VLLM)
 	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""), e.spec(2, "vllm", ""))
 	cfg.KVPrefillRate = 10000
+	cfg.KVPendingTTL = 0 // e would then hold what kvgate sent it (TestKVPendingEntries)
 	s := startProxy(t, cfg)
 	toks := engineTokens(t, sharedPrefix)
 	a.store(t, c, toks, 6)
@@ -349,6 +350,7 @@ func TestKVCostEngineReports(t *testing.T) {
 	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""))
 	cfg.KVPrefillRate = 10000
 	cfg.KVLoadScrape = 20 * time.Millisecond
+	cfg.KVPendingTTL = 0 // b would keep the blocks kvgate sent it (TestKVPendingEntries)
 	s := startProxy(t, cfg)
 	toks := engineTokens(t, sharedPrefix)
 	a.store(t, c, toks, 6)
@@ -443,4 +445,41 @@ func TestKVCostReplicasAgree(t *testing.T) {
 	waitFor(t, "both move to b", func() bool { return choices() == "bb" })
 	waiting.Store(0)
 	waitFor(t, "both back on a", func() bool { return choices() == "aa" })
+}
+
+// Mode 3's pending entries: a prompt no engine has reported yet goes by -select, and a
+// request sharing it follows it there (route prefix-trie) until the engine's events take
+// over, for one to two -kv-pending-ttl; /debug/explain records nothing.
+func TestKVPendingEntries(t *testing.T) {
+	a, b, e := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM), newKVEngine(t, "e", enginepub.VLLM)
+	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""), e.spec(2, "vllm", ""))
+	cfg.KVPendingTTL = 300 * time.Millisecond
+	s := startProxy(t, cfg)
+	res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+	first := res.Header.Get("x-kvgate-endpoint")
+	if res.Header.Get("x-kvgate-route") != "kv-miss:no_worker" {
+		t.Fatalf("first: %s", res.Header.Get("x-kvgate-route"))
+	}
+	// /debug/explain runs the same decision but remembers nothing.
+	for i := 0; i < 3; i++ {
+		post(t, s.admURL("/debug/explain"), complPrompt(sharedPrefix+" other"))
+	}
+	for i := 0; i < 4; i++ {
+		res, _ = post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+		if res.Header.Get("x-kvgate-endpoint") != first || res.Header.Get("x-kvgate-route") != "prefix-trie" {
+			t.Fatalf("follow-up %d: %s %s, want %s prefix-trie", i, res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"), first)
+		}
+	}
+	if keys, _ := s.kv.trie.stats(); keys == 0 {
+		t.Fatal("no pending keys")
+	}
+	// Unused for two TTLs, the entries are gone.
+	time.Sleep(650 * time.Millisecond)
+	post(t, s.admURL("/debug/explain"), complPrompt(sharedPrefix)) // explain turns no generation either
+	res, _ = post(t, s.url("/v1/completions"), complPrompt("an unrelated prompt of its own, long enough for a block or two of tokens at least"))
+	time.Sleep(10 * time.Millisecond)
+	res, _ = post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+	if r := res.Header.Get("x-kvgate-route"); r != "kv-miss:no_worker" {
+		t.Fatalf("after two TTLs: %s", r)
+	}
 }

@@ -19,17 +19,14 @@ import (
 // decidePD runs the mode-1 ladder: session affinity -> KV-Exact over prefill endpoints
 // -> the prefix trie of what kvgate sent where (trie.go) -> prefill by minimum in-flight
 // load (round-robin on ties); decode by minimum load. The prefill pick is recorded in
-// the trie (not for /debug/explain).
+// the trie (not for /debug/explain, whose meter is nil).
 func (s *Server) decidePD(st *reqState, d *decision) {
-	explain := st.obs != nil
 	d.ep, d.decode, d.predicted, d.route = -1, -1, 0, RouteRR
 	elP := s.baseEligible(st, st.eligible, s.prefillMask)
 	elD := s.baseEligible(st, st.scratch, s.decodeMask)
 	if p, dec, ok := s.aff.get(st.sessKey, time.Now()); ok && elP.Has(p) && elD.Has(dec) {
 		d.ep, d.decode, d.route = p, dec, RouteAffinity
-		if !explain {
-			s.m.affinity.Inc()
-		}
+		st.meter.affinity()
 		return
 	}
 	if s.kv != nil {
@@ -45,9 +42,7 @@ func (s *Server) decidePD(st *reqState, d *decision) {
 		}
 	}
 	d.decode = s.decodeSel.Select(elD)
-	if !explain && d.ep >= 0 && s.kv != nil && s.kv.trie != nil {
-		s.kv.trieRecord(st, d.ep)
-	}
+	st.meter.sent(st, d.ep)
 }
 
 // sessionKey is the OpenAI `user` field or the X-Conversation-Id header.

@@ -47,7 +47,8 @@ type Server struct {
 	eps       []*endpoint
 	names     []string
 	loads     *balance.Loads
-	queues    *route.Queues // prefill queued, learned rates, engine reports (the cost policy)
+	queues    *route.Queues  // prefill queued, learned rates, engine reports (the cost policy)
+	meter     *decisionMeter // where traffic decisions count (meter.go)
 	rr        *balance.RR
 	ring      *balance.Ring
 	prefRR    *balance.RR   // mode 1 prefill min-load ties
@@ -125,6 +126,7 @@ func New(cfg Config, opt Options) (*Server, error) {
 	s.decodeSel = &route.Decode{Loads: s.loads, Queues: s.queues}
 	s.ring = balance.NewRing(s.names, weights)
 	s.m = newProxyMetrics(s.names)
+	s.meter = &decisionMeter{m: s.m}
 	s.aff = newAffinity(cfg.AffinityTTL, cfg.AffinityMax)
 	s.pool.New = func() any { return newReqState(n) }
 	s.conns = newConnRegistry()
@@ -152,6 +154,7 @@ func New(cfg Config, opt Options) (*Server, error) {
 			return nil, err
 		}
 		s.kv = kv
+		s.meter.kv, s.meter.trie = kv, kv.trie
 	}
 	return s, nil
 }
@@ -343,6 +346,7 @@ type reqState struct {
 	matched  []int32 // blocks held per endpoint as the policy sees them (inventory, then pending)
 	cand     route.Candidates
 	obs      route.Observer // /debug/explain's recorder; nil for traffic
+	meter    *decisionMeter // the server's for traffic; nil for /debug/explain
 	eligible shard.Mask
 	excluded shard.Mask
 	scratch  shard.Mask
@@ -392,6 +396,7 @@ func (st *reqState) reset() {
 func (s *Server) getState() *reqState {
 	st := s.pool.Get().(*reqState)
 	st.reset()
+	st.meter, st.obs = s.meter, nil
 	return st
 }
 

@@ -69,11 +69,15 @@ func (t *prefixTrie) add(ep int, keys []uint64) {
 	if t.ttl > 0 {
 		if now := time.Now().UnixNano(); now-t.turned.Load() >= int64(t.ttl) {
 			t.mu.Lock()
-			if now-t.turned.Load() >= int64(t.ttl) {
+			if age := now - t.turned.Load(); age >= int64(t.ttl) {
 				old := t.prev.Load()
 				old.ClearAll()
-				t.prev.Store(t.cur.Load())
-				t.cur.Store(old)
+				if age >= 2*int64(t.ttl) {
+					t.cur.Load().ClearAll() // idle for two TTLs: both generations expired
+				} else {
+					t.prev.Store(t.cur.Load())
+					t.cur.Store(old)
+				}
 				t.turned.Store(now)
 			}
 			t.mu.Unlock()
@@ -83,10 +87,22 @@ func (t *prefixTrie) add(ep int, keys []uint64) {
 }
 
 // best scores keys' leading run per eligible endpoint into scores and returns the
-// deepest, over both generations.
+// deepest, over the generations still within their time: without a turn (no traffic) the
+// older generation stops counting one TTL after the last turn and the current one after
+// two, so no entry answers for more than two TTLs.
 func (t *prefixTrie) best(keys []uint64, el shard.Mask, scores, tmp []int32) int {
-	best, _ := t.cur.Load().Score(keys, el, shard.Prefix, scores)
-	if p := t.prev.Load(); p != nil {
+	cur, prev := t.cur.Load(), t.prev.Load()
+	if t.ttl > 0 {
+		switch age := time.Now().UnixNano() - t.turned.Load(); {
+		case age >= 2*int64(t.ttl):
+			clear(scores)
+			return -1
+		case age >= int64(t.ttl):
+			prev = nil
+		}
+	}
+	best, _ := cur.Score(keys, el, shard.Prefix, scores)
+	if p := prev; p != nil {
 		p.Score(keys, el, shard.Prefix, tmp)
 		for i := range scores {
 			if tmp[i] > scores[i] {

@@ -27,14 +27,14 @@ type Candidates struct {
 
 // Terms are one endpoint's inputs to a cost decision, as /debug/explain shows them.
 type Terms struct {
-	Matched   int32   // blocks of the prompt the endpoint holds
-	Uncached  int     // prompt tokens it would have to prefill
-	Queued    int64   // prefill tokens kvgate sent it that have not produced a first token
-	Ahead     int64   // requests predicted to wait for a batch slot ahead of this one
-	InFlight  int64   // requests kvgate has in flight there
-	Rate      float64 // prefill tokens per second (learned or pinned)
-	Predicted float64 // predicted time to first token, milliseconds
-	Source    string  // where the load view came from: "engine" (fresh scrape) or "kvgate"
+	Matched   int32   `json:"matched_blocks"`        // blocks of the prompt the endpoint holds
+	Uncached  int     `json:"uncached_tokens"`       // prompt tokens it would have to prefill
+	Queued    int64   `json:"queued_prefill_tokens"` // sent by kvgate, no first token yet
+	Ahead     int64   `json:"ahead"`                 // requests predicted to wait for a batch slot ahead
+	InFlight  int64   `json:"in_flight"`             // requests kvgate has in flight there
+	Rate      float64 `json:"prefill_tokens_per_s"`  // learned or pinned
+	Predicted float64 `json:"predicted_ttft_ms"`
+	Source    string  `json:"load_source"` // "engine" (a fresh /metrics report) or "kvgate" (its own accounting)
 }
 
 // Observer records a decision's inputs. Traffic passes nil.
