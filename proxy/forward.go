@@ -178,14 +178,11 @@ func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqStat
 	defer s.finished(d)
 	err := s.do(ctx, ep.spec.host, req, res)
 	if err != nil {
-		if ctx.Err() != nil {
-			ep.breaker.Neutral()
+		kind, gone := s.failed(ctx, d.ep, err)
+		if gone {
 			s.m.clientGone.Inc()
 			return outcome{kind: outDone}
 		}
-		kind := classify(ctx, err)
-		s.m.upstream[kind][d.ep].Inc()
-		ep.breaker.Failure()
 		if kind == ErrTimeout {
 			writeError(c, 504, "upstream_timeout", "endpoint "+ep.spec.Name+" did not answer within -upstream-timeout")
 			return outcome{kind: outDone}
@@ -193,17 +190,11 @@ func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqStat
 		s.log.Warn("upstream connect failure", "endpoint", ep.spec.Name, "err", err)
 		return outcome{kind: outRetry, err: err}
 	}
-	if code := res.StatusCode(); code >= 500 {
-		s.m.upstream[Err5xx][d.ep].Inc()
-		ep.breaker.FiveXX()
-		if st.canRetry {
-			// Nothing reached the client: another endpoint answers instead (a sick
-			// engine's 5xx streak costs no request while a healthy one exists).
-			res.CloseBodyStream() //nolint:errcheck
-			return outcome{kind: outRetry, err: errors.New("endpoint " + ep.spec.Name + " answered " + itoa(code))}
-		}
-	} else {
-		ep.breaker.Success()
+	if code := res.StatusCode(); s.answered(d.ep, code) && st.canRetry {
+		// Nothing reached the client: another endpoint answers instead (a sick engine's
+		// 5xx streak costs no request while a healthy one exists).
+		res.CloseBodyStream() //nolint:errcheck
+		return outcome{kind: outRetry, err: errors.New("endpoint " + ep.spec.Name + " answered " + itoa(code))}
 	}
 	s.m.routed[d.route][d.ep].Inc()
 	if !bytes.HasPrefix(res.Header.ContentType(), []byte("text/event-stream")) {
@@ -217,6 +208,35 @@ func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqStat
 	}
 	return outcome{kind: outDone}
 }
+
+// failed books an exchange with endpoint i that got no answer: a client that left is
+// neutral for the breaker (gone); otherwise the error's kind is counted and the breaker
+// told. Both the converged path and the P/D legs account through it and answered.
+func (s *Server) failed(ctx context.Context, i int, err error) (kind UpstreamError, gone bool) {
+	ep := s.eps[i]
+	if ctx.Err() != nil {
+		ep.breaker.Neutral()
+		return ErrConnect, true
+	}
+	kind = classify(ctx, err)
+	s.m.upstream[kind][i].Inc()
+	ep.breaker.Failure()
+	return kind, false
+}
+
+// answered books an answer's status from endpoint i and says whether it was a 5xx.
+func (s *Server) answered(i, status int) (fiveXX bool) {
+	if status >= 500 {
+		s.m.upstream[Err5xx][i].Inc()
+		s.eps[i].breaker.FiveXX()
+		return true
+	}
+	s.eps[i].breaker.Success()
+	return false
+}
+
+// brokeOff books an answer cut short while kvgate read it.
+func (s *Server) brokeOff(i int) { s.m.upstream[ErrMidStream][i].Inc() }
 
 // sent counts d's prompt as queued prefill at its endpoint (route.Queues).
 func (s *Server) sent(d *decision) {
@@ -291,7 +311,7 @@ func (s *Server) relayResponse(ctx context.Context, c *app.RequestContext, st *r
 				if err != io.EOF {
 					// Nothing reached the client yet: say what happened instead of
 					// passing on a truncated body.
-					s.m.upstream[ErrMidStream][d.ep].Inc()
+					s.brokeOff(d.ep)
 					res.CloseBodyStream() //nolint:errcheck
 					if st.canRetry {
 						c.Response.Reset()
@@ -370,7 +390,7 @@ func (s *Server) streamBody(ctx context.Context, c *app.RequestContext, st *reqS
 				if ctx.Err() != nil {
 					clientGone = true
 				} else {
-					s.m.upstream[ErrMidStream][d.ep].Inc()
+					s.brokeOff(d.ep)
 					w.aborted = true
 				}
 			}

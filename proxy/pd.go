@@ -130,13 +130,7 @@ func (s *Server) doLeg(ctx context.Context, i int, req *protocol.Request, dst []
 	s.loads.Inc(i)
 	defer s.loads.Dec(i)
 	if err = s.do(ctx, ep.spec.host, req, res); err != nil {
-		if ctx.Err() != nil {
-			ep.breaker.Neutral()
-			return 0, dst, ErrConnect, err
-		}
-		kind = classify(ctx, err)
-		s.m.upstream[kind][i].Inc()
-		ep.breaker.Failure()
+		kind, _ = s.failed(ctx, i, err)
 		return 0, dst, kind, err
 	}
 	dst = dst[:0]
@@ -152,7 +146,7 @@ func (s *Server) doLeg(ctx context.Context, i int, req *protocol.Request, dst []
 		}
 		if rerr != nil {
 			res.CloseBodyStream() //nolint:errcheck
-			s.m.upstream[ErrMidStream][i].Inc()
+			s.brokeOff(i)
 			ep.breaker.Failure()
 			return 0, dst, ErrMidStream, rerr
 		}
@@ -162,12 +156,7 @@ func (s *Server) doLeg(ctx context.Context, i int, req *protocol.Request, dst []
 	}
 	res.CloseBodyStream() //nolint:errcheck
 	status = res.StatusCode()
-	if status >= 500 {
-		s.m.upstream[Err5xx][i].Inc()
-		ep.breaker.FiveXX()
-	} else {
-		ep.breaker.Success()
-	}
+	s.answered(i, status)
 	return status, dst, 0, nil
 }
 
