@@ -278,3 +278,33 @@ func TestDecodeByEngineReport(t *testing.T) {
 		t.Fatalf("ties rotate: %v", seen)
 	}
 }
+
+// An endpoint on a GPU half as fast is measured as such and, holding the same prefix as a
+// fast one, gets about half the concurrent work: each request goes where its predicted
+// first token is soonest, and queued prefill costs the slow endpoint twice as long.
+func TestSlowerEndpointGetsProportionallyLess(t *testing.T) {
+	q := NewQueues(2, 0, 0, time.Second)
+	loads := balance.NewLoads(2)
+	c := &Cost{Loads: loads, Queues: q}
+	for k := 0; k < 40; k++ { // each endpoint's own first tokens, alone: 8k and 4k tokens/s
+		unc := 200 + (k*331)%2000
+		for ep, rate := range []float64{8000, 4000} {
+			q.FirstToken(ep, unc, time.Duration((0.002+float64(unc)/rate)*float64(time.Second)), q.Sent(ep, unc))
+		}
+	}
+	if r0, r1 := q.View(0, time.Now()).Rate, q.View(1, time.Now()).Rate; math.Abs(r0-8000) > 80 || math.Abs(r1-4000) > 40 {
+		t.Fatalf("learned %.0f and %.0f tokens/s", r0, r1)
+	}
+	// 300 requests in flight at once, each holding 512 of 1,536 tokens on both endpoints.
+	cd := candidates(2, []int32{32, 32}, 1536)
+	got := [2]int{}
+	for k := 0; k < 300; k++ {
+		ep := c.Select(cd, nil)
+		got[ep]++
+		q.Sent(ep, 1024)
+		loads.Inc(ep)
+	}
+	if ratio := float64(got[0]) / float64(got[1]); ratio < 1.8 || ratio > 2.2 {
+		t.Fatalf("fast/slow split %v (ratio %.2f), want about 2", got, ratio)
+	}
+}
