@@ -31,6 +31,10 @@ type kvRouter struct {
 	lora      map[string]loraAdapter
 	trie      *prefixTrie // mode 1 with -pd-prefix-trie-keys > 0; mode 3 with -kv-pending-ttl > 0
 	sel       route.Selector
+	// loadOnMiss: mode 3 with the cost policy and -select rr places a keyed prompt no
+	// endpoint holds by the cost policy too (route kv-miss:<reason> all the same); rr
+	// knows nothing of queues. -select chwbl keeps its content affinity for misses.
+	loadOnMiss bool
 }
 
 type loraAdapter struct{ name, base string }
@@ -78,6 +82,7 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 		k.sel = &route.Overlap{Loads: s.loads, LoadFactor: cfg.LoadFactor}
 	} else {
 		k.sel = &route.Cost{Loads: s.loads, Queues: s.queues}
+		k.loadOnMiss = cfg.KVMode == KVConverged && cfg.Select == SelectRR
 	}
 	k.fast = hashcore.NewFast(cfg.KVBlockSize)
 	var spec *hashcore.Spec
@@ -323,17 +328,22 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 		}
 	}
 	d.uncached = len(st.tokens)
-	if best < 0 {
-		k.miss(st, d, RouteMissNoWorker)
-		return
-	}
-	if matched[best] < k.minBlocks {
-		k.miss(st, d, RouteMissShallow)
-		return
-	}
 	c := &st.cand
 	*c = route.Candidates{Eligible: el, Matched: matched, Best: best, Tokens: len(st.tokens),
 		BlockSize: k.blockSize, MinBlocks: max(k.minBlocks, 1)}
+	if best < 0 || matched[best] < k.minBlocks {
+		r := RouteMissNoWorker
+		if best >= 0 {
+			r = RouteMissShallow
+		}
+		k.miss(st, d, r)
+		if k.loadOnMiss {
+			// No endpoint holds enough of the prompt: it prefills in full wherever it
+			// goes, so the least predicted first token is the least queued work.
+			d.ep = k.sel.Select(c, st.observer())
+		}
+		return
+	}
 	winner := k.sel.Select(c, st.observer())
 	if winner < 0 {
 		k.miss(st, d, RouteMissNoWorker)
