@@ -3,7 +3,9 @@ package bench
 import (
 	"encoding/json"
 	"math"
+	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,34 +13,100 @@ import (
 	"github.com/kvgate/kvgate/bench/enginesim"
 )
 
-func TestSlotWait(t *testing.T) {
-	ms := func(v ...int) []time.Duration {
-		out := make([]time.Duration, len(v))
-		for i, x := range v {
-			out[i] = time.Duration(x) * time.Millisecond
+// tickAdmit is the engine's FCFS admission stepped one millisecond at a time: at each tick
+// the requests due release their slot and blocks, then the queue's head is admitted while
+// a slot and its blocks are free. It returns when the last request of queue is admitted.
+func tickAdmit(maxBatch, free int, running []inFlight, queue []waiting) time.Duration {
+	type r struct {
+		release time.Duration
+		blocks  int
+	}
+	var run []r
+	for _, x := range running {
+		run = append(run, r{x.release, x.blocks})
+	}
+	q := 0
+	for t := time.Duration(0); ; t += time.Millisecond {
+		kept := run[:0]
+		for _, x := range run {
+			if x.release <= t {
+				free += x.blocks
+			} else {
+				kept = append(kept, x)
+			}
+		}
+		run = kept
+		for q < len(queue) && (len(run) < maxBatch && queue[q].blocks <= free || len(run) == 0) {
+			free -= queue[q].blocks
+			run = append(run, r{t + queue[q].service, queue[q].blocks})
+			if q == len(queue)-1 {
+				return t
+			}
+			q++
+		}
+	}
+}
+
+func TestAdmitWait(t *testing.T) {
+	ms := func(v int) time.Duration { return time.Duration(v) * time.Millisecond }
+	run := func(rel ...int) []inFlight {
+		out := make([]inFlight, len(rel))
+		for i, x := range rel {
+			out[i] = inFlight{release: ms(x), blocks: 10}
 		}
 		return out
 	}
 	for _, c := range []struct {
-		batch    int
-		releases []time.Duration
-		want     time.Duration
+		name    string
+		batch   int
+		free    int
+		running []inFlight
+		queue   []waiting
+		blocks  int
+		want    time.Duration
 	}{
-		{2, nil, 0},
-		{2, ms(30), 0},                               // a free slot
-		{2, ms(30, 10), 10 * time.Millisecond},       // full: the first release
-		{2, ms(30, 10, 20), 20 * time.Millisecond},   // one queued ahead takes the first slot
-		{1, ms(5, 50, 40, 7), 50 * time.Millisecond}, // one slot: after all four
-		{3, ms(0, 0, 0), 0},                          // overdue requests free their slots now
+		{"idle", 2, 100, nil, nil, 10, 0},
+		{"a free slot", 2, 100, run(30), nil, 10, 0},
+		{"slots full: the first release", 2, 100, run(30, 10), nil, 10, ms(10)},
+		{"one queued ahead takes the first slot", 2, 100, run(30, 10), []waiting{{10, ms(50)}}, 10, ms(30)},
+		{"one slot: after all ahead", 1, 100, run(5), []waiting{{1, ms(50)}, {1, ms(7)}}, 1, ms(62)},
+		{"overdue requests free their slots now", 3, 100, run(0, 0, 0), nil, 10, 0},
+		{"blocks: wait for two releases", 8, 5, run(40, 20, 30), nil, 25, ms(30)},
+		{"blocks: the queue's head holds the rest back", 8, 15, run(40), []waiting{{20, ms(5)}}, 1, ms(40)},
+		{"never fits: when the engine is empty", 8, 0, run(10, 20), nil, 1000, ms(20)},
 	} {
-		in := append([]time.Duration(nil), c.releases...)
-		if got := slotWait(c.batch, c.releases); got != c.want {
-			t.Errorf("slotWait(%d, %v) = %v, want %v", c.batch, c.releases, got, c.want)
+		in := slices.Clone(c.running)
+		admits := make([]time.Duration, len(c.queue))
+		if got := admitWait(c.batch, c.free, c.running, c.queue, c.blocks, admits); got != c.want {
+			t.Errorf("%s: admitWait = %v, want %v", c.name, got, c.want)
 		}
-		for i := range in {
-			if in[i] != c.releases[i] {
-				t.Fatal("slotWait reordered its input")
+		if !slices.Equal(in, c.running) {
+			t.Fatalf("%s: admitWait changed its input", c.name)
+		}
+		for k := range c.queue {
+			if want := tickAdmit(c.batch, c.free, c.running, c.queue[:k+1]); admits[k] != want {
+				t.Errorf("%s: queued %d admitted at %v, want %v", c.name, k, admits[k], want)
 			}
+		}
+	}
+	// Random engines against the millisecond-stepped admission.
+	r := rand.New(rand.NewPCG(1, 2))
+	for n := 0; n < 2000; n++ {
+		batch := 1 + r.IntN(4)
+		free := r.IntN(60)
+		var running []inFlight
+		for range r.IntN(batch + 1) {
+			running = append(running, inFlight{release: ms(r.IntN(50)), blocks: r.IntN(30)})
+		}
+		var queue []waiting
+		for range r.IntN(4) {
+			queue = append(queue, waiting{blocks: r.IntN(40), service: ms(1 + r.IntN(40))})
+		}
+		blocks := r.IntN(50)
+		got := admitWait(batch, free, running, queue, blocks, nil)
+		want := tickAdmit(batch, free, running, append(slices.Clone(queue), waiting{blocks: blocks, service: ms(1)}))
+		if got != want {
+			t.Fatalf("batch %d free %d running %v queue %v blocks %d: admitWait %v, stepped %v", batch, free, running, queue, blocks, got, want)
 		}
 	}
 }
@@ -71,14 +139,14 @@ func psFinish(rest []int, newWork int) float64 {
 }
 
 func TestPredictTTFT(t *testing.T) {
-	m := latencyModel{MaxBatch: 2, PrefillBase: 5 * time.Millisecond, PrefillPerToken: 100 * time.Microsecond, DecodePerToken: time.Millisecond}
-	// A free slot: base + 300 uncached tokens; others in prefill do not matter unshared.
-	if got := predictTTFT(m, []time.Duration{time.Second}, []int{500}, 300); got != 35*time.Millisecond {
-		t.Fatalf("free slot: %v, want 35ms", got)
+	m := latencyModel{MaxBatch: 2, BlockSize: 16, PrefillBase: 5 * time.Millisecond, PrefillPerToken: 100 * time.Microsecond, DecodePerToken: time.Millisecond}
+	// A free slot and blocks: base + 300 uncached tokens; others in prefill do not matter unshared.
+	if w, got := predictTTFT(m, 100, []inFlight{{time.Second, 1}}, nil, []int{500}, 20, 300, nil); w != 0 || got != 35*time.Millisecond {
+		t.Fatalf("free slot: wait %v ttft %v, want 0 and 35ms", w, got)
 	}
 	// Full: wait for the earlier release (40ms), then a fully cached prompt costs the base.
-	if got := predictTTFT(m, []time.Duration{90 * time.Millisecond, 40 * time.Millisecond}, nil, 0); got != 45*time.Millisecond {
-		t.Fatalf("full batch: %v, want 45ms", got)
+	if w, got := predictTTFT(m, 100, []inFlight{{90 * time.Millisecond, 1}, {40 * time.Millisecond, 1}}, nil, nil, 1, 0, nil); w != 40*time.Millisecond || got != 45*time.Millisecond {
+		t.Fatalf("full batch: wait %v ttft %v, want 40ms and 45ms", w, got)
 	}
 	// Shared prefill against a step-by-step processor-sharing simulation.
 	m.SharedPrefill = true
