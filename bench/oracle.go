@@ -202,6 +202,10 @@ func (o *oracle) state(i int, now time.Time, engineWaiting int) {
 			o.queue = append(o.queue, waiting{blocks: p.blocks, service: p.service})
 			continue
 		}
+		if p.prefillStart.After(now) {
+			// Predicted to be queued still, but the engine has admitted it: by now at the latest.
+			p.prefillStart, p.prefillEnd, p.release = now, now.Add(p.prefill), now.Add(p.service)
+		}
 		// A request the model says is done but that has not finished (a busy machine
 		// runs late) is taken to release its slot now.
 		o.running = append(o.running, inFlight{release: max(p.release.Sub(now), 0), blocks: p.blocks})

@@ -1,7 +1,9 @@
 package bench
 
 import (
+	"context"
 	"encoding/json"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -219,4 +221,65 @@ func TestOracleRoutesOnPredictedTTFT(t *testing.T) {
 		t.Fatalf("short wait on the cached engine lost: went to %d", i)
 	}
 	doneShort()
+}
+
+// When the cached engine's KV pool cannot hold a second request until the first one ends,
+// the oracle's admission model waits for that release and sends the request to the cold
+// engine instead; a free batch slot alone would have kept it on the cached one.
+func TestOracleWaitsForPoolBlocks(t *testing.T) {
+	var sims []*enginesim.Sim
+	for range 2 {
+		s, err := enginesim.Launch(enginesim.Spec{Name: "e", Model: "m", Encoder: enginesim.WordEncoder{}, BlockSize: 4, NumBlocks: 100,
+			MaxBatch: 8, PrefillBase: time.Millisecond, PrefillPerToken: time.Millisecond, DecodePerToken: 2 * time.Millisecond, Listen: "127.0.0.1:0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		sims = append(sims, s)
+	}
+	prefix := strings.Repeat("shared words here ", 40) // 120 words: 121 tokens with BOS, 30 full blocks
+	body := func(suffix string, maxTokens int) []byte {
+		b, _ := json.Marshal(requestBody{Model: "m", Prompt: prefix + suffix, MaxTokens: maxTokens, Stream: true})
+		return b
+	}
+	resp, err := http.Post(sims[1].URL()+"/v1/completions", "application/json", strings.NewReader(string(body(" warm", 1))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	o := newOracle(sims)
+	engine := func(base string) int { return map[string]int{sims[0].URL(): 0, sims[1].URL(): 1}[base] }
+	// A: cached on 1; needs (123+200)/4 = 81 blocks, 51 of them new, for about 400 ms.
+	a := body(" a", 200)
+	base, done, err := o.RouteTracked(a, false)
+	if err != nil || engine(base) != 1 {
+		t.Fatalf("first request: engine %d (%v), want 1", engine(base), err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		defer done()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", strings.NewReader(string(a)))
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	for sims[1].Stats().Running != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	// B on engine 1 would need 51 new blocks with 19 free: admitted only when A ends (about
+	// 400 ms). Cold on engine 0: 1 + 123 x 1 ms.
+	if base, _, err := o.RouteTracked(body(" b", 200), false); err != nil || engine(base) != 0 {
+		t.Fatalf("second request: engine %d (%v), want 0 (engine 1's pool is full until the first ends)", engine(base), err)
+	}
+	// A short answer fits beside A: (123+1)/4 = 31 blocks, 30 cached, 1 new: engine 1.
+	if base, _, err := o.RouteTracked(body(" c", 1), false); err != nil || engine(base) != 1 {
+		t.Fatalf("small request: engine %d (%v), want 1", engine(base), err)
+	}
+	cancel()
+	<-finished
 }
