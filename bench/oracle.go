@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/bench/enginesim"
+	"github.com/kvgate/kvgate/hashcore"
 )
 
 // latencyModel is the simulator's latency model (enginesim's scheduler and serveGenerate):
@@ -109,8 +110,8 @@ func predictTTFT(m latencyModel, free int, running []inFlight, queue []waiting, 
 
 // OraclePolicy places each request where the simulator's own latency model predicts the
 // least time to first token (admission wait for a slot and pool blocks, then prefill of
-// the uncached tokens), knowing every engine's cache exactly (its pool, asked through
-// Sim.ProbeBody), its free blocks and queue length (Pool().Stats(), the probe), and what
+// the uncached tokens), knowing every engine's cache exactly (its pool: Pool().Probe with
+// the request's keys, or Sim.ProbeBody), its free blocks and queue length (Stats), and what
 // is running there (every request the oracle placed and has not seen finish). Ties go to
 // the least loaded engine, then round-robin. It is the ceiling a KV-aware router can reach.
 func OraclePolicy() Policy {
@@ -164,22 +165,73 @@ func newOracle(sims []*enginesim.Sim) *oracle {
 	return o
 }
 
-// maxTokensOf reads the request's output budget (the slot is held while it decodes).
-func maxTokensOf(body []byte, def int) int {
-	var r struct {
-		MaxTokens           *int `json:"max_tokens"`
-		MaxCompletionTokens *int `json:"max_completion_tokens"`
-	}
-	if json.Unmarshal(body, &r) != nil {
-		return def
+// oracleRequest is the part of a request body the oracle reads to probe every engine with
+// one tokenization: what the harness sends (model, messages or a string prompt, the output
+// budget). Anything else makes it ask each engine itself (Sim.ProbeBody).
+type oracleRequest struct {
+	Model               string          `json:"model"`
+	Messages            json.RawMessage `json:"messages"`
+	Prompt              json.RawMessage `json:"prompt"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Tools               json.RawMessage `json:"tools"`
+	ChatTemplateKwargs  json.RawMessage `json:"chat_template_kwargs"`
+	CacheSalt           json.RawMessage `json:"cache_salt"`
+	KVTransferParams    json.RawMessage `json:"kv_transfer_params"`
+}
+
+// prompt reads the output budget of body and tokenizes and hashes it once for every
+// engine, the way enginesim's prepare does for such a body (the engines of one run are
+// launched from one Spec: one encoder, one chain). tokens is nil when the body has
+// anything that changes tokens or keys per engine (LoRA, cache salt, tools, template
+// arguments, P/D parameters) or does not parse: the engines are then asked one by one.
+func (o *oracle) prompt(body []byte, chat bool) (tokens []uint32, keys []uint64, maxNew int) {
+	c := o.sims[0].Config()
+	var r oracleRequest
+	err := json.Unmarshal(body, &r)
+	maxNew = c.DefaultMaxTokens
+	if r.MaxTokens != nil {
+		maxNew = *r.MaxTokens
 	}
 	if r.MaxCompletionTokens != nil {
-		return *r.MaxCompletionTokens
+		maxNew = *r.MaxCompletionTokens
 	}
-	if r.MaxTokens != nil {
-		return *r.MaxTokens
+	maxNew = max(maxNew, 1)
+	if err != nil || c.Encoder == nil || r.Model != "" && r.Model != c.Model ||
+		present(r.Tools) || present(r.ChatTemplateKwargs) || present(r.CacheSalt) || present(r.KVTransferParams) {
+		return nil, nil, maxNew
 	}
-	return def
+	if chat {
+		if !present(r.Messages) {
+			return nil, nil, maxNew
+		}
+		tokens, err = c.Encoder.EncodeChat(nil, r.Messages, nil, nil)
+	} else {
+		var str string
+		if json.Unmarshal(r.Prompt, &str) != nil {
+			return nil, nil, maxNew
+		}
+		tokens, err = c.Encoder.EncodePrompt(nil, str)
+	}
+	if err != nil || len(tokens) == 0 {
+		return nil, nil, maxNew
+	}
+	return tokens, hashcore.Keys(c.Chain, nil, tokens, nil), maxNew
+}
+
+func present(b json.RawMessage) bool { return len(b) > 0 && string(b) != "null" }
+
+// probe is what the oracle knows of engine i for the request: prompt and cached tokens
+// (from its pool), requests running and waiting, and free pool blocks.
+func (o *oracle) probe(i int, body []byte, chat bool, tokens []uint32, keys []uint64) (enginesim.Probe, int, error) {
+	s := o.sims[i]
+	st := s.Stats()
+	if tokens == nil {
+		pr, err := s.ProbeBody(body, chat)
+		return pr, st.FreeBlocks, err
+	}
+	return enginesim.Probe{PromptTokens: len(tokens), CachedTokens: s.Pool().Probe(keys, len(tokens)), Running: st.Running,
+		Waiting: st.Waiting}, st.FreeBlocks, nil
 }
 
 // state rebuilds engine i's admission view into the oracle's scratch: the engine says how
@@ -225,30 +277,26 @@ func (o *oracle) Route(body []byte, chat bool) (string, error) {
 
 // RouteTracked places a request; done frees its slot in the oracle's view of the engine.
 func (o *oracle) RouteTracked(body []byte, chat bool) (string, func(), error) {
+	tokens, keys, maxNew := o.prompt(body, chat) // outside the lock: the slow part
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	now := time.Now()
 	n := len(o.sims)
-	maxNew := -1
 	best, bestLoad := -1, 0
 	var bestTTFT time.Duration
 	var bestPlaced placed
 	for j := 0; j < n; j++ {
 		i := (o.next + j) % n
-		s := o.sims[i]
-		pr, err := s.ProbeBody(body, chat)
+		pr, free, err := o.probe(i, body, chat, tokens, keys)
 		if err != nil {
 			return "", nil, err
-		}
-		if maxNew < 0 {
-			maxNew = max(maxTokensOf(body, s.Config().DefaultMaxTokens), 1)
 		}
 		m := o.model[i]
 		o.state(i, now, pr.Waiting)
 		o.admits = append(o.admits[:0], make([]time.Duration, len(o.queue))...)
 		uncached := pr.PromptTokens - pr.CachedTokens
 		blocks := (pr.PromptTokens+maxNew+m.BlockSize-1)/m.BlockSize - pr.CachedTokens/m.BlockSize
-		wait, ttft := predictTTFT(m, s.Pool().Stats().Free, o.running, o.queue, o.prefill, blocks, uncached, o.admits)
+		wait, ttft := predictTTFT(m, free, o.running, o.queue, o.prefill, blocks, uncached, o.admits)
 		for k, q := range o.queued {
 			// Queued requests: what they wait for now is the best guess of their start.
 			p := &o.open[i][q]

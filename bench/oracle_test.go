@@ -283,3 +283,75 @@ func TestOracleWaitsForPoolBlocks(t *testing.T) {
 	cancel()
 	<-finished
 }
+
+// The oracle's one tokenization per request probes each engine's pool exactly as the
+// engine's own /debug/probe does (prompt and cached tokens), for chats and completions
+// with the real Qwen3 tokenizer and template; bodies it cannot read that way (cache salt,
+// tools, another model) go to the engines' own probe.
+func TestOracleProbeMatchesEngineProbe(t *testing.T) {
+	enc, err := enginesim.LoadEncoder("qwen3", qwen3Dir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sims []*enginesim.Sim
+	for range 2 {
+		s, err := enginesim.Launch(enginesim.Spec{Name: "e", Model: "qwen3", Encoder: enc, BlockSize: 16, NumBlocks: 512, MaxBatch: 4,
+			HashAlgo: "sha256_cbor", Listen: "127.0.0.1:0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		sims = append(sims, s)
+	}
+	words := FilterWords(enc, Words)
+	system := Text(words, 5, 300)
+	chat := func(user string) []byte {
+		b, _ := json.Marshal(requestBody{Model: "qwen3", MaxTokens: 3, Messages: []chatMessage{{Role: "system", Content: system}, {Role: "user", Content: user}}})
+		return b
+	}
+	completion, _ := json.Marshal(requestBody{Model: "qwen3", MaxTokens: 2, Prompt: system + " and more"})
+	// Warm engine 1 with the chat prefix and engine 0 with the completion.
+	for i, b := range [][]byte{completion, chat("warm")} {
+		path := "/v1/completions"
+		if i == 1 {
+			path = "/v1/chat/completions"
+		}
+		resp, err := http.Post(sims[i].URL()+path, "application/json", strings.NewReader(string(b)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	o := newOracle(sims)
+	cached := 0
+	for _, c := range []struct {
+		body []byte
+		chat bool
+	}{{chat("a question" + Text(words, 9, 40)), true}, {completion, false}, {chat("x"), true}} {
+		tokens, keys, maxNew := o.prompt(c.body, c.chat)
+		if tokens == nil || maxNew < 2 {
+			t.Fatalf("%.60s: not tokenized once (max_tokens %d)", c.body, maxNew)
+		}
+		for i, s := range sims {
+			want, err := s.ProbeBody(c.body, c.chat)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _, err := o.probe(i, c.body, c.chat, tokens, keys)
+			if err != nil || got != want {
+				t.Fatalf("engine %d, %.60s: oracle probe %+v, engine probe %+v (%v)", i, c.body, got, want, err)
+			}
+			cached += got.CachedTokens
+		}
+	}
+	if cached < 3*256 { // each probe hits at least 16 of its ~19 blocks somewhere
+		t.Fatalf("only %d cached tokens probed: the warm-up did not cache the prefixes", cached)
+	}
+	for _, b := range []string{`{"model":"qwen3","prompt":"hi","cache_salt":"s"}`, `{"model":"lora1","prompt":"hi"}`,
+		`{"model":"qwen3","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]}`, `{"prompt":[1,2,3]}`} {
+		if tokens, _, _ := o.prompt([]byte(b), !strings.Contains(b, "prompt")); tokens != nil {
+			t.Errorf("%s: tokenized by the oracle, want the engines' own probe", b)
+		}
+	}
+}
