@@ -230,7 +230,7 @@ func TestOracleWaitsForPoolBlocks(t *testing.T) {
 	var sims []*enginesim.Sim
 	for range 2 {
 		s, err := enginesim.Launch(enginesim.Spec{Name: "e", Model: "m", Encoder: enginesim.WordEncoder{}, BlockSize: 4, NumBlocks: 100,
-			MaxBatch: 8, PrefillBase: time.Millisecond, PrefillPerToken: time.Millisecond, DecodePerToken: 2 * time.Millisecond, Listen: "127.0.0.1:0"})
+			MaxBatch: 8, PrefillBase: time.Millisecond, PrefillPerToken: time.Millisecond, DecodePerToken: 4 * time.Millisecond, Listen: "127.0.0.1:0"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -250,7 +250,7 @@ func TestOracleWaitsForPoolBlocks(t *testing.T) {
 	resp.Body.Close()
 	o := newOracle(sims)
 	engine := func(base string) int { return map[string]int{sims[0].URL(): 0, sims[1].URL(): 1}[base] }
-	// A: cached on 1; needs (123+200)/4 = 81 blocks, 51 of them new, for about 400 ms.
+	// A: cached on 1; needs (123+200)/4 = 81 blocks, 51 of them new, for about 800 ms.
 	a := body(" a", 200)
 	base, done, err := o.RouteTracked(a, false)
 	if err != nil || engine(base) != 1 {
@@ -272,7 +272,7 @@ func TestOracleWaitsForPoolBlocks(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	// B on engine 1 would need 51 new blocks with 19 free: admitted only when A ends (about
-	// 400 ms). Cold on engine 0: 1 + 123 x 1 ms.
+	// 800 ms). Cold on engine 0: 1 + 123 x 1 ms.
 	if base, _, err := o.RouteTracked(body(" b", 200), false); err != nil || engine(base) != 0 {
 		t.Fatalf("second request: engine %d (%v), want 0 (engine 1's pool is full until the first ends)", engine(base), err)
 	}
