@@ -37,7 +37,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	out := fs.String("out", "bench/out", "directory for report.md and the SVG plots")
 	engines := fs.Int("engines", 4, "simulated engines per policy run")
 	policies := fs.String("policies", bench.DefaultPolicies, "comma-separated: rr, chwbl, kv-exact (serve -kv-mode 3, every default), kv-exact-overlap, kv-exact-prefix (-kv-policy overlap), oracle, direct-rr (harness round-robin, no kvgate)")
-	workload := fs.String("workload", "shared-prefix", "shared-prefix, hot-prefix, rag or trace")
+	workload := fs.String("workload", "shared-prefix", "shared-prefix, hot-prefix, rag or trace; a comma-separated list runs each in turn into one report")
 	model := fs.String("model", "qwen3", "served model name")
 	tokDir := fs.String("tokenizer", defaultTokenizerDir(), "tokenizer directory for the engines and kvgate; \"words\" = one token per word (no kvgate parity)")
 	kvgateBin := fs.String("kvgate", "", "kvgate binary to run as the router (default: this executable)")
@@ -182,7 +182,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	cfg := bench.Config{Engines: *engines, Sim: sp, Kvgate: bin, Tokenizer: tokenizer, KvgateArgs: kvArgs, Progress: bar, Replicas: *replicas}
 	names := strings.Split(*policies, ",")
-	kinds := []string{*workload}
+	kinds := strings.Split(*workload, ",")
 	if *demo {
 		// Two workloads, each swept over three load levels, sized to finish in about two
 		// minutes on 2 cores. Engine pools of 768 blocks (12k tokens) hold about a quarter
@@ -216,7 +216,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var jobs []job
 	for _, kind := range kinds {
 		j := job{sim: cfg.Sim}
-		switch kind {
+		switch kind = strings.TrimSpace(kind); kind {
 		case "shared-prefix":
 			j.w = shp.Build()
 		case "hot-prefix":
