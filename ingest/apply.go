@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/kvgate/kvgate/hashcore"
 )
@@ -51,6 +52,8 @@ func (a *applier) apply(payload []byte) error {
 			e.c.cleared.Inc()
 			e.c.clearedByEngine.Inc()
 			e.clearLocked()
+		case EventInvalid:
+			e.badEvent(ev.Bad)
 		default:
 			e.c.unknown.Inc()
 		}
@@ -61,6 +64,23 @@ func (a *applier) apply(payload []byte) error {
 		e.c.decodeErrors.Inc()
 	}
 	return err
+}
+
+// badEventWarnEvery spaces the WARNs about undecodable events of one endpoint.
+const badEventWarnEvery = 10 * time.Second
+
+// badEvent counts one event skipped as undecodable and WARNs at most once per
+// badEventWarnEvery, with the number skipped since the last WARN.
+func (e *endpoint) badEvent(reason BadReason) {
+	e.c.badEvents[reason].Inc()
+	e.badSince++
+	now := time.Now()
+	if now.Sub(e.badWarned) < badEventWarnEvery {
+		return
+	}
+	e.m.cfg.Logger.Warn("ingest: skipped an event that does not decode; the rest of its batch is applied",
+		"endpoint", e.cfg.Name, "reason", reason.String(), "skipped_since_last_warn", e.badSince)
+	e.badWarned, e.badSince = now, 0
 }
 
 // clearLocked empties the endpoint's inventory slot and block map (e.mu held).

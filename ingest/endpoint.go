@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 )
@@ -32,6 +33,7 @@ type counters struct {
 	decodeErrors, topicSkipped, duplicates           *metrics.Counter
 	parityOK, parityMismatch, paritySkipped, orphans *metrics.Counter
 	unkeyable                                        *metrics.Counter
+	badEvents                                        [numBadReasons]*metrics.Counter
 }
 
 // EndpointStatus is a snapshot of one endpoint's ingest state (/debug/inventory).
@@ -55,6 +57,9 @@ type EndpointStatus struct {
 	GapsKept, GapsCleared, Restarts, ClearedByEngine, ModeSwitches uint64
 	GapsFilled                                                     uint64 // gaps closed from the replay buffer
 	DecodeErrors, TopicSkipped, Duplicates                         uint64
+	// BadEvents counts events skipped because they do not decode, by reason ("type",
+	// "range"); their batches were applied otherwise.
+	BadEvents map[string]uint64
 	ParityOK, ParityMismatch, ParitySkipped, Orphans, Unkeyable    uint64
 }
 
@@ -76,6 +81,9 @@ type endpoint struct {
 	// mu serializes applying batches (ranks of one endpoint share the block map).
 	mu     sync.Mutex
 	blocks blockMap
+	// badWarned and badSince rate-limit the undecodable-event WARN (e.mu held).
+	badWarned time.Time
+	badSince  int
 }
 
 func metricName(base, ep, extra string) string {
@@ -135,6 +143,9 @@ func newEndpoint(m *Manager, cfg EndpointConfig) *endpoint {
 		paritySkipped:   ctr("kvgate_ingest_parity_checks_total", `result="skipped"`),
 		orphans:         ctr("kvgate_ingest_orphan_events_total", ""),
 		unkeyable:       ctr("kvgate_ingest_unkeyable_events_total", ""),
+	}
+	for r := BadType; r < numBadReasons; r++ {
+		e.c.badEvents[r] = ctr("kvgate_ingest_bad_events_total", `reason="`+r.String()+`"`)
 	}
 	if m.cfg.Metrics != nil {
 		set.GetOrCreateGauge(metricName("kvgate_ingest_connected", n, ""), func() float64 {
@@ -207,6 +218,10 @@ func (e *endpoint) status() EndpointStatus {
 	s.DecodeErrors, s.TopicSkipped, s.Duplicates = c.decodeErrors.Get(), c.topicSkipped.Get(), c.duplicates.Get()
 	s.ParityOK, s.ParityMismatch, s.ParitySkipped = c.parityOK.Get(), c.parityMismatch.Get(), c.paritySkipped.Get()
 	s.Orphans, s.Unkeyable = c.orphans.Get(), c.unkeyable.Get()
+	s.BadEvents = map[string]uint64{}
+	for r := BadType; r < numBadReasons; r++ {
+		s.BadEvents[r.String()] = c.badEvents[r].Get()
+	}
 	return s
 }
 

@@ -94,13 +94,21 @@ def expect_event(ev, layout, nfields):
         vals = vals[:nfields] + [None] * (len(vals) - nfields)
     out = {"kind": k}
     if k == "stored":
-        hashes, parent, tokens, bs, _lid, medium, lora, extra = vals[:8]
+        hashes, parent, tokens, bs, _lid, medium, lora, extra, group, kind, window = vals[:11]
         out.update(hashes=[u64(h) for h in hashes], has_parent=parent is not None,
                    parent=u64(parent) if parent is not None else "0", tokens=tokens,
                    block_size=bs, medium=medium or "GPU", lora_name=lora or "",
                    has_extra_keys=extra is not None)
+        if group is not None:
+            out["group"] = group
+        if kind is not None:
+            out["spec_kind"] = kind
+        if window is not None:
+            out["sliding_window"] = window
     elif k == "removed":
         out.update(hashes=[u64(h) for h in vals[0]], medium=vals[1] or "GPU")
+        if vals[2] is not None:
+            out["group"] = vals[2]
     return out
 
 
@@ -161,6 +169,135 @@ for enc in ("uint", "bin"):
 case("sglang-map", "sglang", [stored(SG[:1], None, [1, 2, 3, 4], 4), removed([-1])],
      layout="map", dp_rank=2)
 
+
+# ---- today's engines, laid out the way their msgspec encoders write them ---------------
+def raw_case(name, flavor, batch, events, ts, dp_rank):
+    """A batch built as Python objects (msgspec's layout written out by hand), packed by
+    msgpack; events is the decoder's expected output."""
+    cases.append({"name": name, "flavor": flavor, "error": False, "ts": ts, "dp_rank": dp_rank,
+                  "payload": msgpack.packb(batch, use_bin_type=True).hex(), "events": events})
+
+
+def exp_stored(hashes, parent, tokens, bs, medium="GPU", lora="", extra=False, **kw):
+    out = {"kind": "stored", "hashes": [u64(h) for h in hashes], "has_parent": parent is not None,
+           "parent": u64(parent) if parent is not None else "0", "tokens": tokens,
+           "block_size": bs, "medium": medium, "lora_name": lora, "has_extra_keys": extra}
+    out.update(kw)
+    return out
+
+
+def exp_removed(hashes, medium="GPU", **kw):
+    out = {"kind": "removed", "hashes": [u64(h) for h in hashes], "medium": medium}
+    out.update(kw)
+    return out
+
+
+# SGLang (disaggregation/kv_events.py): EventBatch and KVCacheEvent are array_like tagged
+# structs without omit_defaults, so every field is written, medium included. A salted
+# store is BlockStoredWithMetadata: the same tag, plus its kw_only metadata struct (a
+# plain msgspec Struct, so a map) as the 8th element. EAGLE stores carry bigram pairs.
+SALT = "tenant-\u00e9\x00x"
+raw_case("sglang-salted-store", "sglang", [1764500001.5, [
+    ["BlockStored", [SG[0], SG[1]], None, [1, 2, 3, 4, 5, 6, 7, 8], 4, None, "GPU"],
+    ["BlockStored", [SG[2]], None, [9, 10, 11, 12], 4, None, "GPU", {"cache_salt": SALT}],
+    ["BlockStored", [SG[3]], SG[2], [13, 14, 15, 16], 4, None, "CPU_PINNED", {"cache_salt": ""}],
+    ["BlockRemoved", [SG[0]], "GPU"],
+    ["BlockRemoved", [SG[3]], "CPU_PINNED"],
+    ["BlockRemoved", [SG[4]], "DISK"],
+    ["BlockRemoved", [SG[4]], "EXTERNAL"],
+    ["AllBlocksCleared"]], 1], [
+    exp_stored(SG[:2], None, [1, 2, 3, 4, 5, 6, 7, 8], 4),
+    exp_stored([SG[2]], None, [9, 10, 11, 12], 4, has_salt=True, cache_salt=SALT),
+    exp_stored([SG[3]], SG[2], [13, 14, 15, 16], 4, medium="CPU", has_salt=True, cache_salt=""),
+    exp_removed([SG[0]]), exp_removed([SG[3]], medium="CPU"), exp_removed([SG[4]], medium="STORAGE"),
+    exp_removed([SG[4]], medium="EXTERNAL"), {"kind": "cleared"}], 1764500001.5, 1)
+raw_case("sglang-bigram-store", "sglang", [2.0, [
+    ["BlockStored", [SG[0], SG[1]], None, [[1, 2], [2, 3], [3, 4], [4, 5]], 2, None, "GPU"],
+    ["BlockStored", [SG[2]], SG[1], [[5, 6], [6, 151643]], 2, None, "GPU", {"cache_salt": "s"}]], 0], [
+    exp_stored(SG[:2], None, [1, 2, 2, 3, 3, 4, 4, 5], 2, bigram=True),
+    exp_stored([SG[2]], SG[1], [5, 6, 6, 151643], 2, bigram=True, has_salt=True, cache_salt="s")],
+    2.0, 0)
+
+# vLLM (distributed/kv_events.py at 0181ea3): EventBatch and KVCacheEvent are tagged
+# structs with omit_defaults and no array_like: the batch is a map, every event a map
+# whose "type" comes first; fields without a default (lora_id, medium, lora_name) are
+# always written, null defaults (extra_keys, group_idx, kv_cache_spec_*) are omitted.
+def vllm_stored_map(hashes, parent, tokens, bs, medium="GPU", lora=None, extra=None,
+                    group=None, kind=None, window=None):
+    m = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+         "token_ids": tokens, "block_size": bs, "lora_id": None, "medium": medium,
+         "lora_name": lora}
+    for k, v in (("extra_keys", extra), ("group_idx", group), ("kv_cache_spec_kind", kind),
+                 ("kv_cache_spec_sliding_window", window)):
+        if v is not None:
+            m[k] = v
+    return m
+
+
+def vllm_removed_map(hashes, medium="GPU", group=None):
+    m = {"type": "BlockRemoved", "block_hashes": hashes, "medium": medium}
+    if group is not None:
+        m["group_idx"] = group
+    return m
+
+
+raw_case("vllm-map-batch", "vllm", {"ts": 1764500002.0, "events": [
+    vllm_stored_map(BIG[:2], None, toks * 2, 16),
+    vllm_stored_map(BIG[2:], BIG[1], toks, 16, medium="CPU", extra=[["sql-lora"]], lora="sql-lora"),
+    vllm_removed_map(BIG[:1])], "data_parallel_rank": 2}, [
+    exp_stored(BIG[:2], None, toks * 2, 16),
+    exp_stored(BIG[2:], BIG[1], toks, 16, medium="CPU", lora="sql-lora", extra=True),
+    exp_removed(BIG[:1])], 1764500002.0, 2)
+# A batch map whose rank comes before its events, and one without a rank.
+raw_case("vllm-map-batch-rank-first", "vllm", {"data_parallel_rank": 5, "ts": 3.0, "events": [
+    vllm_removed_map([1, 2])]}, [exp_removed([1, 2])], 3.0, 5)
+raw_case("vllm-map-batch-no-rank", "vllm", {"ts": 4.0, "events": [vllm_removed_map([3])]},
+         [exp_removed([3])], 4.0, -1)
+# Hybrid KV groups: a sliding-window model (Gemma-style: group 0 full attention, group 1
+# sliding window 1024) and a mamba hybrid (group 0 full attention, group 1 mamba).
+raw_case("vllm-hybrid-sliding-window", "vllm", {"ts": 5.0, "events": [
+    vllm_stored_map([11, 12], None, toks * 2, 16, group=0, kind="full_attention"),
+    vllm_stored_map([11, 12], None, toks * 2, 16, group=1, kind="sliding_window", window=1024),
+    vllm_removed_map([11], group=1)], "data_parallel_rank": 0}, [
+    exp_stored([11, 12], None, toks * 2, 16, group=0, spec_kind="full_attention"),
+    exp_stored([11, 12], None, toks * 2, 16, group=1, spec_kind="sliding_window", sliding_window=1024),
+    exp_removed([11], group=1)], 5.0, 0)
+raw_case("vllm-hybrid-mamba", "vllm", {"ts": 6.0, "events": [
+    vllm_stored_map([21, 22, 23, 24], None, toks * 4, 16, group=0, kind="full_attention"),
+    vllm_stored_map([22, 24], None, toks * 4, 32, group=1, kind="mamba"),
+    vllm_removed_map([22], group=0)], "data_parallel_rank": 0}, [
+    exp_stored([21, 22, 23, 24], None, toks * 4, 16, group=0, spec_kind="full_attention"),
+    exp_stored([22, 24], None, toks * 4, 32, group=1, spec_kind="mamba"),
+    exp_removed([22], group=0)], 6.0, 0)
+
+# A bad event costs only itself: each undecodable event comes back as "invalid" and the
+# events after it still decode, in both engines' layouts.
+raw_case("bad-event-mid-batch-vllm", "vllm", {"ts": 7.0, "events": [
+    vllm_stored_map([1], None, toks, 16),
+    vllm_removed_map([{"not": "a hash"}]),
+    vllm_stored_map([2], None, [-1] + toks[1:], 16),
+    vllm_stored_map([3], None, toks, 1 << 40),
+    {"type": "BlockStored", "block_hashes": [4], "token_ids": "xyz"},
+    vllm_removed_map([1])], "data_parallel_rank": 0}, [
+    exp_stored([1], None, toks, 16), {"kind": "invalid", "bad": "type"},
+    {"kind": "invalid", "bad": "range"}, {"kind": "invalid", "bad": "range"},
+    {"kind": "invalid", "bad": "type"}, exp_removed([1])], 7.0, 0)
+raw_case("bad-event-mid-batch-sglang", "sglang", [8.0, [
+    ["BlockStored", [SG[0]], None, [1, 2, 3, 4], 4, None, "GPU", {"cache_salt": 5}],
+    ["BlockStored", [SG[1]], None, [[1, 2], 3], 4, None, "GPU"],
+    ["BlockStored", [SG[2]], None, [[1, 2, 3]], 1, None, "GPU"],
+    ["BlockRemoved", [SG[0]], 7],
+    ["BlockRemoved", [SG[1]], "GPU"]], 0], [
+    {"kind": "invalid", "bad": "type"}, {"kind": "invalid", "bad": "type"},
+    {"kind": "invalid", "bad": "type"}, {"kind": "invalid", "bad": "type"},
+    exp_removed([SG[1]])], 8.0, 0)
+raw_case("bad-hash-string", "vllm", [1.0, [["BlockStored", ["x"], None, [], 16]], 0],
+         [{"kind": "invalid", "bad": "type"}], 1.0, 0)
+raw_case("bad-token-negative", "vllm", [1.0, [["BlockStored", [1], None, [-1], 16]], 0],
+         [{"kind": "invalid", "bad": "range"}], 1.0, 0)
+raw_case("bad-bin-hash-short", "vllm", [1.0, [["BlockRemoved", [b"abc"]]], 0],
+         [{"kind": "invalid", "bad": "type"}], 1.0, 0)
+
 # Malformed payloads: the decoder reports an error and never panics.
 good = bytes.fromhex(cases[0]["payload"])
 bad = {
@@ -170,11 +307,12 @@ bad = {
     "ts-string": msgpack.packb(["x", [], 0]),
     "events-not-array": msgpack.packb([1.0, 5, 0]),
     "short-batch": msgpack.packb([1.0]),
-    "hash-string": msgpack.packb([1.0, [["BlockStored", ["x"], None, [], 16]], 0]),
-    "token-negative": msgpack.packb([1.0, [["BlockStored", [1], None, [-1], 16]], 0]),
-    "bin-hash-short": msgpack.packb([1.0, [["BlockRemoved", [b"abc"]]], 0], use_bin_type=True),
     "huge-array-head": bytes([0x93, 0xcb]) + bytes(8) + bytes([0xdd, 0xff, 0xff, 0xff, 0xff]),
     "reserved-c1": bytes([0x93, 0xcb]) + bytes(8) + bytes([0x91, 0x92, 0xa1, 0x58, 0xc1]),
+    "map-no-events": msgpack.packb({"ts": 1.0, "data_parallel_rank": 0}),
+    "map-events-not-array": msgpack.packb({"ts": 1.0, "events": 3}),
+    # An event truncated inside: its batch's structure is broken, nothing after it exists.
+    "event-truncated": msgpack.packb([1.0, [["BlockRemoved", [1, 2, 3]]], 0])[:-3],
 }
 for name, p in bad.items():
     cases.append({"name": "bad-" + name, "flavor": "vllm", "payload": p.hex(), "error": True})
