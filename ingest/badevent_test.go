@@ -20,8 +20,8 @@ type recordingHandler struct {
 }
 
 func (h *recordingHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h *recordingHandler) WithAttrs([]slog.Attr) slog.Handler      { return h }
-func (h *recordingHandler) WithGroup(string) slog.Handler           { return h }
+func (h *recordingHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *recordingHandler) WithGroup(string) slog.Handler            { return h }
 func (h *recordingHandler) Handle(_ context.Context, r slog.Record) error {
 	var b strings.Builder
 	b.WriteString(r.Level.String() + " " + r.Message)
@@ -149,7 +149,7 @@ func FuzzBadEventIsolation(f *testing.F) {
 	}
 	f.Add([]byte{0x91, 0xc1}, false)
 	first := []byte("\x93\xabBlockStored\x92\x01\x02\xc0") // [BlockStored, [1,2], nil]
-	last := []byte("\x92\xacBlockRemoved\x91\x07")          // [BlockRemoved, [7]]
+	last := []byte("\x92\xacBlockRemoved\x91\x07")         // [BlockRemoved, [7]]
 	f.Fuzz(func(t *testing.T, mid []byte, sglang bool) {
 		var one reader
 		one.reset(mid)

@@ -59,8 +59,8 @@ type EndpointStatus struct {
 	DecodeErrors, TopicSkipped, Duplicates                         uint64
 	// BadEvents counts events skipped because they do not decode, by reason ("type",
 	// "range"); their batches were applied otherwise.
-	BadEvents map[string]uint64
-	ParityOK, ParityMismatch, ParitySkipped, Orphans, Unkeyable    uint64
+	BadEvents                                                   map[string]uint64
+	ParityOK, ParityMismatch, ParitySkipped, Orphans, Unkeyable uint64
 }
 
 // endpoint is the state every rank of one engine endpoint shares.
