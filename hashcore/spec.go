@@ -29,11 +29,15 @@ type Spec struct {
 	BlockSize int    // tokens per hashed block: SGLang page size; vLLM's hash block size (block_size x decode-context-parallel size; hybrid models: prefix_match_unit or the GCD of group block sizes)
 	Seed      string // the engine's PYTHONHASHSEED value (vLLM only)
 	SeedSet   bool   // false: the engine runs with PYTHONHASHSEED unset
+	// Bigram (SGLang only): the engine runs EAGLE speculative decoding, whose radix
+	// cache keys pages by token bigrams; BlockSize counts bigrams per page.
+	Bigram bool
 }
 
 // New returns the chain for s, or an error naming what cannot be matched. An empty Algo
 // means the engine's default (vLLM: sha256, SGLang: sha256, kvgate: fast).
-// SGLang's page hash has no seed and no extra keys: Seed is ignored for it.
+// SGLang's page hash has no seed and no LoRA key: Seed is ignored for it; a cache salt
+// seeds its first page.
 func New(s Spec) (Chain, error) {
 	switch s.Engine {
 	case "vllm", "sglang", "kvgate":
@@ -48,6 +52,9 @@ func New(s Spec) (Chain, error) {
 	if s.BlockSize > MaxBlockSize {
 		return nil, fmt.Errorf("hashcore: block size %d: must be at most %d", s.BlockSize, MaxBlockSize)
 	}
+	if s.Bigram && s.Engine != "sglang" {
+		return nil, fmt.Errorf("hashcore: %s: bigram page keys are SGLang's (EAGLE); no %s contract hashes bigrams", s.Engine, s.Engine)
+	}
 	switch s.Engine {
 	case "vllm":
 		return newVLLM(s)
@@ -55,7 +62,7 @@ func New(s Spec) (Chain, error) {
 		if s.Algo != "" && s.Algo != "sha256" {
 			return nil, fmt.Errorf("hashcore: sglang algo %q: SGLang pages use sha256 only", s.Algo)
 		}
-		return &sglangChain{blockSize: s.BlockSize}, nil
+		return &sglangChain{blockSize: s.BlockSize, bigram: s.Bigram}, nil
 	default: // "kvgate"
 		if s.Algo != "" && s.Algo != "fast" {
 			return nil, fmt.Errorf("hashcore: kvgate algo %q: want fast", s.Algo)
