@@ -34,6 +34,13 @@ func (c *sglangChain) Name() string {
 	return "sglang/sha256"
 }
 func (c *sglangChain) BlockSize() int { return c.blockSize }
+
+// HashesBigrams reports whether c keys pages by token bigrams (SGLang with EAGLE): its
+// block i then needs tokens [i*bs, (i+1)*bs], one past the block.
+func HashesBigrams(c Chain) bool {
+	s, ok := c.(*sglangChain)
+	return ok && s.bigram
+}
 func (c *sglangChain) Root() Digest   { return Digest{} }
 
 // sglangSaltDigest sets d to the parent digest of a salted request's first page.

@@ -18,7 +18,9 @@ type applier struct {
 	fone  []uint64 // scratch: kvgate's fast key of one block
 	fkeys []uint64 // kvgate's fast keys of the current event
 	rm    []uint64
+	plain []uint32 // scratch: a bigram event's plain tokens
 	lora  string
+	salt  string
 	ex    hashcore.Extras
 }
 
@@ -99,14 +101,36 @@ func (e *endpoint) clear() {
 }
 
 func (a *applier) extras(ev *Event) *hashcore.Extras {
-	if len(ev.LoRAName) == 0 {
+	if len(ev.LoRAName) == 0 && len(ev.CacheSalt) == 0 {
 		return nil
 	}
+	// Each allocates only when the adapter (salt) changes from the previous event's.
 	if string(ev.LoRAName) != a.lora {
-		a.lora = string(ev.LoRAName) // allocates only when the adapter changes
+		a.lora = string(ev.LoRAName)
 	}
-	a.ex = hashcore.Extras{LoRAName: a.lora}
+	if string(ev.CacheSalt) != a.salt {
+		a.salt = string(ev.CacheSalt)
+	}
+	a.ex = hashcore.Extras{LoRAName: a.lora, CacheSalt: a.salt}
 	return &a.ex
+}
+
+// unpair turns a bigram event's flattened pairs [t0,t1, t1,t2, ...] back into the plain
+// tokens t0, t1, t2, ... (one more than pairs), in a.plain; false when consecutive pairs
+// do not overlap (not one token sequence).
+func (a *applier) unpair(words []uint32) ([]uint32, bool) {
+	p := a.plain[:0]
+	for i := 0; i+1 < len(words); i += 2 {
+		if i > 0 && words[i] != words[i-1] {
+			return nil, false
+		}
+		p = append(p, words[i])
+	}
+	if len(words) > 0 {
+		p = append(p, words[len(words)-1])
+	}
+	a.plain = p
+	return p, true
 }
 
 // extrasReproducible reports whether an event's extra_keys are ones kvgate re-hashes: none,
@@ -166,7 +190,16 @@ func (a *applier) hashBlocks(ev *Event) bool {
 	cfg := &e.m.cfg
 	nb, bs := len(ev.Hashes), ev.BlockSize
 	a.fkeys = a.fkeys[:0]
-	if bs <= 0 || len(ev.Tokens) != nb*bs {
+	tokens := ev.Tokens
+	span := bs // tokens block i needs, from i*bs
+	if ev.Bigram {
+		var ok bool
+		if tokens, ok = a.unpair(ev.Tokens); !ok {
+			tokens = nil
+		}
+		span = bs + 1
+	}
+	if bs <= 0 || len(tokens) != nb*bs+span-bs {
 		// Offload events may carry no tokens: nothing to hash.
 		if cfg.Chain != nil {
 			e.c.paritySkipped.Inc()
@@ -191,8 +224,16 @@ func (a *applier) hashBlocks(ev *Event) bool {
 		pf = cfg.Fast.Root()
 	}
 	attest := cfg.Chain != nil && hasC && extrasReproducible(ev)
-	sizeDiffers := attest && cfg.Chain.BlockSize() != bs
-	if sizeDiffers {
+	// The rule's contract must hash the same kind of page the engine published.
+	cause := causeNone
+	switch {
+	case !attest:
+	case cfg.Chain.BlockSize() != bs:
+		cause = causeBlockSize
+	case hashcore.HashesBigrams(cfg.Chain) != ev.Bigram:
+		cause = causeBigram
+	}
+	if cause != causeNone {
 		attest = false
 	}
 	// Engine mode never switches: fast keys would be wasted work.
@@ -200,17 +241,16 @@ func (a *applier) hashBlocks(ev *Event) bool {
 	ex := a.extras(ev)
 	mismatch := false
 	for i := 0; i < nb; i++ {
-		blk := ev.Tokens[i*bs : (i+1)*bs]
 		ent := e.blocks.put(ev.Hashes[i])
 		if attest {
-			a.ckeys, pc = cfg.Chain.AppendKeys(a.ckeys[:0], pc, blk, ex, first && i == 0)
+			a.ckeys, pc = cfg.Chain.AppendKeys(a.ckeys[:0], pc, tokens[i*bs:i*bs+span], ex, first && i == 0)
 			if len(a.ckeys) != 1 || a.ckeys[0] != ev.Hashes[i] {
 				mismatch = true
 			}
 			ent.cd, ent.hasC = pc, true
 		}
 		if doFast {
-			a.fone, pf = cfg.Fast.AppendKeys(a.fone[:0], pf, blk, ex, first && i == 0)
+			a.fone, pf = cfg.Fast.AppendKeys(a.fone[:0], pf, tokens[i*bs:(i+1)*bs], ex, first && i == 0)
 			if len(a.fone) == 1 {
 				ent.fkey, ent.fd, ent.hasF = a.fone[0], pf, true
 				a.fkeys = append(a.fkeys, a.fone[0])
@@ -218,8 +258,8 @@ func (a *applier) hashBlocks(ev *Event) bool {
 		}
 	}
 	switch {
-	case sizeDiffers || mismatch:
-		a.mismatch(ev, sizeDiffers)
+	case cause != causeNone || mismatch:
+		a.mismatch(ev, cause)
 	case attest:
 		e.c.parityOK.Inc()
 		e.parity.CompareAndSwap(parityUnknown, parityOK)
@@ -229,15 +269,22 @@ func (a *applier) hashBlocks(ev *Event) bool {
 	return doFast && len(a.fkeys) == nb
 }
 
+// A parity failure's cause when the event alone shows it, before any key is compared.
+const (
+	causeNone      = iota
+	causeBlockSize // the engine's blocks are not the rule's size
+	causeBigram    // the engine keys bigram pages (EAGLE) and the rule plain ones, or back
+)
+
 // mismatch records a parity failure; the first one is diagnosed and logged, and in auto
 // mode switches the endpoint to kvgate's re-hashed keys.
-func (a *applier) mismatch(ev *Event, sizeDiffers bool) {
+func (a *applier) mismatch(ev *Event, known int) {
 	e := a.e
 	e.c.parityMismatch.Inc()
 	if e.parity.Swap(parityMismatch) == parityMismatch {
 		return
 	}
-	cause := a.diagnose(ev, sizeDiffers)
+	cause := a.diagnose(ev, known)
 	e.cause.Store(&cause)
 	switched := e.keys == KeysAuto && !e.fast.Load()
 	e.m.cfg.Logger.Warn("ingest: engine keys differ from the rule's contract",
@@ -275,10 +322,16 @@ func (a *applier) switchToFastLocked() {
 
 // diagnose names the likely cause of a mismatch: block size, else (on a root block, with
 // the rule's Spec) the algo that does reproduce the engine's key, else the seed.
-func (a *applier) diagnose(ev *Event, sizeDiffers bool) string {
+func (a *applier) diagnose(ev *Event, known int) string {
 	cfg := &a.e.m.cfg
-	if sizeDiffers {
+	switch known {
+	case causeBlockSize:
 		return fmt.Sprintf("block size: the engine publishes %d-token blocks, the rule hashes %d", ev.BlockSize, cfg.Chain.BlockSize())
+	case causeBigram:
+		if ev.Bigram {
+			return "bigram: the engine keys EAGLE bigram pages; the rule's contract needs Bigram (SGLang with speculative decoding)"
+		}
+		return "bigram: the rule hashes EAGLE bigram pages but the engine publishes plain pages"
 	}
 	if a.e.cfg.Engine == EngineSGLang {
 		return "SGLang page keys differ: check --page-size and the tokenizer/chat template"

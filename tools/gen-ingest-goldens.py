@@ -409,6 +409,56 @@ def sglang_stream(name, page):
 
 sglang_stream("sglang-ok", 4)
 
+# ---- SGLang salted and EAGLE bigram streams, as raw payloads -------------------------
+# SGLang's page hash (mem_cache/utils.py + cpp_utils/hash_binding.cpp, see
+# tools/gen-sglang-goldens.py): a salted chain starts from sha256(b"sglang-cache-salt-v1\0"
+# + salt); a bigram page hashes both tokens of each pair. Events are laid out as SGLang's
+# msgspec encoder writes them: [tag, hashes, parent, token_ids, block_size, lora_id,
+# medium(, {"cache_salt": s})], coalesced stores carrying several pages.
+def sglang_pages(tokens, page, salt=None, bigram=False):
+    units = [(tokens[i], tokens[i + 1]) for i in range(len(tokens) - 1)] if bigram else list(tokens)
+    prior = hashlib.sha256(b"sglang-cache-salt-v1\0" + salt.encode()).digest() if salt is not None else None
+    keys = []
+    for i in range(0, len(units) - len(units) % page, page):
+        h = hashlib.sha256()
+        if prior is not None:
+            h.update(prior)
+        for u in units[i:i + page]:
+            for w in (u if bigram else (u,)):
+                h.update(w.to_bytes(4, "little"))
+        prior = h.digest()
+        keys.append(int.from_bytes(prior[:8], "big", signed=True))
+    return keys, units
+
+
+def sglang_raw_stream(name, page, salt, bigram, rule_bigram):
+    n_pages = 5
+    toks = [(17 * i + 3) % 40000 for i in range(n_pages * page + (1 if bigram else 0))]
+    keys, units = sglang_pages(toks, page, salt, bigram)
+    assert len(keys) == n_pages
+    tail = [{"cache_salt": salt}] if salt is not None else []
+
+    def ev(lo, hi, parent):
+        tk = [list(u) for u in units[lo * page:hi * page]] if bigram else units[lo * page:hi * page]
+        return ["BlockStored", keys[lo:hi], parent, tk, page, None, "GPU"] + tail
+
+    batches = [[1.0, [ev(0, 3, None)], 0], [2.0, [ev(3, 5, keys[2])], 0],
+               [3.0, [["BlockRemoved", [keys[4]], "GPU"]], 0]]
+    sg_streams.append({"name": name, "block_size": page, "bigram": rule_bigram, "salt": salt or "",
+                       "payloads": [msgpack.packb(b).hex() for b in batches],
+                       "tokens": toks[:4 * page + (1 if bigram else 0)],
+                       "live": [u64(k) for k in keys[:4]], "stored_events": 2})
+
+
+sg_streams = []
+sglang_raw_stream("salted", 4, "tenant-a", False, False)
+sglang_raw_stream("bigram", 4, None, True, True)
+sglang_raw_stream("salted-bigram", 2, "t\u00e9nant", True, True)
+sglang_raw_stream("bigram-rule-plain", 4, None, True, False)  # the rule misses Bigram
+with open(os.path.join(ROOT, "sglang_streams.json"), "w") as f:
+    json.dump(sg_streams, f, indent=1)
+    f.write("\n")
+
 # ---- TensorRT-LLM /kv_cache_events bodies (Python's json as the encoder) ---------------
 def trt_stored(eid, parent, blocks, rank=None):
     ev = {"event_id": eid, "data": {"type": "stored", "parent_hash": parent, "blocks": [
