@@ -41,7 +41,7 @@ func HashesBigrams(c Chain) bool {
 	s, ok := c.(*sglangChain)
 	return ok && s.bigram
 }
-func (c *sglangChain) Root() Digest   { return Digest{} }
+func (c *sglangChain) Root() Digest { return Digest{} }
 
 // sglangSaltDigest sets d to the parent digest of a salted request's first page.
 func sglangSaltDigest(d *Digest, salt string, sc *scratch) {
