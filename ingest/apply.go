@@ -89,6 +89,7 @@ func (e *endpoint) badEvent(reason BadReason) {
 func (e *endpoint) clearLocked() {
 	e.m.cfg.Inventory.ClearEndpoint(e.cfg.Index)
 	e.blocks.reset()
+	e.refs.reset()
 	for i := range e.tiers {
 		e.tiers[i].Store(0)
 	}
@@ -161,7 +162,9 @@ func (a *applier) stored(ev *Event) {
 	cfg := &e.m.cfg
 	e.c.stored.Inc()
 	nb := len(ev.Hashes)
-	e.tiers[ev.Medium].Add(int64(nb))
+	for _, h := range ev.Hashes {
+		e.hold(h, ev.Medium)
+	}
 	if !cfg.Routed.Has(ev.Medium) || nb == 0 {
 		return
 	}
@@ -182,6 +185,22 @@ func (a *applier) stored(ev *Event) {
 	e.c.keysAdded.Add(added)
 }
 
+// hold counts one more holder of engine hash h on tier m (e.mu held).
+func (e *endpoint) hold(h uint64, m Medium) {
+	fresh, dropped := e.refs.inc(h, m)
+	if fresh {
+		e.tiers[m].Add(1)
+	}
+	if dropped != 0 {
+		e.c.refEvictions.Inc()
+		for t := Medium(0); t < numMedia; t++ {
+			if dropped.Has(t) {
+				e.tiers[t].Add(-1)
+			}
+		}
+	}
+}
+
 // hashBlocks re-hashes an event's token_ids: with the rule's contract to attest parity,
 // and with kvgate's fast chain into a.fkeys. It records every block in the block map and
 // reports whether a.fkeys holds a fast key for every block.
@@ -191,21 +210,26 @@ func (a *applier) hashBlocks(ev *Event) bool {
 	nb, bs := len(ev.Hashes), ev.BlockSize
 	a.fkeys = a.fkeys[:0]
 	tokens := ev.Tokens
-	span := bs // tokens block i needs, from i*bs
+	extra := 0 // tokens a block needs past its end: the next token of a bigram page
 	if ev.Bigram {
 		var ok bool
 		if tokens, ok = a.unpair(ev.Tokens); !ok {
 			tokens = nil
 		}
-		span = bs + 1
+		extra = 1
 	}
-	if bs <= 0 || len(tokens) != nb*bs+span-bs {
+	if bs <= 0 || len(tokens) != nb*bs+extra {
 		// Offload events may carry no tokens: nothing to hash.
 		if cfg.Chain != nil {
 			e.c.paritySkipped.Inc()
 		}
 		return false
 	}
+	ruleBS := cfg.Fast.BlockSize()
+	if cfg.Chain != nil {
+		ruleBS = cfg.Chain.BlockSize()
+	}
+	e.noteBlockSize(bs, ruleBS)
 	var pc, pf hashcore.Digest
 	hasC, hasF := true, true
 	first := !ev.HasParent
@@ -224,11 +248,13 @@ func (a *applier) hashBlocks(ev *Event) bool {
 		pf = cfg.Fast.Root()
 	}
 	attest := cfg.Chain != nil && hasC && extrasReproducible(ev)
-	// The rule's contract must hash the same kind of page the engine published.
+	// The rule's contract must hash the same kind of page the engine published. A block
+	// k times the rule's (a hybrid model's group with larger blocks) is k of the rule's
+	// blocks: the engine publishes the key of the last (vLLM's BlockHashListWithBlockSize).
 	cause := causeNone
 	switch {
 	case !attest:
-	case cfg.Chain.BlockSize() != bs:
+	case bs%cfg.Chain.BlockSize() != 0:
 		cause = causeBlockSize
 	case hashcore.HashesBigrams(cfg.Chain) != ev.Bigram:
 		cause = causeBigram
@@ -237,23 +263,23 @@ func (a *applier) hashBlocks(ev *Event) bool {
 		attest = false
 	}
 	// Engine mode never switches: fast keys would be wasted work.
-	doFast := hasF && cfg.Fast.BlockSize() == bs && e.keys != KeysEngine
+	doFast := hasF && bs%cfg.Fast.BlockSize() == 0 && e.keys != KeysEngine
 	ex := a.extras(ev)
 	mismatch := false
 	for i := 0; i < nb; i++ {
 		ent := e.blocks.put(ev.Hashes[i])
 		if attest {
-			a.ckeys, pc = cfg.Chain.AppendKeys(a.ckeys[:0], pc, tokens[i*bs:i*bs+span], ex, first && i == 0)
-			if len(a.ckeys) != 1 || a.ckeys[0] != ev.Hashes[i] {
+			a.ckeys, pc = cfg.Chain.AppendKeys(a.ckeys[:0], pc, tokens[i*bs:(i+1)*bs+extra], ex, first && i == 0)
+			if n := len(a.ckeys); n != bs/cfg.Chain.BlockSize() || a.ckeys[n-1] != ev.Hashes[i] {
 				mismatch = true
 			}
 			ent.cd, ent.hasC = pc, true
 		}
 		if doFast {
 			a.fone, pf = cfg.Fast.AppendKeys(a.fone[:0], pf, tokens[i*bs:(i+1)*bs], ex, first && i == 0)
-			if len(a.fone) == 1 {
-				ent.fkey, ent.fd, ent.hasF = a.fone[0], pf, true
-				a.fkeys = append(a.fkeys, a.fone[0])
+			if n := len(a.fone); n == bs/cfg.Fast.BlockSize() {
+				ent.fkey, ent.fd, ent.hasF = a.fone[n-1], pf, true
+				a.fkeys = append(a.fkeys, a.fone[n-1])
 			}
 		}
 	}
@@ -267,6 +293,23 @@ func (a *applier) hashBlocks(ev *Event) bool {
 		e.c.paritySkipped.Inc()
 	}
 	return doFast && len(a.fkeys) == nb
+}
+
+// noteBlockSize records the block size a store's tokens prove (bs tokens per published
+// key) and, the first time it is one the rule cannot key (not a multiple of ruleBS),
+// WARNs naming both: that endpoint's blocks get no keys of the rule's (e.mu held).
+func (e *endpoint) noteBlockSize(bs, ruleBS int) {
+	if cur := e.engineBS.Load(); cur == 0 || int64(bs) < cur {
+		e.engineBS.Store(int64(bs))
+	}
+	if bs%ruleBS == 0 || e.sizeWarned == bs {
+		return
+	}
+	e.sizeWarned = bs
+	e.sizeMismatch.Store(true)
+	e.m.cfg.Logger.Warn("ingest: the engine's blocks do not fit the rule's block size; kvgate cannot key them",
+		"endpoint", e.cfg.Name, "engine", e.cfg.Engine, "engine_block_size", bs, "rule_block_size", ruleBS,
+		"fix", "set the rule's block size to the engine's (vLLM --block-size, SGLang --page-size, TensorRT-LLM tokens_per_block)")
 }
 
 // A parity failure's cause when the event alone shows it, before any key is compared.
@@ -342,6 +385,18 @@ func (a *applier) diagnose(ev *Event, known int) string {
 	bs := ev.BlockSize
 	blk := ev.Tokens[:bs]
 	ex := a.extras(ev)
+	// A block of k rule blocks carries the key of its last (see hashBlocks).
+	reproduces := func(k []uint64) bool { return len(k) > 0 && k[len(k)-1] == ev.Hashes[0] }
+	if rbs := cfg.Chain.BlockSize(); bs != rbs {
+		// A multiple of the rule's block size passes as a hybrid group's larger blocks;
+		// if the rule's contract at the engine's block size reproduces the key, the engine
+		// simply hashes bigger blocks.
+		s := *cfg.Spec
+		s.BlockSize = bs
+		if c, err := hashcore.New(s); err == nil && reproduces(hashcore.Keys(c, nil, blk, ex)) {
+			return fmt.Sprintf("block size: the engine hashes %d-token blocks, the rule %d (set the rule's block size to %d)", bs, rbs, bs)
+		}
+	}
 	for _, algo := range []string{"sha256", "sha256_cbor", "xxhash", "xxhash_cbor"} {
 		s := *cfg.Spec
 		s.Algo = algo
@@ -349,7 +404,7 @@ func (a *applier) diagnose(ev *Event, known int) string {
 		if err != nil {
 			continue
 		}
-		if k := hashcore.Keys(c, nil, blk, ex); len(k) == 1 && k[0] == ev.Hashes[0] {
+		if reproduces(hashcore.Keys(c, nil, blk, ex)) {
 			if algo == cfg.Spec.Algo || (cfg.Spec.Algo == "" && algo == "sha256") {
 				return "extras: the contract matches on a plain block; check LoRA names and cache salts"
 			}
@@ -359,7 +414,7 @@ func (a *applier) diagnose(ev *Event, known int) string {
 	if ex != nil {
 		s := *cfg.Spec
 		if c, err := hashcore.New(s); err == nil {
-			if k := hashcore.Keys(c, nil, blk, nil); len(k) == 1 && k[0] == ev.Hashes[0] {
+			if reproduces(hashcore.Keys(c, nil, blk, nil)) {
 				return "LoRA: the engine's keys carry no LoRA name"
 			}
 		}
@@ -367,31 +422,37 @@ func (a *applier) diagnose(ev *Event, known int) string {
 	return "seed: no algo reproduces the engine's root block with the rule's seed; the engine's PYTHONHASHSEED differs (or it is an older vLLM with a random NONE_HASH: no parity possible)"
 }
 
+// removed applies a BlockRemoved: a hash leaves the inventory only when no routed tier
+// holds it any more (another KV cache group, a duplicate block or another chunk may),
+// and leaves the block map when no tier does.
 func (a *applier) removed(ev *Event) {
 	e := a.e
 	cfg := &e.m.cfg
 	e.c.removed.Inc()
-	e.tiers[ev.Medium].Add(-int64(len(ev.Hashes)))
-	if !cfg.Routed.Has(ev.Medium) {
-		return
-	}
-	var n int
-	if e.fast.Load() {
-		a.rm = a.rm[:0]
-		for _, h := range ev.Hashes {
-			if b := e.blocks.get(h); b != nil {
-				if b.hasF {
-					a.rm = append(a.rm, b.fkey)
-				}
+	fast := e.fast.Load()
+	a.rm = a.rm[:0]
+	for _, h := range ev.Hashes {
+		known, gone, left := e.refs.dec(h, ev.Medium)
+		if known && gone {
+			e.tiers[ev.Medium].Add(-1)
+		}
+		if !gone || left&cfg.Routed != 0 || !cfg.Routed.Has(ev.Medium) {
+			// Still held where routing looks, or never routed from this tier.
+			if left == 0 {
 				e.blocks.del(h)
 			}
+			continue
 		}
-		n = cfg.Inventory.Remove(e.cfg.Index, a.rm)
-	} else {
-		n = cfg.Inventory.Remove(e.cfg.Index, ev.Hashes)
-		for _, h := range ev.Hashes {
+		if !fast {
+			a.rm = append(a.rm, h)
+		} else if b := e.blocks.get(h); b != nil && b.hasF {
+			a.rm = append(a.rm, b.fkey)
+		}
+		if left == 0 {
 			e.blocks.del(h)
 		}
 	}
-	e.c.keysRemoved.Add(n)
+	if len(a.rm) > 0 {
+		e.c.keysRemoved.Add(cfg.Inventory.Remove(e.cfg.Index, a.rm))
+	}
 }

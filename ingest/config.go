@@ -147,6 +147,10 @@ type Config struct {
 	Routed Media
 	// BlockMapSize bounds the per-endpoint engine-hash -> digest map (default 1<<17).
 	BlockMapSize int
+	// RefCountSize bounds the per-endpoint engine-hash -> holders-per-tier table that
+	// keeps a removal from deleting a key another holder still has (default
+	// BlockMapSize; 24 bytes an entry).
+	RefCountSize int
 	// SeqWindow is the largest gap that keeps the inventory (default 64).
 	SeqWindow int
 
@@ -178,6 +182,9 @@ func (c *Config) defaults() error {
 	}
 	if c.BlockMapSize <= 0 {
 		c.BlockMapSize = 1 << 17
+	}
+	if c.RefCountSize <= 0 {
+		c.RefCountSize = c.BlockMapSize
 	}
 	if c.SeqWindow <= 0 {
 		c.SeqWindow = 64

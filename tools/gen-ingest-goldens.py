@@ -459,6 +459,94 @@ with open(os.path.join(ROOT, "sglang_streams.json"), "w") as f:
     json.dump(sg_streams, f, indent=1)
     f.write("\n")
 
+# ---- holder counting: offload chunks, duplicate blocks, hybrid KV cache groups -------
+# Each stream is a list of vLLM batches (map layout, as distributed/kv_events.py at
+# 0181ea3 encodes them) and what the inventory and tier counts must be afterwards, from
+# a model here: a hash stays on a tier while it has a holder (a store not yet removed).
+def holder_model(batches, routed):
+    held = {}  # (hash, medium) -> holders
+    for b in batches:
+        for ev in b["events"]:
+            med = ev.get("medium") or "GPU"
+            for h in ev.get("block_hashes", []):
+                k = (h & M64, med)
+                if ev["type"] == "BlockStored":
+                    held[k] = held.get(k, 0) + 1
+                elif ev["type"] == "BlockRemoved" and held.get(k):
+                    held[k] -= 1
+                    if not held[k]:
+                        del held[k]
+    keys = sorted({h for (h, med) in held if med in routed})
+    tiers = {}
+    for (h, med) in held:
+        tiers[med] = tiers.get(med, 0) + 1
+    return [u64(k) for k in keys], tiers
+
+
+hold_streams = []
+
+
+def hold_stream(name, batches, routed=("GPU",), bs=16, stored_with_tokens=0):
+    keys, tiers = holder_model(batches, routed)
+    hold_streams.append({"name": name, "routed": list(routed), "block_size": bs,
+                         "payloads": [msgpack.packb(b).hex() for b in batches],
+                         "keys": keys, "tiers": tiers, "attested": stored_with_tokens})
+
+
+def vb(*events):
+    return {"ts": 1.0, "events": list(events), "data_parallel_rank": 0}
+
+
+# Offload: the CPU tier announces a hash once per chunk (two chunks of one block), the
+# GPU copy is evicted first, then each chunk's copy.
+H1, H2 = 0xA1, 0xA2
+offload = [vb(vllm_stored_map([H1, H2], None, toks * 2, 16)),
+           vb(vllm_stored_map([H1], None, [], 0, medium="CPU"),
+              vllm_stored_map([H1], None, [], 0, medium="CPU")),
+           vb(vllm_removed_map([H1]))]
+hold_stream("offload-gpu-evicted", offload)
+hold_stream("offload-gpu-evicted-cpu-routed", offload, routed=("GPU", "CPU"))
+hold_stream("offload-one-chunk-gone", offload + [vb(vllm_removed_map([H1], medium="CPU"))],
+            routed=("GPU", "CPU"))
+hold_stream("offload-all-gone", offload + [vb(vllm_removed_map([H1], medium="CPU"),
+                                              vllm_removed_map([H1], medium="CPU"))],
+            routed=("GPU", "CPU"))
+# vLLM does not de-duplicate identical blocks: two stores, two evictions.
+dup = [vb(vllm_stored_map([H1], None, toks, 16), vllm_stored_map([H1], None, toks, 16)),
+       vb(vllm_removed_map([H1]))]
+hold_stream("duplicate-block-one-evicted", dup)
+hold_stream("duplicate-block-both-evicted", dup + [vb(vllm_removed_map([H1]))])
+hold_stream("remove-unknown", [vb(vllm_removed_map([0xDEAD]))])
+
+# Hybrid models, keys from the vLLM sha256_cbor chain (hash block size 16), so that
+# attestation runs on every store. A group whose block size is k x 16 publishes, for
+# each of its blocks, the 16-token chain's key at the block's last 16-token boundary
+# (kv_cache_utils.BlockHashListWithBlockSize), with all of the block's tokens.
+seq = [(29 * i + 7) % 32000 for i in range(128)]
+hk, hd = vllm_chain(seq, 16)
+# Sliding window (Gemma-style): group 0 full attention, group 1 sliding window 32; the
+# window group frees blocks that slid out, full attention keeps them.
+sw = [vb(vllm_stored_map(hk[:4], None, seq[:64], 16, group=0, kind="full_attention"),
+         vllm_stored_map(hk[:4], None, seq[:64], 16, group=1, kind="sliding_window", window=32)),
+      vb(vllm_removed_map(hk[:2], group=1)),
+      vb(vllm_removed_map(hk[3:4], group=0)),
+      vb(vllm_stored_map(hk[4:6], hk[3], seq[64:96], 16, group=0, kind="full_attention"))]
+hold_stream("hybrid-sliding-window", sw, stored_with_tokens=3)
+hold_stream("hybrid-sliding-window-both-gone", sw + [vb(vllm_removed_map(hk[3:4], group=1))],
+            stored_with_tokens=3)
+# Mamba hybrid: group 0 full attention (16-token blocks), group 1 mamba with 32-token
+# blocks: its keys are every second 16-token key; a second store chains on its parent.
+mamba = [vb(vllm_stored_map(hk[:4], None, seq[:64], 16, group=0, kind="full_attention"),
+            vllm_stored_map([hk[1], hk[3]], None, seq[:64], 32, group=1, kind="mamba"),
+            vllm_stored_map([hk[5], hk[7]], hk[3], seq[64:128], 32, group=1, kind="mamba")),
+         vb(vllm_removed_map([hk[1]], group=0))]
+hold_stream("hybrid-mamba", mamba, stored_with_tokens=3)
+hold_stream("hybrid-mamba-both-gone", mamba + [vb(vllm_removed_map([hk[1]], group=1))],
+            stored_with_tokens=3)
+with open(os.path.join(ROOT, "holders.json"), "w") as f:
+    json.dump(hold_streams, f, indent=1)
+    f.write("\n")
+
 # ---- TensorRT-LLM /kv_cache_events bodies (Python's json as the encoder) ---------------
 def trt_stored(eid, parent, blocks, rank=None):
     ev = {"event_id": eid, "data": {"type": "stored", "parent_hash": parent, "blocks": [
