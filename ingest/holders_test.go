@@ -171,3 +171,31 @@ func fmtBatch(ev enginepub.Event) []byte {
 	f := enginepub.Format{}
 	return f.AppendBatch(nil, 1, []enginepub.Event{ev})
 }
+
+// TestTopicWithSGLangEpoch: SGLang publishers with a snapshot endpoint send their topic
+// followed by NUL-separated metadata; an endpoint configured with the topic still takes
+// those batches, and a different topic sharing its prefix is still skipped.
+func TestTopicWithSGLangEpoch(t *testing.T) {
+	for _, c := range []struct {
+		frame string
+		ok    bool
+	}{{"kv", true}, {"kv\x00sgl-kv-epoch=4f2a", true}, {"kv\x00sgl-kv-epoch=4f2a\x00sgl-kv-snapshot=9", true},
+		{"kv2", false}, {"k", false}, {"", false}, {"other\x00kv", false}} {
+		if got := topicMatches([]byte(c.frame), "kv"); got != c.ok {
+			t.Errorf("topicMatches(%q, kv) = %v", c.frame, got)
+		}
+	}
+	inv := newInv(t)
+	addr := freeAddr(t, 1)
+	pub := newPub(t, enginepub.Config{Endpoint: addr, Topic: "kv\x00sgl-kv-epoch=4f2a",
+		Format: enginepub.Format{Flavor: enginepub.SGLang}})
+	m := startManager(t, testConfig(inv), EndpointConfig{Name: "s", Engine: "sglang", Events: addr, Topic: "kv"})
+	waitSubscribed(t, pub)
+	if err := pub.Publish(enginepub.BlockStored{Hashes: []uint64{42}, BlockSize: 4, Medium: "GPU"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "batch", func() bool { return m.Status(0).Batches == 1 })
+	if st := m.Status(0); st.TopicSkipped != 0 || !slices.Equal(invKeys(inv, 0), []uint64{42}) {
+		t.Fatalf("%+v", st)
+	}
+}
