@@ -1,11 +1,14 @@
 package hashcore
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
+	"unicode/utf8"
 )
 
 // sglangExtCase is one tools/gen-sglang-goldens.py vector: SGLang's salted and EAGLE
@@ -126,4 +129,84 @@ func loadJSONFile(t *testing.T, file string, v any) {
 	if err := json.Unmarshal(b, v); err != nil {
 		t.Fatalf("golden %s: %v", file, err)
 	}
+}
+
+// sglangReference is SGLang's page hash written the plain way (crypto/sha256, a fresh
+// message per page), for the differential fuzz below.
+func sglangReference(bs int, tokens []uint32, salt string, bigram bool) []uint64 {
+	var prior []byte
+	if salt != "" {
+		d := sha256.Sum256([]byte(sglangSaltPrefix + salt))
+		prior = d[:]
+	}
+	var words []uint32
+	n := len(tokens) / bs
+	if bigram {
+		n = 0
+		if len(tokens) > 0 {
+			n = (len(tokens) - 1) / bs
+		}
+	}
+	var keys []uint64
+	for i := 0; i < n; i++ {
+		words = words[:0]
+		for j := i * bs; j < (i+1)*bs; j++ {
+			words = append(words, tokens[j])
+			if bigram {
+				words = append(words, tokens[j+1])
+			}
+		}
+		msg := append([]byte{}, prior...)
+		for _, w := range words {
+			msg = binary.LittleEndian.AppendUint32(msg, w)
+		}
+		d := sha256.Sum256(msg)
+		prior = d[:]
+		keys = append(keys, binary.BigEndian.Uint64(d[:8]))
+	}
+	return keys
+}
+
+// FuzzSGLangSaltBigram: salted and bigram chains, on every SHA-256 path, equal the plain
+// reference for fuzzed tokens, page sizes and salts.
+func FuzzSGLangSaltBigram(f *testing.F) {
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9}, uint8(2), "tenant", true)
+	f.Add(make([]byte, 200), uint8(4), "", false)
+	f.Add([]byte("salted page keys for sglang with a long enough run of bytes"), uint8(16), "\u00e9", false)
+	f.Fuzz(func(t *testing.T, raw []byte, bs8 uint8, salt string, bigram bool) {
+		bs := int(bs8%32) + 1
+		if !utf8.ValidString(salt) {
+			return
+		}
+		tokens := make([]uint32, len(raw)/2)
+		for i := range tokens {
+			tokens[i] = uint32(raw[2*i]) | uint32(raw[2*i+1])<<8 | uint32(raw[2*i])<<24
+		}
+		c, err := New(Spec{Engine: "sglang", BlockSize: bs, Bigram: bigram})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := sglangReference(bs, tokens, salt, bigram)
+		check := func(path string) {
+			got := Keys(c, nil, tokens, &Extras{CacheSalt: salt})
+			if len(got) != len(want) {
+				t.Fatalf("%s: %d keys, want %d", path, len(got), len(want))
+			}
+			for i := range got {
+				if got[i] != want[i] {
+					t.Fatalf("%s: key %d differs", path, i)
+				}
+			}
+		}
+		check("default")
+		old, oldFused := useTokensAVX512, useSHA256Fused
+		useTokensAVX512, useSHA256Fused = false, false
+		check("portable")
+		useTokensAVX512, useSHA256Fused = old, oldFused
+		if haveSHA256Blocks {
+			useSHA256Blocks = false
+			check("stdlib")
+			useSHA256Blocks = true
+		}
+	})
 }
