@@ -155,6 +155,7 @@ func TestParityAttestation(t *testing.T) {
 	cases := []tc{
 		{name: "vllm-ok-auto", keys: KeysAuto, engine: "vllm", algo: "sha256_cbor", bs: 16, streams: []attestStream{ok}, parity: "ok"},
 		{name: "vllm-ok-map-lora", keys: KeysAuto, engine: "vllm", algo: "sha256_cbor", bs: 16, layout: enginepub.LayoutMap, streams: []attestStream{okLoRA}, parity: "ok"},
+		{name: "vllm-ok-map-batch", keys: KeysAuto, engine: "vllm", algo: "sha256_cbor", bs: 16, layout: enginepub.LayoutMapBatch, streams: []attestStream{ok, okLoRA}, parity: "ok"},
 		{name: "vllm-ok-rehash", keys: KeysRehash, engine: "vllm", algo: "sha256_cbor", bs: 16, streams: []attestStream{ok}, parity: "ok", rehash: true},
 		// Parity held for a while, then a mismatching stream: auto re-keys every block it
 		// knows (the ok stream's too) with kvgate's fast chain.
