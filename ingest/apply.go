@@ -162,6 +162,7 @@ func (a *applier) stored(ev *Event) {
 	cfg := &e.m.cfg
 	e.c.stored.Inc()
 	nb := len(ev.Hashes)
+	e.refs.touch(ev.Hashes)
 	for _, h := range ev.Hashes {
 		e.hold(h, ev.Medium)
 	}
@@ -431,6 +432,7 @@ func (a *applier) removed(ev *Event) {
 	e.c.removed.Inc()
 	fast := e.fast.Load()
 	a.rm = a.rm[:0]
+	e.refs.touch(ev.Hashes)
 	for _, h := range ev.Hashes {
 		known, gone, left := e.refs.dec(h, ev.Medium)
 		if known && gone {

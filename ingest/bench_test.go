@@ -276,3 +276,29 @@ func TestDecodeApplyZeroAllocNewPaths(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkRefTable: one op stores and removes one hash among 16K live ones in the
+// default-sized table (the holder counting every stored and removed key pays).
+func BenchmarkRefTable(b *testing.B) {
+	rt := newRefTable(1 << 17)
+	const live = 1 << 14
+	keys := make([]uint64, 2*live)
+	x := uint64(88172645463325252)
+	for i := range keys {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		keys[i] = x
+	}
+	for _, k := range keys[:live] {
+		rt.inc(k, MediumGPU)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		j := i % live
+		rt.inc(keys[live+j], MediumGPU)
+		rt.dec(keys[j], MediumGPU)
+		keys[j], keys[live+j] = keys[live+j], keys[j]
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"slices"
 )
 
 // Flavor is the engine family whose wire conventions a decoder applies.
@@ -463,25 +464,62 @@ func (d *BatchDecoder) field(ev *Event, f int) {
 }
 
 // tokenIDs reads token_ids: an array of ids, or (SGLang with EAGLE) of [t, t_next] pairs,
-// kept flattened in ev.Tokens.
+// kept flattened in ev.Tokens. The first element says which; an element of the other
+// kind makes the event invalid.
 func (d *BatchDecoder) tokenIDs(ev *Event) {
 	r := &d.r
-	for k := r.arrayLen(); k > 0 && r.err == nil; k-- {
-		if c, ok := r.peek(); ok && c&0xf0 == 0x90 {
-			if len(ev.Tokens) > 0 && !ev.Bigram || r.arrayLen() != 2 {
-				r.fail(errType) // pairs mixed with ids, or not pairs
+	n := r.arrayLen()
+	if n == 0 || r.err != nil {
+		return
+	}
+	if c, _ := r.peek(); c&0xf0 == 0x90 {
+		ev.Bigram = true
+		for ; n > 0 && r.err == nil; n-- {
+			if r.arrayLen() != 2 && r.err == nil {
+				r.fail(errType)
 				return
 			}
-			ev.Bigram = true
 			d.tokenID(ev)
 			d.tokenID(ev)
+		}
+		return
+	}
+	// The common encodings (positive fixint, uint8/16/32) inline; the rest, errors
+	// included, through tokenID. n is bounded by the bytes left (arrayLen).
+	toks := slices.Grow(ev.Tokens, n)
+	p, off := r.p, r.off
+	for ; n > 0; n-- {
+		if off >= len(p) {
+			break
+		}
+		switch c := p[off]; {
+		case c <= 0x7f:
+			toks = append(toks, uint32(c))
+			off++
+			continue
+		case c == 0xcd && off+2 < len(p):
+			toks = append(toks, uint32(binary.BigEndian.Uint16(p[off+1:])))
+			off += 3
+			continue
+		case c == 0xce && off+4 < len(p):
+			toks = append(toks, binary.BigEndian.Uint32(p[off+1:]))
+			off += 5
+			continue
+		case c == 0xcc && off+1 < len(p):
+			toks = append(toks, uint32(p[off+1]))
+			off += 2
 			continue
 		}
-		if ev.Bigram {
-			r.fail(errType)
+		r.off, ev.Tokens = off, toks
+		d.tokenID(ev)
+		if r.err != nil {
 			return
 		}
-		d.tokenID(ev)
+		toks, off = ev.Tokens, r.off
+	}
+	r.off, ev.Tokens = off, toks
+	if n > 0 {
+		r.fail(errShort)
 	}
 }
 

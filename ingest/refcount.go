@@ -5,13 +5,34 @@ package ingest
 // de-duplicate identical blocks (two requests filling the same block each store it and
 // each eviction removes one), every KV cache group of a hybrid model stores the blocks
 // it keeps, and an offloading connector may announce a hash once per chunk.
+//
+// The counts are refBits-bit fields of one word, one per tier, saturating: a saturated
+// count never reaches zero again. An entry whose counts are all zero is free.
 type refEntry struct {
-	key   uint64
-	count [numMedia]uint16 // saturating: a saturated count never reaches zero again
-	used  bool
+	key    uint64
+	counts uint64
 }
 
-const refWays = 8
+const (
+	refBits = 12
+	refMax  = 1<<refBits - 1
+	// refWays entries of 16 bytes: one 64-byte cache line per set, so a lookup costs at
+	// most one miss (the table is allocated whole, hence line-aligned).
+	refWays = 4
+)
+
+func (e *refEntry) count(m Medium) uint64 { return e.counts >> (refBits * m) & refMax }
+
+// holders is the set of tiers with a holder of e.
+func (e *refEntry) holders() Media {
+	var s Media
+	for m := Medium(0); m < numMedia; m++ {
+		if e.count(m) != 0 {
+			s |= 1 << m
+		}
+	}
+	return s
+}
 
 // refTable is a bounded set-associative map engine hash -> holders per tier, so that a
 // BlockRemoved reaches the inventory only when the last holder of that hash on the
@@ -24,6 +45,7 @@ type refTable struct {
 	cap     int
 	victim  uint32
 	evicted uint64 // live entries dropped from a full set
+	sink    uint64 // touch's result, so the compiler keeps its loads
 }
 
 func newRefTable(capacity int) refTable {
@@ -36,20 +58,7 @@ func newRefTable(capacity int) refTable {
 
 func (t *refTable) set(k uint64) []refEntry {
 	i := ((k * 0xD6E8FEB86659FD93) >> 32) & t.mask
-	return t.ents[i*refWays : i*refWays+refWays]
-}
-
-func (t *refTable) find(k uint64) *refEntry {
-	if t.ents == nil {
-		return nil
-	}
-	s := t.set(k)
-	for i := range s {
-		if s[i].used && s[i].key == k {
-			return &s[i]
-		}
-	}
-	return nil
+	return t.ents[i*refWays : i*refWays+refWays : i*refWays+refWays]
 }
 
 // inc records one more holder of k on tier m. It reports whether k is new on m (so the
@@ -62,18 +71,18 @@ func (t *refTable) inc(k uint64, m Medium) (newOnTier bool, dropped Media) {
 	s := t.set(k)
 	free := -1
 	for i := range s {
-		if !s[i].used {
+		if s[i].counts == 0 {
 			if free < 0 {
 				free = i
 			}
 			continue
 		}
 		if s[i].key == k {
-			c := &s[i].count[m]
-			if *c < ^uint16(0) {
-				*c++
+			c := s[i].count(m)
+			if c < refMax {
+				s[i].counts += 1 << (refBits * m)
 			}
-			return *c == 1, 0
+			return c == 0, 0
 		}
 	}
 	if free < 0 {
@@ -82,8 +91,7 @@ func (t *refTable) inc(k uint64, m Medium) (newOnTier bool, dropped Media) {
 		dropped = s[free].holders()
 		t.evicted++
 	}
-	s[free] = refEntry{key: k, used: true}
-	s[free].count[m] = 1
+	s[free] = refEntry{key: k, counts: 1 << (refBits * m)}
 	return true, dropped
 }
 
@@ -91,33 +99,39 @@ func (t *refTable) inc(k uint64, m Medium) (newOnTier bool, dropped Media) {
 // entry (never seen, or dropped from a full set): the caller then treats it as the last
 // holder. goneFromTier: m holds k no more. left: the tiers still holding k.
 func (t *refTable) dec(k uint64, m Medium) (known, goneFromTier bool, left Media) {
-	e := t.find(k)
-	if e == nil {
+	if t.ents == nil {
 		return false, true, 0
 	}
-	c := &e.count[m]
-	switch {
-	case *c == 0: // a removal with no store on this tier: nothing to take away
-		return true, false, e.holders()
-	case *c < ^uint16(0):
-		*c--
+	s := t.set(k)
+	for i := range s {
+		e := &s[i]
+		if e.counts == 0 || e.key != k {
+			continue
+		}
+		switch c := e.count(m); c {
+		case 0: // a removal with no store on this tier: nothing to take away
+			return true, false, e.holders()
+		case refMax: // saturated: stays
+		default:
+			e.counts -= 1 << (refBits * m)
+		}
+		return true, e.count(m) == 0, e.holders()
 	}
-	left = e.holders()
-	if left == 0 {
-		*e = refEntry{}
-	}
-	return true, *c == 0, left
+	return false, true, 0
 }
 
-// holders is the set of tiers with a holder of e.
-func (e *refEntry) holders() Media {
-	var m Media
-	for i, c := range e.count {
-		if c > 0 {
-			m |= 1 << i
-		}
+// touch loads the set of every key before the caller walks them one by one: the loads
+// are independent, so their cache misses overlap instead of queueing behind each
+// update (Go has no prefetch instruction; a read it cannot drop does the same).
+func (t *refTable) touch(keys []uint64) {
+	if t.ents == nil {
+		return
 	}
-	return m
+	var x uint64
+	for _, k := range keys {
+		x += t.set(k)[0].counts
+	}
+	t.sink = x
 }
 
 func (t *refTable) reset() { clear(t.ents) }
