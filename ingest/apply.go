@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"bytes"
 	"fmt"
 	"time"
 
@@ -219,8 +220,9 @@ func (a *applier) hashBlocks(ev *Event) bool {
 		}
 		extra = 1
 	}
-	if bs <= 0 || len(tokens) != nb*bs+extra {
-		// Offload events may carry no tokens: nothing to hash.
+	if bs <= 0 || len(tokens) != nb*bs+extra || isCheckpoint(ev) {
+		// Offload events may carry no tokens: nothing to hash. A mamba checkpoint store
+		// names a node's last page hash with only that page's tokens and no parent.
 		if cfg.Chain != nil {
 			e.c.paritySkipped.Inc()
 		}
@@ -294,6 +296,19 @@ func (a *applier) hashBlocks(ev *Event) bool {
 		e.c.paritySkipped.Inc()
 	}
 	return doFast && len(a.fkeys) == nb
+}
+
+// isCheckpoint reports an SGLang mamba component store: one hash, the last page of a
+// radix node, published without its parent (mem_cache events recorder), so its tokens
+// cannot be re-hashed; its hash is the full-attention page's, counted as another holder.
+func isCheckpoint(ev *Event) bool {
+	c := ev.Component
+	for i := 0; i+5 <= len(c); i++ {
+		if bytes.EqualFold(c[i:i+5], []byte("mamba")) {
+			return true
+		}
+	}
+	return false
 }
 
 // noteBlockSize records the block size a store's tokens prove (bs tokens per published

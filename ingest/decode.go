@@ -411,7 +411,11 @@ func (d *BatchDecoder) field(ev *Event, f int) {
 		if r.isNil() {
 			return
 		}
-		ev.Medium = mediumOf(r.str())
+		m := r.str()
+		ev.Medium = mediumOf(m)
+		if ev.Medium == MediumOther && d.Flavor == FlavorSGLang {
+			ev.Component = m // perhaps a component type written before medium (see fSGLangTail)
+		}
 	case fLoRAName:
 		if r.isNil() {
 			return
@@ -454,7 +458,15 @@ func (d *BatchDecoder) field(ev *Event, f int) {
 		case c&0xf0 == 0x80 || c == 0xde || c == 0xdf:
 			d.metadata(ev)
 		case c&0xe0 == 0xa0 || c == 0xd9 || c == 0xda || c == 0xdb:
-			ev.Component = r.str()
+			// SGLang's component-typed stores (BlockStoredWithComponentType: FULL, SWA,
+			// MAMBA...) add component_type; its position relative to medium is not pinned
+			// by a vector yet, so a known medium name after an unknown one is the medium.
+			str := r.str()
+			if m := mediumOf(str); m != MediumOther && ev.Medium == MediumOther && ev.Component != nil {
+				ev.Medium = m
+			} else {
+				ev.Component = str
+			}
 		default:
 			r.skip()
 		}

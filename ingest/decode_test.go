@@ -26,6 +26,7 @@ type goldenEvent struct {
 	Group        *int     `json:"group,omitempty"`
 	SpecKind     string   `json:"spec_kind,omitempty"`
 	Window       int      `json:"sliding_window,omitempty"`
+	Component    string   `json:"component,omitempty"`
 }
 
 type goldenBatch struct {
@@ -113,6 +114,7 @@ func TestDecodeGoldens(t *testing.T) {
 						fallthrough
 					case EventRemoved:
 						ge.Medium = ev.Medium.String()
+						ge.Component = string(ev.Component)
 						ge.Hashes = []string{}
 						for _, h := range ev.Hashes {
 							ge.Hashes = append(ge.Hashes, strconv.FormatUint(h, 10))

@@ -218,6 +218,21 @@ raw_case("sglang-bigram-store", "sglang", [2.0, [
     exp_stored([SG[2]], SG[1], [5, 6, 6, 151643], 2, bigram=True, has_salt=True, cache_salt="s")],
     2.0, 0)
 
+# SGLang component-typed stores (BlockStoredWithComponentType, the newer events
+# recorder): component_type's position relative to medium is not pinned yet; both orders
+# decode to the same medium and component.
+raw_case("sglang-component-types", "sglang", [9.0, [
+    ["BlockStored", [SG[0]], None, [1, 2, 3, 4], 4, None, "GPU", "FULL"],
+    ["BlockStored", [SG[0]], None, [1, 2, 3, 4], 4, None, "MAMBA", "GPU"],
+    ["BlockStored", [SG[1]], None, [5, 6, 7, 8], 4, None, "GPU", "SWA", {"cache_salt": "s"}],
+    ["BlockRemoved", [SG[0]], "GPU", "MAMBA"],
+    ["BlockRemoved", [SG[0]], "MAMBA", "CPU_PINNED"]], 0], [
+    exp_stored([SG[0]], None, [1, 2, 3, 4], 4, component="FULL"),
+    exp_stored([SG[0]], None, [1, 2, 3, 4], 4, component="MAMBA"),
+    exp_stored([SG[1]], None, [5, 6, 7, 8], 4, component="SWA", has_salt=True, cache_salt="s"),
+    exp_removed([SG[0]], component="MAMBA"), exp_removed([SG[0]], medium="CPU", component="MAMBA")],
+    9.0, 0)
+
 # vLLM (distributed/kv_events.py at 0181ea3): EventBatch and KVCacheEvent are tagged
 # structs with omit_defaults and no array_like: the batch is a map, every event a map
 # whose "type" comes first; fields without a default (lora_id, medium, lora_name) are
