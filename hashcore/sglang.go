@@ -110,9 +110,12 @@ func (c *sglangChain) appendPage(buf []byte, tokens []uint32, i int) []byte {
 		return appendUint32sLE(buf, tokens[i*bs:(i+1)*bs])
 	}
 	page := tokens[i*bs : (i+1)*bs+1]
+	n := len(buf)
+	buf = slices.Grow(buf, 8*bs)[:n+8*bs] // AppendKeys reserved it: no copy
+	w := buf[n : n+8*bs]
 	for j := 0; j < bs; j++ {
-		buf = binary.LittleEndian.AppendUint32(buf, page[j])
-		buf = binary.LittleEndian.AppendUint32(buf, page[j+1])
+		binary.LittleEndian.PutUint32(w[8*j:], page[j])
+		binary.LittleEndian.PutUint32(w[8*j+4:], page[j+1])
 	}
 	return buf
 }

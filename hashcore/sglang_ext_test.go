@@ -210,3 +210,24 @@ func FuzzSGLangSaltBigram(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkSGLangSaltBigram: an 8,192-token prompt in 16-token pages, salted, with plain
+// and EAGLE bigram pages (a bigram page hashes twice the bytes, on the portable loop).
+func BenchmarkSGLangSaltBigram(b *testing.B) {
+	toks := benchPrompt()
+	for _, bigram := range []bool{false, true} {
+		c, err := New(Spec{Engine: "sglang", BlockSize: benchBlock, Bigram: bigram})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ex := &Extras{CacheSalt: "tenant-a"}
+		b.Run(c.Name()+"/salted", func(b *testing.B) {
+			dst := make([]uint64, 0, len(toks))
+			b.SetBytes(int64(4 * len(toks)))
+			b.ReportAllocs()
+			for b.Loop() {
+				dst, _ = c.AppendKeys(dst[:0], c.Root(), toks, ex, true)
+			}
+		})
+	}
+}
