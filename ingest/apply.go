@@ -271,6 +271,7 @@ func (a *applier) hashBlocks(ev *Event) bool {
 	mismatch := false
 	for i := 0; i < nb; i++ {
 		ent := e.blocks.put(ev.Hashes[i])
+		ent.level = 0 // on a routed tier again (see removed)
 		if attest {
 			a.ckeys, pc = cfg.Chain.AppendKeys(a.ckeys[:0], pc, tokens[i*bs:(i+1)*bs+extra], ex, first && i == 0)
 			if n := len(a.ckeys); n != bs/cfg.Chain.BlockSize() || a.ckeys[n-1] != ev.Hashes[i] {
@@ -460,13 +461,19 @@ func (a *applier) removed(ev *Event) {
 			}
 			continue
 		}
+		b := e.blocks.get(h)
 		if !fast {
 			a.rm = append(a.rm, h)
-		} else if b := e.blocks.get(h); b != nil && b.hasF {
+		} else if b != nil && b.hasF {
 			a.rm = append(a.rm, b.fkey)
 		}
-		if left == 0 {
+		switch {
+		case left == 0:
 			e.blocks.del(h)
+		case b != nil:
+			// Kept for its other tiers' sake (a later chain may name it as parent), but
+			// off the routed ones: a switch to re-hashed keys must not index it.
+			b.level = 1
 		}
 	}
 	if len(a.rm) > 0 {
