@@ -98,6 +98,13 @@ func TestSGLangBigramChaining(t *testing.T) {
 	if _, err := New(Spec{Engine: "vllm", BlockSize: 16, Bigram: true}); err == nil {
 		t.Fatal("vllm with bigram accepted")
 	}
+	byAlgo, err := New(Spec{Engine: "sglang", Algo: "sha256-bigram", BlockSize: 4})
+	if err != nil || byAlgo.Name() != "sglang/sha256-bigram" || !HashesBigrams(byAlgo) {
+		t.Fatalf("algo sha256-bigram: %v %v", byAlgo, err)
+	}
+	if _, err := New(Spec{Engine: "sglang", Algo: "sha256_cbor", BlockSize: 4}); err == nil {
+		t.Fatal("sglang sha256_cbor accepted")
+	}
 }
 
 func TestSGLangSaltBigramAllocatesNothing(t *testing.T) {

@@ -25,7 +25,7 @@ var ErrMultimodal = errors.New("hashcore: multimodal extra keys are not supporte
 // Spec names one engine contract and its parameters.
 type Spec struct {
 	Engine    string // "vllm" | "sglang" | "kvgate"
-	Algo      string // vllm: "sha256" (default) | "sha256_cbor" | "xxhash" | "xxhash_cbor"; sglang: "sha256"; kvgate: "fast"
+	Algo      string // vllm: "sha256" (default) | "sha256_cbor" | "xxhash" | "xxhash_cbor"; sglang: "sha256" | "sha256-bigram" (= Bigram); kvgate: "fast"
 	BlockSize int    // tokens per hashed block: SGLang page size; vLLM's hash block size (block_size x decode-context-parallel size; hybrid models: prefix_match_unit or the GCD of group block sizes)
 	Seed      string // the engine's PYTHONHASHSEED value (vLLM only)
 	SeedSet   bool   // false: the engine runs with PYTHONHASHSEED unset
@@ -59,8 +59,12 @@ func New(s Spec) (Chain, error) {
 	case "vllm":
 		return newVLLM(s)
 	case "sglang":
-		if s.Algo != "" && s.Algo != "sha256" {
-			return nil, fmt.Errorf("hashcore: sglang algo %q: SGLang pages use sha256 only", s.Algo)
+		switch s.Algo {
+		case "", "sha256":
+		case "sha256-bigram": // the chain's name, so -kv-hash-algo can select it too
+			s.Bigram = true
+		default:
+			return nil, fmt.Errorf("hashcore: sglang algo %q: SGLang pages use sha256 (sha256-bigram with EAGLE speculative decoding)", s.Algo)
 		}
 		return &sglangChain{blockSize: s.BlockSize, bigram: s.Bigram}, nil
 	default: // "kvgate"
