@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/ingest/enginepub"
 )
 
@@ -197,5 +198,43 @@ func TestTopicWithSGLangEpoch(t *testing.T) {
 	waitFor(t, "batch", func() bool { return m.Status(0).Batches == 1 })
 	if st := m.Status(0); st.TopicSkipped != 0 || !slices.Equal(invKeys(inv, 0), []uint64{42}) {
 		t.Fatalf("%+v", st)
+	}
+}
+
+// TestSwitchSkipsBlocksOffRoutedTiers: a block evicted from the GPU but still held on the
+// CPU stays in the block map (a later chain may name it as parent) and leaves the
+// inventory; when a parity failure switches the endpoint to re-hashed keys, only blocks
+// still on the GPU are indexed again.
+func TestSwitchSkipsBlocksOffRoutedTiers(t *testing.T) {
+	ss := loadStreams(t)
+	ok, bad := ss["vllm-ok"], ss["vllm-seed-mismatch"]
+	inv := newInv(t)
+	cfg := testConfig(inv)
+	cfg.Keys = KeysAuto
+	cfg.Chain, cfg.Spec = ruleChain(t, "vllm", "sha256_cbor", 16)
+	m, err := NewManager(cfg, []EndpointConfig{{Name: "v", Engine: "vllm", Events: "tcp://127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newApplier(m.eps[0])
+	root := ok.pubEvents(t)[0].(enginepub.BlockStored) // three blocks from the root
+	a.apply(fmtBatch(root))
+	offloaded := root.Hashes[2]
+	a.apply(fmtBatch(enginepub.BlockStored{Hashes: []uint64{offloaded}, Medium: "CPU"}))
+	a.apply(fmtBatch(enginepub.BlockRemoved{Hashes: []uint64{offloaded}}))
+	if got := invKeys(inv, 0); !slices.Equal(got, sorted(root.Hashes[:2])) {
+		t.Fatalf("after the GPU eviction: %v", got)
+	}
+	a.apply(fmtBatch(bad.pubEvents(t)[0])) // parity fails: switch to fast keys
+	st := m.Status(0)
+	if !st.Rehash || st.Tiers["CPU"] != 1 {
+		t.Fatalf("%+v", st)
+	}
+	f := hashcore.NewFast(16)
+	want := hashcore.Keys(f, nil, root.TokenIDs[:32], nil)
+	badEv := bad.pubEvents(t)[0].(enginepub.BlockStored)
+	want = append(want, hashcore.Keys(f, nil, badEv.TokenIDs, nil)...)
+	if got := invKeys(inv, 0); !slices.Equal(got, sorted(want)) {
+		t.Fatalf("after the switch\n got %v\nwant %v (the CPU-only block must stay out)", got, sorted(want))
 	}
 }
