@@ -206,8 +206,7 @@ func TestTopicWithSGLangEpoch(t *testing.T) {
 // inventory; when a parity failure switches the endpoint to re-hashed keys, only blocks
 // still on the GPU are indexed again.
 func TestSwitchSkipsBlocksOffRoutedTiers(t *testing.T) {
-	ss := loadStreams(t)
-	ok, bad := ss["vllm-ok"], ss["vllm-seed-mismatch"]
+	ok := loadStreams(t)["vllm-ok"]
 	inv := newInv(t)
 	cfg := testConfig(inv)
 	cfg.Keys = KeysAuto
@@ -225,16 +224,30 @@ func TestSwitchSkipsBlocksOffRoutedTiers(t *testing.T) {
 	if got := invKeys(inv, 0); !slices.Equal(got, sorted(root.Hashes[:2])) {
 		t.Fatalf("after the GPU eviction: %v", got)
 	}
-	a.apply(fmtBatch(bad.pubEvents(t)[0])) // parity fails: switch to fast keys
+	// A root store whose keys the rule does not reproduce: parity fails, the endpoint
+	// switches to fast keys.
+	other := enginepub.BlockStored{Hashes: []uint64{1, 2}, TokenIDs: testTokensN(32, 7), BlockSize: 16}
+	a.apply(fmtBatch(other))
 	st := m.Status(0)
 	if !st.Rehash || st.Tiers["CPU"] != 1 {
 		t.Fatalf("%+v", st)
 	}
 	f := hashcore.NewFast(16)
 	want := hashcore.Keys(f, nil, root.TokenIDs[:32], nil)
-	badEv := bad.pubEvents(t)[0].(enginepub.BlockStored)
-	want = append(want, hashcore.Keys(f, nil, badEv.TokenIDs, nil)...)
+	want = append(want, hashcore.Keys(f, nil, other.TokenIDs, nil)...)
+	if len(sorted(want)) != 4 {
+		t.Fatal("test tokens collide")
+	}
 	if got := invKeys(inv, 0); !slices.Equal(got, sorted(want)) {
 		t.Fatalf("after the switch\n got %v\nwant %v (the CPU-only block must stay out)", got, sorted(want))
 	}
+}
+
+func testTokensN(n int, seed uint32) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		seed = seed*1664525 + 1013904223
+		out[i] = seed % 150000
+	}
+	return out
 }
