@@ -27,7 +27,7 @@ type latencyModel struct {
 
 func modelOf(c enginesim.Config) latencyModel {
 	return latencyModel{MaxBatch: max(c.MaxBatch, 1), BlockSize: max(c.Chain.BlockSize(), 1), PrefillBase: c.PrefillBase,
-		PrefillPerToken: c.PrefillPerToken, DecodePerToken: c.DecodePerToken}
+		PrefillPerToken: c.PrefillPerToken, DecodePerToken: c.DecodePerToken, SharedPrefill: c.PrefillShared}
 }
 
 // inFlight is an admitted request as the admission model sees it: when (from now) it
@@ -205,7 +205,7 @@ func (o *oracle) prompt(body []byte, chat bool) (tokens []uint32, keys []uint64,
 		if !present(r.Messages) {
 			return nil, nil, maxNew
 		}
-		tokens, err = c.Encoder.EncodeChat(nil, r.Messages, nil, nil)
+		tokens, err = c.Encoder.EncodeChat(nil, &enginesim.ChatPrompt{Messages: r.Messages, AddGenerationPrompt: true})
 	} else {
 		var str string
 		if json.Unmarshal(r.Prompt, &str) != nil {

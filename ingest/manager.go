@@ -39,6 +39,7 @@ func NewManager(cfg Config, eps []EndpointConfig) (*Manager, error) {
 		maxIdx = max(maxIdx, ec.Index)
 		e := newEndpoint(m, ec)
 		e.blocks = newBlockMap(cfg.BlockMapSize)
+		e.refs = newRefTable(cfg.RefCountSize)
 		m.eps = append(m.eps, e)
 	}
 	m.byIndex = make([]*endpoint, maxIdx+1)

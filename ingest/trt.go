@@ -207,6 +207,7 @@ func (t *trtApplier) stored(d *trtData) {
 	tokens := t.tokens[:0]
 	for i := range d.Blocks {
 		blk := &d.Blocks[i]
+		e.noteBlockSize(len(blk.Tokens), bs)
 		if len(blk.Tokens) != bs {
 			e.c.unkeyable.Inc()
 			break // the chain cannot continue past a block kvgate cannot key

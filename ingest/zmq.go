@@ -168,6 +168,14 @@ func (s *rankSub) loop(z *zsock) {
 	}
 }
 
+// topicMatches reports whether a message's topic frame is the configured topic t. A
+// snapshot-capable SGLang publisher appends metadata after a NUL to its topic frame
+// (t + "\x00sgl-kv-epoch=<epoch>", and "\x00sgl-kv-snapshot=<id>" on its barriers): that
+// is still t.
+func topicMatches(frame []byte, t string) bool {
+	return len(frame) >= len(t) && string(frame[:len(t)]) == t && (len(frame) == len(t) || frame[len(t)] == 0)
+}
+
 // handle applies one live message [topic, seq, payload].
 func (s *rankSub) handle(frames [][]byte) {
 	c := &s.e.c
@@ -175,7 +183,7 @@ func (s *rankSub) handle(frames [][]byte) {
 		c.decodeErrors.Inc()
 		return
 	}
-	if t := s.e.cfg.Topic; t != "" && string(frames[0]) != t {
+	if t := s.e.cfg.Topic; t != "" && !topicMatches(frames[0], t) {
 		c.topicSkipped.Inc()
 		return
 	}
