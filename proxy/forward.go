@@ -239,7 +239,10 @@ func (s *Server) relayResponse(ctx context.Context, c *app.RequestContext, st *r
 	body := res.BodyStream()
 	sse := bytes.HasPrefix(res.Header.ContentType(), []byte("text/event-stream"))
 	cl := res.Header.ContentLength()
+	status := res.StatusCode()
+	var first time.Time // first body byte to the client
 	if !sse && cl >= 0 && cl <= 1<<20 {
+		broke := false
 		st.out = st.out[:0]
 		for {
 			if len(st.out) == cap(st.out) {
@@ -259,17 +262,27 @@ func (s *Server) relayResponse(ctx context.Context, c *app.RequestContext, st *r
 					}
 					writeError(c, 502, "upstream_error", "endpoint "+ep.spec.Name+" broke off its response: "+err.Error())
 					setDecisionHeaders(c, ep, d)
-					return true
+					status, broke = 502, true
 				}
 				break
 			}
 		}
-		res.CloseBodyStream() //nolint:errcheck
-		c.Response.SetBody(st.out)
-		s.receipt(d, st.out)
-		return true
+		if !broke {
+			res.CloseBodyStream() //nolint:errcheck
+			c.Response.SetBody(st.out)
+			s.receipt(d, st.out)
+		}
+		first = time.Now() // hertz writes the whole answer as the handler returns
+	} else {
+		first = s.streamBody(ctx, c, st, d, res, sse)
 	}
-	s.streamBody(ctx, c, st, d, res, sse)
+	// The one place answers are recorded (duration, TTFT, status code).
+	end := time.Now()
+	var ttft time.Duration
+	if !first.IsZero() {
+		ttft = first.Sub(st.arrived)
+	}
+	s.m.observeRequest(d.ep, d.route, status, end.Sub(st.arrived), ttft)
 	return true
 }
 
@@ -291,7 +304,8 @@ func (w *abortableWriter) Finalize() error {
 
 // streamBody relays res's body as it arrives. A client disconnect (sensed by hertz)
 // or a failed write force-closes the upstream connection, cancelling the engine's work.
-func (s *Server) streamBody(ctx context.Context, c *app.RequestContext, st *reqState, d *decision, res *protocol.Response, sse bool) {
+// It returns when the first body byte was written to the client (zero: none was).
+func (s *Server) streamBody(ctx context.Context, c *app.RequestContext, st *reqState, d *decision, res *protocol.Response, sse bool) (first time.Time) {
 	c.Response.Header.Del("Content-Length")
 	w := &abortableWriter{ExtWriter: resp.NewChunkedBodyWriter(&c.Response, c.GetWriter())}
 	c.Response.HijackWriter(w)
@@ -312,6 +326,9 @@ func (s *Server) streamBody(ctx context.Context, c *app.RequestContext, st *reqS
 	for {
 		n, err := body.Read(st.relay)
 		if n > 0 {
+			if first.IsZero() {
+				first = time.Now()
+			}
 			if _, werr := w.Write(st.relay[:n]); werr != nil {
 				clientGone = true
 			} else if ferr := w.Flush(); ferr != nil {
@@ -350,6 +367,7 @@ func (s *Server) streamBody(ctx context.Context, c *app.RequestContext, st *reqS
 	if rs.found {
 		s.recordReceipt(d, rs.cached, rs.prompt)
 	}
+	return first
 }
 
 // receiptScanner finds usage.prompt_tokens_details.cached_tokens in SSE data lines as

@@ -71,6 +71,7 @@ type Server struct {
 	draining  atomic.Bool
 	pool      sync.Pool // *reqState
 	gapWarned []atomic.Int64
+	states    *stateWatcher
 }
 
 // Options are runtime hooks that are not part of the rule.
@@ -148,6 +149,7 @@ func New(cfg Config, opt Options) (*Server, error) {
 		}
 		s.kv = kv
 	}
+	s.states = newStateWatcher(s)
 	return s, nil
 }
 
@@ -179,10 +181,13 @@ func (s *Server) start() error {
 		}
 		s.adminLn = ln
 	}
+	s.logRule()
 	if s.kv != nil {
 		if err := s.kv.start(s.ctx); err != nil {
 			return err
 		}
+		s.wg.Add(1)
+		go s.states.run()
 	}
 	if s.cfg.HealthInterval > 0 {
 		s.wg.Add(1)
@@ -350,6 +355,9 @@ type reqState struct {
 	// routeStart is when parsing began: the first decision records the whole routing
 	// overhead (steps 1-5) from it in kvgate_route_seconds.
 	routeStart time.Time
+	// arrived is when the handler began (before the body was read): answers' duration
+	// and TTFT count from it.
+	arrived time.Time
 }
 
 func newReqState(n int) *reqState {
@@ -495,6 +503,7 @@ func (s *Server) handleOpenAI(ctx context.Context, c *app.RequestContext, chat b
 	defer s.track(c)()
 	st := s.getState()
 	defer s.putState(st)
+	st.arrived = time.Now()
 	if !s.readBody(c, st) {
 		return
 	}
@@ -518,10 +527,12 @@ func (s *Server) handlePassThrough(ctx context.Context, c *app.RequestContext) {
 	defer s.track(c)()
 	st := s.getState()
 	defer s.putState(st)
+	st.arrived = time.Now()
 	if !s.readBody(c, st) {
 		return
 	}
 	st.oa.Reset()
+	st.routeStart = time.Now()
 	s.serveOne(ctx, c, st, false)
 }
 
