@@ -265,6 +265,9 @@ type Config struct {
 	AffinityMax int
 
 	ShutdownGrace time.Duration
+	// ShutdownDelay is how long, after SIGTERM, /readyz answers 503 while the public
+	// listener keeps serving, so balancers take the replica out before it stops accepting.
+	ShutdownDelay time.Duration
 	AdminToken    string // when set, the admin listener wants Authorization: Bearer <token>
 }
 
@@ -295,6 +298,7 @@ func Defaults() Config {
 		AffinityTTL:          10 * time.Minute,
 		AffinityMax:          100000,
 		ShutdownGrace:        30 * time.Second,
+		ShutdownDelay:        5 * time.Second,
 	}
 }
 
@@ -461,6 +465,12 @@ func (c *Config) Validate() error {
 	}
 	if c.AffinityMax < 0 {
 		return refuse("-affinity-max", "must be >= 0")
+	}
+	if c.ShutdownDelay < 0 {
+		return refuse("-shutdown-delay", "must be >= 0")
+	}
+	if c.ShutdownGrace < 0 {
+		return refuse("-shutdown-grace", "must be >= 0")
 	}
 	return nil
 }

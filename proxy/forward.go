@@ -235,6 +235,9 @@ func copyResponseHeader(c *app.RequestContext, res *protocol.Response) {
 // endpoint to answer.
 func (s *Server) relayResponse(ctx context.Context, c *app.RequestContext, st *reqState, d *decision, ep *endpoint, res *protocol.Response) bool {
 	copyResponseHeader(c, res)
+	if s.draining.Load() {
+		c.SetConnectionClose() // shutting down: the client reconnects through its balancer
+	}
 	setDecisionHeaders(c, ep, d)
 	body := res.BodyStream()
 	sse := bytes.HasPrefix(res.Header.ContentType(), []byte("text/event-stream"))

@@ -256,6 +256,15 @@ func (s *Server) AdminAddr() string {
 	return s.adminLn.Addr().String()
 }
 
+// BeginDrain is the first step of a rolling-deploy shutdown: /readyz answers 503 from
+// now on and answers carry Connection: close, while the public listener keeps serving
+// (the caller waits -shutdown-delay, then calls Shutdown).
+func (s *Server) BeginDrain() {
+	if !s.draining.Swap(true) {
+		s.log.Warn("draining: /readyz answers 503, still serving until the drain delay ends", "delay", s.cfg.ShutdownDelay)
+	}
+}
+
 // Shutdown stops accepting, lets in-flight requests finish within ctx (or the
 // configured grace), then stops subscribers and health checks. Keep-alive connections
 // idle between requests do not hold it up: once no handler runs, it proceeds.

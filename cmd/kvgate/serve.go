@@ -85,7 +85,8 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 	fs.IntVar(&cfg.MaxRetries, "max-retries", 0, "retries after connect failures (default 0: up to the number of endpoints)")
 	fs.DurationVar(&cfg.AffinityTTL, "affinity-ttl", cfg.AffinityTTL, "mode 1 session affinity lifetime")
 	fs.IntVar(&cfg.AffinityMax, "affinity-max", cfg.AffinityMax, "mode 1 session affinity entries (LRU beyond; 0 disables)")
-	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "on SIGINT/SIGTERM, how long in-flight requests may finish")
+	fs.DurationVar(&cfg.ShutdownDelay, "shutdown-delay", cfg.ShutdownDelay, "on SIGINT/SIGTERM, how long /readyz answers 503 while the public listener still serves, so balancers stop sending before it stops accepting (a second signal exits at once)")
+	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "after the drain delay, how long in-flight requests and streams may finish once the listener stops accepting")
 	fs.StringVar(&logLevel, "log-level", "info", "debug | info | warn | error")
 	if err := fs.Parse(args); err != nil {
 		return cfg, "", err
@@ -206,7 +207,10 @@ func runServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	log.Info("kvgate serving", "listen", s.PublicAddr(), "admin", s.AdminAddr(), "endpoints", len(cfg.Endpoints))
 	<-ctx.Done()
-	log.Info("shutting down: draining in-flight requests", "grace", cfg.ShutdownGrace)
+	stop() // from here a second SIGINT/SIGTERM ends the process at once
+	s.BeginDrain()
+	time.Sleep(cfg.ShutdownDelay)
+	log.Info("shutting down: listener closed, draining in-flight requests", "grace", cfg.ShutdownGrace)
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace+time.Second)
 	defer cancel()
 	if err := s.Shutdown(sctx); err != nil {

@@ -77,7 +77,7 @@ func TestServeRunsAndStopsOnSIGTERM(t *testing.T) {
 	done := make(chan int, 1)
 	var stderr bytes.Buffer
 	go func() {
-		done <- runServe([]string{"-listen", pub, "-admin-listen", adm, "-endpoint", "name=e,url=" + engine.URL, "-health-interval", "0", "-shutdown-grace", "2s"}, nil, io.Discard, &lockedWriter{w: &stderr})
+		done <- runServe([]string{"-listen", pub, "-admin-listen", adm, "-endpoint", "name=e,url=" + engine.URL, "-health-interval", "0", "-shutdown-grace", "2s", "-shutdown-delay", "0"}, nil, io.Discard, &lockedWriter{w: &stderr})
 	}()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
