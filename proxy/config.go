@@ -268,7 +268,10 @@ type Config struct {
 	// ShutdownDelay is how long, after SIGTERM, /readyz answers 503 while the public
 	// listener keeps serving, so balancers take the replica out before it stops accepting.
 	ShutdownDelay time.Duration
-	AdminToken    string // when set, the admin listener wants Authorization: Bearer <token>
+	// AccessLog writes one INFO line per answered request (endpoint, route, predicted
+	// and delivered cached tokens, TTFT, status).
+	AccessLog  bool
+	AdminToken string // when set, the admin listener wants Authorization: Bearer <token>
 }
 
 // Defaults returns a Config with every documented default filled in.

@@ -191,3 +191,27 @@ func TestMetricsStatusCodes(t *testing.T) {
 		}
 	}
 }
+
+// -access-log: one INFO line per answered request with the decision and its receipt;
+// none without the flag.
+func TestAccessLog(t *testing.T) {
+	a := newFakeEngine(t, "a")
+	cfg := testConfig(a.url())
+	cfg.AccessLog = true
+	s, lb := startLogged(t, cfg, nil)
+	post(t, s.url("/v1/completions"), complBody, "X-Request-Id", "req-42")
+	post(t, s.url("/v1/chat/completions"), `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	if l := lb.lines("level=INFO", "msg=request", "request_id=req-42", "path=/v1/completions", "endpoint=e0", "route=rr",
+		"status=200", "predicted_cached_tokens=0", "delivered_cached_tokens=32", "ttft_ms=", "duration_ms="); len(l) != 1 {
+		t.Errorf("access log line for the completion: %q", lb.String())
+	}
+	if l := lb.lines("msg=request", "path=/v1/chat/completions", "status=200"); len(l) != 1 {
+		t.Errorf("access log line for the stream: %q", lb.String())
+	}
+	cfg.AccessLog = false
+	s2, lb2 := startLogged(t, cfg, nil)
+	post(t, s2.url("/v1/completions"), complBody)
+	if l := lb2.lines("msg=request"); len(l) != 0 {
+		t.Errorf("access log without -access-log: %q", l)
+	}
+}

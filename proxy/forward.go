@@ -273,7 +273,7 @@ func (s *Server) relayResponse(ctx context.Context, c *app.RequestContext, st *r
 		if !broke {
 			res.CloseBodyStream() //nolint:errcheck
 			c.Response.SetBody(st.out)
-			s.receipt(d, st.out)
+			st.cached = s.receipt(d, st.out)
 		}
 		first = time.Now() // hertz writes the whole answer as the handler returns
 	} else {
@@ -286,6 +286,9 @@ func (s *Server) relayResponse(ctx context.Context, c *app.RequestContext, st *r
 		ttft = first.Sub(st.arrived)
 	}
 	s.m.observeRequest(d.ep, d.route, status, end.Sub(st.arrived), ttft)
+	if s.cfg.AccessLog {
+		s.accessLog(c, st, d, status, end.Sub(st.arrived), ttft)
+	}
 	return true
 }
 
@@ -368,6 +371,7 @@ func (s *Server) streamBody(ctx context.Context, c *app.RequestContext, st *reqS
 	}
 	res.CloseBodyStream() //nolint:errcheck
 	if rs.found {
+		st.cached = rs.cached
 		s.recordReceipt(d, rs.cached, rs.prompt)
 	}
 	return first
@@ -428,15 +432,18 @@ func (r *receiptScanner) line(l []byte) {
 }
 
 // receipt reads the delivery receipt from a whole JSON body.
-func (s *Server) receipt(d *decision, body []byte) {
+// It returns the cached tokens, -1 when the body carries no receipt.
+func (s *Server) receipt(d *decision, body []byte) int64 {
 	usage := openai.Path(body, "usage")
 	if usage == nil {
-		return
+		return -1
 	}
 	if n, ok := openai.Int(openai.Path(usage, "prompt_tokens_details", "cached_tokens")); ok {
 		p, _ := openai.Int(openai.Path(usage, "prompt_tokens"))
 		s.recordReceipt(d, n, p)
+		return n
 	}
+	return -1
 }
 
 func (s *Server) recordReceipt(d *decision, cached, prompt int64) {

@@ -367,6 +367,8 @@ type reqState struct {
 	// arrived is when the handler began (before the body was read): answers' duration
 	// and TTFT count from it.
 	arrived time.Time
+	// cached is the engine's cached-token receipt for this answer (-1: none).
+	cached int64
 }
 
 func newReqState(n int) *reqState {
@@ -387,6 +389,7 @@ func (st *reqState) reset() {
 	st.body = st.body[:0]
 	st.chat = false
 	st.canRetry = false
+	st.cached = -1
 	clear(st.excluded)
 	st.tail = st.tail[:0]
 }

@@ -87,6 +87,7 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 	fs.IntVar(&cfg.AffinityMax, "affinity-max", cfg.AffinityMax, "mode 1 session affinity entries (LRU beyond; 0 disables)")
 	fs.DurationVar(&cfg.ShutdownDelay, "shutdown-delay", cfg.ShutdownDelay, "on SIGINT/SIGTERM, how long /readyz answers 503 while the public listener still serves, so balancers stop sending before it stops accepting (a second signal exits at once)")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "after the drain delay, how long in-flight requests and streams may finish once the listener stops accepting")
+	fs.BoolVar(&cfg.AccessLog, "access-log", false, "log one INFO line per answered request: request_id, path, endpoint, route, status, predicted and delivered cached tokens, ttft_ms, duration_ms (default off)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug | info | warn | error")
 	if err := fs.Parse(args); err != nil {
 		return cfg, "", err
