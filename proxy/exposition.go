@@ -38,6 +38,7 @@ var familyHelp = map[string]string{
 	"kvgate_unknown_model_total":             "KV-Exact requests naming a model with no tokenizer.",
 	"kvgate_session_affinity_hits_total":     "Mode-1 requests routed by session affinity.",
 	"kvgate_client_disconnects_total":        "Requests whose client went away before the answer ended.",
+	"kvgate_unauthorized_total":              "Public requests answered 401: no or an unknown API key (-api-keys-file).",
 	"kvgate_inflight_requests":               "Requests in flight to an endpoint.",
 	"kvgate_breaker_state":                   "Circuit breaker state: 0 closed, 1 open, 2 half-open.",
 	"kvgate_endpoint_up":                     "1 when the endpoint is healthy and not administratively down.",

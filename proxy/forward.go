@@ -80,8 +80,12 @@ func (s *Server) buildUpstream(c *app.RequestContext, req *protocol.Request, ep 
 	}
 	req.Header.ResetConnectionClose()
 	req.Header.Del("Expect") // kvgate already holds the whole body
+	if !s.cfg.ForwardAuthorization {
+		req.Header.Del("Authorization") // kvgate checked it; the engine wants none
+	}
 	uri := make([]byte, 0, 64)
-	uri = append(uri, "http://"...)
+	uri = append(uri, ep.spec.scheme...)
+	uri = append(uri, "://"...)
 	uri = append(uri, ep.spec.host...)
 	if path == nil {
 		path = c.Request.URI().RequestURI()
@@ -107,7 +111,11 @@ func (s *Server) buildUpstream(c *app.RequestContext, req *protocol.Request, ep 
 		}
 	}
 	if len(req.Header.Peek("X-Forwarded-Proto")) == 0 {
-		req.Header.Set("X-Forwarded-Proto", "http")
+		if s.certs != nil {
+			req.Header.Set("X-Forwarded-Proto", "https")
+		} else {
+			req.Header.Set("X-Forwarded-Proto", "http")
+		}
 	}
 	req.Header.SetBytesKV(hdrRequestIDb, requestID(c))
 	req.SetBody(body)
@@ -263,7 +271,9 @@ func (s *Server) relayResponse(ctx context.Context, c *app.RequestContext, st *r
 						c.Response.Reset()
 						return false
 					}
-					writeError(c, 502, "upstream_error", "endpoint "+ep.spec.Name+" broke off its response: "+err.Error())
+					// The error text names addresses: it goes to the log, not the client.
+					s.log.Warn("upstream broke off its response", "endpoint", ep.spec.Name, "err", err)
+					writeError(c, 502, "upstream_error", "endpoint "+ep.spec.Name+" broke off its response")
 					setDecisionHeaders(c, ep, d)
 					status, broke = 502, true
 				}

@@ -108,6 +108,8 @@ type proxyMetrics struct {
 	unknownMdl *metrics.Counter
 	affinity   *metrics.Counter
 	clientGone *metrics.Counter
+	// unauthorized: public requests refused 401 for a missing or unknown API key.
+	unauthorized *metrics.Counter
 
 	names []string
 	// answered is created on first use per {route, endpoint}: with 1024 endpoints the
@@ -232,6 +234,7 @@ func newProxyMetrics(names []string) *proxyMetrics {
 	m.unknownMdl = s.NewCounter("kvgate_unknown_model_total")
 	m.affinity = s.NewCounter("kvgate_session_affinity_hits_total")
 	m.clientGone = s.NewCounter("kvgate_client_disconnects_total")
+	m.unauthorized = s.NewCounter("kvgate_unauthorized_total")
 	return m
 }
 

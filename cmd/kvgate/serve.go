@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -51,7 +52,16 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 	var endpointsFile, sel, kvMode, kvScore, logLevel string
 	fs.StringVar(&cfg.Listen, "listen", ":8080", "public listener address (OpenAI API)")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "admin listener address (/metrics, /debug/*, /healthz, /readyz, /admin/*); empty disables it")
-	fs.StringVar(&cfg.AdminToken, "admin-token", "", "when set, admin requests need 'Authorization: Bearer <token>' (except /healthz, /readyz) (default none)")
+	fs.StringVar(&cfg.AdminToken, "admin-token", "", "when set, admin requests need 'Authorization: Bearer <token>' (except /healthz, /readyz); visible in the process list: prefer -admin-token-file (default none)")
+	var adminTokenFile string
+	fs.StringVar(&adminTokenFile, "admin-token-file", "", "file holding the admin token (surrounding whitespace trimmed) (default none)")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate (chain) for the public listener; with -tls-key it serves HTTPS, and a renewed file applies within a second without a restart (default none: plain HTTP)")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key for -tls-cert (default none)")
+	fs.StringVar(&cfg.UpstreamCA, "upstream-ca", "", "PEM CA bundle that verifies https:// endpoints (default none: the system roots)")
+	fs.StringVar(&cfg.UpstreamCert, "upstream-cert", "", "PEM client certificate kvgate presents to https:// endpoints, with -upstream-key (default none)")
+	fs.StringVar(&cfg.UpstreamKey, "upstream-key", "", "PEM private key for -upstream-cert (default none)")
+	fs.StringVar(&cfg.APIKeysFile, "api-keys-file", "", "file of public API keys, one a line (# comments), watched for changes: requests without 'Authorization: Bearer <key>' get 401 (default none: no key needed)")
+	fs.BoolVar(&cfg.ForwardAuthorization, "forward-authorization", cfg.ForwardAuthorization, "pass the client's Authorization header to the engine unchanged (false: remove it)")
 	fs.Var(&endpoints, "endpoint", "upstream engine, repeatable: name=..,url=http://host:port,engine=vllm|sglang|trtllm|llamacpp,role=both|prefill|decode,events=tcp://host:5557,replay=tcp://host:5558,topic=..,dp=N,weight=W,down=true,bootstrap_port=N")
 	fs.StringVar(&endpointsFile, "endpoints-file", "", "file with one -endpoint value per line (# comments) (default none)")
 	fs.StringVar(&sel, "select", "rr", "selector for non-KV routing and KV misses: rr | chwbl")
@@ -100,6 +110,18 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 			cfg.KVHashSeedSet = true
 		}
 	})
+	if adminTokenFile != "" {
+		if cfg.AdminToken != "" {
+			return cfg, "", &proxy.FlagError{Flag: "-admin-token-file", Msg: "give -admin-token or -admin-token-file, not both"}
+		}
+		b, err := os.ReadFile(adminTokenFile)
+		if err != nil {
+			return cfg, "", &proxy.FlagError{Flag: "-admin-token-file", Msg: err.Error()}
+		}
+		if cfg.AdminToken = strings.TrimSpace(string(b)); cfg.AdminToken == "" {
+			return cfg, "", &proxy.FlagError{Flag: "-admin-token-file", Msg: adminTokenFile + " is empty"}
+		}
+	}
 	for _, e := range endpoints {
 		sp, err := proxy.ParseEndpoint(e)
 		if err != nil {
