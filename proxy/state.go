@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvgate/kvgate/ingest"
 )
 
 // RoutingState is how an endpoint is routed by KV-Exact right now.
@@ -329,4 +331,22 @@ func (s *Server) contractOf(i int) string {
 		}
 	}
 	return c
+}
+
+// IngestStatus is endpoint i's event-ingest snapshot (ok false when KV-Exact is off);
+// `kvgate doctor` reads parity and its diagnosed cause from it.
+func (s *Server) IngestStatus(i int) (ingest.EndpointStatus, bool) {
+	if s.kv == nil || i < 0 || i >= len(s.eps) {
+		return ingest.EndpointStatus{}, false
+	}
+	return s.kv.mgr.Status(i), true
+}
+
+// Contract names the block-key contract endpoint i's events are matched under ("" when
+// KV-Exact is off).
+func (s *Server) Contract(i int) string {
+	if s.kv == nil || i < 0 || i >= len(s.eps) {
+		return ""
+	}
+	return s.contractOf(i)
 }

@@ -197,6 +197,10 @@ func (s *Server) watchFiles(every time.Duration) {
 	}
 }
 
+// UpstreamTLS is the TLS client config kvgate uses for https:// endpoints (doctor
+// probes engines with the same one).
+func UpstreamTLS(cfg *Config) (*tls.Config, error) { return upstreamTLS(cfg) }
+
 // upstreamTLS is the client config for https:// endpoints: the -upstream-ca bundle
 // (system roots when unset) and an optional client certificate.
 func upstreamTLS(cfg *Config) (*tls.Config, error) {
