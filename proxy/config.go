@@ -169,7 +169,8 @@ func atoiRange(what, v string, lo, hi int) (int, error) {
 	return n, nil
 }
 
-// ReadEndpointsFile reads one -endpoint value per line; blank lines and # comments skip.
+// ReadEndpointsFile reads one -endpoint value per line; blank lines and # comments
+// (whole lines, or after whitespace at a line's end) skip.
 func ReadEndpointsFile(path string) ([]EndpointSpec, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -179,7 +180,14 @@ func ReadEndpointsFile(path string) ([]EndpointSpec, error) {
 	var out []EndpointSpec
 	sc := bufio.NewScanner(f)
 	for line := 1; sc.Scan(); line++ {
-		t := strings.TrimSpace(sc.Text())
+		t := sc.Text()
+		if i := strings.Index(t, " #"); i >= 0 {
+			t = t[:i]
+		}
+		if i := strings.Index(t, "\t#"); i >= 0 {
+			t = t[:i]
+		}
+		t = strings.TrimSpace(t)
 		if t == "" || t[0] == '#' {
 			continue
 		}

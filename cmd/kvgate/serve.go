@@ -99,11 +99,18 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "after the drain delay, how long in-flight requests and streams may finish once the listener stops accepting")
 	fs.BoolVar(&cfg.AccessLog, "access-log", false, "log one INFO line per answered request: request_id, path, endpoint, route, status, predicted and delivered cached tokens, ttft_ms, duration_ms (default off)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug | info | warn | error")
+	var configFile string
+	fs.StringVar(&configFile, "config", "", "rule file: one 'flag = value' per line (any serve flag without its dash; repeatable flags repeat; # comments); flags on the command line override it (default none)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, "", err
 	}
 	if fs.NArg() > 0 {
 		return cfg, "", fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if configFile != "" {
+		if err := applyConfigFile(fs, configFile); err != nil {
+			return cfg, "", &proxy.FlagError{Flag: "-config", Msg: err.Error()}
+		}
 	}
 	fs.Visit(func(f *flag.Flag) {
 		if f.Name == "kv-hash-seed" {
@@ -249,4 +256,44 @@ type slogWriter struct{ log *slog.Logger }
 func (w slogWriter) Write(p []byte) (int, error) {
 	w.log.Warn("hertz", "msg", strings.TrimSpace(string(p)))
 	return len(p), nil
+}
+
+// applyConfigFile sets every flag the file names and the command line did not: the
+// command line overrides the file, a repeatable flag given on the command line
+// replaces the file's values rather than adding to them.
+func applyConfigFile(fs *flag.FlagSet, path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	onCmdLine := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { onCmdLine[f.Name] = true })
+	for i, raw := range strings.Split(string(b), "\n") {
+		line := strings.TrimSpace(raw)
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, value, ok := strings.Cut(line, "=")
+		if !ok {
+			return fmt.Errorf("%s:%d: want 'flag = value'", path, i+1)
+		}
+		name = strings.TrimLeft(strings.TrimSpace(name), "-")
+		value = strings.TrimSpace(value)
+		if len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"' {
+			value = value[1 : len(value)-1]
+		}
+		f := fs.Lookup(name)
+		switch {
+		case f == nil:
+			return fmt.Errorf("%s:%d: no flag -%s (see kvgate serve -h)", path, i+1, name)
+		case name == "config":
+			return fmt.Errorf("%s:%d: a config file cannot name another", path, i+1)
+		case onCmdLine[name]:
+			continue
+		}
+		if err := fs.Set(name, value); err != nil {
+			return fmt.Errorf("%s:%d: -%s: %v", path, i+1, name, err)
+		}
+	}
+	return nil
 }
