@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -213,5 +214,17 @@ func TestAccessLog(t *testing.T) {
 	post(t, s2.url("/v1/completions"), complBody)
 	if l := lb2.lines("msg=request"); len(l) != 0 {
 		t.Errorf("access log without -access-log: %q", l)
+	}
+}
+
+// observeRequest allocates nothing once an {endpoint, route, code} series exists (it
+// runs once per answer).
+func TestObserveRequestAllocs(t *testing.T) {
+	m := newProxyMetrics([]string{"a", "b"})
+	m.observeRequest(1, RouteKVHit, 200, 3*time.Millisecond, time.Millisecond)
+	if n := testing.AllocsPerRun(200, func() {
+		m.observeRequest(1, RouteKVHit, 200, 3*time.Millisecond, time.Millisecond)
+	}); n != 0 {
+		t.Errorf("%v allocs per observed request", n)
 	}
 }

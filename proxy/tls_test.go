@@ -95,6 +95,12 @@ func TestTLSListenerReloadsCertificate(t *testing.T) {
 	if code != "200" || !strings.Contains(body, `"cached_tokens":32`) || !strings.Contains(v, "CN=kvgate-first") {
 		t.Fatalf("over TLS: %s %q\n%s", code, body, v)
 	}
+	// Streams relay event by event over TLS too (hertz's standard transport).
+	code, body, _ = curl(t, pki.path("ca.pem"), "https://"+s.PublicAddr()+"/v1/chat/completions", "-N",
+		"-H", "Content-Type: application/json", "-d", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	if code != "200" || body != strings.Join(sseEvents("a"), "") {
+		t.Errorf("stream over TLS: %s %q", code, body)
+	}
 	if rec := a.requests(); rec[len(rec)-1].header.Get("X-Forwarded-Proto") != "https" {
 		t.Errorf("X-Forwarded-Proto %q", rec[len(rec)-1].header.Get("X-Forwarded-Proto"))
 	}
