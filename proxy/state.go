@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -87,7 +86,6 @@ type stateWatcher struct {
 	tun stateTuning
 	eps []epState
 
-	mu            sync.Mutex
 	lastTokFail   uint64
 	tokFailAt     time.Time
 	hitBase       uint64 // hits counted at the start of the current miss run
@@ -133,10 +131,8 @@ func (w *stateWatcher) run() {
 	}
 }
 
-// evaluate recomputes every endpoint's state once.
+// evaluate recomputes every endpoint's state once (the watcher goroutine only).
 func (w *stateWatcher) evaluate(now time.Time) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	s := w.s
 	if s.kv == nil {
 		return
