@@ -92,6 +92,9 @@ type endpoint struct {
 	lastSeq atomic.Int64
 	tiers   [numMedia]atomic.Int64
 
+	// wake cuts a redial backoff short (Manager.Redial): one token per rank.
+	wake chan struct{}
+
 	// mu serializes applying batches (ranks of one endpoint share the block map).
 	mu           sync.Mutex
 	blocks       blockMap
@@ -127,6 +130,7 @@ func newEndpoint(m *Manager, cfg EndpointConfig) *endpoint {
 		e.keys = KeysEngine // no contract to attest against: nothing could trigger a switch
 	}
 	e.lastSeq.Store(-1)
+	e.wake = make(chan struct{}, e.ranks())
 	set := m.cfg.Metrics
 	if set == nil {
 		set = metrics.NewSet() // private: counters still feed Status

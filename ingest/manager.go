@@ -96,6 +96,23 @@ func (m *Manager) endpoint(i int) *endpoint {
 	return m.byIndex[i]
 }
 
+// Redial cuts endpoint i's redial backoff short: a subscriber (or TensorRT-LLM drain)
+// waiting to retry its engine retries at once. The proxy calls it when the engine's
+// health check passes again, so its events resume within a dial instead of after a
+// backoff of up to MaxRetryInterval. A connected subscriber ignores it.
+func (m *Manager) Redial(i int) {
+	e := m.endpoint(i)
+	if e == nil {
+		return
+	}
+	for r := 0; r < e.ranks(); r++ {
+		select {
+		case e.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
 // Status returns a snapshot of the endpoint at inventory index i (zero value with
 // Parity "unknown" for an index no endpoint uses).
 func (m *Manager) Status(i int) EndpointStatus {

@@ -325,7 +325,10 @@ func (p *trtPoller) run(ctx context.Context) {
 				log.Info("ingest: drain failed", "err", err)
 			}
 			p.e.c.dialFailures.Inc()
-			sleepCtx(ctx, delay)
+			if backoff(ctx, delay, p.e.wake) {
+				delay = cfg.RetryInterval
+				continue
+			}
 			delay = min(2*delay, cfg.MaxRetryInterval)
 			continue
 		}

@@ -118,6 +118,19 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
+// backoff sleeps d unless ctx ends or wake fires first; it reports a wake (Redial).
+func backoff(ctx context.Context, d time.Duration, wake <-chan struct{}) (woken bool) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	case <-wake:
+		return true
+	}
+	return false
+}
+
 func (s *rankSub) run(ctx context.Context) {
 	cfg := &s.e.m.cfg
 	log := cfg.Logger.With("endpoint", s.e.cfg.Name, "rank", s.rank, "addr", s.addr)
@@ -132,7 +145,11 @@ func (s *rankSub) run(ctx context.Context) {
 			}
 			s.e.c.dialFailures.Inc()
 			log.Debug("ingest: dial failed", "err", err, "retry_in", delay)
-			sleepCtx(ctx, delay)
+			if backoff(ctx, delay, s.e.wake) {
+				log.Info("ingest: engine is back (health check): redialing now")
+				delay = cfg.RetryInterval
+				continue
+			}
 			delay = min(2*delay, cfg.MaxRetryInterval)
 			continue
 		}

@@ -1,12 +1,13 @@
 package proxy
 
 import (
+	"bytes"
 	"crypto/subtle"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/pprof"
+	"strconv"
 	"strings"
 	"time"
 
@@ -46,46 +47,68 @@ func (s *Server) adminHandler() http.Handler {
 }
 
 func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-	s.m.set.WritePrometheus(w)
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	var buf bytes.Buffer
+	s.m.set.WritePrometheus(&buf)
+	f := famWriter{&buf}
+	lbl := make([]string, len(s.eps))
 	for i, e := range s.eps {
-		lbl := fmt.Sprintf(`{endpoint=%q}`, e.spec.Name)
-		metrics.WriteGaugeUint64(w, "kvgate_inflight_requests"+lbl, uint64(max(s.loads.Get(i), 0)))
-		metrics.WriteGaugeUint64(w, "kvgate_breaker_state"+lbl, uint64(e.breaker.State()))
-		metrics.WriteGaugeUint64(w, "kvgate_endpoint_up"+lbl, b2u(e.healthy.Load() && !e.down.Load()))
-		metrics.WriteGaugeUint64(w, "kvgate_endpoint_admin_down"+lbl, b2u(e.down.Load()))
-		if s.kv != nil {
-			keys, _, connected, _ := s.kv.inventory(i)
-			metrics.WriteGaugeUint64(w, "kvgate_inventory_keys"+lbl, uint64(keys))
-			metrics.WriteGaugeUint64(w, "kvgate_events_connected"+lbl, b2u(connected))
+		lbl[i] = "endpoint=" + strconv.Quote(e.spec.Name)
+	}
+	perEndpoint := func(name, typ string, v func(i int, e *endpoint) uint64) {
+		f.family(name, typ)
+		for i, e := range s.eps {
+			f.sample(name, lbl[i], v(i, e))
+		}
+	}
+	perEndpoint("kvgate_inflight_requests", "gauge", func(i int, e *endpoint) uint64 { return uint64(max(s.loads.Get(i), 0)) })
+	perEndpoint("kvgate_breaker_state", "gauge", func(i int, e *endpoint) uint64 { return uint64(e.breaker.State()) })
+	perEndpoint("kvgate_endpoint_up", "gauge", func(i int, e *endpoint) uint64 { return b2u(e.healthy.Load() && !e.down.Load()) })
+	perEndpoint("kvgate_endpoint_admin_down", "gauge", func(i int, e *endpoint) uint64 { return b2u(e.down.Load()) })
+	f.family("kvgate_routing_state", "gauge")
+	for i := range s.eps {
+		cur, _ := s.states.state(i)
+		for st := RoutingState(0); st < numStates; st++ {
+			f.sample("kvgate_routing_state", lbl[i]+`,state="`+st.String()+`"`, b2u(cur == st))
 		}
 	}
 	if s.kv != nil {
+		f.family("kvgate_routing_degraded", "gauge")
+		for i := range s.eps {
+			_, reasons := s.states.state(i)
+			for r := DegradedReason(0); r < numReasons; r++ {
+				f.sample("kvgate_routing_degraded", lbl[i]+`,reason="`+r.String()+`"`, b2u(reasons&(1<<r) != 0))
+			}
+		}
+		f.gauge("kvgate_kv_zero_hit_alarm", b2u(s.states.zeroHitWarned.Load()))
 		// Memory the rule holds beside the process totals: the inventory (bounded per
 		// endpoint by the shard's key bound) and each loaded tokenizer.
-		metrics.WriteGaugeUint64(w, "kvgate_inventory_memory_bytes", uint64(max(s.kv.inv.MemoryBytes(), 0)))
+		f.gauge("kvgate_inventory_memory_bytes", uint64(max(s.kv.inv.MemoryBytes(), 0)))
 		st := s.kv.inv.Stats()
-		metrics.WriteGaugeUint64(w, "kvgate_inventory_unique_keys", uint64(max(st.Keys, 0)))
-		metrics.WriteGaugeUint64(w, "kvgate_inventory_slots", uint64(max(st.Slots, 0)))
-		metrics.WriteGaugeUint64(w, "kvgate_inventory_tombstones", uint64(max(st.Tombstones, 0)))
-		metrics.WriteGaugeUint64(w, "kvgate_inventory_max_keys_per_endpoint", uint64(max(st.MaxKeysPerEndpoint, 0)))
-		metrics.WriteCounterUint64(w, "kvgate_inventory_evicted_total", st.EvictedAtBound)
-		metrics.WriteCounterUint64(w, "kvgate_inventory_dropped_total", st.DroppedAtBound)
-		metrics.WriteCounterUint64(w, "kvgate_inventory_rebuilds_total", st.Rebuilds)
+		f.gauge("kvgate_inventory_unique_keys", uint64(max(st.Keys, 0)))
+		f.gauge("kvgate_inventory_slots", uint64(max(st.Slots, 0)))
+		f.gauge("kvgate_inventory_tombstones", uint64(max(st.Tombstones, 0)))
+		f.gauge("kvgate_inventory_max_keys_per_endpoint", uint64(max(st.MaxKeysPerEndpoint, 0)))
+		f.counter("kvgate_inventory_evicted_total", st.EvictedAtBound)
+		f.counter("kvgate_inventory_dropped_total", st.DroppedAtBound)
+		f.counter("kvgate_inventory_rebuilds_total", st.Rebuilds)
 		if t := s.kv.trie; t != nil {
 			keys, bytes := t.stats()
-			metrics.WriteGaugeUint64(w, "kvgate_prefix_trie_keys", uint64(max(keys, 0)))
-			metrics.WriteGaugeUint64(w, "kvgate_prefix_trie_memory_bytes", uint64(max(bytes, 0)))
+			f.gauge("kvgate_prefix_trie_keys", uint64(max(keys, 0)))
+			f.gauge("kvgate_prefix_trie_memory_bytes", uint64(max(bytes, 0)))
 		}
+		f.family("kvgate_tokenizer_memory_bytes", "gauge")
 		for _, t := range s.cfg.Tokenizers {
 			if m := s.kv.pool.Get(t.Model); m != nil {
-				metrics.WriteGaugeUint64(w, fmt.Sprintf(`kvgate_tokenizer_memory_bytes{model=%q}`, t.Model),
-					uint64(max(m.Tokenizer().MemoryBytes(), 0)))
+				f.sample("kvgate_tokenizer_memory_bytes", "model="+strconv.Quote(t.Model), uint64(max(m.Tokenizer().MemoryBytes(), 0)))
 			}
 		}
 	}
-	metrics.WriteGaugeUint64(w, "kvgate_affinity_sessions", uint64(s.aff.len()))
-	metrics.WriteProcessMetrics(w)
+	f.gauge("kvgate_affinity_sessions", uint64(s.aff.len()))
+	ready, _ := s.readiness()
+	f.gauge("kvgate_ready", b2u(ready))
+	metrics.WriteProcessMetrics(&buf)
+	withHelp(w, buf.Bytes())
 }
 
 func b2u(b bool) uint64 {
@@ -113,9 +136,13 @@ type inventoryEndpoint struct {
 	Receipts  uint64 `json:"receipts"`
 	KVHits    uint64 `json:"kv_hits"`
 	Delivery  string `json:"delivery"`
+	// Routing is off, exact or degraded; Reasons and Why say what degrades it.
+	Routing string   `json:"routing"`
+	Reasons []string `json:"degraded_reasons"`
+	Why     string   `json:"routing_why"`
 	// Load is the cost policy's view: queued prefill, learned rate, the engine's report.
 	Load *route.EndpointView `json:"load,omitempty"`
-	// Scrape is how reading the engine's /metrics goes ("off" when -kv-load-scrape is 0).
+	// Scrape is how reading the engine's /metrics goes (absent when -kv-load-scrape is 0).
 	Scrape *scrapeView `json:"scrape,omitempty"`
 }
 
@@ -154,6 +181,8 @@ func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
 			Receipts: s.m.receipts[i].Get(), KVHits: s.m.hits[i].Get(),
 		}
 		ie.Delivery = deliveryNote(ie.Receipts, ie.Predicted, ie.Delivered)
+		state, reasons := s.states.state(i)
+		ie.Routing, ie.Reasons, ie.Why = state.String(), reasonList(reasons), "ok"
 		if s.kv != nil {
 			ie.Keys, ie.Parity, ie.Connected, ie.LastSeq = s.kv.inventory(i)
 			v := s.queues.View(i, time.Now())
@@ -166,6 +195,10 @@ func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
 				}
 				ie.Scrape = sc
 			}
+			ie.Why = explainReasons(reasons, s.kv.mgr.Status(i).Cause, e.spec.Events)
+		}
+		if state == StateOff {
+			ie.Why = "KV-Exact does not score this endpoint (-kv-mode off, or a mode-1 decode endpoint)"
 		}
 		out.Endpoints = append(out.Endpoints, ie)
 	}
@@ -272,17 +305,59 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
-	if s.kv != nil && !s.kv.loaded() {
-		http.Error(w, "tokenizers not loaded\n", http.StatusServiceUnavailable)
+	ready, why := s.readiness()
+	if !ready {
+		http.Error(w, why+"\n", http.StatusServiceUnavailable)
 		return
 	}
+	io.WriteString(w, why+"\n") //nolint:errcheck
+}
+
+// readiness says whether a balancer should send this replica traffic, and why. It
+// turns false first thing on shutdown (the drain delay lets balancers notice before
+// the listener stops). In mode 1 it needs an eligible prefill AND decode endpoint:
+// with only one side every request would be answered 503. Degraded KV routing is
+// still ready (requests are served by the rule's selector); the answer names it.
+func (s *Server) readiness() (bool, string) {
+	if s.draining.Load() {
+		return false, "shutting down"
+	}
+	if !s.ready.Load() {
+		return false, "starting"
+	}
+	if s.kv != nil && !s.kv.loaded() {
+		return false, "tokenizers not loaded"
+	}
+	usable := func(e *endpoint) bool {
+		return e.healthy.Load() && !e.down.Load() && (s.cfg.HealthInterval == 0 || e.checked.Load()) && e.breaker.Ready()
+	}
+	var any, prefill, decode bool
 	for _, e := range s.eps {
-		if e.healthy.Load() && !e.down.Load() && (s.cfg.HealthInterval == 0 || e.checked.Load()) {
-			io.WriteString(w, "ready\n")
-			return
+		if !usable(e) {
+			continue
+		}
+		any = true
+		prefill = prefill || e.spec.Role == RolePrefill
+		decode = decode || e.spec.Role == RoleDecode
+	}
+	switch {
+	case !any:
+		return false, "no healthy endpoint"
+	case s.cfg.KVMode == KVDisaggregated && !prefill:
+		return false, "no eligible prefill endpoint (mode 1 needs a prefill and a decode endpoint)"
+	case s.cfg.KVMode == KVDisaggregated && !decode:
+		return false, "no eligible decode endpoint (mode 1 needs a prefill and a decode endpoint)"
+	}
+	var degraded []string
+	for i, e := range s.eps {
+		if st, reasons := s.states.state(i); st == StateDegraded {
+			degraded = append(degraded, e.spec.Name+": "+strings.Join(reasonList(reasons), ","))
 		}
 	}
-	http.Error(w, "no healthy endpoint\n", http.StatusServiceUnavailable)
+	if len(degraded) > 0 {
+		return true, "ready (KV routing degraded: " + strings.Join(degraded, "; ") + ")"
+	}
+	return true, "ready"
 }
 
 func (s *Server) serveAdminState(w http.ResponseWriter, r *http.Request) {

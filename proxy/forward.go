@@ -88,8 +88,12 @@ func (s *Server) buildUpstream(c *app.RequestContext, req *protocol.Request, ep 
 	}
 	req.Header.ResetConnectionClose()
 	req.Header.Del("Expect") // kvgate already holds the whole body
+	if !s.cfg.ForwardAuthorization {
+		req.Header.Del("Authorization") // kvgate checked it; the engine wants none
+	}
 	uri := make([]byte, 0, 64)
-	uri = append(uri, "http://"...)
+	uri = append(uri, ep.spec.scheme...)
+	uri = append(uri, "://"...)
 	uri = append(uri, ep.spec.host...)
 	if path == nil {
 		path = c.Request.URI().RequestURI()
@@ -115,7 +119,11 @@ func (s *Server) buildUpstream(c *app.RequestContext, req *protocol.Request, ep 
 		}
 	}
 	if len(req.Header.Peek("X-Forwarded-Proto")) == 0 {
-		req.Header.Set("X-Forwarded-Proto", "http")
+		if s.certs != nil {
+			req.Header.Set("X-Forwarded-Proto", "https")
+		} else {
+			req.Header.Set("X-Forwarded-Proto", "http")
+		}
 	}
 	req.Header.SetBytesKV(hdrRequestIDb, requestID(c))
 	req.SetBody(body)
@@ -295,11 +303,17 @@ func copyResponseHeader(c *app.RequestContext, res *protocol.Response) {
 // endpoint to answer.
 func (s *Server) relayResponse(ctx context.Context, c *app.RequestContext, st *reqState, d *decision, ep *endpoint, res *protocol.Response) bool {
 	copyResponseHeader(c, res)
+	if s.draining.Load() {
+		c.SetConnectionClose() // shutting down: the client reconnects through its balancer
+	}
 	setDecisionHeaders(c, ep, d)
 	body := res.BodyStream()
 	sse := bytes.HasPrefix(res.Header.ContentType(), []byte("text/event-stream"))
 	cl := res.Header.ContentLength()
+	status := res.StatusCode()
+	var first time.Time // first body byte to the client
 	if !sse && cl >= 0 && cl <= 1<<20 {
+		broke := false
 		st.out = st.out[:0]
 		for {
 			if len(st.out) == cap(st.out) {
@@ -317,19 +331,34 @@ func (s *Server) relayResponse(ctx context.Context, c *app.RequestContext, st *r
 						c.Response.Reset()
 						return false
 					}
-					writeError(c, 502, "upstream_error", "endpoint "+ep.spec.Name+" broke off its response: "+err.Error())
+					// The error text names addresses: it goes to the log, not the client.
+					s.log.Warn("upstream broke off its response", "endpoint", ep.spec.Name, "err", err)
+					writeError(c, 502, "upstream_error", "endpoint "+ep.spec.Name+" broke off its response")
 					setDecisionHeaders(c, ep, d)
-					return true
+					status, broke = 502, true
 				}
 				break
 			}
 		}
-		res.CloseBodyStream() //nolint:errcheck
-		c.Response.SetBody(st.out)
-		s.receipt(d, st.out)
-		return true
+		if !broke {
+			res.CloseBodyStream() //nolint:errcheck
+			c.Response.SetBody(st.out)
+			st.cached = s.receipt(d, st.out)
+		}
+		first = time.Now() // hertz writes the whole answer as the handler returns
+	} else {
+		first = s.streamBody(ctx, c, st, d, res, sse)
 	}
-	s.streamBody(ctx, c, st, d, res, sse)
+	// The one place answers are recorded (duration, TTFT, status code).
+	end := time.Now()
+	var ttft time.Duration
+	if !first.IsZero() {
+		ttft = first.Sub(st.arrived)
+	}
+	s.m.observeRequest(d.ep, d.route, status, end.Sub(st.arrived), ttft)
+	if s.cfg.AccessLog {
+		s.accessLog(c, st, d, status, end.Sub(st.arrived), ttft)
+	}
 	return true
 }
 
@@ -351,7 +380,8 @@ func (w *abortableWriter) Finalize() error {
 
 // streamBody relays res's body as it arrives. A client disconnect (sensed by hertz)
 // or a failed write force-closes the upstream connection, cancelling the engine's work.
-func (s *Server) streamBody(ctx context.Context, c *app.RequestContext, st *reqState, d *decision, res *protocol.Response, sse bool) {
+// It returns when the first body byte was written to the client (zero: none was).
+func (s *Server) streamBody(ctx context.Context, c *app.RequestContext, st *reqState, d *decision, res *protocol.Response, sse bool) (first time.Time) {
 	c.Response.Header.Del("Content-Length")
 	w := &abortableWriter{ExtWriter: resp.NewChunkedBodyWriter(&c.Response, c.GetWriter())}
 	c.Response.HijackWriter(w)
@@ -372,6 +402,9 @@ func (s *Server) streamBody(ctx context.Context, c *app.RequestContext, st *reqS
 	for {
 		n, err := body.Read(st.relay)
 		if n > 0 {
+			if first.IsZero() {
+				first = time.Now()
+			}
 			s.firstToken(d)
 			if _, werr := w.Write(st.relay[:n]); werr != nil {
 				clientGone = true
@@ -409,8 +442,10 @@ func (s *Server) streamBody(ctx context.Context, c *app.RequestContext, st *reqS
 	}
 	res.CloseBodyStream() //nolint:errcheck
 	if rs.found {
+		st.cached = rs.cached
 		s.recordReceipt(d, rs.cached, rs.prompt)
 	}
+	return first
 }
 
 // receiptScanner finds usage.prompt_tokens_details.cached_tokens in SSE data lines as
@@ -468,15 +503,18 @@ func (r *receiptScanner) line(l []byte) {
 }
 
 // receipt reads the delivery receipt from a whole JSON body.
-func (s *Server) receipt(d *decision, body []byte) {
+// It returns the cached tokens, -1 when the body carries no receipt.
+func (s *Server) receipt(d *decision, body []byte) int64 {
 	usage := openai.Path(body, "usage")
 	if usage == nil {
-		return
+		return -1
 	}
 	if n, ok := openai.Int(openai.Path(usage, "prompt_tokens_details", "cached_tokens")); ok {
 		p, _ := openai.Int(openai.Path(usage, "prompt_tokens"))
 		s.recordReceipt(d, n, p)
+		return n
 	}
+	return -1
 }
 
 func (s *Server) recordReceipt(d *decision, cached, prompt int64) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -51,7 +52,16 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 	var endpointsFile, sel, kvMode, kvScore, logLevel string
 	fs.StringVar(&cfg.Listen, "listen", ":8080", "public listener address (OpenAI API)")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "admin listener address (/metrics, /debug/*, /healthz, /readyz, /admin/*); empty disables it")
-	fs.StringVar(&cfg.AdminToken, "admin-token", "", "when set, admin requests need 'Authorization: Bearer <token>' (except /healthz, /readyz) (default none)")
+	fs.StringVar(&cfg.AdminToken, "admin-token", "", "when set, admin requests need 'Authorization: Bearer <token>' (except /healthz, /readyz); visible in the process list: prefer -admin-token-file (default none)")
+	var adminTokenFile string
+	fs.StringVar(&adminTokenFile, "admin-token-file", "", "file holding the admin token (surrounding whitespace trimmed) (default none)")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate (chain) for the public listener; with -tls-key it serves HTTPS, and a renewed file applies within a second without a restart (default none: plain HTTP)")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key for -tls-cert (default none)")
+	fs.StringVar(&cfg.UpstreamCA, "upstream-ca", "", "PEM CA bundle that verifies https:// endpoints (default none: the system roots)")
+	fs.StringVar(&cfg.UpstreamCert, "upstream-cert", "", "PEM client certificate kvgate presents to https:// endpoints, with -upstream-key (default none)")
+	fs.StringVar(&cfg.UpstreamKey, "upstream-key", "", "PEM private key for -upstream-cert (default none)")
+	fs.StringVar(&cfg.APIKeysFile, "api-keys-file", "", "file of public API keys, one a line (# comments), watched for changes: requests without 'Authorization: Bearer <key>' get 401 (default none: no key needed)")
+	fs.BoolVar(&cfg.ForwardAuthorization, "forward-authorization", cfg.ForwardAuthorization, "pass the client's Authorization header to the engine unchanged (false: remove it)")
 	fs.Var(&endpoints, "endpoint", "upstream engine, repeatable: name=..,url=http://host:port,engine=vllm|sglang|trtllm|llamacpp,role=both|prefill|decode,events=tcp://host:5557,replay=tcp://host:5558,topic=..,dp=N,weight=W,down=true,bootstrap_port=N")
 	fs.StringVar(&endpointsFile, "endpoints-file", "", "file with one -endpoint value per line (# comments) (default none)")
 	fs.StringVar(&sel, "select", "rr", "selector for non-KV routing and KV misses: rr | chwbl")
@@ -90,19 +100,40 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 	fs.IntVar(&cfg.MaxRetries, "max-retries", 0, "retries after connect failures (default 0: up to the number of endpoints)")
 	fs.DurationVar(&cfg.AffinityTTL, "affinity-ttl", cfg.AffinityTTL, "mode 1 session affinity lifetime")
 	fs.IntVar(&cfg.AffinityMax, "affinity-max", cfg.AffinityMax, "mode 1 session affinity entries (LRU beyond; 0 disables)")
-	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "on SIGINT/SIGTERM, how long in-flight requests may finish")
+	fs.DurationVar(&cfg.ShutdownDelay, "shutdown-delay", cfg.ShutdownDelay, "on SIGINT/SIGTERM, how long /readyz answers 503 while the public listener still serves, so balancers stop sending before it stops accepting (a second signal exits at once)")
+	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "after the drain delay, how long in-flight requests and streams may finish once the listener stops accepting")
+	fs.BoolVar(&cfg.AccessLog, "access-log", false, "log one INFO line per answered request: request_id, path, endpoint, route, status, predicted and delivered cached tokens, ttft_ms, duration_ms (default off)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug | info | warn | error")
+	var configFile string
+	fs.StringVar(&configFile, "config", "", "rule file: one 'flag = value' per line (any serve flag without its dash; repeatable flags repeat; # comments); flags on the command line override it (default none)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, "", err
 	}
 	if fs.NArg() > 0 {
 		return cfg, "", fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
+	if configFile != "" {
+		if err := applyConfigFile(fs, configFile); err != nil {
+			return cfg, "", &proxy.FlagError{Flag: "-config", Msg: err.Error()}
+		}
+	}
 	fs.Visit(func(f *flag.Flag) {
 		if f.Name == "kv-hash-seed" {
 			cfg.KVHashSeedSet = true
 		}
 	})
+	if adminTokenFile != "" {
+		if cfg.AdminToken != "" {
+			return cfg, "", &proxy.FlagError{Flag: "-admin-token-file", Msg: "give -admin-token or -admin-token-file, not both"}
+		}
+		b, err := os.ReadFile(adminTokenFile)
+		if err != nil {
+			return cfg, "", &proxy.FlagError{Flag: "-admin-token-file", Msg: err.Error()}
+		}
+		if cfg.AdminToken = strings.TrimSpace(string(b)); cfg.AdminToken == "" {
+			return cfg, "", &proxy.FlagError{Flag: "-admin-token-file", Msg: adminTokenFile + " is empty"}
+		}
+	}
 	for _, e := range endpoints {
 		sp, err := proxy.ParseEndpoint(e)
 		if err != nil {
@@ -211,7 +242,10 @@ func runServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	log.Info("kvgate serving", "listen", s.PublicAddr(), "admin", s.AdminAddr(), "endpoints", len(cfg.Endpoints))
 	<-ctx.Done()
-	log.Info("shutting down: draining in-flight requests", "grace", cfg.ShutdownGrace)
+	stop() // from here a second SIGINT/SIGTERM ends the process at once
+	s.BeginDrain()
+	time.Sleep(cfg.ShutdownDelay)
+	log.Info("shutting down: listener closed, draining in-flight requests", "grace", cfg.ShutdownGrace)
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace+time.Second)
 	defer cancel()
 	if err := s.Shutdown(sctx); err != nil {
@@ -227,4 +261,44 @@ type slogWriter struct{ log *slog.Logger }
 func (w slogWriter) Write(p []byte) (int, error) {
 	w.log.Warn("hertz", "msg", strings.TrimSpace(string(p)))
 	return len(p), nil
+}
+
+// applyConfigFile sets every flag the file names and the command line did not: the
+// command line overrides the file, a repeatable flag given on the command line
+// replaces the file's values rather than adding to them.
+func applyConfigFile(fs *flag.FlagSet, path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	onCmdLine := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { onCmdLine[f.Name] = true })
+	for i, raw := range strings.Split(string(b), "\n") {
+		line := strings.TrimSpace(raw)
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, value, ok := strings.Cut(line, "=")
+		if !ok {
+			return fmt.Errorf("%s:%d: want 'flag = value'", path, i+1)
+		}
+		name = strings.TrimLeft(strings.TrimSpace(name), "-")
+		value = strings.TrimSpace(value)
+		if len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"' {
+			value = value[1 : len(value)-1]
+		}
+		f := fs.Lookup(name)
+		switch {
+		case f == nil:
+			return fmt.Errorf("%s:%d: no flag -%s (see kvgate serve -h)", path, i+1, name)
+		case name == "config":
+			return fmt.Errorf("%s:%d: a config file cannot name another", path, i+1)
+		case onCmdLine[name]:
+			continue
+		}
+		if err := fs.Set(name, value); err != nil {
+			return fmt.Errorf("%s:%d: -%s: %v", path, i+1, name, err)
+		}
+	}
+	return nil
 }
