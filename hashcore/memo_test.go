@@ -91,7 +91,7 @@ func TestChainMemoDifferential(t *testing.T) {
 			for conv := 0; conv < 16; conv++ {
 				ex := memoExtras[conv%len(memoExtras)]
 				var toks []uint32
-				if conv%3 == 2 { // the same opening under other extras must not share keys
+				if conv%4 != 3 { // the same opening under other extras must not share keys
 					toks = append(toks, testTokens(200)...)
 				}
 				for len(toks) < maxTokens {
