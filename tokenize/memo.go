@@ -5,6 +5,7 @@ import (
 	"hash/maphash"
 	"math/bits"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -131,7 +132,7 @@ func (m *Memo) put(t *Tokenizer, seg string, first bool, ids []uint32) {
 	if size > m.maxBytes/8 {
 		return
 	}
-	e := &memoEntry{tok: t, first: first, text: string([]byte(seg)), ids: append([]uint32(nil), ids...), size: size}
+	e := &memoEntry{tok: t, first: first, text: strings.Clone(seg), ids: append([]uint32(nil), ids...), size: size}
 	set := m.set(t, seg, first)
 	m.mu.Lock()
 	defer m.mu.Unlock()
