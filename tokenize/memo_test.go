@@ -358,7 +358,7 @@ func TestMemoHitZeroAlloc(t *testing.T) {
 	allocs := steadyAllocs(20, func() { ids, _ = m.EncodeChatMemo(ids, in, memo) })
 	limit := 0.0
 	if raceEnabled {
-		limit = 8
+		limit = 64 // sync.Pool drops scratch at random: a dropped one regrows its buffers
 	}
 	if allocs > limit {
 		t.Errorf("EncodeChatMemo on a warm memo allocates %.1f times per call (limit %v)", allocs, limit)
