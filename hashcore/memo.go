@@ -18,22 +18,28 @@ import (
 //
 // Block i's key and digest depend only on blocks 0..i and the extras (every contract's
 // AppendKeys chains on the parent's full digest alone), so a prefix's identity is enough to
-// recall them. The memo names a prefix by two independent 64-bit chains over its tokens: F,
-// kvgate's fast chain (NewFast: key(i) = XXH3-64(block i, seed key(i-1) ^ extras mix)), and G,
-// the same construction with other seeds. Both mix the LoRA name into every block and the
-// cache salt into block 0, so prompts with different extras never share an entry. A wrong
-// hit needs both 64-bit chains to collide at once: about entries/2^128 per lookup.
+// recall them. The memo works in stretches of memoStretch blocks counted from block 0: an
+// entry holds the keys of one stretch and the full digest after it, under the identity of
+// the whole prefix up to the stretch's end. A lookup walks the prompt's full stretches from
+// the first while they hit, then resumes the contract's chain from the last digest; the
+// blocks after the last full stretch (fewer than memoStretch) are always hashed.
 //
-// Each entry holds a block's key; every memoCheckpoint-th block (counted from block 0) and
-// the last full block of each prompt also hold the full digest the chain continues from. A
-// lookup walks the prompt's blocks from 0 while they hit, then resumes the contract's chain
-// from the last digest it passed (at most memoCheckpoint-1 blocks back).
+// The identity is a 128-bit chain over the stretches' token bytes, one XXH3-128 per stretch:
 //
-// Entries live in a fixed table of 64-byte slots, sized from the byte bound when the memo is
-// made and never grown: a prefix's F picks a set of chainMemoWays slots. Readers take no
-// lock: each slot is a seqlock of atomic words (an odd sequence while written, re-checked
-// after the read). Writers claim a slot with a compare-and-swap and skip it when another
-// writer holds it; a full set evicts a random way. Nothing allocates after warm-up.
+//	out = XXH3-128(stretch s, seed = lo(s-1) ^ mix),  id(s) = (hi(s-1) ^ out.hi, out.lo)
+//
+// with id(-1) = (memoRootHi, 0), and mix the LoRA name's hash on every stretch, xor the
+// cache salt's on stretch 0, so that prompts with other extras never share an entry. The
+// high word carries the whole previous identity, so two prefixes share an identity only if
+// they collide in all 128 bits: about entries/2^128 per lookup, never in practice. (A
+// per-block 64-bit key such as NewFast's would cost a lookup and a hash per block, and at
+// 64 bits a busy proxy would see a false hit every few days.)
+//
+// Entries live in a fixed table of 128-byte slots, sized from the byte bound when the memo
+// is made and never grown: an identity's low word picks a set of chainMemoWays slots.
+// Readers take no lock: each slot is a seqlock of atomic words (an odd sequence while
+// written, re-checked after the read). Writers claim a slot with a compare-and-swap and skip
+// it when another writer holds it; a full set evicts a random way. Nothing allocates.
 type ChainMemo struct {
 	chain     Chain
 	blockSize int
@@ -47,37 +53,34 @@ type ChainMemo struct {
 
 // chainSlot is one entry; its words are atomics so that the seqlock is race-free.
 type chainSlot struct {
-	// seq: 0 empty; bit 0 set while a writer fills the slot; bit 1 the slot holds a digest;
-	// bits 2-7 the digest's length; bits 8+ a version that every write bumps.
+	// seq: 0 empty; bit 0 set while a writer fills the slot; bits 2-7 the digest's
+	// length; bits 8+ a version that every write bumps.
 	seq    atomic.Uint64
-	f, g   atomic.Uint64    // the prefix's identity
-	key    atomic.Uint64    // the contract's key for the prefix's last block
-	digest [4]atomic.Uint64 // the digest's bytes, 8 per word, little-endian
+	hi, lo atomic.Uint64 // the prefix's identity
+	digest [4]atomic.Uint64
+	keys   [memoStretch]atomic.Uint64
+	_      atomic.Uint64 // pads the slot to two cache lines
 }
 
 const (
-	// DefaultChainMemoBytes is the suggested bound: 512Ki blocks, e.g. ~1,800 conversations
-	// of ~4.7k tokens at 16 tokens per block.
+	// DefaultChainMemoBytes is the suggested bound: 256Ki stretches, e.g. ~7,000
+	// conversations of ~4.7k tokens at 16 tokens per block.
 	DefaultChainMemoBytes = 32 << 20
 	// MinChainMemoBytes is the smallest bound NewChainMemo accepts.
 	MinChainMemoBytes = 64 << 10
 
+	// memoStretch is the blocks per entry. A follow-up re-hashes the fewer than
+	// memoStretch blocks after its prefix's last full stretch, plus its new blocks.
+	memoStretch    = 8
 	chainSlotBytes = int64(unsafe.Sizeof(chainSlot{}))
 	chainMemoWays  = 4
-	// memoCheckpoint: every this many blocks an entry keeps the full digest. A prompt
-	// diverging from a known one inside a stretch re-hashes at most this many - 1 blocks
-	// before the divergence; each stretch is one AppendKeys call.
-	memoCheckpoint = 8
 
-	seqWriting    = 1
-	seqHasDigest  = 2
-	seqLenShift   = 2
-	seqVersionInc = 1 << 8
+	seqWriting  = 1
+	seqLenShift = 2
 
-	// G's seeds, apart from F's (fastLoRADomain, fastSaltDomain and a zero root).
-	memoGRoot       = 0x6b76676174652f67 // "kvgate/g"
-	memoGLoRADomain = 0x6b76676174652f4c // "kvgate/L"
-	memoGSaltDomain = 0x6b76676174652f53 // "kvgate/S"
+	memoRootHi     = 0x6b76676174652f6d // "kvgate/m"
+	memoLoRADomain = 0x6b76676174652f4c // "kvgate/L"
+	memoSaltDomain = 0x6b76676174652f53 // "kvgate/S"
 )
 
 // NewChainMemo returns an empty memo for chain c holding at most maxBytes (rounded down to a
@@ -101,7 +104,7 @@ func (m *ChainMemo) Chain() Chain { return m.chain }
 // ChainMemoStats are a memo's counters since it was made, in blocks.
 type ChainMemoStats struct {
 	Hits, Misses uint64 // blocks whose key came from the memo / from the contract's hash
-	Inserts      uint64 // entries written
+	Inserts      uint64 // entries (stretches of memoStretch blocks) written
 	Evictions    uint64 // entries of another prefix overwritten (set full)
 	Entries      int64  // held now
 	Bytes        int64  // Entries' share of the table
@@ -117,6 +120,9 @@ func (m *ChainMemo) Stats() ChainMemoStats {
 		TableBytes: int64(len(m.slots)) * chainSlotBytes, MaxBytes: m.maxBytes}
 }
 
+// memoID is a prefix's identity.
+type memoID struct{ hi, lo uint64 }
+
 // AppendKeys appends the key of every full block of a whole prompt to dst, as
 // Keys(m.Chain(), dst, tokens, ex) does, taking the keys of known prefixes from the memo and
 // storing the rest.
@@ -129,128 +135,118 @@ func (m *ChainMemo) AppendKeys(dst []uint64, tokens []uint32, ex *Extras) []uint
 	if ValidateExtras(ex) != nil { // whatever the contract does with them, unmemoized
 		return Keys(m.chain, dst, tokens, ex)
 	}
-	sc := getMemoScratch()
-	f, g := m.identities(sc, tokens[:nb*bs], ex)
-	base := len(dst)
+	var mix, salt uint64
+	if ex != nil {
+		if ex.LoRAName != "" {
+			mix = xxh3.HashStringSeed(ex.LoRAName, memoLoRADomain)
+		}
+		if ex.CacheSalt != "" {
+			salt = xxh3.HashStringSeed(ex.CacheSalt, memoSaltDomain)
+		}
+	}
 	dst = slices.Grow(dst, nb)
+	ns := nb / memoStretch
+	stretchTokens := memoStretch * bs
+	var sc *scratch
+	if !littleEndian {
+		sc = getScratch()
+	}
 
-	// The known prefix, and the last digest in it.
-	var parent, d Digest
-	ck := -1
-	h := 0
-	for ; h < nb; h++ {
-		d.N = 0
-		key, ok := m.lookup(f[h], g[h], &d)
-		if !ok {
+	// The known stretches.
+	id := memoID{hi: memoRootHi}
+	parent := m.chain.Root()
+	s := 0
+	var next memoID
+	for ; s < ns; s++ {
+		next = m.nextID(id, tokens[s*stretchTokens:(s+1)*stretchTokens], mix, salt, s == 0, sc)
+		var ok bool
+		if dst, ok = m.lookup(dst, next, &parent); !ok {
 			break
 		}
-		if d.N != 0 {
-			parent, ck = d, h
+		id = next
+	}
+	hit := s * memoStretch
+	// The rest: each full stretch hashed and stored, then the blocks after the last one.
+	for ; s < ns; s++ {
+		if s > hit/memoStretch { // the first missing stretch's identity is already known
+			next = m.nextID(id, tokens[s*stretchTokens:(s+1)*stretchTokens], mix, salt, s == 0, sc)
 		}
-		dst = append(dst, key)
-	}
-	m.hits.Add(uint64(h))
-	if h == nb {
-		putMemoScratch(sc)
-		return dst
-	}
-	m.misses.Add(uint64(nb - h))
-	if ck < 0 {
-		parent = m.chain.Root()
-	}
-	dst = dst[:base+ck+1]
-	for i := ck + 1; i < nb; {
-		end := min(nb, (i/memoCheckpoint+1)*memoCheckpoint)
-		dst, parent = m.chain.AppendKeys(dst, parent, tokens[i*bs:end*bs], ex, i == 0)
-		if len(dst) != base+end { // the contract refused the blocks: store nothing
+		n := len(dst)
+		dst, parent = m.chain.AppendKeys(dst, parent, tokens[s*stretchTokens:(s+1)*stretchTokens], ex, s == 0)
+		if len(dst) != n+memoStretch { // the contract refused the blocks
 			break
 		}
-		for j := max(i, h); j < end-1; j++ {
-			m.store(f[j], g[j], dst[base+j], nil)
-		}
-		m.store(f[end-1], g[end-1], dst[base+end-1], &parent)
-		i = end
+		m.store(next, dst[n:], &parent)
+		id = next
 	}
-	putMemoScratch(sc)
+	if s == ns && nb > ns*memoStretch {
+		dst, _ = m.chain.AppendKeys(dst, parent, tokens[ns*stretchTokens:nb*bs], ex, ns == 0)
+	}
+	if sc != nil {
+		putScratch(sc)
+	}
+	m.hits.Add(uint64(hit))
+	m.misses.Add(uint64(nb - hit))
 	return dst
 }
 
-// identities computes the F and G chains of the blocks of tokens (a whole number of blocks).
-func (m *ChainMemo) identities(sc *memoScratch, tokens []uint32, ex *Extras) (f, g []uint64) {
-	bs := m.blockSize
-	nb := len(tokens) / bs
-	var fMix, fSalt, gMix, gSalt uint64
-	if ex != nil {
-		if ex.LoRAName != "" {
-			fMix = xxh3.HashStringSeed(ex.LoRAName, fastLoRADomain)
-			gMix = xxh3.HashStringSeed(ex.LoRAName, memoGLoRADomain)
-		}
-		if ex.CacheSalt != "" {
-			fSalt = xxh3.HashStringSeed(ex.CacheSalt, fastSaltDomain)
-			gSalt = xxh3.HashStringSeed(ex.CacheSalt, memoGSaltDomain)
-		}
+// nextID is the identity of the prefix that ends with the stretch of tokens, after the
+// prefix id.
+func (m *ChainMemo) nextID(id memoID, tokens []uint32, mix, salt uint64, first bool, sc *scratch) memoID {
+	var msg []byte
+	if littleEndian {
+		msg = unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), 4*len(tokens))
+	} else {
+		sc.buf = appendUint32sLE(sc.buf[:0], tokens)
+		msg = sc.buf
 	}
-	f = slices.Grow(sc.f[:0], nb)[:nb]
-	g = slices.Grow(sc.g[:0], nb)[:nb]
-	var fk uint64
-	gk := uint64(memoGRoot)
-	for i := 0; i < nb; i++ {
-		var msg []byte
-		if littleEndian {
-			msg = unsafe.Slice((*byte)(unsafe.Pointer(&tokens[i*bs])), 4*bs)
-		} else {
-			sc.buf = appendUint32sLE(sc.buf[:0], tokens[i*bs:(i+1)*bs])
-			msg = sc.buf
-		}
-		fk = xxh3.HashSeed(msg, fk^fMix^fSalt)
-		gk = xxh3.HashSeed(msg, gk^gMix^gSalt)
-		fSalt, gSalt = 0, 0 // the cache salt enters block 0 only
-		f[i], g[i] = fk, gk
+	seed := id.lo ^ mix
+	if first {
+		seed ^= salt // the cache salt enters block 0 only
 	}
-	sc.f, sc.g = f, g
-	return f, g
+	out := xxh3.Hash128Seed(msg, seed)
+	return memoID{hi: id.hi ^ out.Hi, lo: out.Lo}
 }
 
-func (m *ChainMemo) set(f uint64) []chainSlot {
-	i := (f & (m.sets - 1)) * chainMemoWays
+func (m *ChainMemo) set(id memoID) []chainSlot {
+	i := (id.lo & (m.sets - 1)) * chainMemoWays
 	return m.slots[i : i+chainMemoWays : i+chainMemoWays]
 }
 
-// lookup returns the key of prefix (f, g) and, when the entry holds one, sets *d to its
-// digest (d.N stays as it was otherwise).
-func (m *ChainMemo) lookup(f, g uint64, d *Digest) (uint64, bool) {
-	set := m.set(f)
+// lookup appends the keys of the stretch ending prefix id to dst and sets *d to the digest
+// after it, when the memo holds them.
+func (m *ChainMemo) lookup(dst []uint64, id memoID, d *Digest) ([]uint64, bool) {
+	set := m.set(id)
 	for i := range set {
 		s := &set[i]
 		seq := s.seq.Load()
-		if seq == 0 || seq&seqWriting != 0 || s.f.Load() != f || s.g.Load() != g {
+		if seq == 0 || seq&seqWriting != 0 || s.lo.Load() != id.lo || s.hi.Load() != id.hi {
 			continue
 		}
-		key := s.key.Load()
+		var keys [memoStretch]uint64
+		for k := range keys {
+			keys[k] = s.keys[k].Load()
+		}
 		var w [4]uint64
-		if seq&seqHasDigest != 0 {
-			for k := range w {
-				w[k] = s.digest[k].Load()
-			}
+		for k := range w {
+			w[k] = s.digest[k].Load()
 		}
 		if s.seq.Load() != seq { // rewritten while read
 			continue
 		}
-		if seq&seqHasDigest != 0 {
-			for k := range w {
-				binary.LittleEndian.PutUint64(d.B[8*k:], w[k])
-			}
-			d.N = uint8(seq >> seqLenShift & 63)
+		for k := range w {
+			binary.LittleEndian.PutUint64(d.B[8*k:], w[k])
 		}
-		return key, true
+		d.N = uint8(seq >> seqLenShift & 63)
+		return append(dst, keys[:]...), true
 	}
-	return 0, false
+	return dst, false
 }
 
-// store writes the entry of prefix (f, g); d, when not nil, is the digest to keep with it.
-// An entry already holding a digest keeps it. A slot another writer holds is skipped.
-func (m *ChainMemo) store(f, g, key uint64, d *Digest) {
-	set := m.set(f)
+// store writes the entry of prefix id: its last stretch's keys and the digest after it. A
+// slot another writer holds is skipped.
+func (m *ChainMemo) store(id memoID, keys []uint64, d *Digest) {
+	set := m.set(id)
 	victim := -1
 	for i := range set {
 		seq := set[i].seq.Load()
@@ -260,12 +256,8 @@ func (m *ChainMemo) store(f, g, key uint64, d *Digest) {
 			}
 			continue
 		}
-		if set[i].f.Load() == f && set[i].g.Load() == g {
-			if d == nil || seq&seqHasDigest != 0 {
-				return
-			}
-			victim = i // add the digest
-			break
+		if set[i].lo.Load() == id.lo && set[i].hi.Load() == id.hi {
+			return // another request stored it meanwhile
 		}
 	}
 	if victim < 0 {
@@ -278,53 +270,17 @@ func (m *ChainMemo) store(f, g, key uint64, d *Digest) {
 	}
 	if seq == 0 {
 		m.entries.Add(1)
-	} else if s.f.Load() != f || s.g.Load() != g {
+	} else {
 		m.evictions.Add(1)
 	}
-	s.f.Store(f)
-	s.g.Store(g)
-	s.key.Store(key)
-	next := (seq>>8 + 1) << 8
-	if d != nil {
-		for k := range s.digest {
-			s.digest[k].Store(binary.LittleEndian.Uint64(d.B[8*k:]))
-		}
-		next |= seqHasDigest | uint64(d.N)<<seqLenShift
+	s.hi.Store(id.hi)
+	s.lo.Store(id.lo)
+	for k := range s.keys {
+		s.keys[k].Store(keys[k])
 	}
-	s.seq.Store(next)
+	for k := range s.digest {
+		s.digest[k].Store(binary.LittleEndian.Uint64(d.B[8*k:]))
+	}
+	s.seq.Store((seq>>8+1)<<8 | uint64(d.N)<<seqLenShift)
 	m.inserts.Add(1)
-}
-
-// memoScratch holds one call's F and G chains.
-type memoScratch struct {
-	f, g []uint64
-	buf  []byte // big-endian hosts: a block's little-endian bytes
-}
-
-// memoScratchSlots is a lock-free free list like scratchSlots (which see).
-var memoScratchSlots [32]atomic.Pointer[memoScratch]
-
-// maxPooledMemo bounds the chains a pooled scratch keeps (blocks).
-const maxPooledMemo = 32 << 10
-
-func getMemoScratch() *memoScratch {
-	for i := range memoScratchSlots {
-		if memoScratchSlots[i].Load() != nil {
-			if s := memoScratchSlots[i].Swap(nil); s != nil {
-				return s
-			}
-		}
-	}
-	return &memoScratch{}
-}
-
-func putMemoScratch(s *memoScratch) {
-	if cap(s.f) > maxPooledMemo {
-		return
-	}
-	for i := range memoScratchSlots {
-		if memoScratchSlots[i].Load() == nil && memoScratchSlots[i].CompareAndSwap(nil, s) {
-			return
-		}
-	}
 }

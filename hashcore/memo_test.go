@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/zeebo/xxh3"
 )
 
 // memoSpecs is every contract, at the block sizes that take each of its code paths (the
@@ -81,11 +83,14 @@ func TestChainMemoDifferential(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			m := newTestChainMemo(t, c, 256<<10)
+			m := newTestChainMemo(t, c, DefaultChainMemoBytes) // no set fills: a repeat must hit
 			rng := rand.New(rand.NewPCG(uint64(spec.BlockSize), uint64(len(spec.Algo))))
 			maxTokens := 2500
-			if spec.BlockSize == 1 {
+			switch spec.BlockSize {
+			case 1:
 				maxTokens = 600
+			case 300:
+				maxTokens = 8000
 			}
 			var got, want []uint64
 			for conv := 0; conv < 16; conv++ {
@@ -111,6 +116,14 @@ func TestChainMemoDifferential(t *testing.T) {
 					if !slices.Equal(got, want) {
 						t.Fatalf("conv %d, %d tokens, extras %+v: memo keys differ", conv, len(prompt), ex)
 					}
+					// Sent again, every full stretch is served from the memo.
+					hits := m.Stats().Hits
+					if got = m.AppendKeys(got[:0], prompt, ex); !slices.Equal(got, want) {
+						t.Fatalf("conv %d, %d tokens, extras %+v: memo keys differ when repeated", conv, len(prompt), ex)
+					}
+					if n := m.Stats().Hits - hits; n != uint64(len(want)/memoStretch*memoStretch) {
+						t.Fatalf("conv %d, %d tokens: a repeat hit %d of %d blocks", conv, len(prompt), n, len(want))
+					}
 				}
 			}
 			st := m.Stats()
@@ -121,39 +134,78 @@ func TestChainMemoDifferential(t *testing.T) {
 	}
 }
 
-// TestChainMemoIdentityIsFastChain: the memo's F chain is kvgate's fast key (NewFast), extras
-// included, as documented.
-func TestChainMemoIdentityIsFastChain(t *testing.T) {
-	c, _ := New(Spec{Engine: "vllm", Algo: "sha256_cbor", BlockSize: 16})
+// TestChainMemoIdentity: a stretch's identity depends on every token before its end and on
+// the extras (the LoRA name on every stretch, the cache salt through stretch 0), and on
+// nothing after it.
+func TestChainMemoIdentity(t *testing.T) {
+	c, _ := New(Spec{Engine: "vllm", Algo: "sha256_cbor", BlockSize: 4})
 	m := newTestChainMemo(t, c, MinChainMemoBytes)
-	toks := testTokens(1000)
+	st := memoStretch * 4
+	toks := testTokens(3 * st)
+	ids := func(toks []uint32, ex *Extras) []memoID {
+		var mix, salt uint64
+		if ex != nil && ex.LoRAName != "" {
+			mix = xxh3.HashStringSeed(ex.LoRAName, memoLoRADomain)
+		}
+		if ex != nil && ex.CacheSalt != "" {
+			salt = xxh3.HashStringSeed(ex.CacheSalt, memoSaltDomain)
+		}
+		out := []memoID{}
+		id := memoID{hi: memoRootHi}
+		for s := 0; s < 3; s++ {
+			id = m.nextID(id, toks[s*st:(s+1)*st], mix, salt, s == 0, nil)
+			out = append(out, id)
+		}
+		return out
+	}
+	base := ids(toks, nil)
+	seen := map[memoID]string{}
 	for _, ex := range memoExtras {
-		sc := getMemoScratch()
-		f, g := m.identities(sc, toks[:len(toks)/16*16], ex)
-		want := Keys(NewFast(16), nil, toks, ex)
-		if !slices.Equal(f, want) {
-			t.Errorf("extras %+v: F is not the fast chain", ex)
+		for s, id := range ids(toks, ex) {
+			name := fmt.Sprintf("extras %+v stretch %d", ex, s)
+			if prev, dup := seen[id]; dup {
+				t.Errorf("%s has the identity of %s", name, prev)
+			}
+			seen[id] = name
 		}
-		if slices.Equal(f, g) {
-			t.Errorf("extras %+v: G equals F", ex)
+	}
+	for _, pos := range []int{0, st - 1, st, 2*st + 3} {
+		edited := slices.Clone(toks)
+		edited[pos]++
+		got := ids(edited, nil)
+		for s := range got {
+			changed := got[s] != base[s]
+			if want := pos < (s+1)*st; changed != want {
+				t.Errorf("token %d edited: stretch %d identity changed=%v, want %v", pos, s, changed, want)
+			}
 		}
-		putMemoScratch(sc)
+	}
+	// The high word alone differs when the low words collide: forge a collision of the
+	// previous low word and check the identities still differ.
+	a := m.nextID(memoID{hi: 1, lo: 7}, toks[:st], 0, 0, false, nil)
+	b := m.nextID(memoID{hi: 2, lo: 7}, toks[:st], 0, 0, false, nil)
+	if a == b || a.lo != b.lo {
+		t.Errorf("identities after prefixes differing only in the high word: %v %v", a, b)
 	}
 }
 
 // TestChainMemoKeyIsExact: every prefix forced into one set, so entries collide and evict
-// all along: keys stay exact; an entry with the right F and another G is not served.
+// all along: keys stay exact; an entry with the right low word and another high word is
+// not served.
 func TestChainMemoKeyIsExact(t *testing.T) {
 	c, _ := New(Spec{Engine: "vllm", Algo: "sha256", BlockSize: 4})
 	m := newTestChainMemo(t, c, MinChainMemoBytes)
 	m.sets = 1
-	m.store(7, 8, 99, nil)
-	var d Digest
-	if _, ok := m.lookup(7, 9, &d); ok {
-		t.Fatal("served an entry whose G differs")
+	keys := []uint64{1, 2, 3, 4, 5, 6, 7, 8}
+	d := Digest{N: 32}
+	d.B[31] = 9
+	m.store(memoID{hi: 8, lo: 7}, keys, &d)
+	var got Digest
+	if _, ok := m.lookup(nil, memoID{hi: 9, lo: 7}, &got); ok {
+		t.Fatal("served an entry whose high word differs")
 	}
-	if k, ok := m.lookup(7, 8, &d); !ok || k != 99 || d.N != 0 {
-		t.Fatalf("exact entry: %d %v %d", k, ok, d.N)
+	if k, ok := m.lookup(nil, memoID{hi: 8, lo: 7}, &got); !ok || !slices.Equal(k, keys) || got != d {
+		t.Fatalf("exact entry: %v %v %v", k, ok, got)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	base := testTokens(400)
