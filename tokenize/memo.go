@@ -22,7 +22,9 @@ import (
 // segment's bytes compared with the stored copy), so a hash collision can only cost a miss,
 // never change a token. Where the split points fall (single_word, lstrip, rstrip look at the
 // neighbours) is still computed on the whole text every time; only what lies between is
-// memoized. The post-processor's special tokens are added outside the segments.
+// memoized. The post-processor's special tokens are added outside the segments. A text
+// holding no added token at all (a plain completions prompt) bypasses the memo: as one
+// segment it could serve only an exact repeat.
 //
 // A Memo is bounded in bytes (entries plus its slot table), safe for concurrent use and
 // shared by any number of tokenizers. Lookups take no lock: a segment's hash picks a set of

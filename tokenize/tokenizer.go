@@ -128,6 +128,11 @@ func (t *Tokenizer) appendEncode(dst []uint32, text string, memo *Memo) ([]uint3
 	}
 	// 1. Added tokens that match raw text split it first.
 	st.matches = t.rawTrie.find(st.matches[:0], text)
+	if len(st.matches) == 0 {
+		// One segment, the whole text: memoized, it would serve only an exact repeat and
+		// crowd out the segments of chats (a plain completions prompt is such a text).
+		memo = nil
+	}
 	prev := 0
 	for _, m := range st.matches {
 		if prev < m.start {
