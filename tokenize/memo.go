@@ -66,8 +66,8 @@ const (
 	// memoMinSegment: shorter segments ("\n", "assistant\n" between special tokens) are encoded
 	// directly; through the word cache they cost less than a memo lookup would save.
 	memoMinSegment = 32
-	// memoEntryOverhead is what an entry costs besides its text and IDs: the struct, and the
-	// allocation headers of its three objects.
+	// memoEntryOverhead is what an entry costs besides its text and IDs (and their size-class
+	// rounding): the struct and the rounding of small objects.
 	memoEntryOverhead = 112
 	// memoBytesPerSlot sizes the slot table: one slot per this many bytes of bound.
 	memoBytesPerSlot = 1024
@@ -130,7 +130,8 @@ func (m *Memo) get(dst []uint32, t *Tokenizer, seg string, first bool) ([]uint32
 // put stores the IDs of seg. Segments over an eighth of the bound are not kept: one would
 // flush the memo of everything else.
 func (m *Memo) put(t *Tokenizer, seg string, first bool, ids []uint32) {
-	size := memoEntryOverhead + int64(len(seg)) + 4*int64(len(ids))
+	payload := int64(len(seg)) + 4*int64(len(ids))
+	size := memoEntryOverhead + payload + payload/8 // the allocator's size classes waste up to 1/8
 	if size > m.maxBytes/8 {
 		return
 	}
