@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -479,4 +480,37 @@ func FuzzMemo(f *testing.F) {
 			t.Fatalf("memo holds %d bytes, bound %d", st.Bytes, st.MaxBytes)
 		}
 	})
+}
+
+// TestMemoBytesMatchHeap: what a full memo reports holding is what the heap holds for it
+// (within the allocator's slack), so the bound is a real memory bound.
+func TestMemoBytesMatchHeap(t *testing.T) {
+	tk := loadNamed(t, "qwen3")
+	rng := rand.New(rand.NewPCG(11, 12))
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	before := ms.HeapAlloc
+	memo := newTestMemo(t, 8<<20)
+	ids := make([]uint32, 4096)
+	text := make([]byte, 16384)
+	for i := 0; memo.Stats().Evictions < 2000; i++ {
+		n := 32 + rng.IntN(8000)
+		for k := range text[:n] {
+			text[k] = byte('a' + rng.IntN(26))
+		}
+		memo.put(tk, string(text[:n]), i%2 == 0, ids[:n/4])
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	heap := int64(ms.HeapAlloc) - int64(before)
+	st := memo.Stats()
+	if st.Bytes > st.MaxBytes {
+		t.Fatalf("memo reports %d bytes, bound %d", st.Bytes, st.MaxBytes)
+	}
+	if heap > st.Bytes+256<<10 || heap < st.Bytes*7/10 {
+		t.Errorf("memo reports %d bytes, the heap grew by %d", st.Bytes, heap)
+	}
+	t.Logf("memo reports %d bytes (bound %d), the heap grew by %d", st.Bytes, st.MaxBytes, heap)
+	runtime.KeepAlive(memo)
 }
