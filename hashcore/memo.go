@@ -127,13 +127,19 @@ type memoID struct{ hi, lo uint64 }
 // Keys(m.Chain(), dst, tokens, ex) does, taking the keys of known prefixes from the memo and
 // storing the rest.
 func (m *ChainMemo) AppendKeys(dst []uint64, tokens []uint32, ex *Extras) []uint64 {
+	dst, _ = m.AppendKeysHit(dst, tokens, ex)
+	return dst
+}
+
+// AppendKeysHit is AppendKeys that also says how many of the blocks came from the memo.
+func (m *ChainMemo) AppendKeysHit(dst []uint64, tokens []uint32, ex *Extras) ([]uint64, int) {
 	bs := m.blockSize
 	nb := len(tokens) / bs
 	if nb == 0 {
-		return dst
+		return dst, 0
 	}
 	if ValidateExtras(ex) != nil { // whatever the contract does with them, unmemoized
-		return Keys(m.chain, dst, tokens, ex)
+		return Keys(m.chain, dst, tokens, ex), 0
 	}
 	var mix, salt uint64
 	if ex != nil {
@@ -187,7 +193,7 @@ func (m *ChainMemo) AppendKeys(dst []uint64, tokens []uint32, ex *Extras) []uint
 	}
 	m.hits.Add(uint64(hit))
 	m.misses.Add(uint64(nb - hit))
-	return dst
+	return dst, hit
 }
 
 // nextID is the identity of the prefix that ends with the stretch of tokens, after the

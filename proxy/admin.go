@@ -92,6 +92,24 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		f.counter("kvgate_inventory_evicted_total", st.EvictedAtBound)
 		f.counter("kvgate_inventory_dropped_total", st.DroppedAtBound)
 		f.counter("kvgate_inventory_rebuilds_total", st.Rebuilds)
+		if m := s.kv.memo; m != nil {
+			ms := m.Stats()
+			f.counter("kvgate_tokenize_memo_hits_total", ms.Hits)
+			f.counter("kvgate_tokenize_memo_misses_total", ms.Misses)
+			f.counter("kvgate_tokenize_memo_evictions_total", ms.Evictions)
+			f.gauge("kvgate_tokenize_memo_bytes", uint64(max(ms.Bytes, 0)))
+		}
+		if m := s.kv.chainMemo; m != nil {
+			ms := m.Stats()
+			f.counter("kvgate_chain_memo_hit_blocks_total", ms.Hits)
+			f.counter("kvgate_chain_memo_miss_blocks_total", ms.Misses)
+			f.counter("kvgate_chain_memo_evictions_total", ms.Evictions)
+			f.gauge("kvgate_chain_memo_bytes", uint64(max(ms.Bytes, 0)))
+		}
+		if s.cfg.KVLoadScrape > 0 {
+			perEndpoint("kvgate_engine_load_scrape_errors_total", "counter", func(i int, e *endpoint) uint64 { return e.scrape.failed.Load() })
+			perEndpoint("kvgate_engine_load_report_fresh", "gauge", func(i int, e *endpoint) uint64 { return b2u(s.queues.Fresh(i, time.Now())) })
+		}
 		if t := s.kv.trie; t != nil {
 			keys, bytes := t.stats()
 			f.gauge("kvgate_prefix_trie_keys", uint64(max(keys, 0)))
@@ -233,6 +251,14 @@ type Explanation struct {
 	// uncached, rate, predicted ms), recorded by the decision traffic runs.
 	Policy string                 `json:"policy,omitempty"`
 	Terms  map[string]route.Terms `json:"terms,omitempty"`
+	// Memo is what the decision took from the tokenization and chain memos.
+	Memo *explainMemo `json:"memo,omitempty"`
+}
+
+type explainMemo struct {
+	Tokens   int `json:"tokens"`   // token IDs taken from the tokenization memo
+	Segments int `json:"segments"` // text segments between special tokens it answered
+	Blocks   int `json:"blocks"`   // block keys taken from the chain memo
 }
 
 // explainTerms is the Observer /debug/explain hands the selector.
@@ -293,6 +319,9 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.kv != nil && s.cfg.KVMode == KVDisaggregated {
 		ex.Tokens, ex.Blocks = len(st.tokens), len(st.keys)
+	}
+	if s.kv != nil && (s.kv.memo != nil || s.kv.chainMemo != nil) {
+		ex.Memo = &explainMemo{Tokens: st.memoUse.Tokens, Segments: st.memoUse.Segments, Blocks: st.memoBlocks}
 	}
 	ex.Route = d.route.String()
 	if d.ep >= 0 {

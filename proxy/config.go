@@ -15,7 +15,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/shard"
+	"github.com/kvgate/kvgate/tokenize"
 )
 
 // Engine is the kind of server behind an endpoint; it decides the KV event contract and
@@ -268,6 +270,11 @@ type Config struct {
 	// KVPendingTTL: in mode 3, a prompt's blocks count as held by the endpoint kvgate sent
 	// it to for this long, until the engine's own events report them (0: off).
 	KVPendingTTL time.Duration
+	// TokenizeMemoBytes bounds the memo of token IDs between added tokens that lets a
+	// follow-up turn tokenize only its new text (0: off); KVChainMemoBytes bounds the memo
+	// of block-key chain stretches that lets it hash only its new blocks (0: off).
+	TokenizeMemoBytes int64
+	KVChainMemoBytes  int64
 
 	Tokenizers []TokenizerSpec
 	LoRA       map[string]string // adapter served name -> base model
@@ -333,6 +340,8 @@ func Defaults() Config {
 		KVPolicy:             "cost",
 		KVLoadScrape:         50 * time.Millisecond,
 		KVPendingTTL:         2 * time.Second,
+		TokenizeMemoBytes:    tokenize.DefaultMemoBytes,
+		KVChainMemoBytes:     hashcore.DefaultChainMemoBytes,
 		CHWBLPrefixBytes:     256,
 		BreakerFailures:      3,
 		BreakerOpenFor:       10 * time.Second,
@@ -497,6 +506,12 @@ func (c *Config) Validate() error {
 	}
 	if c.KVLoadScrape < 0 {
 		return refuse("-kv-load-scrape", "%v: want >= 0 (0: off)", c.KVLoadScrape)
+	}
+	if c.TokenizeMemoBytes != 0 && c.TokenizeMemoBytes < tokenize.MinMemoBytes {
+		return refuse("-tokenize-memo-bytes", "%d: want 0 (off) or >= %d", c.TokenizeMemoBytes, tokenize.MinMemoBytes)
+	}
+	if c.KVChainMemoBytes != 0 && c.KVChainMemoBytes < hashcore.MinChainMemoBytes {
+		return refuse("-kv-chain-memo-bytes", "%d: want 0 (off) or >= %d", c.KVChainMemoBytes, hashcore.MinChainMemoBytes)
 	}
 	if c.KVPendingTTL < 0 {
 		return refuse("-kv-pending-ttl", "%v: want >= 0 (0: off)", c.KVPendingTTL)

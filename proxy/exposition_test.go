@@ -120,6 +120,7 @@ func TestMetricsPrometheusExposition(t *testing.T) {
 	c := vllmChain(t)
 	a := newKVEngine(t, "a", enginepub.VLLM)
 	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""))
+	cfg.KVPendingTTL = 0 // the repeated miss would follow its own pending entries
 	s := startProxy(t, cfg)
 	a.store(t, c, engineTokens(t, sharedPrefix), 8)
 	waitFor(t, "events applied", func() bool { return s.kv.inv.Count(0) == 8 })

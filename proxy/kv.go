@@ -31,6 +31,8 @@ type kvRouter struct {
 	lora      map[string]loraAdapter
 	trie      *prefixTrie // mode 1 with -pd-prefix-trie-keys > 0; mode 3 with -kv-pending-ttl > 0
 	sel       route.Selector
+	memo      *tokenize.Memo      // -tokenize-memo-bytes > 0
+	chainMemo *hashcore.ChainMemo // -kv-chain-memo-bytes > 0 and an engine contract
 	// loadOnMiss: mode 3 with the cost policy and -select rr places a keyed prompt no
 	// endpoint holds by the cost policy too (route kv-miss:<reason> all the same); rr
 	// knows nothing of queues. -select chwbl keeps its content affinity for misses.
@@ -59,6 +61,20 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 		}
 		if err := k.pool.Add(t.Model, t.Dir, t.Aliases...); err != nil {
 			return nil, refuse("-tokenizer", "%s=%s: %v", t.Model, t.Dir, err)
+		}
+	}
+	if cfg.TokenizeMemoBytes > 0 {
+		m, err := tokenize.NewMemo(cfg.TokenizeMemoBytes)
+		if err != nil {
+			return nil, refuse("-tokenize-memo-bytes", "%v", err)
+		}
+		k.memo = m
+		for _, t := range cfg.Tokenizers {
+			if mdl := k.pool.Get(t.Model); mdl != nil {
+				if why := mdl.Tokenizer().MemoUnsupported(); why != "" {
+					s.log.Info("tokenize memo off for this model", "model", t.Model, "why", why)
+				}
+			}
 		}
 	}
 	for a, base := range cfg.LoRA {
@@ -110,6 +126,11 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 			return nil, refuse(flag, "%v", err)
 		}
 		k.chain = c
+		if cfg.KVChainMemoBytes > 0 {
+			if k.chainMemo, err = hashcore.NewChainMemo(c, cfg.KVChainMemoBytes); err != nil {
+				return nil, refuse("-kv-chain-memo-bytes", "%v", err)
+			}
+		}
 	}
 	keys, err := ingest.ParseKeyMode(cfg.KVKeys)
 	if err != nil {
@@ -226,7 +247,10 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 			// exactly as `kvgate tokenize` does.
 			in.AddGenerationPrompt = false
 		}
-		st.tokens, err = model.EncodeChat(st.tokens, &in)
+		if st.obs != nil { // /debug/explain says what came from the memo
+			in.MemoUse = &st.memoUse
+		}
+		st.tokens, err = model.EncodeChatMemo(st.tokens, &in, k.memo)
 	case oa.Prompt == openai.PromptString || oa.Prompt == openai.PromptStrings:
 		p := oa.Value[openai.FPrompt].Bytes(b)
 		if oa.Prompt == openai.PromptStrings {
@@ -237,7 +261,7 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 			k.miss(st, d, RouteMissTextEmpty)
 			return
 		}
-		st.tokens, err = model.EncodePrompt(st.tokens, bstr(st.out))
+		st.tokens, err = model.EncodePromptMemo(st.tokens, bstr(st.out), k.memo)
 	default: // token ids: the engine uses them as they are
 		var ok bool
 		if st.tokens, ok = openai.AppendTokens(st.tokens[:0], oa.Value[openai.FPrompt].Bytes(b)); !ok {
@@ -276,7 +300,11 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 		exp = ex
 	}
 	if nEng > 0 {
-		st.keys = hashcore.Keys(k.chain, st.keys[:0], st.tokens, exp)
+		if k.chainMemo != nil {
+			st.keys, st.memoBlocks = k.chainMemo.AppendKeysHit(st.keys[:0], st.tokens, exp)
+		} else {
+			st.keys = hashcore.Keys(k.chain, st.keys[:0], st.tokens, exp)
+		}
 	}
 	if nFast > 0 {
 		st.fastKeys = hashcore.Keys(k.fast, st.fastKeys[:0], st.tokens, exp)

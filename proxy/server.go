@@ -399,20 +399,23 @@ type reqState struct {
 	cand     route.Candidates
 	obs      route.Observer // /debug/explain's recorder; nil for traffic
 	meter    *decisionMeter // the server's for traffic; nil for /debug/explain
-	eligible shard.Mask
-	excluded shard.Mask
-	scratch  shard.Mask
-	out      []byte
-	relay    []byte
-	tail     []byte
-	sessKey  []byte
-	legA     []byte
-	legB     []byte
-	legResp  []byte
-	salt     []byte
-	ex       hashcore.Extras
-	engMask  shard.Mask
-	fastMask shard.Mask
+	// What this decision took from the memos (/debug/explain).
+	memoUse    tokenize.MemoUse
+	memoBlocks int
+	eligible   shard.Mask
+	excluded   shard.Mask
+	scratch    shard.Mask
+	out        []byte
+	relay      []byte
+	tail       []byte
+	sessKey    []byte
+	legA       []byte
+	legB       []byte
+	legResp    []byte
+	salt       []byte
+	ex         hashcore.Extras
+	engMask    shard.Mask
+	fastMask   shard.Mask
 	// canRetry: this attempt's 5xx or truncated answer may be dropped for another
 	// endpoint (nothing has reached the client; attempts and an alternative remain).
 	canRetry bool
@@ -449,6 +452,7 @@ func (st *reqState) reset() {
 	st.cached = -1
 	clear(st.excluded)
 	st.tail = st.tail[:0]
+	st.memoUse, st.memoBlocks = tokenize.MemoUse{}, 0
 }
 
 func (s *Server) getState() *reqState {

@@ -38,6 +38,8 @@ type ChatInput struct {
 	// ContinueFinalMessage: the prompt ends inside the final (assistant) message, as vLLM's
 	// continue_final_message (exclusive with AddGenerationPrompt).
 	ContinueFinalMessage bool
+	// MemoUse, when set, receives what the encode took from the Memo (/debug/explain).
+	MemoUse *MemoUse
 }
 
 type jsonTokenizerConfig struct {
@@ -223,7 +225,7 @@ func (m *Model) EncodePrompt(dst []uint32, prompt string) ([]uint32, error) {
 // EncodePromptMemo is EncodePrompt through memo (nil: none), with the same result.
 func (m *Model) EncodePromptMemo(dst []uint32, prompt string, memo *Memo) ([]uint32, error) {
 	dst = append(dst[:0], m.promptPrefix...)
-	dst, err := m.tok.appendEncode(dst, prompt, memo)
+	dst, err := m.tok.appendEncode(dst, prompt, memo, nil)
 	if err != nil {
 		return dst[:0], err
 	}
@@ -261,7 +263,7 @@ func (m *Model) EncodeChatMemo(dst []uint32, in *ChatInput, memo *Memo) ([]uint3
 		m.renderPool.Put(bp)
 		return dst[:0], err
 	}
-	dst, err = m.tok.EncodeMemo(dst, unsafeString(out), false, memo)
+	dst, err = m.tok.encodeMemoUse(dst, unsafeString(out), false, memo, in.MemoUse)
 	if cap(out) <= 1<<20 { // do not keep huge buffers around
 		*bp = out[:0]
 		m.renderPool.Put(bp)

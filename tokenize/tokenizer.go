@@ -60,6 +60,7 @@ type encodeState struct {
 	err      error // first failure of this call (a fallback regex that timed out)
 
 	memoHits, memoMisses uint64 // this call's segment lookups, added to the Memo once
+	memoHitTokens        int    // IDs this call took from the Memo
 }
 
 func (t *Tokenizer) init() {
@@ -93,11 +94,18 @@ func (t *Tokenizer) Encode(dst []uint32, text string, addSpecialTokens bool) ([]
 // EncodeMemo is Encode through memo (nil: none), with the same result: the IDs of the text
 // between added tokens come from the memo when it holds them, and go into it when not.
 func (t *Tokenizer) EncodeMemo(dst []uint32, text string, addSpecialTokens bool, memo *Memo) ([]uint32, error) {
+	return t.encodeMemoUse(dst, text, addSpecialTokens, memo, nil)
+}
+
+// MemoUse is what one encode took from a Memo (for /debug/explain).
+type MemoUse struct{ Segments, Tokens int }
+
+func (t *Tokenizer) encodeMemoUse(dst []uint32, text string, addSpecialTokens bool, memo *Memo, use *MemoUse) ([]uint32, error) {
 	dst = dst[:0]
 	if addSpecialTokens {
 		dst = append(dst, t.postPrefix...)
 	}
-	dst, err := t.appendEncode(dst, text, memo)
+	dst, err := t.appendEncode(dst, text, memo, use)
 	if err != nil {
 		return dst[:0], err
 	}
@@ -112,7 +120,7 @@ const MaxTextBytes = 1 << 30
 
 // appendEncode appends the IDs of text (no post-processing) to dst, through memo when it is
 // not nil.
-func (t *Tokenizer) appendEncode(dst []uint32, text string, memo *Memo) ([]uint32, error) {
+func (t *Tokenizer) appendEncode(dst []uint32, text string, memo *Memo, use *MemoUse) ([]uint32, error) {
 	if len(text) > MaxTextBytes {
 		return dst, fmt.Errorf("tokenize: text of %d bytes is over the %d-byte limit", len(text), MaxTextBytes)
 	}
@@ -147,7 +155,10 @@ func (t *Tokenizer) appendEncode(dst []uint32, text string, memo *Memo) ([]uint3
 	if st.memoHits|st.memoMisses != 0 {
 		memo.hits.Add(st.memoHits)
 		memo.misses.Add(st.memoMisses)
-		st.memoHits, st.memoMisses = 0, 0
+		if use != nil {
+			use.Segments, use.Tokens = int(st.memoHits), st.memoHitTokens
+		}
+		st.memoHits, st.memoMisses, st.memoHitTokens = 0, 0, 0
 	}
 	err := st.err
 	st.err = nil
@@ -163,6 +174,7 @@ func (t *Tokenizer) encodeRawSegment(dst []uint32, st *encodeState, seg string, 
 	}
 	if d, ok := memo.get(dst, t, seg, first); ok {
 		st.memoHits++
+		st.memoHitTokens += len(d) - len(dst)
 		return d
 	}
 	st.memoMisses++

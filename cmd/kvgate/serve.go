@@ -81,6 +81,8 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 	fs.IntVar(&cfg.KVEngineSlots, "kv-engine-slots", 0, "pin how many requests each engine runs at once (default 0: learned from its /metrics running count while requests wait)")
 	fs.DurationVar(&cfg.KVLoadScrape, "kv-load-scrape", cfg.KVLoadScrape, "interval of reading each engine's /metrics (running, waiting, KV usage) for the cost policy and the decode choice; a report older than 3 intervals decays to kvgate's own accounting (0: off)")
 	fs.DurationVar(&cfg.KVPendingTTL, "kv-pending-ttl", cfg.KVPendingTTL, "mode 3: a prompt's blocks count as held where kvgate sent it for this long, until the engine's events report them, so a burst sharing a new prefix sees the first placement (0: off)")
+	fs.Int64Var(&cfg.TokenizeMemoBytes, "tokenize-memo-bytes", cfg.TokenizeMemoBytes, "memory bound of the memo of token IDs between a chat's special tokens, so a follow-up turn tokenizes only its new text (exact by construction; 0: off)")
+	fs.Int64Var(&cfg.KVChainMemoBytes, "kv-chain-memo-bytes", cfg.KVChainMemoBytes, "memory bound of the memo of block-key chain stretches, so a follow-up turn hashes only its new blocks (exact; 0: off)")
 	fs.IntVar(&cfg.CHWBLPrefixBytes, "chwbl-prefix-bytes", cfg.CHWBLPrefixBytes, "bytes of the system message / prompt in the chwbl key")
 	fs.Var(&models, "model", "served model name for the -tokenizer of the same position; NAME[,ALIAS...] (repeatable)")
 	fs.Var(&tokenizers, "tokenizer", "tokenizer directory (holding tokenizer.json): DIR paired with -model, or NAME=DIR (repeatable)")
