@@ -37,6 +37,7 @@ type decision struct {
 	// endpoint must prefill, when and how it was sent, and whether its first byte is due.
 	uncached int
 	sentAt   time.Time
+	firstAt  time.Time
 	ticket   route.Ticket
 	firstDue bool
 }
@@ -248,7 +249,7 @@ func (s *Server) brokeOff(i int) { s.m.upstream[ErrMidStream][i].Inc() }
 
 // sent counts d's prompt as queued prefill at its endpoint (route.Queues).
 func (s *Server) sent(d *decision) {
-	d.sentAt, d.firstDue = time.Now(), true
+	d.sentAt, d.firstAt, d.firstDue = time.Now(), time.Time{}, true
 	d.ticket = s.queues.Sent(d.ep, d.uncached)
 }
 
@@ -256,7 +257,8 @@ func (s *Server) sent(d *decision) {
 func (s *Server) firstToken(d *decision) {
 	if d.firstDue {
 		d.firstDue = false
-		s.queues.FirstToken(d.ep, d.uncached, time.Since(d.sentAt), d.ticket)
+		d.firstAt = time.Now()
+		s.queues.FirstToken(d.ep, d.uncached, d.firstAt.Sub(d.sentAt), d.ticket)
 	}
 }
 
@@ -267,7 +269,8 @@ func (s *Server) finished(d *decision) {
 		d.firstDue = false
 		s.queues.Unsent(d.ep, d.uncached)
 	}
-	s.queues.Finished(d.ep, time.Since(d.sentAt))
+	now := time.Now()
+	s.queues.Finished(d.ep, d.ticket, now.Sub(d.sentAt), now.Sub(d.firstAt), !d.firstAt.IsZero())
 }
 
 // setDecisionHeaders adds the evidence headers a user reads to see each decision.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/proxy/route"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -357,7 +358,7 @@ func TestKVCostEngineReports(t *testing.T) {
 	b.store(t, c, toks, 2)
 	waitFor(t, "events", func() bool { return s.kv.inv.Count(0) == 6 && s.kv.inv.Count(1) == 2 })
 	waitFor(t, "scrapes", func() bool { return s.eps[0].scrape.ok.Load() > 0 && s.eps[1].scrape.failed.Load() > 0 })
-	s.queues.Finished(0, time.Second) // a request holds a for 1 s: 21 ahead over 4 slots wait ~5 s
+	s.queues.Finished(0, route.Ticket{}, time.Second, 0, false) // a request holds a for 1 s: 21 ahead over 4 slots wait ~5 s
 	res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
 	if res.Header.Get("x-kvgate-endpoint") != "b" || res.Header.Get("x-kvgate-route") != "kv-hit" {
 		t.Fatalf("a's engine reports 20 waiting: %s %s", res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"))
@@ -430,7 +431,7 @@ func TestKVCostReplicasAgree(t *testing.T) {
 	b.store(t, c, toks, 2)
 	for _, s := range replicas {
 		waitFor(t, "events", func() bool { return s.kv.inv.Count(0) == 6 && s.kv.inv.Count(1) == 2 })
-		s.queues.Finished(0, time.Second)
+		s.queues.Finished(0, route.Ticket{}, time.Second, 0, false)
 	}
 	choices := func() string {
 		var out string

@@ -78,19 +78,22 @@ func storeF(a *atomic.Uint64, v float64) { a.Store(math.Float64bits(v)) }
 // Ticket is what Sent hands back for FirstToken: whether nothing of kvgate's was queued
 // ahead of the request, and which send it was.
 type Ticket struct {
-	alone bool
-	send  uint64
+	alone   bool
+	whole   bool // a non-streamed answer: its first byte comes after its last token
+	send    uint64
+	prefill float64 // seconds its own prefill takes at the endpoint's rate, queue aside
 }
 
 // NoSample marks a first byte that says nothing of the prefill's speed (a whole,
 // non-streamed answer comes after the last token).
-func (t *Ticket) NoSample() { t.alone = false }
+func (t *Ticket) NoSample() { t.alone, t.whole = false, true }
 
 // Sent records a request dispatched to ep that must prefill uncached tokens.
 func (q *Queues) Sent(ep, uncached int) Ticket {
 	e := &q.eps[ep]
 	alone := e.queued.Add(int64(uncached)) == int64(uncached)
-	return Ticket{alone: alone, send: e.sends.Add(1)}
+	return Ticket{alone: alone, send: e.sends.Add(1),
+		prefill: loadF(&e.base) + float64(uncached)/loadF(&e.rate)}
 }
 
 // FirstToken records the first response byte of a request Sent to ep, ttft after it was
@@ -120,10 +123,17 @@ func (q *Queues) FirstToken(ep, uncached int, ttft time.Duration, t Ticket) {
 // Unsent takes back a request Sent to ep that ended without a first byte.
 func (q *Queues) Unsent(ep, uncached int) { q.eps[ep].queued.Add(-int64(uncached)) }
 
-// Finished records how long a request held ep (sent to last byte).
-func (q *Queues) Finished(ep int, held time.Duration) {
+// Finished records how long a request held a batch slot at ep: its own prefill plus the
+// time from its first byte to its last, for a streamed answer; for a whole answer (or one
+// that never produced a byte) the time from sending to the end, the only measure there is.
+// Not sent-to-end for streams: under load that includes the wait for the slot, and a
+// slot-wait estimate built on it would feed on itself.
+func (q *Queues) Finished(ep int, t Ticket, sinceSent, sinceFirst time.Duration, gotFirst bool) {
 	e := &q.eps[ep]
-	s := held.Seconds()
+	s := sinceSent.Seconds()
+	if gotFirst && !t.whole {
+		s = t.prefill + sinceFirst.Seconds()
+	}
 	for {
 		old := e.service.Load()
 		v := math.Float64frombits(old)

@@ -107,8 +107,8 @@ func TestSlotWaitFromEngineReport(t *testing.T) {
 	loads := balance.NewLoads(2)
 	c := &Cost{Loads: loads, Queues: q}
 	now := time.Now()
-	q.Finished(0, 400*time.Millisecond)
-	q.Finished(1, 400*time.Millisecond)
+	q.Finished(0, Ticket{}, 400*time.Millisecond, 0, false)
+	q.Finished(1, Ticket{}, 400*time.Millisecond, 0, false)
 	// Endpoint 0 runs 8 and has 8 waiting (requests of another replica): a new request
 	// waits behind 9 slot releases of 400ms/8 each.
 	q.Observe(0, Report{Running: 8, Waiting: 8, KVUsage: 0.5}, 0, now)
@@ -306,5 +306,25 @@ func TestSlowerEndpointGetsProportionallyLess(t *testing.T) {
 	}
 	if ratio := float64(got[0]) / float64(got[1]); ratio < 1.8 || ratio > 2.2 {
 		t.Fatalf("fast/slow split %v (ratio %.2f), want about 2", got, ratio)
+	}
+}
+
+// A streamed request's slot time is its own prefill plus its decode, not the time it
+// waited for the slot: a wait estimate built on waits would feed on itself.
+func TestServiceIsSlotTime(t *testing.T) {
+	q := NewQueues(1, 10000, 0, time.Second)
+	tk := q.Sent(0, 1000) // 100 ms of prefill
+	q.FirstToken(0, 1000, 900*time.Millisecond, tk)
+	q.Finished(0, tk, time.Second+900*time.Millisecond, time.Second, true) // waited 800 ms, decoded 1 s
+	if v := q.View(0, time.Now()); math.Abs(v.ServiceMs-1100) > 0.01 {
+		t.Fatalf("slot time %.1f ms, want 1100", v.ServiceMs)
+	}
+	q2 := NewQueues(1, 10000, 0, time.Second)
+	tk = q2.Sent(0, 1000)
+	tk.NoSample() // a whole answer: sent-to-end is all there is
+	q2.FirstToken(0, 1000, 2*time.Second, tk)
+	q2.Finished(0, tk, 2*time.Second, 0, true)
+	if v := q2.View(0, time.Now()); math.Abs(v.ServiceMs-2000) > 0.01 {
+		t.Fatalf("whole answer %.1f ms, want 2000", v.ServiceMs)
 	}
 }
