@@ -47,6 +47,7 @@ type epQueue struct {
 	flightAt atomic.Int64  // kvgate's in-flight count when that report was read
 	samples  atomic.Int64  // rate-fit samples taken
 	sends    atomic.Uint64 // requests sent so far
+	prefills atomic.Int64  // requests sent that have not produced a first token
 
 	mu  sync.Mutex // the fit's sums
 	fit lineFit
@@ -92,6 +93,7 @@ func (t *Ticket) NoSample() { t.alone, t.whole = false, true }
 func (q *Queues) Sent(ep, uncached int) Ticket {
 	e := &q.eps[ep]
 	alone := e.queued.Add(int64(uncached)) == int64(uncached)
+	e.prefills.Add(1)
 	return Ticket{alone: alone, send: e.sends.Add(1),
 		prefill: loadF(&e.base) + float64(uncached)/loadF(&e.rate)}
 }
@@ -104,6 +106,7 @@ func (q *Queues) Sent(ep, uncached int) Ticket {
 func (q *Queues) FirstToken(ep, uncached int, ttft time.Duration, t Ticket) {
 	e := &q.eps[ep]
 	e.queued.Add(-int64(uncached))
+	e.prefills.Add(-1)
 	if !t.alone || e.sends.Load() != t.send || q.pinnedRate > 0 || ttft <= 0 {
 		return
 	}
@@ -121,7 +124,10 @@ func (q *Queues) FirstToken(ep, uncached int, ttft time.Duration, t Ticket) {
 }
 
 // Unsent takes back a request Sent to ep that ended without a first byte.
-func (q *Queues) Unsent(ep, uncached int) { q.eps[ep].queued.Add(-int64(uncached)) }
+func (q *Queues) Unsent(ep, uncached int) {
+	q.eps[ep].queued.Add(-int64(uncached))
+	q.eps[ep].prefills.Add(-1)
+}
 
 // Finished records how long a request held a batch slot at ep: its own prefill plus the
 // time from its first byte to its last, for a streamed answer; for a whole answer (or one
@@ -201,26 +207,43 @@ func (q *Queues) Ahead(ep int, inflight int64, now time.Time) (ahead int64, from
 	return occ - slots + 1, fromEngine
 }
 
-// Predict is the time to first token at ep for a request of uncached tokens: the prefill
-// of what is queued there plus its own at the endpoint's rate, after any wait for a batch
-// slot (each request ahead frees one of the slots after a mean request time / slots).
+// Predict is the time to first token at ep for a request of uncached tokens, and the
+// cost of sending it there.
+//
+// An engine shares its prefill compute among the prompts it is prefilling (a GPU step
+// batches every scheduled prompt's tokens; vLLM's chunked prefill and SGLang's mixed
+// batches both do), so prefill is processor-shared: with n requests still before their
+// first token and Q uncached tokens among them, a new request of u tokens is done once
+// u plus, from each of the others, as much as u of its own has been processed: at most
+// min(Q, n x u) more. A cached follow-up (u small) barely waits behind a long prefill; a
+// full prefill (u large) waits for the whole queue. Then comes any wait for a batch slot
+// (each request ahead frees one of the slots after a mean slot time / slots).
+//
+// The same sharing is what the request's prefill does to the others: each of the n is
+// delayed by as much as u of its remaining work, min(Q, n x u) in all. Cost adds that
+// delay to the request's own time: the first-token time the whole pool loses by the
+// choice, which is what placing one request should minimize.
 func (q *Queues) Predict(ep, uncached int, inflight int64, now time.Time) Terms {
 	e := &q.eps[ep]
 	queued := max(e.queued.Load(), 0)
+	waiting := max(e.prefills.Load(), 0)
 	rate := loadF(&e.rate)
-	t := Terms{Uncached: uncached, Queued: queued, InFlight: inflight, Rate: rate, Source: "kvgate"}
+	t := Terms{Uncached: uncached, Queued: queued, Waiting: waiting, InFlight: inflight, Rate: rate, Source: "kvgate"}
 	ahead, eng := q.Ahead(ep, inflight, now)
 	if eng {
 		t.Source = "engine"
 	}
 	t.Ahead = ahead
-	sec := loadF(&e.base) + float64(queued+int64(uncached))/rate
+	shared := float64(min(queued, waiting*int64(uncached)))
+	sec := loadF(&e.base) + (float64(uncached)+shared)/rate
 	if ahead > 0 {
 		if slots := e.slots.Load(); slots > 0 {
 			sec += float64(ahead) * loadF(&e.service) / float64(slots)
 		}
 	}
 	t.Predicted = sec * 1000
+	t.Delays = shared / rate * 1000
+	t.Cost = t.Predicted + t.Delays
 	return t
 }
 

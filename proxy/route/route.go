@@ -34,7 +34,10 @@ type Terms struct {
 	InFlight  int64   `json:"in_flight"`             // requests kvgate has in flight there
 	Rate      float64 `json:"prefill_tokens_per_s"`  // learned or pinned
 	Predicted float64 `json:"predicted_ttft_ms"`
-	Source    string  `json:"load_source"` // "engine" (a fresh /metrics report) or "kvgate" (its own accounting)
+	Waiting   int64   `json:"awaiting_first_token"` // requests kvgate sent there with no first byte yet
+	Delays    float64 `json:"delays_others_ms"`     // Waiting x this prefill: what it costs them
+	Cost      float64 `json:"cost_ms"`              // Predicted + Delays: what the policy minimizes
+	Source    string  `json:"load_source"`          // "engine" (a fresh /metrics report) or "kvgate" (its own accounting)
 }
 
 // Observer records a decision's inputs. Traffic passes nil.

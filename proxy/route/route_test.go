@@ -40,8 +40,9 @@ func TestCostSpreadsWhenHolderQueueCostsMore(t *testing.T) {
 	q := NewQueues(2, 10000, 0, time.Second)
 	loads := balance.NewLoads(2)
 	c := &Cost{Loads: loads, Queues: q}
-	// 1,000 of 2,048 tokens cached at endpoint 0, but 20,000 tokens already queued there
-	// (2 s of prefill): the idle endpoint 1 prefills all 2,048 in ~0.2 s.
+	// 992 of 2,048 tokens cached at endpoint 0, but a 20,000-token prompt prefilling there:
+	// the remaining 1,056 share the GPU with it (105.6 ms each way: its own wait and the
+	// delay it adds), while the idle endpoint 1 prefills all 2,048 in 204.8 ms alone.
 	tk := q.Sent(0, 20000)
 	loads.Inc(0)
 	cd := candidates(2, []int32{62, 0}, 2048)
@@ -52,7 +53,7 @@ func TestCostSpreadsWhenHolderQueueCostsMore(t *testing.T) {
 	if obs[0].Queued != 20000 || obs[0].Uncached != 2048-62*16 || obs[1].Uncached != 2048 {
 		t.Fatalf("terms %+v", obs)
 	}
-	if math.Abs(obs[1].Predicted-204.8) > 0.01 || math.Abs(obs[0].Predicted-(20000+1056)/10.0) > 0.01 {
+	if math.Abs(obs[1].Cost-204.8) > 0.01 || math.Abs(obs[0].Predicted-211.2) > 0.01 || math.Abs(obs[0].Cost-316.8) > 0.01 {
 		t.Fatalf("predicted ms %+v", obs)
 	}
 	// Once the queue drains the holder wins again.
@@ -326,5 +327,23 @@ func TestServiceIsSlotTime(t *testing.T) {
 	q2.Finished(0, tk, 2*time.Second, 0, true)
 	if v := q2.View(0, time.Now()); math.Abs(v.ServiceMs-2000) > 0.01 {
 		t.Fatalf("whole answer %.1f ms, want 2000", v.ServiceMs)
+	}
+}
+
+// Prefill is processor-shared: a cached follow-up behind a long prefill waits for about
+// its own tokens' worth of the other's work, not all of it; a full prefill waits for the
+// whole queue.
+func TestPredictSharesPrefill(t *testing.T) {
+	q := NewQueues(1, 10000, 0, time.Second)
+	q.Sent(0, 20000)
+	q.Sent(0, 30000)
+	now := time.Now()
+	small := q.Predict(0, 100, 2, now) // 100 own + 2 x 100 of the others'
+	if math.Abs(small.Predicted-30) > 0.01 || math.Abs(small.Delays-20) > 0.01 || small.Waiting != 2 {
+		t.Fatalf("small %+v", small)
+	}
+	big := q.Predict(0, 40000, 2, now) // all 50,000 queued tokens first
+	if math.Abs(big.Predicted-9000) > 0.01 || math.Abs(big.Delays-5000) > 0.01 {
+		t.Fatalf("big %+v", big)
 	}
 }
