@@ -17,8 +17,9 @@ func FuzzOps(f *testing.F) {
 		if len(data) > 3*2000 {
 			return
 		}
-		// Every bucket layout: 1-, 2-, 4-, 8-byte in-bucket masks, and wide (two words).
-		endpoints := [...]int{5, 12, 20, 64, 80}[len(data)/3%5]
+		// Every bucket layout: 1-, 2-, 4-, 8-byte in-bucket masks, and sparse sets (a
+		// two-word rule and the widest one).
+		endpoints := [...]int{5, 12, 20, 64, 80, 1024}[len(data)/3%6]
 		shards := 1 << (len(data) % 4)
 		inv, err := New(Config{Endpoints: endpoints, Shards: shards})
 		if err != nil {

@@ -40,6 +40,8 @@ type Config struct {
 	// up to 64 endpoints keep the mask inline in the index (the fast path), packed as
 	// narrow as the count allows: 1 byte per key up to 8 endpoints, 2 up to 16, 4 up
 	// to 32 (see layoutFor: narrower masks mean fewer bytes per key and faster writes).
+	// Wider rules (a fleet) keep up to four endpoint ids inline per key and spill to a
+	// bitmask only for keys held by more (sparse.go): 16 bytes per slot either way.
 	Endpoints int
 	// Shards is the number of shards, a power of two up to MaxShards; 0 sizes it from
 	// GOMAXPROCS (4 per P, at least 8, at most 256), so writers rarely share a shard.
@@ -63,6 +65,7 @@ type Stats struct {
 	Keys               int64  // unique keys held by at least one endpoint
 	Slots              int64  // slots allocated across shards
 	Tombstones         int64  // slots of keys no endpoint holds any more, until the next rebuild
+	Spilled            int64  // keys whose endpoint set spilled to an out-of-line bitmask (> 64 endpoints)
 	MemoryBytes        int64  // bytes held by the index
 	Shards             int    // shard count
 	MaxKeysPerEndpoint int    // the bound in force
@@ -485,7 +488,9 @@ func (inv *Inventory) Stats() Stats {
 	}
 	used := int64(0)
 	for s := range inv.tabs {
-		st.Slots += int64(inv.tabs[s].Load().capacity())
+		t := inv.tabs[s].Load()
+		st.Slots += int64(t.capacity())
+		st.Spilled += t.spilled.Load()
 		used += inv.shards[s].usedGauge.Load()
 	}
 	// Key 0 is live without a slot, so this may undercount by one.
