@@ -41,8 +41,8 @@ import (
 //     (kvgate_inventory_memory_bytes / the entries kvgate reports);
 //   - event lag, publish -> applied: a publisher sends a marker block (a fresh root block
 //     of 16 random token ids, keyed with the rule's contract) in its next batch and the
-//     runner polls /debug/explain with those tokens until that endpoint scores it; the
-//     lag is an upper bound, to within one explain round trip;
+//     runner sends those tokens through kvgate until it routes them to that endpoint as
+//     a KV hit; the lag is an upper bound, to within one such round trip;
 //   - decision latency: 8,192-token completions (token-id prompts, 512 blocks) sent
 //     through kvgate to a stub engine, timed by kvgate's own stage histograms: hash +
 //     score + select (DESIGN.md's decision; the full route, parse included, is kept
@@ -76,6 +76,7 @@ type FleetRow struct {
 	EventsPerSec   float64 // batches applied per second in the churn window
 	LagP50, LagP99 time.Duration
 	LagLost        int           // markers never seen within fleetMarkerTimeout
+	PollRTT        time.Duration // median marker poll round trip: the lag's resolution
 	Decision       time.Duration // kvgate's hash + score + select stages, mean (DESIGN.md's decision)
 	Route          time.Duration // kvgate_route_seconds mean: parse and token ids too
 	Hits           int           // decisions kvgate routed as kv-hit
@@ -371,8 +372,8 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 
 	// Lag markers, one at a time, on random engines.
 	hc := &http.Client{Timeout: 10 * time.Second}
-	explainURL := "http://" + admin + "/debug/explain"
-	var lags []time.Duration
+	proxyURL := "http://" + listen + "/v1/completions"
+	var lags, rtts []time.Duration
 	for m := 0; m < cfg.Markers && ctx.Err() == nil; m++ {
 		e := r.IntN(n)
 		toks := make([]uint32, fleetBlockSize)
@@ -380,8 +381,8 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 			toks[i] = uint32(r.IntN(151000))
 		}
 		key := hashcore.Keys(chain, nil, toks, nil)
-		body, _ := json.Marshal(map[string]any{"model": cfg.Model, "prompt": toks})
-		lag, err := markerLag(ctx, hc, explainURL, body, engines[e], key, fmt.Sprintf("e%d", e), cfg.EventRate > 0)
+		body, _ := json.Marshal(map[string]any{"model": cfg.Model, "prompt": toks, "max_tokens": 1})
+		lag, err := markerLag(ctx, hc, proxyURL, body, engines[e], key, fmt.Sprintf("e%d", e), cfg.EventRate > 0, &rtts)
 		if err != nil {
 			return row, err
 		}
@@ -392,12 +393,13 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 		lags = append(lags, lag)
 	}
 	slices.Sort(lags)
-	row.LagP50, row.LagP99 = Percentile(lags, 50), Percentile(lags, 99)
-	say("lag p50 %.2f ms p99 %.2f ms (%d markers, %d lost)", ms64(row.LagP50), ms64(row.LagP99), len(lags), row.LagLost)
+	slices.Sort(rtts)
+	row.LagP50, row.LagP99, row.PollRTT = Percentile(lags, 50), Percentile(lags, 99), Percentile(rtts, 50)
+	say("lag p50 %.2f ms p99 %.2f ms (%d markers, %d lost; poll round trip p50 %.2f ms)",
+		ms64(row.LagP50), ms64(row.LagP99), len(lags), row.LagLost, ms64(row.PollRTT))
 
 	// Decisions: real requests through kvgate to the stub, timed by kvgate itself.
 	body, _ := json.Marshal(map[string]any{"model": cfg.Model, "prompt": prompt, "max_tokens": 1})
-	proxyURL := "http://" + listen + "/v1/completions"
 	var r0 fleetScrape
 	warmup := min(5, cfg.Decisions)
 	for d := -warmup; d < cfg.Decisions && ctx.Err() == nil; d++ {
@@ -464,9 +466,12 @@ func publishChain(p *enginepub.Publisher, keys []uint64) error {
 }
 
 // markerLag hands engine fe a marker block for its next batch (or publishes it at once
-// when nothing churns) and polls explain until endpoint name scores it: the lag, or -1
-// when it never shows within fleetMarkerTimeout.
-func markerLag(ctx context.Context, hc *http.Client, url string, body []byte, fe *fleetEngine, key []uint64, name string, churning bool) (time.Duration, error) {
+// when nothing churns) and sends the marker's 16 tokens through kvgate until it routes
+// them to that endpoint as a KV hit (only it holds the block): the lag, or -1 when that
+// never happens within fleetMarkerTimeout. A completion through the proxy costs the same
+// at every fleet size, where /debug/explain's per-endpoint maps grow with it. rtts
+// collects the round trips, the lag's resolution.
+func markerLag(ctx context.Context, hc *http.Client, url string, body []byte, fe *fleetEngine, key []uint64, name string, churning bool, rtts *[]time.Duration) (time.Duration, error) {
 	sent := make(chan time.Time, 1)
 	fe.mu.Lock()
 	if churning {
@@ -490,19 +495,18 @@ func markerLag(ctx context.Context, hc *http.Client, url string, body []byte, fe
 		return 0, ctx.Err()
 	}
 	for time.Since(t0) < fleetMarkerTimeout {
+		start := time.Now()
 		resp, err := hc.Post(url, "application/json", bytes.NewReader(body))
 		if err != nil {
-			return 0, fmt.Errorf("explain: %w", err)
+			return 0, fmt.Errorf("marker request: %w", err)
 		}
-		var ex struct {
-			Scores map[string]int `json:"scores"`
-		}
-		err = json.NewDecoder(resp.Body).Decode(&ex)
+		io.Copy(io.Discard, resp.Body) //nolint:errcheck
 		resp.Body.Close()
-		if err != nil {
-			return 0, fmt.Errorf("explain: %w", err)
+		*rtts = append(*rtts, time.Since(start))
+		if resp.StatusCode != 200 {
+			return 0, fmt.Errorf("marker request: status %d", resp.StatusCode)
 		}
-		if ex.Scores[name] > 0 {
+		if resp.Header.Get("x-kvgate-route") == "kv-hit" && resp.Header.Get("x-kvgate-endpoint") == name {
 			return time.Since(t0), nil
 		}
 		if ctx.Err() != nil {

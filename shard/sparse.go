@@ -217,6 +217,12 @@ func (t *table) sparseLookup(key, b uint64, m *[maxWords]uint64) (uint64, bool) 
 		}
 		return spillTag, any != 0
 	}
+	// A sparse table's in-bucket word is the set word, so lookup's probe (and its key
+	// re-check) serves inline sets, the common case, as it serves masks.
+	w := t.lookup(key, b)
+	if !isSpill(w) {
+		return w, w != 0
+	}
 	slot, ok := t.find(key, b)
 	if !ok {
 		return 0, false
@@ -224,7 +230,7 @@ func (t *table) sparseLookup(key, b uint64, m *[maxWords]uint64) (uint64, bool) 
 	kp := &t.buckets[slot>>slotShift][slot&(1<<slotShift-1)]
 	p := t.setWordAt(slot)
 	for try := 0; try < spillRetries; try++ {
-		w := atomic.LoadUint64(p)
+		w = atomic.LoadUint64(p)
 		if isSpill(w) {
 			blk := t.spill.block(uint32(w), t.bw)
 			for i := range blk {
