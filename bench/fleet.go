@@ -292,7 +292,10 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 	}
 
 	// Fill: rounds of one group per engine, waiting for kvgate to catch up every few
-	// rounds (the publishers' queues are unbounded: this keeps them short).
+	// rounds. vLLM's PUB drops past its high-water mark (hwm=100_000 in
+	// ZmqEventPublisher, vllm/distributed/kv_events.py @ b4e69e0a), which kvgate sees as a
+	// seq gap; go-zeromq's PUB queues without bound instead: pacing keeps the queues short
+	// and the fill lossless either way.
 	keep := cfg.Entries / n / fleetGroup
 	hot := uint64(max(1, cfg.Entries/fleetGroup/fleetSharedFraction/fleetSharedHolders))
 	var st, rm []uint64

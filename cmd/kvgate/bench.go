@@ -128,6 +128,13 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "bench: -fleet needs a real -tokenizer directory (kvgate serve loads it)")
 			return 2
 		}
+		for name, bad := range map[string]bool{"-fleet-entries": fc.Entries < 0, "-fleet-rate": fc.EventRate < 0,
+			"-fleet-measure": fc.Measure < 0, "-fleet-markers": fc.Markers < 0, "-fleet-decisions": fc.Decisions < 0} {
+			if bad {
+				fmt.Fprintf(stderr, "bench: %s must be >= 0\n", name)
+				return 2
+			}
+		}
 		fc.Kvgate, fc.Model, fc.Tokenizer, fc.Seed = bin, *model, *tokDir, *seed
 		if *progress {
 			fc.Progress = stderr
