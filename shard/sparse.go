@@ -105,7 +105,8 @@ func (a *spillArena) alloc(bw int) (idx uint32, w uint64) {
 		if c, off := spillLoc(idx); off == 0 {
 			blocks := 1 << spillBaseShift << c
 			a.chunks[c].Store(&spillChunk{w: make([]uint64, blocks*bw)})
-			a.bytes.Add(int64(blocks*bw)*8 + 32)
+			// The words, plus the generation and free-list entries the blocks will need.
+			a.bytes.Add(int64(blocks*bw)*8 + int64(blocks)*6 + 32)
 		}
 		a.gens = append(a.gens, 0)
 	}
@@ -126,14 +127,23 @@ func (t *table) setWordAt(slot int) *uint64 {
 	return &t.buckets[slot>>slotShift][(t.kpb+slot&(1<<slotShift-1))&(bucketWords-1)]
 }
 
-// sparseHas reports whether slot's set holds ep (writer-side or a lock-free hint).
+// sparseHas reports whether slot's set holds ep. Writers call it under the shard mutex;
+// lock-free readers (Keys) get sparseLookup's guarantee for the set word: a spilled
+// set's bit is taken only if the set word still names the same block afterwards.
 func (t *table) sparseHas(slot, ep int) bool {
-	w := atomic.LoadUint64(t.setWordAt(slot))
-	if !isSpill(w) {
-		return inlineHas(w, ep)
+	p := t.setWordAt(slot)
+	for try := 0; try < spillRetries; try++ {
+		w := atomic.LoadUint64(p)
+		if !isSpill(w) {
+			return inlineHas(w, ep)
+		}
+		blk := t.spill.block(uint32(w), t.bw)
+		has := atomic.LoadUint64(&blk[ep>>6])&(1<<(uint(ep)&63)) != 0
+		if atomic.LoadUint64(p) == w {
+			return has
+		}
 	}
-	blk := t.spill.block(uint32(w), t.bw)
-	return atomic.LoadUint64(&blk[ep>>6])&(1<<(uint(ep)&63)) != 0
+	return false
 }
 
 // sparseAdd adds ep, not held, to slot's set, spilling a full inline set. Writer-side.
