@@ -625,6 +625,11 @@ func WriteFleetTable(w io.Writer, rows []FleetRow) {
 // WriteFleetPlots writes one SVG per measurement against the fleet size into dir and
 // returns the file names.
 func WriteFleetPlots(dir string, rows []FleetRow) ([]string, error) {
+	return WriteFleetPlotsAs(dir, "svg", rows)
+}
+
+// WriteFleetPlotsAs is WriteFleetPlots in another format gonum/plot supports (png, pdf).
+func WriteFleetPlotsAs(dir, ext string, rows []FleetRow) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -637,24 +642,25 @@ func WriteFleetPlots(dir string, rows []FleetRow) ([]string, error) {
 		file, title, ylabel string
 		lines               []series
 	}{
-		{"fleet-rss.svg", "kvgate RSS", "MB", []series{{"RSS", func(r FleetRow) float64 { return r.RSSMB }}}},
-		{"fleet-bytes-per-entry.svg", "Inventory bytes per (key, endpoint) entry", "B/entry",
+		{"fleet-rss", "kvgate RSS", "MB", []series{{"RSS", func(r FleetRow) float64 { return r.RSSMB }}}},
+		{"fleet-bytes-per-entry", "Inventory bytes per (key, endpoint) entry", "B/entry",
 			[]series{{"B/entry", func(r FleetRow) float64 { return r.BytesPerEntry }}}},
-		{"fleet-ingest-cpu.svg", "kvgate CPU while churning (no requests)", "% of one core",
+		{"fleet-ingest-cpu", "kvgate CPU while churning (no requests)", "% of one core",
 			[]series{{"CPU", func(r FleetRow) float64 { return r.IngestCPU }}}},
-		{"fleet-lag.svg", "Event lag, publish to applied", "ms", []series{
+		{"fleet-lag", "Event lag, publish to applied", "ms", []series{
 			{"p50", func(r FleetRow) float64 { return ms64(r.LagP50) }},
 			{"p99", func(r FleetRow) float64 { return ms64(r.LagP99) }}}},
-		{"fleet-decision.svg", "Decision (parse, hash, score, select), 8,192 tokens", "us",
+		{"fleet-decision", "Decision (parse, hash, score, select), 8,192 tokens", "us",
 			[]series{{"mean", func(r FleetRow) float64 { return float64(r.Decision) / 1e3 }}}},
-		{"fleet-entries.svg", "Inventory entries", "entries",
+		{"fleet-entries", "Inventory entries", "entries",
 			[]series{{"entries", func(r FleetRow) float64 { return float64(r.Entries) }}}},
 	} {
 		p := plot.New()
 		p.Title.Text = f.title
 		p.X.Label.Text = "endpoints (log scale)"
 		p.X.Scale = plot.LogScale{}
-		p.X.Tick.Marker = plot.LogTicks{}
+		p.X.Tick.Marker = sizeTicks(rows)
+		p.Legend.Top, p.Legend.Left = true, true
 		p.Y.Label.Text = f.ylabel
 		p.Y.Min = 0
 		p.Add(plotter.NewGrid())
@@ -674,10 +680,24 @@ func WriteFleetPlots(dir string, rows []FleetRow) ([]string, error) {
 				p.Legend.Add(s.label, l, pts)
 			}
 		}
-		if err := p.Save(6*vg.Inch, 3.5*vg.Inch, filepath.Join(dir, f.file)); err != nil {
-			return names, fmt.Errorf("%s: %w", f.file, err)
+		file := f.file + "." + ext
+		if err := p.Save(6*vg.Inch, 3.5*vg.Inch, filepath.Join(dir, file)); err != nil {
+			return names, fmt.Errorf("%s: %w", file, err)
 		}
-		names = append(names, f.file)
+		names = append(names, file)
 	}
 	return names, nil
+}
+
+// sizeTicks labels the x axis at the fleet sizes measured.
+type sizeTicks []FleetRow
+
+func (s sizeTicks) Ticks(lo, hi float64) []plot.Tick {
+	var ts []plot.Tick
+	for _, r := range s {
+		if v := float64(r.Endpoints); v >= lo && v <= hi {
+			ts = append(ts, plot.Tick{Value: v, Label: strconv.Itoa(r.Endpoints)})
+		}
+	}
+	return ts
 }

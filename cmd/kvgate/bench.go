@@ -139,7 +139,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		if *progress {
 			fc.Progress = stderr
 		}
-		return runFleet(fc, *out, stdout, stderr)
+		return runFleet(fc, *out, *plotFmt, stdout, stderr)
 	}
 	sp.Model = *model
 	sp.DefaultMaxTokens = *maxTokens
@@ -275,7 +275,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 }
 
 // runFleet runs the fleet simulator and prints its table; plots go to out.
-func runFleet(fc bench.FleetConfig, out string, stdout, stderr io.Writer) int {
+func runFleet(fc bench.FleetConfig, out, plotFmt string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	fmt.Fprintf(stdout, "fleet: sizes %v, %d entries, %.1f churn batches/s per endpoint (16 blocks stored, 16 removed), %v CPU window\n\n",
@@ -287,7 +287,7 @@ func runFleet(fc bench.FleetConfig, out string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
 		return 1
 	}
-	plots, err := bench.WriteFleetPlots(out, rows)
+	plots, err := bench.WriteFleetPlotsAs(out, plotFmt, rows)
 	if err != nil {
 		fmt.Fprintf(stderr, "bench: plots: %v\n", err)
 		return 1
