@@ -125,8 +125,10 @@ func newTable(nb uint64, words int, lay layout) *table {
 	if nb < minBuckets {
 		nb = minBuckets
 	}
-	return &table{buckets: make([]bucket, nb), nb: nb, kpb: lay.kpb, mw: lay.mw, lmask: lay.lmask,
+	t := &table{buckets: make([]bucket, nb), nb: nb, kpb: lay.kpb, mw: lay.mw, lmask: lay.lmask,
 		sparse: lay.sparse, bw: words, zero: make([]uint64, words), ovf: make([]uint64, (nb+63)/64)}
+	adviseHuge(t.buckets)
+	return t
 }
 
 // bucketsFor is the bucket count of a table rebuilt to hold live keys.
