@@ -23,8 +23,9 @@ import (
 //     Mapplied/cpu-s counts the removes too).
 //
 // Sizes: 10M and 30M entries; FLEET_ENTRIES=10M,30M,100M (M = 1e6) picks others, e.g.
-// FLEET_ENTRIES=100M go test -run '^$' -bench Fleet -benchtime 2s ./shard (about 3 GB
-// of heap while filling at 100M).
+// FLEET_ENTRIES=100M go test -run '^$' -bench Fleet -benchtime 2s ./shard (about 2 GB
+// of heap while filling at 100M). FLEET_SHARDS sets Config.Shards (default: from
+// GOMAXPROCS, 8 on 2 cores, so at 100M a shard's rebuild re-inserts ~5M keys).
 func BenchmarkFleet(b *testing.B) {
 	for _, entries := range fleetSizes(b) {
 		inv, keys := fillFleet(b, entries)
@@ -160,7 +161,8 @@ func fleetHolders(dst []int, i uint64) []int {
 // per-endpoint batches of 64 as BlockStored events would bring them, and returns it with
 // the number of keys used.
 func fillFleet(tb testing.TB, entries int) (*Inventory, uint64) {
-	inv, err := New(Config{Endpoints: fleetEndpoints})
+	shards, _ := strconv.Atoi(os.Getenv("FLEET_SHARDS")) // 0: sized from GOMAXPROCS
+	inv, err := New(Config{Endpoints: fleetEndpoints, Shards: shards})
 	if err != nil {
 		tb.Fatal(err)
 	}
