@@ -16,7 +16,9 @@ const hugeTableBytes = 4 << 20
 // every probe of a table far larger than the TLB's reach also misses the TLB, and at
 // fleet sizes (a GiB of index) the page walk is itself a DRAM access. With THP in
 // "madvise" mode (the common default) nothing else asks for them. Advisory: an error
-// (no THP support) changes nothing.
+// (no THP support) changes nothing. Fresh memory gets huge pages as it is first touched;
+// memory the allocator reuses was touched already, and gets them when khugepaged
+// collapses it.
 func adviseHuge(buckets []bucket) {
 	n := len(buckets) * int(unsafe.Sizeof(bucket{}))
 	if n < hugeTableBytes {
