@@ -185,8 +185,8 @@ func fillFleet(tb testing.TB, entries int) (*Inventory, uint64) {
 	return inv, i
 }
 
-// TestFleetWorkloadShape pins what BenchmarkFleet claims of its workload: distinct
-// holders per key, about 2.3 of them, 4% of keys spilled.
+// TestFleetWorkloadShape pins what BenchmarkFleet claims of its workload (distinct
+// holders per key, about 2.3 of them, 4% of keys spilled) and the memory target.
 func TestFleetWorkloadShape(t *testing.T) {
 	inv, keys := fillFleet(t, 200_000)
 	total := 0
@@ -204,5 +204,9 @@ func TestFleetWorkloadShape(t *testing.T) {
 	}
 	if inv.Len() != int(keys) {
 		t.Errorf("Len %d, want %d keys (holders must be distinct)", inv.Len(), keys)
+	}
+	// The memory target, <= 25 B per (key, endpoint) entry, holds at this size too.
+	if bpe := float64(inv.MemoryBytes()) / float64(total); bpe > 25 {
+		t.Errorf("%.1f B/entry, target <= 25", bpe)
 	}
 }

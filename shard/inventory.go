@@ -1,6 +1,7 @@
-// Package shard is kvgate's inventory: an inverted index from block key to the bitmask of
-// endpoints holding that block, split into shards by key bits, and the scoring that turns
-// a prompt's key chain into per-endpoint overlap.
+// Package shard is kvgate's inventory: an inverted index from block key to the set of
+// endpoints holding that block (a bitmask up to 64 endpoints, a sparse set of endpoint
+// ids for fleets of up to 1,024), split into shards by key bits, and the scoring that
+// turns a prompt's key chain into per-endpoint overlap.
 //
 // Concurrency: readers (Score, Count, Len, Keys, MemoryBytes, Stats) never take a lock
 // and never wait. Each shard's table is published through an atomic pointer (RCU, with
