@@ -46,6 +46,10 @@ const (
 	spillChunks    = 32
 )
 
+// An inline id (endpoint+1) must never fill a field with ones, or a set of four would
+// read as a spill word: this fails to compile if MaxEndpoints outgrows 16-bit ids.
+var _ [idField - 1 - MaxEndpoints]struct{}
+
 func isSpill(w uint64) bool { return w&spillTag == spillTag }
 
 func spillWord(idx uint32, gen uint16) uint64 {
