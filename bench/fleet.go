@@ -25,6 +25,7 @@ import (
 
 	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/shard"
 )
 
 // The fleet simulator: one kvgate (a child `kvgate serve`, so its CPU and memory are its
@@ -256,7 +257,9 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 	}
 	args := []string{"serve", "-listen", listen, "-admin-listen", admin, "-endpoints-file", epFile,
 		"-kv-mode", "3", "-kv-block-size", strconv.Itoa(fleetBlockSize), "-kv-hash-algo", fleetSpec.Algo,
-		"-model", cfg.Model, "-tokenizer", cfg.Tokenizer, "-health-interval", "0", "-log-level", "warn"}
+		"-model", cfg.Model, "-tokenizer", cfg.Tokenizer, "-health-interval", "0", "-log-level", "warn",
+		// A large -fleet-entries on a small fleet must not meet the per-endpoint bound.
+		"-kv-max-keys-per-endpoint", strconv.Itoa(max(shard.DefaultMaxKeysPerEndpoint, 2*cfg.Entries/n+fleetPromptTokens))}
 	stop, err := startChild(ctx, cfg.Kvgate, args, "http://"+admin+"/readyz")
 	if err != nil {
 		return row, fmt.Errorf("kvgate: %w", err)
