@@ -35,6 +35,13 @@ const DefaultMaxKeysPerEndpoint = 1 << 22
 // MaxShards bounds Config.Shards.
 const MaxShards = 1 << 12
 
+// fleetShards is the default shard count of rules of more than 64 endpoints. Why: a
+// fleet's index runs to 10-100M entries, and a shard's rebuild (growth, or compaction
+// under churn) re-inserts all of its keys while that shard's writers wait: at 100M
+// entries 8 shards (2 cores) make that ~5M keys, about a second of stalled events,
+// 256 make it ~200K. Empty shards cost ~1 KiB each.
+const fleetShards = 256
+
 // Config fixes an inventory's shape for the rule's life.
 type Config struct {
 	// Endpoints is the mask width: endpoint indexes are [0, Endpoints). 1..1024; rules of
@@ -45,7 +52,8 @@ type Config struct {
 	// bitmask only for keys held by more (sparse.go): 16 bytes per slot either way.
 	Endpoints int
 	// Shards is the number of shards, a power of two up to MaxShards; 0 sizes it from
-	// GOMAXPROCS (4 per P, at least 8, at most 256), so writers rarely share a shard.
+	// GOMAXPROCS (4 per P, at least 8, at most 256), so writers rarely share a shard,
+	// and to fleetShards for rules of more than 64 endpoints.
 	Shards int
 	// MaxKeysPerEndpoint bounds the keys one endpoint may hold, so a stream that misses
 	// removes cannot grow memory forever; 0 means DefaultMaxKeysPerEndpoint.
@@ -125,6 +133,9 @@ func New(cfg Config) (*Inventory, error) {
 		n = 8
 		for n < 4*runtime.GOMAXPROCS(0) && n < 256 {
 			n *= 2
+		}
+		if cfg.Endpoints > 64 {
+			n = max(n, fleetShards)
 		}
 	}
 	if n < 1 || n > MaxShards || n&(n-1) != 0 {

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -225,5 +226,30 @@ func TestSparseLookupAllocatesNothing(t *testing.T) {
 		if a := testing.AllocsPerRun(50, func() { inv.Score(keys, all, mode, scores) }); a != 0 {
 			t.Errorf("%v: %.1f allocs per Score", mode, a)
 		}
+	}
+}
+
+// TestFleetRulesDefaultToManyShards: a rule of more than 64 endpoints gets fleetShards
+// shards unless Config.Shards says otherwise; narrower rules keep the GOMAXPROCS sizing.
+func TestFleetRulesDefaultToManyShards(t *testing.T) {
+	for _, tc := range []struct{ endpoints, shards, want int }{
+		{1024, 0, fleetShards},
+		{65, 0, fleetShards},
+		{1024, 4, 4},
+	} {
+		inv, err := New(Config{Endpoints: tc.endpoints, Shards: tc.shards})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if inv.Shards() != tc.want {
+			t.Errorf("%d endpoints, Shards %d: %d shards, want %d", tc.endpoints, tc.shards, inv.Shards(), tc.want)
+		}
+	}
+	want := 8
+	for want < 4*runtime.GOMAXPROCS(0) && want < 256 {
+		want *= 2
+	}
+	if narrow, _ := New(Config{Endpoints: 64}); narrow.Shards() != want {
+		t.Errorf("64 endpoints: %d shards, want %d (4 per P)", narrow.Shards(), want)
 	}
 }
