@@ -16,7 +16,9 @@ import (
 //   - or, once a key is held by more than sparseIDs endpoints, a spill word: spillTag
 //     in the top field, then a 16-bit generation and a 32-bit block index into the
 //     table's spill arena, where the key's endpoint bitmask lives (Endpoints/64 words).
-//     A spilled set that falls to unspillAt endpoints goes back inline, freeing the block.
+//     A spilled set that falls to unspillAt endpoints goes back inline, freeing the block
+//     (one below sparseIDs, so a key whose holders flap around four does not take and
+//     free a block on every change).
 //
 // Why readers stay lock-free: the set word is one atomic word in the bucket, so a reader
 // of an inline set gets it whole, and the key re-check after it (as table.lookup does)
