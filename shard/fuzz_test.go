@@ -71,8 +71,13 @@ func FuzzOps(f *testing.F) {
 			}
 		}
 		for ep := 0; ep < endpoints; ep++ {
-			if inv.Count(ep) != len(m.eps[ep]) || !slices.Equal(listAll(t, inv, ep, 7), m.sortedKeys(ep)) {
+			if inv.Count(ep) != len(m.eps[ep]) {
 				t.Fatalf("endpoint %d: Count %d, model %d", ep, inv.Count(ep), len(m.eps[ep]))
+			}
+			// Listing scans every slot: for the widest rule, list the endpoints the ops
+			// touched (ops name at most 256) and the last one.
+			if (ep < 256 || ep == endpoints-1) && !slices.Equal(listAll(t, inv, ep, 7), m.sortedKeys(ep)) {
+				t.Fatalf("endpoint %d: listing differs from the model's %d keys", ep, len(m.eps[ep]))
 			}
 		}
 	})

@@ -65,8 +65,8 @@ func (m *model) score(keys []uint64, eligible Mask, mode Mode, n int) (scores []
 	scores = make([]int32, len(m.eps))
 	best, second = -1, -1
 	for ep := 0; ep < n; ep++ {
-		if !eligible.Has(ep) {
-			continue
+		if !eligible.Has(ep) || len(m.eps[ep]) == 0 {
+			continue // an empty endpoint scores 0 (and ranks below): skip the walk
 		}
 		for _, k := range keys {
 			if m.eps[ep][k] {
