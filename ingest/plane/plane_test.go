@@ -1,0 +1,309 @@
+package plane
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/hashcore"
+	"github.com/kvgate/kvgate/ingest"
+	"github.com/kvgate/kvgate/ingest/enginepub"
+)
+
+// vllmEndpoints starts n engine publishers and returns their ingest configs.
+func vllmEndpoints(t *testing.T, names ...string) ([]*enginepub.Publisher, []ingest.EndpointConfig, []Endpoint) {
+	var pubs []*enginepub.Publisher
+	var ieps []ingest.EndpointConfig
+	var peps []Endpoint
+	for i, n := range names {
+		p := newPub(t)
+		pubs = append(pubs, p)
+		ieps = append(ieps, ingest.EndpointConfig{Name: n, Index: i, Engine: ingest.EngineVLLM, Events: p.Addr()})
+		peps = append(peps, Endpoint{Name: n, Index: i, Engine: ingest.EngineVLLM})
+	}
+	return pubs, ieps, peps
+}
+
+// engineLoad sends store/remove/clear events and keeps the oracle model of each endpoint.
+type engineLoad struct {
+	pubs   []*enginepub.Publisher
+	models []model
+	next   uint64
+}
+
+func newLoad(pubs []*enginepub.Publisher) *engineLoad {
+	l := &engineLoad{pubs: pubs, next: 1 << 40}
+	for range pubs {
+		l.models = append(l.models, model{})
+	}
+	return l
+}
+
+func (l *engineLoad) store(t *testing.T, ep, n int) []uint64 {
+	hs := make([]uint64, n)
+	for i := range hs {
+		l.next += 0x9E3779B97F4A7C15
+		hs[i] = l.next
+		l.models[ep][hs[i]] = true
+	}
+	if err := l.pubs[ep].Publish(enginepub.BlockStored{Hashes: hs, BlockSize: 16}); err != nil {
+		t.Error(err)
+	}
+	return hs
+}
+
+func (l *engineLoad) remove(t *testing.T, ep int, hs []uint64) {
+	for _, h := range hs {
+		delete(l.models[ep], h)
+	}
+	if err := l.pubs[ep].Publish(enginepub.BlockRemoved{Hashes: hs}); err != nil {
+		t.Error(err)
+	}
+}
+
+func (l *engineLoad) clear(t *testing.T, ep int) {
+	clear(l.models[ep])
+	if err := l.pubs[ep].Publish(enginepub.AllBlocksCleared{}); err != nil {
+		t.Error(err)
+	}
+}
+
+// agree waits until every replica holds exactly the model's keys for every endpoint.
+func agree(t *testing.T, what string, d time.Duration, l *engineLoad, ing *ingestReplica, routes ...*routeReplica) {
+	t.Helper()
+	var last string
+	ok := func() bool {
+		for ep, m := range l.models {
+			want := m.keys()
+			if got := invKeys(ing.inv, ep); !sameKeys(got, want) {
+				last = describe("ingest", got, want)
+				return false
+			}
+			for i, r := range routes {
+				if got := invKeys(r.inv, ep); !sameKeys(got, want) {
+					last = describe("route "+string(rune('A'+i)), got, want)
+					return false
+				}
+				if st, why := r.r.State(ep); st != StateOK {
+					last = "route state " + st + ": " + why
+					return false
+				}
+			}
+		}
+		return true
+	}
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: replicas disagree after %v: %s", what, d, last)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestTwoRoutesAgree: one ingest replica follows two vLLM engines; two route replicas fed
+// only by the plane hold exactly the engines' key sets through stores, removes and a
+// clear.
+func TestTwoRoutesAgree(t *testing.T) {
+	ns := startNATS(t)
+	pcfg := testPlaneConfig(ns.URL)
+	pubs, ieps, peps := vllmEndpoints(t, "a", "b.dotted name")
+	ing := startIngest(t, pcfg, ingest.Config{Keys: ingest.KeysEngine}, ieps)
+	for _, p := range pubs {
+		waitSubscribed(t, p)
+	}
+	ra, rb := startRoute(t, pcfg, peps), startRoute(t, pcfg, peps)
+	l := newLoad(pubs)
+	var olds [][]uint64
+	for i := 0; i < 50; i++ {
+		olds = append(olds, l.store(t, i%2, 8))
+	}
+	agree(t, "after stores", 15*time.Second, l, ing, ra, rb)
+	for i := 0; i < 50; i += 3 {
+		l.remove(t, i%2, olds[i][:4])
+	}
+	l.clear(t, 1)
+	l.store(t, 1, 5)
+	agree(t, "after removes and a clear", 15*time.Second, l, ing, ra, rb)
+	if n := len(l.models[0]); n == 0 || ra.inv.Count(0) != n {
+		t.Fatalf("endpoint a holds %d keys, model %d", ra.inv.Count(0), n)
+	}
+	for _, r := range []*routeReplica{ra, rb} {
+		if r.r.UsesFastKeys(0) || r.r.UsesFastKeys(1) {
+			t.Fatal("vLLM engine keys reported as fast keys")
+		}
+		if st := r.r.Status(1); !st.Connected || st.Keys != len(l.models[1]) || st.LastSeq <= 0 {
+			t.Fatalf("status %+v", st)
+		}
+		if r.metric(`kvgate_plane_route_state{endpoint="a"}`) != "0" || r.metric("kvgate_plane_route_connected") != "1" {
+			t.Fatal("metrics do not show the endpoint in sync")
+		}
+	}
+}
+
+// TestRouteRestartWarm: a route replica restarted while events flow is warm (in sync,
+// holding keys stored long before it started) within seconds, from the newest snapshot
+// plus the stream behind it.
+func TestRouteRestartWarm(t *testing.T) {
+	ns := startNATS(t)
+	pcfg := testPlaneConfig(ns.URL)
+	pubs, ieps, peps := vllmEndpoints(t, "a", "b")
+	ing := startIngest(t, pcfg, ingest.Config{Keys: ingest.KeysEngine}, ieps)
+	for _, p := range pubs {
+		waitSubscribed(t, p)
+	}
+	l := newLoad(pubs)
+	early := l.store(t, 0, 64) // never removed: must be on the restarted replica
+	r1 := startRoute(t, pcfg, peps)
+	agree(t, "first replica", 15*time.Second, l, ing, r1)
+
+	var stop atomic.Bool
+	var mu sync.Mutex // guards l while the load runs
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var recent [][]uint64
+		for i := 0; !stop.Load(); i++ {
+			mu.Lock()
+			recent = append(recent, l.store(t, i%2, 4))
+			if len(recent) > 20 {
+				l.remove(t, (i-20)%2, recent[0])
+				recent = recent[1:]
+			}
+			mu.Unlock()
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	time.Sleep(1200 * time.Millisecond) // past at least two snapshot intervals
+	r1.r.Close()
+	t0 := time.Now()
+	r2 := startRoute(t, pcfg, peps)
+	waitFor(t, "restarted replica in sync", 5*time.Second, func() bool {
+		a, _ := r2.r.State(0)
+		b, _ := r2.r.State(1)
+		return a == StateOK && b == StateOK
+	})
+	warm := time.Since(t0)
+	for _, k := range early {
+		if got := invKeys(r2.inv, 0); !slices.Contains(got, k) {
+			t.Fatalf("warm replica lacks early key %x", k)
+		}
+	}
+	if r2.metric(`kvgate_plane_route_snapshots_total{endpoint="a"}`) == "0" {
+		t.Fatal("warm start applied no snapshot")
+	}
+	t.Logf("restarted route replica in sync after %v with %d+%d keys, events flowing", warm, r2.inv.Count(0), r2.inv.Count(1))
+	time.Sleep(300 * time.Millisecond) // keep the load on while in sync
+	stop.Store(true)
+	wg.Wait()
+	agree(t, "after the load", 15*time.Second, l, ing, r2)
+}
+
+// TestNATSKilledDegradesAndResyncs: killing nats-server leaves a route replica routing on
+// what it had, explicitly degraded (state, WARN, metric); events the engines send
+// meanwhile reach it after the server returns, through a fresh snapshot.
+func TestNATSKilledDegradesAndResyncs(t *testing.T) {
+	ns := startNATS(t)
+	var logs logBuf
+	pcfg := testPlaneConfig(ns.URL)
+	pubs, ieps, peps := vllmEndpoints(t, "a")
+	icfg := pcfg
+	icfg.Logger = logs.logger()
+	ing := startIngest(t, icfg, ingest.Config{Keys: ingest.KeysEngine}, ieps)
+	waitSubscribed(t, pubs[0])
+	rcfg := pcfg
+	rcfg.Logger = logs.logger()
+	r := startRoute(t, rcfg, peps)
+	l := newLoad(pubs)
+	old := l.store(t, 0, 32)
+	agree(t, "before the outage", 15*time.Second, l, ing, r)
+	before := invKeys(r.inv, 0)
+
+	ns.kill()
+	waitFor(t, "degraded state", 10*time.Second, func() bool {
+		st, why := r.r.State(0)
+		return st == StateDegraded && strings.Contains(why, "plane down")
+	})
+	if r.metric(`kvgate_plane_route_state{endpoint="a"}`) != "2" || r.metric("kvgate_plane_route_connected") != "0" {
+		t.Fatal("metrics do not show the outage")
+	}
+	if s := logs.String(); !strings.Contains(s, "level=WARN") || !strings.Contains(s, "plane down") {
+		t.Fatalf("no WARN for the outage:\n%s", s)
+	}
+	if st := r.r.Status(0); st.Connected {
+		t.Fatalf("status connected during the outage: %+v", st)
+	}
+	// The engine goes on: the ingest replica applies, the plane cannot carry it.
+	l.remove(t, 0, old[:8])
+	l.store(t, 0, 16)
+	waitFor(t, "ingest applied the outage's events", 10*time.Second, func() bool {
+		return sameKeys(invKeys(ing.inv, 0), l.models[0].keys())
+	})
+	if got := invKeys(r.inv, 0); !sameKeys(got, before) {
+		t.Fatalf("route replica's inventory changed during the outage: %d keys, had %d", len(got), len(before))
+	}
+
+	ns.start()
+	agree(t, "after the server returned", 20*time.Second, l, ing, r)
+	l.store(t, 0, 4)
+	agree(t, "live again", 15*time.Second, l, ing, r)
+}
+
+// TestTRTDrainShared: one ingest replica drains a TensorRT-LLM engine (every drain is
+// destructive); two route replicas see its blocks, as kvgate's fast keys.
+func TestTRTDrainShared(t *testing.T) {
+	const bs = 8
+	ns := startNATS(t)
+	pcfg := testPlaneConfig(ns.URL)
+	var q enginepub.TRTQueue
+	var drains atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.URL.Path != "/kv_cache_events" {
+			http.Error(w, "no", http.StatusNotFound)
+			return
+		}
+		drains.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(q.Drain(nil))
+	}))
+	defer srv.Close()
+	ieps := []ingest.EndpointConfig{{Name: "trt", Index: 0, Engine: ingest.EngineTRTLLM, URL: srv.URL}}
+	peps := []Endpoint{{Name: "trt", Index: 0, Engine: ingest.EngineTRTLLM}}
+	ing := startIngest(t, pcfg, ingest.Config{Fast: hashcore.NewFast(bs)}, ieps)
+	ra, rb := startRoute(t, pcfg, peps), startRoute(t, pcfg, peps)
+	tok := func(start int) []uint32 {
+		out := make([]uint32, bs)
+		for i := range out {
+			out[i] = uint32(start + i)
+		}
+		return out
+	}
+	A0, A1, B0 := tok(0), tok(100), tok(200)
+	q.Created(100, 10)
+	q.Stored(0, false, enginepub.TRTBlock{Hash: 1 << 63, Tokens: A0}, enginepub.TRTBlock{Hash: 11, Tokens: A1})
+	q.Stored(11, true, enginepub.TRTBlock{Hash: 12, Tokens: B0})
+	// The oracle: the request path's own fast keys of each prefix.
+	fk := func(prefix ...[]uint32) uint64 {
+		k := hashcore.Keys(hashcore.NewFast(bs), nil, slices.Concat(prefix...), nil)
+		return k[len(k)-1]
+	}
+	l := &engineLoad{models: []model{{fk(A0): true, fk(A0, A1): true, fk(A0, A1, B0): true}}}
+	agree(t, "stored", 15*time.Second, l, ing, ra, rb)
+	q.Removed(11)
+	delete(l.models[0], fk(A0, A1))
+	agree(t, "removed", 15*time.Second, l, ing, ra, rb)
+	if q.Len() != 0 || drains.Load() == 0 {
+		t.Fatalf("queue %d, drains %d", q.Len(), drains.Load())
+	}
+	for _, r := range []*routeReplica{ra, rb} {
+		if !r.r.UsesFastKeys(0) || !r.r.Status(0).Rehash {
+			t.Fatal("route replica does not know the TensorRT-LLM endpoint holds fast keys")
+		}
+	}
+}
