@@ -113,6 +113,8 @@ type inventoryEndpoint struct {
 	Receipts  uint64 `json:"receipts"`
 	KVHits    uint64 `json:"kv_hits"`
 	Delivery  string `json:"delivery"`
+	// Plane is the endpoint's event-plane state (route: ok / syncing / degraded and why).
+	Plane string `json:"plane,omitempty"`
 	// Load is the cost policy's view: queued prefill, learned rate, the engine's report.
 	Load *route.EndpointView `json:"load,omitempty"`
 	// Scrape is how reading the engine's /metrics goes ("off" when -kv-load-scrape is 0).
@@ -156,6 +158,7 @@ func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
 		ie.Delivery = deliveryNote(ie.Receipts, ie.Predicted, ie.Delivered)
 		if s.kv != nil {
 			ie.Keys, ie.Parity, ie.Connected, ie.LastSeq = s.kv.inventory(i)
+			ie.Plane = s.kv.planeState(i)
 			v := s.queues.View(i, time.Now())
 			ie.Load = &v
 			if s.cfg.KVLoadScrape > 0 {

@@ -92,6 +92,14 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 	fs.IntVar(&cfg.AffinityMax, "affinity-max", cfg.AffinityMax, "mode 1 session affinity entries (LRU beyond; 0 disables)")
 	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "on SIGINT/SIGTERM, how long in-flight requests may finish")
 	fs.StringVar(&logLevel, "log-level", "info", "debug | info | warn | error")
+	// The optional event plane (proxy.PlaneConfig, package ingest/plane).
+	fs.StringVar(&cfg.Plane.Kind, "events-plane", "direct", "how replicas learn the engines' KV events: direct (each replica subscribes to every engine) | jetstream (a NATS JetStream stream of normalized events and snapshots, for a TensorRT-LLM drain shared by replicas, warm restarts, many replicas)")
+	fs.StringVar(&cfg.Plane.Role, "plane-role", "", "with -events-plane jetstream: ingest (follow the engines, publish what is applied, route on it) | route (follow the plane only; endpoints need no events=) | both (as ingest) (default both)")
+	fs.StringVar(&cfg.Plane.NATSURL, "nats-url", "", "with -events-plane jetstream: NATS server(s), nats://host:4222[,nats://...] (default none)")
+	fs.StringVar(&cfg.Plane.Stream, "plane-stream", "KVGATE_EVENTS", "JetStream stream of the event plane (subjects kvgate.kv.<endpoint>.*)")
+	fs.DurationVar(&cfg.Plane.MaxAge, "plane-max-age", 10*time.Minute, "stream retention by age: at least twice -plane-snapshot-interval, so the newest snapshot and the events behind it stay")
+	fs.Int64Var(&cfg.Plane.MaxBytes, "plane-max-bytes", 2<<30, "stream retention by size, oldest first (16 endpoints of 1M keys write 128 MiB of snapshots per interval)")
+	fs.DurationVar(&cfg.Plane.SnapshotInterval, "plane-snapshot-interval", 30*time.Second, "ingest replicas snapshot each endpoint's inventory this often: a restarted route replica replays at most this much of the stream; route replicas call an endpoint stale after 3 intervals of silence")
 	if err := fs.Parse(args); err != nil {
 		return cfg, "", err
 	}

@@ -5,10 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
-	"os/exec"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -17,77 +14,10 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/kvgate/kvgate/ingest"
+	"github.com/kvgate/kvgate/internal/natstest"
 	"github.com/kvgate/kvgate/ingest/enginepub"
 	"github.com/kvgate/kvgate/shard"
 )
-
-// natsServer is a real nats-server -js on 127.0.0.1 with its own port and store dir; it
-// can be killed and restarted on the same port and store.
-type natsServer struct {
-	t    testing.TB
-	bin  string
-	port int
-	dir  string
-	URL  string
-
-	mu  sync.Mutex
-	cmd *exec.Cmd
-	out *bytes.Buffer
-}
-
-func startNATS(t testing.TB) *natsServer {
-	t.Helper()
-	bin, err := exec.LookPath("nats-server")
-	if err != nil {
-		t.Fatalf("nats-server is not installed: `make fetch` installs it (Debian package nats-server): %v", err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	s := &natsServer{t: t, bin: bin, port: port, dir: t.TempDir(), URL: "nats://127.0.0.1:" + strconv.Itoa(port)}
-	s.start()
-	t.Cleanup(s.kill)
-	return s
-}
-
-func (s *natsServer) start() {
-	s.t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out bytes.Buffer
-	cmd := exec.Command(s.bin, "-js", "-a", "127.0.0.1", "-p", strconv.Itoa(s.port), "-sd", s.dir)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("start nats-server: %v", err)
-	}
-	s.cmd, s.out = cmd, &out
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(s.port), 200*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("nats-server did not listen on %d: %s", s.port, out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func (s *natsServer) kill() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return
-	}
-	s.cmd.Process.Kill()
-	s.cmd.Wait()
-	s.cmd = nil
-}
 
 func testPlaneConfig(url string) Config {
 	return Config{URL: url, SnapshotInterval: 500 * time.Millisecond, MaxAge: time.Minute,
@@ -265,3 +195,5 @@ func sameKeys(a, b []uint64) bool { return slices.Equal(a, b) }
 func describe(name string, got, want []uint64) string {
 	return fmt.Sprintf("%s: %d keys, want %d", name, len(got), len(want))
 }
+
+func startNATS(t testing.TB) *natstest.Server { return natstest.Start(t) }

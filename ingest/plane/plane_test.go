@@ -225,7 +225,7 @@ func TestNATSKilledDegradesAndResyncs(t *testing.T) {
 	agree(t, "before the outage", 15*time.Second, l, ing, r)
 	before := invKeys(r.inv, 0)
 
-	ns.kill()
+	ns.Kill()
 	waitFor(t, "degraded state", 10*time.Second, func() bool {
 		st, why := r.r.State(0)
 		return st == StateDegraded && strings.Contains(why, "plane down")
@@ -249,7 +249,7 @@ func TestNATSKilledDegradesAndResyncs(t *testing.T) {
 		t.Fatalf("route replica's inventory changed during the outage: %d keys, had %d", len(got), len(before))
 	}
 
-	ns.start()
+	ns.Start()
 	agree(t, "after the server returned", 20*time.Second, l, ing, r)
 	l.store(t, 0, 4)
 	agree(t, "live again", 15*time.Second, l, ing, r)

@@ -1,0 +1,102 @@
+package proxy
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/internal/natstest"
+)
+
+func planeOf(cfg Config, role, url string) Config {
+	cfg.Plane = PlaneConfig{Kind: "jetstream", Role: role, NATSURL: url,
+		SnapshotInterval: 500 * time.Millisecond, MaxAge: time.Minute}
+	return cfg
+}
+
+func planeStates(t *testing.T, s *Server) map[string]string {
+	t.Helper()
+	_, body := get(t, s.admURL("/debug/inventory"))
+	var inv struct {
+		Endpoints []struct{ Name, Plane string }
+	}
+	if err := json.Unmarshal([]byte(body), &inv); err != nil {
+		t.Fatal(err, body)
+	}
+	out := map[string]string{}
+	for _, e := range inv.Endpoints {
+		out[e.Name] = e.Plane
+	}
+	return out
+}
+
+// TestPlaneRouteReplica: a route replica configured without any engine event address
+// routes KV hits from the plane an ingest replica feeds; killing nats-server fails no
+// request (it routes on what it has, degraded on /debug/inventory and /metrics), and
+// events sent during the outage reach it once the server returns.
+func TestPlaneRouteReplica(t *testing.T) {
+	ns := natstest.Start(t)
+	c := vllmChain(t)
+	a, b := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM)
+	ing := startProxy(t, planeOf(kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", "")), "ingest", ns.URL))
+	route := startProxy(t, planeOf(kvConfig(t, KVConverged,
+		fmt.Sprintf("name=a,url=%s,engine=vllm", a.url()), fmt.Sprintf("name=b,url=%s,engine=vllm", b.url())), "route", ns.URL))
+
+	toks := engineTokens(t, sharedPrefix)
+	b.store(t, c, toks, 8)
+	waitFor(t, "route replica in sync", func() bool {
+		st := planeStates(t, route)
+		return route.kv.inv.Count(1) == 8 && st["a"] == "route: ok" && st["b"] == "route: ok"
+	})
+	if st := planeStates(t, ing); st["b"] != "ingest: publishing" {
+		t.Fatalf("ingest replica plane state %q", st["b"])
+	}
+	hit := func(what, want string) {
+		t.Helper()
+		res, body := post(t, route.url("/v1/completions"), complPrompt(sharedPrefix+"What is next?"))
+		if res.StatusCode != 200 || res.Header.Get("x-kvgate-endpoint") != want || res.Header.Get("x-kvgate-route") != "kv-hit" {
+			t.Fatalf("%s: %d endpoint=%s route=%s %s", what, res.StatusCode, res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"), body)
+		}
+	}
+	hit("plane up", "b")
+
+	ns.Kill()
+	waitFor(t, "degraded on /debug/inventory", func() bool {
+		return strings.HasPrefix(planeStates(t, route)["b"], "route: degraded (plane down")
+	})
+	_, m := get(t, route.admURL("/metrics"))
+	if !strings.Contains(m, `kvgate_plane_route_state{endpoint="b"} 2`) || !strings.Contains(m, "kvgate_plane_route_connected 0") ||
+		!strings.Contains(m, `kvgate_events_connected{endpoint="b"} 0`) {
+		t.Fatalf("metrics do not show the outage:\n%s", grepLines(m, "plane", "events_connected"))
+	}
+	for i := 0; i < 5; i++ {
+		hit("plane down", "b")
+	}
+	// a now holds a longer run of the prefix: learned only after the server returns.
+	a.store(t, c, toks, len(toks)/blockSize)
+	waitFor(t, "ingest replica applied a's blocks", func() bool { return ing.kv.inv.Count(0) == len(toks)/blockSize })
+	if route.kv.inv.Count(0) != 0 {
+		t.Fatal("route replica learned a's blocks with the plane down")
+	}
+	ns.Start()
+	waitFor(t, "route replica resynced", func() bool {
+		return route.kv.inv.Count(0) == len(toks)/blockSize && planeStates(t, route)["a"] == "route: ok"
+	})
+	hit("plane back", "a")
+}
+
+func grepLines(s string, subs ...string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		for _, sub := range subs {
+			if strings.Contains(l, sub) {
+				out = append(out, l)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
+}
