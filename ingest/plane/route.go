@@ -67,9 +67,10 @@ type Route struct {
 	eps []*subEndpoint // by inventory index
 	all []*subEndpoint
 
-	nc *nats.Conn
-	js jetstream.JetStream
-	up atomic.Bool
+	nc   *nats.Conn
+	conn atomic.Pointer[nats.Conn] // nc, for callbacks that may run before Start assigns nc
+	js   jetstream.JetStream
+	up   atomic.Bool
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
@@ -174,7 +175,7 @@ func (e *subEndpoint) requestSnapshot() {
 	if now-last < int64(r.cfg.MinSnapshotGap) || !e.lastReq.CompareAndSwap(last, now) {
 		return
 	}
-	if r.nc != nil && r.nc.Publish(e.subj.req, nil) == nil {
+	if nc := r.conn.Load(); nc != nil && nc.Publish(e.subj.req, nil) == nil {
 		e.requests.Inc()
 	}
 }
@@ -196,7 +197,8 @@ func (r *Route) Start(ctx context.Context) error {
 				e.setState(stDegraded, whyDown)
 			}
 		},
-		func(*nats.Conn) {
+		func(nc *nats.Conn) {
+			r.conn.Store(nc)
 			if r.up.Swap(true) {
 				return
 			}
@@ -213,6 +215,7 @@ func (r *Route) Start(ctx context.Context) error {
 		return fmt.Errorf("plane: -nats-url %s: %w", r.cfg.URL, err)
 	}
 	r.nc = nc
+	r.conn.Store(nc)
 	if nc.IsConnected() {
 		r.up.Store(true)
 	}
