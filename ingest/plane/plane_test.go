@@ -307,3 +307,38 @@ func TestTRTDrainShared(t *testing.T) {
 		}
 	}
 }
+
+// TestIngestRestartNewEpoch: a restarted ingest replica publishes under a new epoch; its
+// first snapshot replaces what route replicas held from the old one, and they follow it.
+func TestIngestRestartNewEpoch(t *testing.T) {
+	ns := startNATS(t)
+	pcfg := testPlaneConfig(ns.URL)
+	pubs, ieps, peps := vllmEndpoints(t, "a")
+	ing := startIngest(t, pcfg, ingest.Config{Keys: ingest.KeysEngine}, ieps)
+	waitSubscribed(t, pubs[0])
+	r := startRoute(t, pcfg, peps)
+	l := newLoad(pubs)
+	l.store(t, 0, 16)
+	agree(t, "first epoch", 15*time.Second, l, ing, r)
+	ing.m.Close()
+	ing.g.Close()
+	oldEpoch := r.r.eps[0].epoch
+
+	// The new replica knows only what the engine sends from now on (no replay socket).
+	clear(l.models[0])
+	ing2 := startIngest(t, pcfg, ingest.Config{Keys: ingest.KeysEngine}, ieps)
+	// The publisher may still list the old replica's subscription: send a probe block
+	// until the new replica has it, so nothing after it is lost to the slow joiner.
+	probe := uint64(0xfeed)
+	l.models[0][probe] = true
+	waitFor(t, "new ingest replica subscribed", 15*time.Second, func() bool {
+		pubs[0].Publish(enginepub.BlockStored{Hashes: []uint64{probe}, BlockSize: 16})
+		time.Sleep(10 * time.Millisecond)
+		return ing2.inv.Count(0) > 0
+	})
+	l.store(t, 0, 8)
+	agree(t, "second epoch", 15*time.Second, l, ing2, r)
+	if r.r.eps[0].epoch == oldEpoch {
+		t.Fatal("route replica still on the old epoch")
+	}
+}
