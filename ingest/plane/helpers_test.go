@@ -20,8 +20,9 @@ import (
 )
 
 func testPlaneConfig(url string) Config {
+	// Small chunks: every snapshot of more than 16 keys spans several messages.
 	return Config{URL: url, SnapshotInterval: 500 * time.Millisecond, MaxAge: time.Minute,
-		MinSnapshotGap: 100 * time.Millisecond, ReconnectWait: 50 * time.Millisecond}
+		MinSnapshotGap: 100 * time.Millisecond, ReconnectWait: 50 * time.Millisecond, ChunkKeys: 16}
 }
 
 func newInv(t testing.TB) *shard.Inventory {

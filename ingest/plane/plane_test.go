@@ -342,3 +342,23 @@ func TestIngestRestartNewEpoch(t *testing.T) {
 		t.Fatal("route replica still on the old epoch")
 	}
 }
+
+// TestPlaneStartsBeforeNATS: replicas started while nats-server is down start anyway
+// (degraded / syncing) and converge once it comes up.
+func TestPlaneStartsBeforeNATS(t *testing.T) {
+	ns := startNATS(t)
+	ns.Kill()
+	pcfg := testPlaneConfig(ns.URL)
+	pubs, ieps, peps := vllmEndpoints(t, "a")
+	ing := startIngest(t, pcfg, ingest.Config{Keys: ingest.KeysEngine}, ieps)
+	waitSubscribed(t, pubs[0])
+	r := startRoute(t, pcfg, peps)
+	l := newLoad(pubs)
+	l.store(t, 0, 40)
+	waitFor(t, "ingest applied", 10*time.Second, func() bool { return ing.inv.Count(0) == 40 })
+	if st, _ := r.r.State(0); st == StateOK || r.r.Connected() || ing.g.Connected() {
+		t.Fatalf("in sync with no server: %s", st)
+	}
+	ns.Start()
+	agree(t, "after the server started", 20*time.Second, l, ing, r)
+}

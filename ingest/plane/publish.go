@@ -346,7 +346,8 @@ func (g *Ingest) snapshotter(ctx context.Context) {
 
 // snapshot queues endpoint p's whole key set. It holds p.mu while it reads the keys and
 // queues the chunks, so the snapshot is exact at its place in the stream: ingest writes
-// to this endpoint wait meanwhile (milliseconds per million keys), scoring does not.
+// to this endpoint wait meanwhile (25-45 ms per million keys on a busy 2-core machine,
+// BenchmarkSnapshot1M), scoring does not.
 func (g *Ingest) snapshot(p *pubEndpoint, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

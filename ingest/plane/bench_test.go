@@ -1,0 +1,75 @@
+package plane
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/shard"
+)
+
+// BenchmarkRouteApply: a route replica applying consumed 64-key store messages (decode +
+// inventory add), the NATS client's own delivery excluded.
+func BenchmarkRouteApply(b *testing.B) {
+	r, err := NewRoute(Config{URL: "nats://127.0.0.1:1"}, mustInv(b, 1<<22), []Endpoint{{Name: "a"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	r.up.Store(true)
+	e := r.eps[0]
+	e.apply(appendMsg(nil, header{op: OpSnapshot, epoch: 1, chunks: 1}, nil))
+	const per = 64
+	const nmsg = 1 << 14 // 1M distinct keys, then the same keys again (steady state)
+	msgs := make([][]byte, nmsg)
+	keys := make([]uint64, per)
+	for i := range msgs {
+		for j := range keys {
+			keys[j] = uint64(i*per+j+1) * 0x9E3779B97F4A7C15
+		}
+		msgs[i] = appendMsg(nil, header{op: OpStore, epoch: 1}, keys)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		m := msgs[i%nmsg]
+		putSeq(m, uint64(i+1))
+		e.apply(m)
+	}
+	b.ReportMetric(float64(b.N*per)/b.Elapsed().Seconds(), "keys/s")
+}
+
+func putSeq(m []byte, seq uint64) {
+	for k := 0; k < 8; k++ {
+		m[16+k] = byte(seq >> (8 * k))
+	}
+}
+
+// BenchmarkSnapshot1M: an ingest replica's snapshot of a 1M-key endpoint: reading the
+// keys and encoding the chunks, the time its ingest writes wait on the endpoint's lock.
+func BenchmarkSnapshot1M(b *testing.B) {
+	inv := mustInv(b, 1<<21)
+	keys := make([]uint64, 1<<20)
+	for i := range keys {
+		keys[i] = uint64(i+1) * 0x9E3779B97F4A7C15
+	}
+	inv.Add(0, keys)
+	g, err := NewIngest(Config{URL: "nats://127.0.0.1:1", Queue: 1 << 20}, inv, []Endpoint{{Name: "a"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := g.eps[0]
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		g.snapshot(p, time.Now())
+		<-g.q
+	}
+	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/snapshot")
+}
+
+func mustInv(b *testing.B, perEP int) *shard.Inventory {
+	inv, err := shard.New(shard.Config{Endpoints: 8, MaxKeysPerEndpoint: perEP})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return inv
+}
