@@ -73,3 +73,39 @@ func mustInv(b *testing.B, perEP int) *shard.Inventory {
 	}
 	return inv
 }
+
+// BenchmarkIngestAdd: what the plane adds to an ingest replica's Add of 64 keys (apply,
+// encode, queue), against the inventory alone. The queue is drained by a goroutine that
+// discards, so NATS itself is excluded.
+func BenchmarkIngestAdd(b *testing.B) {
+	keys := make([]uint64, 64)
+	run := func(b *testing.B, add func(ep int, keys []uint64) int) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			for j := range keys {
+				keys[j] = uint64((i%(1<<14))*64+j+1) * 0x9E3779B97F4A7C15
+			}
+			add(0, keys)
+		}
+		b.ReportMetric(float64(b.N*len(keys))/b.Elapsed().Seconds(), "keys/s")
+	}
+	b.Run("inventory", func(b *testing.B) { run(b, mustInv(b, 1<<22).Add) })
+	b.Run("plane", func(b *testing.B) {
+		g, err := NewIngest(Config{URL: "nats://127.0.0.1:1"}, mustInv(b, 1<<22), []Endpoint{{Name: "a"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			for {
+				select {
+				case <-g.q:
+				case <-done:
+					return
+				}
+			}
+		}()
+		defer close(done)
+		run(b, g.Add)
+	})
+}
