@@ -146,6 +146,9 @@ func (k *kvRouter) newEventSource(icfg ingest.Config, eps []ingest.EndpointConfi
 		if err != nil {
 			return nil, refuse("-events-plane", "%v", err)
 		}
+		if err := armFallback(r, icfg, eps); err != nil {
+			return nil, err
+		}
 		return routeSource{r}, nil
 	}
 	g, err := plane.NewIngest(k.planeConfig(), k.inv, peps)
@@ -177,4 +180,30 @@ func (k *kvRouter) planeState(i int) string {
 		return "ingest: degraded (plane down: events are not shared)"
 	}
 	return ""
+}
+
+// armFallback lets a route replica follow, while the plane is down, the engines whose
+// events= it was given. TensorRT-LLM endpoints are never followed directly: their drain
+// is destructive and belongs to the ingest replica. The fallback's counters are private
+// (a fresh Manager each outage); the plane's metrics and /debug/inventory show it.
+func armFallback(r *plane.Route, icfg ingest.Config, eps []ingest.EndpointConfig) error {
+	var sub []ingest.EndpointConfig
+	covers := make([]bool, len(eps))
+	for _, e := range eps {
+		if e.Events != "" && e.Engine != ingest.EngineTRTLLM {
+			sub = append(sub, e)
+			covers[e.Index] = true
+		}
+	}
+	if len(sub) == 0 {
+		return nil
+	}
+	icfg.Metrics = nil
+	if _, err := ingest.NewManager(icfg, sub); err != nil { // validates now, not mid-outage
+		return refuse("-endpoint", "%v", err)
+	}
+	r.SetFallback(&plane.Fallback{Covers: covers, New: func() (plane.Source, error) {
+		return ingest.NewManager(icfg, sub)
+	}})
+	return nil
 }

@@ -100,3 +100,39 @@ func grepLines(s string, subs ...string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestPlaneRouteFallback: a route replica given the engines' events= addresses follows
+// them directly while nats-server is down (its requests route on events the plane could
+// not carry), then goes back to the plane.
+func TestPlaneRouteFallback(t *testing.T) {
+	ns := natstest.Start(t)
+	c := vllmChain(t)
+	a, b := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM)
+	specs := []string{a.spec(0, "vllm", ""), b.spec(1, "vllm", "")}
+	ing := startProxy(t, planeOf(kvConfig(t, KVConverged, specs...), "ingest", ns.URL))
+	route := startProxy(t, planeOf(kvConfig(t, KVConverged, specs...), "route", ns.URL))
+	toks := engineTokens(t, sharedPrefix)
+	b.store(t, c, toks, 4)
+	waitFor(t, "route replica in sync", func() bool {
+		return route.kv.inv.Count(1) == 4 && planeStates(t, route)["b"] == "route: ok"
+	})
+	ns.Kill()
+	waitFor(t, "direct fallback connected", func() bool {
+		return strings.Contains(planeStates(t, route)["a"], "following the engine directly") && route.kv.mgr.Status(0).Connected
+	})
+	// Re-publish until the fallback's fresh subscription sees it (ZeroMQ's slow joiner).
+	waitFor(t, "a's blocks through the fallback", func() bool {
+		a.store(t, c, toks, len(toks)/blockSize)
+		time.Sleep(20 * time.Millisecond)
+		return route.kv.inv.Count(0) == len(toks)/blockSize
+	})
+	res, body := post(t, route.url("/v1/completions"), complPrompt(sharedPrefix+"What is next?"))
+	if res.StatusCode != 200 || res.Header.Get("x-kvgate-endpoint") != "a" || res.Header.Get("x-kvgate-route") != "kv-hit" {
+		t.Fatalf("during the outage: %d endpoint=%s route=%s %s", res.StatusCode, res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"), body)
+	}
+	ns.Start()
+	waitFor(t, "back on the plane", func() bool {
+		st := planeStates(t, route)
+		return st["a"] == "route: ok" && st["b"] == "route: ok" && route.kv.inv.Count(0) == ing.kv.inv.Count(0)
+	})
+}

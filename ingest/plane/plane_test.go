@@ -362,3 +362,67 @@ func TestPlaneStartsBeforeNATS(t *testing.T) {
 	ns.Start()
 	agree(t, "after the server started", 20*time.Second, l, ing, r)
 }
+
+// TestRouteFallsBackToDirect: a route replica that knows an engine's events address
+// follows it directly while nats-server is down, and hands back to the plane when it
+// returns.
+func TestRouteFallsBackToDirect(t *testing.T) {
+	ns := startNATS(t)
+	var logs logBuf
+	pcfg := testPlaneConfig(ns.URL)
+	pubs, ieps, peps := vllmEndpoints(t, "a")
+	ing := startIngest(t, pcfg, ingest.Config{Keys: ingest.KeysEngine}, ieps)
+	waitSubscribed(t, pubs[0])
+	rcfg := pcfg
+	rcfg.Logger = logs.logger()
+	inv := newInv(t)
+	r, err := NewRoute(rcfg, inv, peps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var started atomic.Int32
+	r.SetFallback(&Fallback{Covers: []bool{true}, After: 200 * time.Millisecond, New: func() (Source, error) {
+		started.Add(1)
+		return ingest.NewManager(ingest.Config{Inventory: inv, Keys: ingest.KeysEngine,
+			RetryInterval: 20 * time.Millisecond, MaxRetryInterval: 100 * time.Millisecond}, ieps)
+	}})
+	if err := r.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	rr := &routeReplica{inv: inv, r: r}
+	l := newLoad(pubs)
+	l.store(t, 0, 10)
+	agree(t, "before the outage", 15*time.Second, l, ing, rr)
+	if started.Load() != 0 {
+		t.Fatal("fell back with the plane up")
+	}
+
+	ns.Kill()
+	waitFor(t, "direct fallback subscribed", 10*time.Second, func() bool {
+		_, why := r.State(0)
+		return strings.Contains(why, "directly") && r.Status(0).Connected
+	})
+	probe := uint64(0xbeef)
+	l.models[0][probe] = true
+	waitFor(t, "fallback applies engine events", 10*time.Second, func() bool {
+		pubs[0].Publish(enginepub.BlockStored{Hashes: []uint64{probe}, BlockSize: 16})
+		time.Sleep(10 * time.Millisecond)
+		return slices.Contains(invKeys(inv, 0), probe)
+	})
+	l.store(t, 0, 6)
+	waitFor(t, "outage's events on the route replica", 10*time.Second, func() bool {
+		return sameKeys(invKeys(inv, 0), l.models[0].keys())
+	})
+	if s := logs.String(); !strings.Contains(s, "following the engines directly") {
+		t.Fatalf("no WARN for the fallback:\n%s", s)
+	}
+
+	ns.Start()
+	agree(t, "back on the plane", 20*time.Second, l, ing, rr)
+	if r.fallbackSource() != nil || started.Load() != 1 {
+		t.Fatalf("fallback still running (started %d)", started.Load())
+	}
+	l.store(t, 0, 3)
+	agree(t, "live on the plane", 15*time.Second, l, ing, rr)
+}

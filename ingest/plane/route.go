@@ -42,6 +42,7 @@ const (
 	whyGap
 	whySnapIncomplete
 	whyStale
+	whyFallback
 )
 
 var whyText = [...]string{
@@ -55,6 +56,7 @@ var whyText = [...]string{
 	whyGap:            "ops lost (seq gap): waiting for a fresh snapshot",
 	whySnapIncomplete: "snapshot chunks missing: waiting for a fresh snapshot",
 	whyStale:          "stale: no snapshot or event from the ingest replica for 3 snapshot intervals",
+	whyFallback:       "plane down: following the engine directly until it returns",
 }
 
 // Route is the consuming side: it keeps each endpoint's inventory slot in step with the
@@ -71,6 +73,11 @@ type Route struct {
 	conn atomic.Pointer[nats.Conn] // nc, for callbacks that may run before Start assigns nc
 	js   jetstream.JetStream
 	up   atomic.Bool
+
+	fb        *Fallback
+	fbActive  atomic.Pointer[Source]
+	downSince time.Time // watch goroutine only
+	fbFailed  bool      // watch goroutine only
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
@@ -193,8 +200,11 @@ func (r *Route) Start(ctx context.Context) error {
 			if r.up.Swap(false) {
 				log.Warn("plane: disconnected from NATS: routing on the inventory as it was", "err", err)
 			}
+			fb := r.fallbackSource() != nil
 			for _, e := range r.all {
-				e.setState(stDegraded, whyDown)
+				if !fb || !r.covered(e.Index) {
+					e.setState(stDegraded, whyDown)
+				}
 			}
 		},
 		func(nc *nats.Conn) {
@@ -250,15 +260,18 @@ func (r *Route) Close() error {
 
 // watch marks endpoints stale whose ingest replica went quiet: an ingest replica
 // snapshots every interval, so three intervals of silence mean none is publishing.
+// It also runs the direct fallback, when one is armed.
 func (r *Route) watch(ctx context.Context) {
-	tick := time.NewTicker(min(r.cfg.SnapshotInterval/2, time.Second))
+	tick := time.NewTicker(min(r.cfg.SnapshotInterval/2, 100*time.Millisecond))
 	defer tick.Stop()
+	defer r.stopFallback()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
+		r.stepFallback(ctx, time.Now())
 		now := time.Now().UnixNano()
 		for _, e := range r.all {
 			if e.state.Load() == stOK && now-e.lastMsg.Load() > 3*int64(r.cfg.SnapshotInterval) {
@@ -413,7 +426,7 @@ func (e *subEndpoint) applySnapshot(data []byte) {
 	e.seq = e.snapSeq
 	e.lastSeq.Store(int64(e.seq))
 	e.snapshots.Inc()
-	if r.up.Load() {
+	if r.up.Load() && (r.fallbackSource() == nil || !r.covered(e.Index)) {
 		e.setState(stOK, whyNone)
 	}
 }
@@ -426,8 +439,11 @@ func (r *Route) ep(i int) *subEndpoint {
 }
 
 // UsesFastKeys reports whether endpoint i's inventory holds kvgate's fast keys, as the
-// ingest replica's last message said. Lock-free.
+// ingest replica's last message said (the direct fallback's, while it runs). Lock-free.
 func (r *Route) UsesFastKeys(i int) bool {
+	if src := r.fallbackSource(); src != nil && r.covered(i) {
+		return src.UsesFastKeys(i)
+	}
 	e := r.ep(i)
 	return e != nil && e.fast.Load()
 }
@@ -451,6 +467,9 @@ func (r *Route) Status(i int) ingest.EndpointStatus {
 	e := r.ep(i)
 	if e == nil {
 		return ingest.EndpointStatus{Index: i, Parity: "unknown", LastSeq: -1}
+	}
+	if src := r.fallbackSource(); src != nil && r.covered(i) {
+		return src.Status(i) // the direct fallback's own subscribers
 	}
 	ok := e.state.Load() == stOK
 	st := ingest.EndpointStatus{Name: e.Name, Engine: e.Engine, Index: i, Connected: ok, Ranks: 1,
