@@ -94,7 +94,7 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 	fs.StringVar(&logLevel, "log-level", "info", "debug | info | warn | error")
 	// The optional event plane (proxy.PlaneConfig, package ingest/plane).
 	fs.StringVar(&cfg.Plane.Kind, "events-plane", "direct", "how replicas learn the engines' KV events: direct (each replica subscribes to every engine) | jetstream (a NATS JetStream stream of normalized events and snapshots, for a TensorRT-LLM drain shared by replicas, warm restarts, many replicas)")
-	fs.StringVar(&cfg.Plane.Role, "plane-role", "", "with -events-plane jetstream: ingest (follow the engines, publish what is applied, route on it) | route (follow the plane only; endpoints need no events=) | both (as ingest) (default both)")
+	fs.StringVar(&cfg.Plane.Role, "plane-role", "", "with -events-plane jetstream: ingest (follow the engines, publish what is applied, route on it) | route (follow the plane only; endpoints need no events=, and one given events= is followed directly while the plane is down) | both (as ingest) (default both)")
 	fs.StringVar(&cfg.Plane.NATSURL, "nats-url", "", "with -events-plane jetstream: NATS server(s), nats://host:4222[,nats://...] (default none)")
 	fs.StringVar(&cfg.Plane.Stream, "plane-stream", "KVGATE_EVENTS", "JetStream stream of the event plane (subjects kvgate.kv.<endpoint>.*)")
 	fs.DurationVar(&cfg.Plane.MaxAge, "plane-max-age", 10*time.Minute, "stream retention by age: at least twice -plane-snapshot-interval, so the newest snapshot and the events behind it stay")
