@@ -142,7 +142,7 @@ func (k *kvRouter) newEventSource(icfg ingest.Config, eps []ingest.EndpointConfi
 		peps[i] = plane.Endpoint{Name: e.Name, Index: e.Index, Engine: e.Engine}
 	}
 	if pc.Role == plane.RoleRoute {
-		r, err := plane.NewRoute(k.planeConfig(), icfg.Inventory, peps)
+		r, err := plane.NewRoute(k.planeConfig(), k.inv, peps)
 		if err != nil {
 			return nil, refuse("-events-plane", "%v", err)
 		}

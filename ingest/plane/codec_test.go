@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/ingest"
+	"github.com/kvgate/kvgate/shard"
 )
 
 // The header layout is checked byte by byte against encoding/binary, not against
@@ -169,9 +170,20 @@ func TestRouteStateMachine(t *testing.T) {
 	if state() != StateOK || inv.Count(0) != 2 || !r.UsesFastKeys(0) {
 		t.Fatalf("new epoch's snapshot: %s %d fast=%v", state(), inv.Count(0), r.UsesFastKeys(0))
 	}
+	// The periodic snapshot of an endpoint in sync changes nothing; one that disagrees
+	// (same position, other keys) is reconciled without emptying the endpoint.
+	rec := e.reconciled.Get()
+	e.apply(msg(header{op: OpSnapshot, epoch: 6, seq: 3, chunks: 1, kind: kindFast}, 10, 11))
+	if e.reconciled.Get() != rec || inv.Count(0) != 2 || state() != StateOK {
+		t.Fatalf("in-sync snapshot reconciled (%d -> %d)", rec, e.reconciled.Get())
+	}
+	e.apply(msg(header{op: OpSnapshot, epoch: 6, seq: 3, chunks: 1, kind: kindFast}, 11, 12, 13))
+	if got := invKeys(inv.(*shard.Inventory), 0); e.reconciled.Get() != rec+1 || !slices.Equal(got, []uint64{11, 12, 13}) {
+		t.Fatalf("reconciled to %v", got)
+	}
 	// Garbage is counted, never applied.
 	e.apply([]byte("not a plane message at all, just bytes"))
-	if e.decodeErrors.Get() != 1 || inv.Count(0) != 2 {
+	if e.decodeErrors.Get() != 1 || inv.Count(0) != 3 {
 		t.Fatal("garbage applied")
 	}
 }

@@ -144,6 +144,18 @@ func TestTwoRoutesAgree(t *testing.T) {
 			t.Fatal("metrics do not show the endpoint in sync")
 		}
 	}
+	// Periodic snapshots of endpoints in sync change nothing: no reconcile, and the key
+	// count never dips while they arrive.
+	e := ra.r.eps[0]
+	snaps, recs, n := e.snapshots.Get(), e.reconciled.Get(), ra.inv.Count(0)
+	for end := time.Now().Add(1200 * time.Millisecond); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		if c := ra.inv.Count(0); c != n {
+			t.Fatalf("key count moved from %d to %d with no event", n, c)
+		}
+	}
+	if e.snapshots.Get() < snaps+2 || e.reconciled.Get() != recs {
+		t.Fatalf("snapshots %d -> %d, reconciles %d -> %d", snaps, e.snapshots.Get(), recs, e.reconciled.Get())
+	}
 }
 
 // TestRouteRestartWarm: a route replica restarted while events flow is warm (in sync,

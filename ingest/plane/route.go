@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,7 +66,7 @@ var whyText = [...]string{
 // buffer); the NATS client allocates each message it delivers.
 type Route struct {
 	cfg Config
-	inv ingest.Inventory
+	inv Inventory
 	eps []*subEndpoint // by inventory index
 	all []*subEndpoint
 
@@ -102,17 +103,20 @@ type subEndpoint struct {
 	// The consumer goroutine's own state.
 	epoch      uint64 // 0 = no snapshot applied yet
 	seq        uint64
+	snapEpoch  uint64 // the snapshot being collected
 	snapSeq    uint64
 	snapNext   uint32 // next chunk expected; == snapChunks when none is in progress
 	snapChunks uint32
+	snap       []uint64 // its keys so far
+	held       []uint64 // reconcile's scratch
 	hdr        header
 	keys       []uint64
 
-	applied, gaps, snapshots, ignored, decodeErrors, requests *metrics.Counter
+	applied, gaps, snapshots, ignored, decodeErrors, requests, reconciled *metrics.Counter
 }
 
 // NewRoute prepares the consuming side for eps over inv; nothing connects until Start.
-func NewRoute(cfg Config, inv ingest.Inventory, eps []Endpoint) (*Route, error) {
+func NewRoute(cfg Config, inv Inventory, eps []Endpoint) (*Route, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
@@ -143,6 +147,7 @@ func NewRoute(cfg Config, inv ingest.Inventory, eps []Endpoint) (*Route, error) 
 		e.gaps = ctr("kvgate_plane_route_gaps_total", "")
 		e.snapshots = ctr("kvgate_plane_route_snapshots_total", "")
 		e.requests = ctr("kvgate_plane_route_snapshot_requests_total", "")
+		e.reconciled = ctr("kvgate_plane_route_reconciles_total", "")
 		set.GetOrCreateGauge(metricName("kvgate_plane_route_state", nm, ""), func() float64 {
 			return float64(e.state.Load()) // 0 ok, 1 syncing, 2 degraded
 		})
@@ -397,37 +402,67 @@ func (e *subEndpoint) apply(data []byte) {
 	e.applied.Inc()
 }
 
-// applySnapshot applies one snapshot chunk: chunk 0 replaces the endpoint's keys, later
-// chunks add theirs; the last one puts the endpoint in sync.
+// applySnapshot collects one snapshot chunk; the last one reconciles the endpoint with
+// the whole snapshot and puts it in sync. A snapshot that finds the endpoint already at
+// its epoch and seq with as many keys changes nothing: that is the periodic case, and
+// reconciling it would be wasted work.
 func (e *subEndpoint) applySnapshot(data []byte) {
 	r := e.r
 	h := &e.hdr
 	if h.chunk == 0 {
-		r.inv.ClearEndpoint(e.Index)
-		e.epoch, e.snapSeq, e.snapChunks = h.epoch, h.seq, h.chunks
-		e.snapNext = 0
-	} else if h.epoch != e.epoch || h.seq != e.snapSeq || h.chunk != e.snapNext || h.chunks != e.snapChunks {
+		e.snapEpoch, e.snapSeq, e.snapChunks, e.snapNext = h.epoch, h.seq, h.chunks, 0
+		e.snap = e.snap[:0]
+	} else if h.epoch != e.snapEpoch || h.seq != e.snapSeq || h.chunk != e.snapNext || h.chunks != e.snapChunks {
 		// A continuation without its head (the consumer started mid-snapshot, or chunks
 		// were lost): the next head fixes it.
 		e.ignored.Inc()
+		e.snapNext = e.snapChunks
 		if e.epoch != 0 {
 			e.setState(stDegraded, whySnapIncomplete)
 			e.requestSnapshot()
 		}
 		return
 	}
-	e.keys = appendKeys(e.keys[:0], data)
-	r.inv.Add(e.Index, e.keys)
+	e.snap = appendKeys(e.snap, data)
 	e.snapNext++
 	e.applied.Inc()
 	if e.snapNext < e.snapChunks {
 		return
 	}
-	e.seq = e.snapSeq
+	inSync := e.epoch == e.snapEpoch && e.seq == e.snapSeq && e.state.Load() == stOK
+	if !inSync || r.inv.Count(e.Index) != len(e.snap) {
+		e.reconcile()
+	}
+	e.epoch, e.seq = e.snapEpoch, e.snapSeq
 	e.lastSeq.Store(int64(e.seq))
 	e.snapshots.Inc()
+	if cap(e.snap) > 1<<20 {
+		e.snap = nil // do not pin a huge buffer between snapshots
+	}
 	if r.up.Load() && (r.fallbackSource() == nil || !r.covered(e.Index)) {
 		e.setState(stOK, whyNone)
+	}
+}
+
+// reconcile makes the endpoint hold exactly e.snap: the snapshot's keys are added, then
+// the keys it lacks removed, so scoring never sees the endpoint emptied and refilled.
+func (e *subEndpoint) reconcile() {
+	inv := e.r.inv
+	inv.Add(e.Index, e.snap)
+	slices.Sort(e.snap)
+	// One pass with no page limit reads each shard's table once: exact, as this
+	// goroutine is the endpoint's only writer.
+	e.held, _ = inv.Keys(e.Index, 0, 1<<40, e.held[:0])
+	stale := e.held[:0]
+	for _, k := range e.held {
+		if _, found := slices.BinarySearch(e.snap, k); !found {
+			stale = append(stale, k)
+		}
+	}
+	inv.Remove(e.Index, stale)
+	e.reconciled.Inc()
+	if cap(e.held) > 1<<20 {
+		e.held = nil
 	}
 }
 
