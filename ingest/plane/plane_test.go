@@ -353,6 +353,9 @@ func TestIngestRestartNewEpoch(t *testing.T) {
 	if r.r.eps[0].epoch == oldEpoch {
 		t.Fatal("route replica still on the old epoch")
 	}
+	if r.metric(`kvgate_plane_route_dual_ingest_total{endpoint="a"}`) != "0" {
+		t.Fatal("a restart taken for two ingest replicas")
+	}
 }
 
 // TestPlaneStartsBeforeNATS: replicas started while nats-server is down start anyway
@@ -437,4 +440,25 @@ func TestRouteFallsBackToDirect(t *testing.T) {
 	}
 	l.store(t, 0, 3)
 	agree(t, "live on the plane", 15*time.Second, l, ing, rr)
+}
+
+// TestDualIngestWarns: two ingest replicas publishing one endpoint (a misconfiguration)
+// are named in a WARN and counted.
+func TestDualIngestWarns(t *testing.T) {
+	ns := startNATS(t)
+	var logs logBuf
+	pcfg := testPlaneConfig(ns.URL)
+	pubs, ieps, peps := vllmEndpoints(t, "a")
+	startIngest(t, pcfg, ingest.Config{Keys: ingest.KeysEngine}, ieps)
+	startIngest(t, pcfg, ingest.Config{Keys: ingest.KeysEngine}, ieps)
+	waitSubscribed(t, pubs[0])
+	rcfg := pcfg
+	rcfg.Logger = logs.logger()
+	r := startRoute(t, rcfg, peps)
+	l := newLoad(pubs)
+	l.store(t, 0, 4)
+	waitFor(t, "dual ingest detected", 15*time.Second, func() bool {
+		return r.metric(`kvgate_plane_route_dual_ingest_total{endpoint="a"}`) != "0" &&
+			strings.Contains(logs.String(), "two ingest replicas publish this endpoint")
+	})
 }

@@ -102,6 +102,8 @@ type subEndpoint struct {
 
 	// The consumer goroutine's own state.
 	epoch      uint64 // 0 = no snapshot applied yet
+	oldEpoch   uint64 // the epoch before it (an ingest restart), to tell two live publishers
+	dualWarned bool
 	seq        uint64
 	snapEpoch  uint64 // the snapshot being collected
 	snapSeq    uint64
@@ -112,7 +114,7 @@ type subEndpoint struct {
 	hdr        header
 	keys       []uint64
 
-	applied, gaps, snapshots, ignored, decodeErrors, requests, reconciled *metrics.Counter
+	applied, gaps, snapshots, ignored, decodeErrors, requests, reconciled, dual *metrics.Counter
 }
 
 // NewRoute prepares the consuming side for eps over inv; nothing connects until Start.
@@ -148,6 +150,7 @@ func NewRoute(cfg Config, inv Inventory, eps []Endpoint) (*Route, error) {
 		e.snapshots = ctr("kvgate_plane_route_snapshots_total", "")
 		e.requests = ctr("kvgate_plane_route_snapshot_requests_total", "")
 		e.reconciled = ctr("kvgate_plane_route_reconciles_total", "")
+		e.dual = ctr("kvgate_plane_route_dual_ingest_total", "")
 		set.GetOrCreateGauge(metricName("kvgate_plane_route_state", nm, ""), func() float64 {
 			return float64(e.state.Load()) // 0 ok, 1 syncing, 2 degraded
 		})
@@ -372,6 +375,9 @@ func (e *subEndpoint) apply(data []byte) {
 	if e.epoch == 0 || h.epoch != e.epoch {
 		// Ops of an epoch whose snapshot this replica has not read: their base is unknown.
 		e.ignored.Inc()
+		if h.epoch == e.oldEpoch {
+			e.dualIngest()
+		}
 		e.setState(stSyncing, whyEpoch)
 		e.requestSnapshot()
 		return
@@ -433,6 +439,12 @@ func (e *subEndpoint) applySnapshot(data []byte) {
 	if !inSync || r.inv.Count(e.Index) != len(e.snap) {
 		e.reconcile()
 	}
+	if e.epoch != e.snapEpoch {
+		if e.snapEpoch == e.oldEpoch {
+			e.dualIngest()
+		}
+		e.oldEpoch = e.epoch
+	}
 	e.epoch, e.seq = e.snapEpoch, e.snapSeq
 	e.lastSeq.Store(int64(e.seq))
 	e.snapshots.Inc()
@@ -441,6 +453,18 @@ func (e *subEndpoint) applySnapshot(data []byte) {
 	}
 	if r.up.Load() && (r.fallbackSource() == nil || !r.covered(e.Index)) {
 		e.setState(stOK, whyNone)
+	}
+}
+
+// dualIngest records an epoch coming back after a newer one took over: two ingest
+// replicas publish this endpoint (say -plane-role both on every replica), and route
+// replicas flip between their views. Logged once per endpoint, counted each time.
+func (e *subEndpoint) dualIngest() {
+	e.dual.Inc()
+	if !e.dualWarned {
+		e.dualWarned = true
+		e.r.cfg.Logger.Warn("plane: two ingest replicas publish this endpoint: run exactly one with -plane-role ingest (or both) per engine; the others -plane-role route",
+			"endpoint", e.Name)
 	}
 }
 
