@@ -109,3 +109,52 @@ func BenchmarkIngestAdd(b *testing.B) {
 		run(b, g.Add)
 	})
 }
+
+// BenchmarkPlaneThroughput: 64-key store ops from an ingest replica's Add to a route
+// replica's inventory through a real nats-server (file store): ops/s end to end.
+func BenchmarkPlaneThroughput(b *testing.B) {
+	ns := startNATS(b)
+	pcfg := testPlaneConfig(ns.URL)
+	pcfg.ChunkKeys, pcfg.SnapshotInterval, pcfg.MaxAge = 0, time.Minute, 10*time.Minute
+	pcfg.Queue = 1 << 16
+	inv := mustInv(b, 1<<22)
+	g, err := NewIngest(pcfg, inv, []Endpoint{{Name: "a"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := g.Start(b.Context()); err != nil {
+		b.Fatal(err)
+	}
+	defer g.Close()
+	rinv := mustInv(b, 1<<22)
+	r, err := NewRoute(pcfg, rinv, []Endpoint{{Name: "a"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := r.Start(b.Context()); err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	waitFor(b, "route in sync", 15*time.Second, func() bool { s, _ := r.State(0); return s == StateOK })
+	keys := make([]uint64, 64)
+	base := r.eps[0].lastSeq.Load()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for j := range keys {
+			keys[j] = uint64((i%(1<<14))*64+j+1) * 0x9E3779B97F4A7C15
+		}
+		g.Add(0, keys)
+		if i%4096 == 4095 {
+			for r.eps[0].lastSeq.Load() < base+int64(i)-8192 { // bound the backlog
+				time.Sleep(100 * time.Microsecond)
+			}
+		}
+	}
+	waitFor(b, "route caught up", 60*time.Second, func() bool { return r.eps[0].lastSeq.Load() >= base+int64(b.N) })
+	b.StopTimer()
+	if d := g.eps[0].dropped.Get(); d > 0 {
+		b.Fatalf("%d ops dropped", d)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+	b.ReportMetric(float64(b.N*64)/b.Elapsed().Seconds(), "keys/s")
+}
