@@ -462,3 +462,25 @@ func TestDualIngestWarns(t *testing.T) {
 			strings.Contains(logs.String(), "two ingest replicas publish this endpoint")
 	})
 }
+
+// TestServerLosesItsStore: nats-server comes back with no stream at all; the ingest
+// replica recreates it and re-snapshots, and the route replica (whose consumer position
+// is past the new stream's end) restarts from the newest snapshot.
+func TestServerLosesItsStore(t *testing.T) {
+	ns := startNATS(t)
+	pcfg := testPlaneConfig(ns.URL)
+	pubs, ieps, peps := vllmEndpoints(t, "a")
+	ing := startIngest(t, pcfg, ingest.Config{Keys: ingest.KeysEngine}, ieps)
+	waitSubscribed(t, pubs[0])
+	r := startRoute(t, pcfg, peps)
+	l := newLoad(pubs)
+	for i := 0; i < 100; i++ { // move the consumer well past where a new stream starts
+		l.store(t, 0, 2)
+	}
+	agree(t, "before", 15*time.Second, l, ing, r)
+	ns.Kill()
+	ns.Wipe()
+	l.store(t, 0, 3)
+	ns.Start()
+	agree(t, "after the server lost its store", 20*time.Second, l, ing, r)
+}

@@ -6,6 +6,7 @@ package natstest
 import (
 	"bytes"
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
 	"sync"
@@ -71,6 +72,18 @@ func (s *Server) Start() {
 			s.t.Fatalf("nats-server did not listen on %d: %s", s.port, out.String())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Wipe deletes the server's store (call between Kill and Start): a server that comes
+// back with no streams, as after losing its disk.
+func (s *Server) Wipe() {
+	s.t.Helper()
+	if err := os.RemoveAll(s.dir); err != nil {
+		s.t.Fatal(err)
+	}
+	if err := os.MkdirAll(s.dir, 0o755); err != nil {
+		s.t.Fatal(err)
 	}
 }
 
