@@ -129,7 +129,8 @@ func TestTwoRoutesAgree(t *testing.T) {
 	}
 	l.clear(t, 1)
 	l.store(t, 1, 5)
-	agree(t, "after removes and a clear", 15*time.Second, l, ing, ra, rb)
+	l.store(t, 0, 100) // one event of 100 blocks: published as 7 messages of 16 keys at most
+	agree(t, "after removes, a clear and a large event", 15*time.Second, l, ing, ra, rb)
 	if n := len(l.models[0]); n == 0 || ra.inv.Count(0) != n {
 		t.Fatalf("endpoint a holds %d keys, model %d", ra.inv.Count(0), n)
 	}

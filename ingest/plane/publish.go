@@ -178,13 +178,22 @@ func (g *Ingest) ClearEndpoint(ep int) {
 // Count is the replica's own count.
 func (g *Ingest) Count(ep int) int { return g.inv.Count(ep) }
 
-// emitLocked queues one op (p.mu held). The keys are copied: the caller's slice is its
+// emitLocked queues one op (p.mu held), split into ChunkKeys-key messages so none
+// exceeds the server's max_payload. The keys are copied: the caller's slice is its
 // scratch.
 func (g *Ingest) emitLocked(p *pubEndpoint, op Op, keys []uint64) {
-	p.seq++
-	data := appendMsg(make([]byte, 0, headerLen+8*len(keys)),
-		header{op: op, kind: g.kind(p.Index), epoch: g.epoch, seq: p.seq}, keys)
-	g.enqueue(outItem{p: p, msgs: []*nats.Msg{{Subject: p.subj.events, Data: data}}})
+	kind := g.kind(p.Index)
+	for {
+		part := keys[:min(len(keys), g.cfg.ChunkKeys)]
+		keys = keys[len(part):]
+		p.seq++
+		data := appendMsg(make([]byte, 0, headerLen+8*len(part)),
+			header{op: op, kind: kind, epoch: g.epoch, seq: p.seq}, part)
+		g.enqueue(outItem{p: p, msgs: []*nats.Msg{{Subject: p.subj.events, Data: data}}})
+		if len(keys) == 0 {
+			return
+		}
+	}
 }
 
 func (g *Ingest) enqueue(it outItem) bool {
