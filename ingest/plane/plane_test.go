@@ -336,6 +336,14 @@ func TestIngestRestartNewEpoch(t *testing.T) {
 	ing.m.Close()
 	ing.g.Close()
 	oldEpoch := r.r.eps[0].epoch
+	// Nothing publishes: after 3 snapshot intervals the endpoint is stale, keys kept.
+	waitFor(t, "stale", 10*time.Second, func() bool {
+		st, why := r.r.State(0)
+		return st == StateDegraded && strings.Contains(why, "stale")
+	})
+	if r.inv.Count(0) != 16 {
+		t.Fatalf("stale endpoint lost its keys: %d", r.inv.Count(0))
+	}
 
 	// The new replica knows only what the engine sends from now on (no replay socket).
 	clear(l.models[0])
