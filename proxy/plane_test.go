@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -135,4 +136,58 @@ func TestPlaneRouteFallback(t *testing.T) {
 		st := planeStates(t, route)
 		return st["a"] == "route: ok" && st["b"] == "route: ok" && route.kv.inv.Count(0) == ing.kv.inv.Count(0)
 	})
+}
+
+// TestPlaneTRTDrainOnce: the ingest replica alone drains the TensorRT-LLM engine; the
+// route replica routes on its blocks from the plane and never drains, not even while the
+// plane is down and it follows the vLLM engine directly.
+func TestPlaneTRTDrainOnce(t *testing.T) {
+	ns := natstest.Start(t)
+	v := newKVEngine(t, "v", enginepub.VLLM)
+	q := &enginepub.TRTQueue{}
+	// One engine, reached under two URLs, so each replica's drains are counted apart.
+	drainer := func() *fakeEngine {
+		e := newFakeEngine(t, "trt")
+		e.handle = func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+			if r.URL.Path == "/kv_cache_events" {
+				w.Header().Set("Content-Type", "application/json")
+				w.Write(q.Drain(nil))
+				return true
+			}
+			return false
+		}
+		return e
+	}
+	viaIngest, viaRoute := drainer(), drainer()
+	ing := startProxy(t, planeOf(kvConfig(t, KVConverged, v.spec(0, "vllm", ""),
+		fmt.Sprintf("name=trt,url=%s,engine=trtllm", viaIngest.url())), "ingest", ns.URL))
+	route := startProxy(t, planeOf(kvConfig(t, KVConverged, v.spec(0, "vllm", ""),
+		fmt.Sprintf("name=trt,url=%s,engine=trtllm", viaRoute.url())), "route", ns.URL))
+	toks := engineTokens(t, sharedPrefix)
+	var blocks []enginepub.TRTBlock
+	for i := 0; i < 6; i++ {
+		blocks = append(blocks, enginepub.TRTBlock{Hash: uint64(1000 + i), Tokens: toks[i*blockSize : (i+1)*blockSize]})
+	}
+	q.Stored(0, false, blocks...)
+	waitFor(t, "TensorRT-LLM blocks on the route replica", func() bool {
+		return route.kv.inv.Count(1) == 6 && planeStates(t, route)["trt"] == "route: ok"
+	})
+	if !route.kv.mgr.UsesFastKeys(1) || route.kv.mgr.UsesFastKeys(0) || ing.kv.inv.Count(1) != 6 {
+		t.Fatalf("key kinds on the route replica: vllm fast=%v trt fast=%v", route.kv.mgr.UsesFastKeys(0), route.kv.mgr.UsesFastKeys(1))
+	}
+	res, body := post(t, route.url("/v1/completions"), complPrompt(sharedPrefix))
+	if res.StatusCode != 200 || res.Header.Get("x-kvgate-endpoint") != "trt" || res.Header.Get("x-kvgate-route") != "kv-hit" {
+		t.Fatalf("%d %s %s %s", res.StatusCode, res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"), body)
+	}
+	ns.Kill()
+	waitFor(t, "vLLM fallback running", func() bool {
+		return strings.Contains(planeStates(t, route)["v"], "following the engine directly")
+	})
+	time.Sleep(200 * time.Millisecond) // a drain poller would have polled many times by now
+	if n := viaRoute.count("/kv_cache_events"); n != 0 || viaIngest.count("/kv_cache_events") == 0 {
+		t.Fatalf("route replica drained %d times (ingest %d)", n, viaIngest.count("/kv_cache_events"))
+	}
+	if st := planeStates(t, route)["trt"]; !strings.HasPrefix(st, "route: degraded (plane down") {
+		t.Fatalf("trt plane state %q", st)
+	}
 }
