@@ -493,3 +493,36 @@ func TestServerLosesItsStore(t *testing.T) {
 	ns.Start()
 	agree(t, "after the server lost its store", 20*time.Second, l, ing, r)
 }
+
+// TestIngestCloseFlushes: ops queued when an ingest replica stops gracefully still reach
+// route replicas.
+func TestIngestCloseFlushes(t *testing.T) {
+	ns := startNATS(t)
+	pcfg := testPlaneConfig(ns.URL)
+	peps := []Endpoint{{Name: "a", Index: 0, Engine: ingest.EngineVLLM}}
+	inv := newInv(t)
+	g, err := NewIngest(pcfg, inv, peps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	r := startRoute(t, pcfg, peps)
+	waitFor(t, "route in sync", 15*time.Second, func() bool { s, _ := r.r.State(0); return s == StateOK })
+	keys := make([]uint64, 4)
+	for i := 0; i < 3000; i++ {
+		for j := range keys {
+			keys[j] = uint64(i*4+j+1) * 0x9E3779B97F4A7C15
+		}
+		g.Add(0, keys)
+	}
+	g.Close()
+	if d := g.eps[0].dropped.Get(); d != 0 {
+		t.Fatalf("%d ops dropped", d)
+	}
+	waitFor(t, "route has every op", 15*time.Second, func() bool { return r.inv.Count(0) == 12000 })
+	if s, _ := r.r.State(0); s != StateOK {
+		t.Fatalf("state %s after a clean stop", s)
+	}
+}

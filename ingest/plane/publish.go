@@ -283,6 +283,20 @@ func (g *Ingest) Close() error {
 	}
 	cancel()
 	g.wg.Wait()
+	// A graceful stop publishes what is queued and waits briefly for the acks, so route
+	// replicas see the last ops (call it after the ingest.Manager is closed).
+	for flushing := true; flushing; {
+		select {
+		case it := <-g.q:
+			g.send(it)
+		default:
+			flushing = false
+		}
+	}
+	select {
+	case <-g.js.PublishAsyncComplete():
+	case <-time.After(2 * time.Second):
+	}
 	g.nc.Close()
 	return nil
 }
@@ -300,20 +314,25 @@ func (g *Ingest) publish(ctx context.Context) {
 			return
 		case it = <-g.q:
 		}
-		for _, m := range it.msgs {
-			if !g.up.Load() || !g.streamOK.Load() {
-				it.p.dropped.Inc()
-				g.markDue(it.p)
-				continue
-			}
-			if _, err := g.js.PublishMsgAsync(m, jetstream.WithRetryAttempts(0)); err != nil {
-				it.p.dropped.Inc()
-				g.markDue(it.p)
-				continue
-			}
-			it.p.published.Inc()
-			g.published.Inc()
+		g.send(it)
+	}
+}
+
+// send publishes one queued item, or accounts for it as dropped.
+func (g *Ingest) send(it outItem) {
+	for _, m := range it.msgs {
+		if !g.up.Load() || !g.streamOK.Load() {
+			it.p.dropped.Inc()
+			g.markDue(it.p)
+			continue
 		}
+		if _, err := g.js.PublishMsgAsync(m, jetstream.WithRetryAttempts(0)); err != nil {
+			it.p.dropped.Inc()
+			g.markDue(it.p)
+			continue
+		}
+		it.p.published.Inc()
+		g.published.Inc()
 	}
 }
 
