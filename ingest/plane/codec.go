@@ -35,7 +35,7 @@ const (
 	OpStore    Op = 1 // add the keys
 	OpRemove   Op = 2 // remove the keys
 	OpClear    Op = 3 // drop every key of the endpoint
-	OpSnapshot Op = 4 // chunk of the endpoint's whole key set (chunk 0 replaces, the rest add)
+	OpSnapshot Op = 4 // one chunk of the endpoint's whole key set, which the chunks together replace
 )
 
 func (o Op) String() string {

@@ -62,8 +62,9 @@ var whyText = [...]string{
 
 // Route is the consuming side: it keeps each endpoint's inventory slot in step with the
 // plane, one ordered consumer per endpoint, starting at the endpoint's newest snapshot.
-// It follows no engine. Consumed messages are applied without allocating (a reused key
-// buffer); the NATS client allocates each message it delivers.
+// It follows no engine (but see Fallback). Consumed ops are applied without allocating
+// (a reused key buffer, TestRouteApplyAllocs); the NATS client allocates each message it
+// delivers. Snapshots are reconciled, never applied as clear-and-refill.
 type Route struct {
 	cfg Config
 	inv Inventory
