@@ -158,6 +158,8 @@ type inventoryEndpoint struct {
 	Routing string   `json:"routing"`
 	Reasons []string `json:"degraded_reasons"`
 	Why     string   `json:"routing_why"`
+	// Plane is the endpoint's event-plane state (route: ok / syncing / degraded and why).
+	Plane string `json:"plane,omitempty"`
 	// Load is the cost policy's view: queued prefill, learned rate, the engine's report.
 	Load *route.EndpointView `json:"load,omitempty"`
 	// Scrape is how reading the engine's /metrics goes (absent when -kv-load-scrape is 0).
@@ -203,6 +205,7 @@ func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
 		ie.Routing, ie.Reasons, ie.Why = state.String(), reasonList(reasons), "ok"
 		if s.kv != nil {
 			ie.Keys, ie.Parity, ie.Connected, ie.LastSeq = s.kv.inventory(i)
+			ie.Plane = s.kv.planeState(i)
 			v := s.queues.View(i, time.Now())
 			ie.Load = &v
 			if s.cfg.KVLoadScrape > 0 {

@@ -323,6 +323,9 @@ type Config struct {
 	ForwardAuthorization bool
 
 	AdminToken string // when set, the admin listener wants Authorization: Bearer <token>
+
+	// Plane is the optional NATS JetStream event plane (plane.go); zero: direct.
+	Plane PlaneConfig
 }
 
 // Defaults returns a Config with every documented default filled in.
@@ -431,6 +434,9 @@ func (c *Config) Validate() error {
 			return refuse("-kv-mode", "endpoints with role=prefill or role=decode need -kv-mode 1")
 		}
 	}
+	if err := c.validatePlane(); err != nil {
+		return err
+	}
 	if c.KVMaxKeysPerEndpoint < 1 {
 		return refuse("-kv-max-keys-per-endpoint", "%d: must be >= 1", c.KVMaxKeysPerEndpoint)
 	}
@@ -442,7 +448,7 @@ func (c *Config) Validate() error {
 			if e.Engine == EngineLlamaCpp {
 				return refuse("-kv-mode", "endpoint %q has engine=llamacpp: llama.cpp publishes no KV-cache events, so KV-Exact has no event contract to follow; use -kv-mode off with -select chwbl for prefix affinity", e.Name)
 			}
-			if e.Engine != EngineTRTLLM && e.Events == "" {
+			if e.Engine != EngineTRTLLM && e.Events == "" && !c.planeRoutes() {
 				return refuse("-endpoint", "endpoint %q: KV-Exact needs events=tcp://host:port (the engine's KV event publisher)", e.Name)
 			}
 		}

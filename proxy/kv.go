@@ -24,7 +24,7 @@ type kvRouter struct {
 	inv       *shard.Inventory
 	chain     hashcore.Chain // the engines' contract; nil when every endpoint is re-hashed
 	fast      hashcore.Chain // kvgate's own keys (TensorRT-LLM, failed parity, -kv-keys rehash)
-	mgr       *ingest.Manager
+	mgr       eventSource    // ingest's subscribers, or the event plane (plane.go)
 	mode      shard.Mode
 	blockSize int
 	minBlocks int32 // -kv-min-match-tokens in whole blocks: a shallower match is a miss
@@ -141,16 +141,16 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 		eps[i] = ingest.EndpointConfig{Name: e.Name, Index: i, Engine: e.Engine.String(),
 			Events: e.Events, Replay: e.Replay, DP: e.DP, Topic: e.Topic, URL: e.URL}
 	}
-	mgr, err := ingest.NewManager(ingest.Config{Inventory: inv, Chain: k.chain, Spec: spec, Fast: k.fast,
+	mgr, err := k.newEventSource(ingest.Config{Inventory: inv, Chain: k.chain, Spec: spec, Fast: k.fast,
 		Keys: keys, Logger: s.log, Metrics: s.m.set}, eps)
 	if err != nil {
-		return nil, refuse("-endpoint", "%v", err)
+		return nil, err
 	}
 	k.mgr = mgr
 	return k, nil
 }
 
-func (k *kvRouter) start(ctx context.Context) error { k.mgr.Start(ctx); return nil }
+func (k *kvRouter) start(ctx context.Context) error { return k.mgr.Start(ctx) }
 func (k *kvRouter) close()                          { k.mgr.Close() }
 func (k *kvRouter) loaded() bool                    { return true } // tokenizers load in New
 

@@ -25,13 +25,29 @@ func newTestMemo(t testing.TB, maxBytes int64) *Memo {
 	return m
 }
 
-// memoEntryBytes sums what the memo's slots hold, to check its running count.
-func memoEntryBytes(m *Memo) (n int64, entries int) {
-	for i := range m.slots {
-		if e := m.slots[i].Load(); e != nil {
-			n += e.size
+// memoEntryBytes walks the memo's ring from tail to head and sums the entries their slot still
+// points to, to check its running count; it fails t if a slot points anywhere else.
+func memoEntryBytes(t testing.TB, m *Memo) (n int64, entries int) {
+	t.Helper()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.low.Load() != m.tail || m.head < m.tail || m.head-m.tail > m.ringWords {
+		t.Fatalf("ring: tail %d (published %d), head %d, %d words", m.tail, m.low.Load(), m.head, m.ringWords)
+	}
+	for pos := m.tail; pos < m.head; pos += memoEntryWords(m.word(pos + 1)) {
+		if m.slots[m.word(pos+2)].Load()&memoPosMask == pos+1 {
+			n += 8 * int64(memoEntryWords(m.word(pos+1)))
 			entries++
 		}
+	}
+	live := 0
+	for i := range m.slots {
+		if m.slots[i].Load() != 0 {
+			live++
+		}
+	}
+	if live != entries {
+		t.Fatalf("%d slots hold an entry, the ring holds %d live ones", live, entries)
 	}
 	return n, entries
 }
@@ -302,9 +318,18 @@ func TestMemoBoundUnderChurn(t *testing.T) {
 		}
 	}
 	st := memo.Stats()
-	held, _ := memoEntryBytes(memo)
-	if held+memo.tableBytes != st.Bytes {
-		t.Errorf("byte count %d, slots hold %d", st.Bytes, held+memo.tableBytes)
+	held, _ := memoEntryBytes(t, memo)
+	if held != st.Live || st.Live > st.Bytes {
+		t.Errorf("live byte count %d (of %d), the ring's live entries take %d", st.Live, st.Bytes, held)
+	}
+	pages := int64(0)
+	for i := range memo.pages {
+		if p := memo.pages[i].Load(); p != nil {
+			pages += 8 * int64(len(p.w))
+		}
+	}
+	if memo.tableBytes+pages != st.Bytes {
+		t.Errorf("byte count %d, table and pages take %d", st.Bytes, memo.tableBytes+pages)
 	}
 	if st.Evictions == 0 || st.Bytes < st.MaxBytes/2 {
 		t.Errorf("churn did not fill and evict the memo: %+v", st)
@@ -517,4 +542,137 @@ func TestMemoBytesMatchHeap(t *testing.T) {
 	}
 	t.Logf("memo reports %d bytes (bound %d), the heap grew by %d", st.Bytes, st.MaxBytes, heap)
 	runtime.KeepAlive(memo)
+}
+
+// memoSegments returns n distinct segments of 200 to 1200 bytes and IDs of a quarter of
+// their length (put stores whatever it is given).
+func memoSegments(n int, rng *rand.Rand) ([]string, []uint32) {
+	segs := make([]string, n)
+	for i := range segs {
+		b := make([]byte, 200+rng.IntN(1000))
+		for k := range b {
+			b[k] = byte('a' + rng.IntN(26))
+		}
+		copy(b, fmt.Sprintf("%d ", i))
+		segs[i] = string(b)
+	}
+	ids := make([]uint32, 300)
+	for i := range ids {
+		ids[i] = rng.Uint32()
+	}
+	return segs, ids
+}
+
+// TestMemoInsertZeroAlloc: in steady state (the memo at its bound, every insert evicting,
+// hits moving entries past the tail) an insert allocates nothing.
+func TestMemoInsertZeroAlloc(t *testing.T) {
+	tk := loadNamed(t, "qwen3")
+	memo := newTestMemo(t, 256<<10)
+	segs, ids := memoSegments(1000, rand.New(rand.NewPCG(13, 14)))
+	dst := make([]uint32, 0, len(ids))
+	i := 0
+	insert := func() {
+		seg := segs[i%len(segs)]
+		memo.put(tk, seg, i%2 == 0, ids[:len(seg)/4])
+		if prev := segs[(i+len(segs)-3)%len(segs)]; i%3 == 0 { // a hit sets a referenced bit
+			dst, _ = memo.get(dst[:0], tk, prev, (i-3)%2 == 0)
+		}
+		i++
+	}
+	for range 2 * len(segs) { // fill the ring (allocating its pages) and turn it over
+		insert()
+	}
+	before := memo.Stats()
+	if before.Bytes < before.MaxBytes*9/10 || before.Evictions == 0 || before.Live < before.MaxBytes/2 {
+		t.Fatalf("memo not at its bound: %+v", before)
+	}
+	if allocs := steadyAllocs(200, insert); allocs != 0 {
+		t.Errorf("an insert into a full memo allocates %.2f times", allocs)
+	}
+	after := memo.Stats()
+	if after.Inserts-before.Inserts < 200 || after.Evictions-before.Evictions < 100 || after.Bytes != before.Bytes {
+		t.Errorf("the measured inserts did not insert and evict: before %+v, after %+v", before, after)
+	}
+	if got, ok := memo.get(nil, tk, segs[(i-1)%len(segs)], (i-1)%2 == 0); !ok || !slices.Equal(got, ids[:len(segs[(i-1)%len(segs)])/4]) {
+		t.Errorf("the last insert: got %v, %v", len(got), ok)
+	}
+	memoEntryBytes(t, memo)
+}
+
+// TestMemoClockKeepsHot: a segment hit between inserts survives a stream of cold inserts many
+// times the bound (the tail moves it instead of dropping it), while a cold one goes. FIFO
+// would lose the hot one once per turn of the ring (about 20 times here).
+func TestMemoClockKeepsHot(t *testing.T) {
+	tk := loadNamed(t, "qwen3")
+	memo := newTestMemo(t, 256<<10)
+	segs, ids := memoSegments(4001, rand.New(rand.NewPCG(15, 16)))
+	hot, cold := segs[0], segs[1]
+	hotIDs := ids[:len(hot)/4]
+	memo.put(tk, hot, true, hotIDs)
+	memo.put(tk, cold, true, ids[:len(cold)/4])
+	misses := 0
+	var dst []uint32
+	for _, seg := range segs[2:] {
+		memo.put(tk, seg, true, ids[:len(seg)/4])
+		var ok bool
+		if dst, ok = memo.get(dst[:0], tk, hot, true); !ok {
+			misses++
+			memo.put(tk, hot, true, hotIDs)
+		} else if !slices.Equal(dst, hotIDs) {
+			t.Fatalf("hot segment served %d wrong IDs", len(dst))
+		}
+	}
+	st := memo.Stats()
+	if _, ok := memo.get(nil, tk, cold, true); ok {
+		t.Error("a cold segment survived 4000 inserts")
+	}
+	if misses > 2 || st.Evictions < 3000 {
+		t.Errorf("the hot segment was dropped %d times in %d inserts: %+v", misses, len(segs)-2, st)
+	}
+	memoEntryBytes(t, memo)
+}
+
+// BenchmarkMemoHit: a lookup served from the memo (a 4 KiB segment of 1000 IDs, a follow-up
+// turn's earlier message).
+func BenchmarkMemoHit(b *testing.B) {
+	tk := loadNamed(b, "qwen3")
+	memo := newTestMemo(b, DefaultMemoBytes)
+	seg := strings.Repeat("abcdefghijklmnopqrstuvwxyz012345", 128)
+	ids := make([]uint32, 1000)
+	for i := range ids {
+		ids[i] = uint32(i * 7)
+	}
+	memo.put(tk, seg, false, ids)
+	dst := make([]uint32, 0, len(ids))
+	b.ReportAllocs()
+	b.SetBytes(int64(len(seg)))
+	for i := 0; i < b.N; i++ {
+		var ok bool
+		if dst, ok = memo.get(dst[:0], tk, seg, false); !ok {
+			b.Fatal("miss")
+		}
+	}
+}
+
+// BenchmarkMemoInsert: inserts into a full memo (each evicts; every third one is hit later).
+func BenchmarkMemoInsert(b *testing.B) {
+	tk := loadNamed(b, "qwen3")
+	memo := newTestMemo(b, 1<<20)
+	segs, ids := memoSegments(2000, rand.New(rand.NewPCG(17, 18)))
+	var dst []uint32
+	insert := func(i int) {
+		seg := segs[i%len(segs)]
+		memo.put(tk, seg, true, ids[:len(seg)/4])
+		if i%3 == 0 {
+			dst, _ = memo.get(dst[:0], tk, segs[(i+len(segs)-3)%len(segs)], true)
+		}
+	}
+	for i := range 2 * len(segs) {
+		insert(i)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		insert(i)
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/cloudwego/hertz/pkg/common/hlog"
 	"github.com/cloudwego/netpoll"
 
+	"github.com/kvgate/kvgate/ingest/plane"
 	"github.com/kvgate/kvgate/proxy"
 )
 
@@ -108,6 +109,14 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 	fs.StringVar(&logLevel, "log-level", "info", "debug | info | warn | error")
 	var configFile string
 	fs.StringVar(&configFile, "config", "", "rule file: one 'flag = value' per line (any serve flag without its dash; repeatable flags repeat; # comments); flags on the command line override it (default none)")
+	// The optional event plane (proxy.PlaneConfig, package ingest/plane).
+	fs.StringVar(&cfg.Plane.Kind, "events-plane", "direct", "how replicas learn the engines' KV events: direct (each replica subscribes to every engine) | jetstream (a NATS JetStream stream of normalized events and snapshots, for a TensorRT-LLM drain shared by replicas, warm restarts, many replicas)")
+	fs.StringVar(&cfg.Plane.Role, "plane-role", "", "with -events-plane jetstream: ingest (follow the engines, publish what is applied, route on it) | route (follow the plane only; endpoints need no events=, and one given events= is followed directly while the plane is down) | both (as ingest) (default both)")
+	fs.StringVar(&cfg.Plane.NATSURL, "nats-url", "", "with -events-plane jetstream: NATS server(s), nats://host:4222[,nats://...] (default none)")
+	fs.StringVar(&cfg.Plane.Stream, "plane-stream", plane.DefaultStream, "JetStream stream of the event plane (subjects kvgate.kv.<endpoint>.*)")
+	fs.DurationVar(&cfg.Plane.MaxAge, "plane-max-age", plane.DefaultMaxAge, "stream retention by age: at least twice -plane-snapshot-interval, so the newest snapshot and the events behind it stay")
+	fs.Int64Var(&cfg.Plane.MaxBytes, "plane-max-bytes", plane.DefaultMaxBytes, "stream retention by size, oldest first (16 endpoints of 1M keys write 128 MiB of snapshots per interval)")
+	fs.DurationVar(&cfg.Plane.SnapshotInterval, "plane-snapshot-interval", plane.DefaultSnapshotInterval, "ingest replicas snapshot each endpoint's inventory this often: a restarted route replica replays at most this much of the stream; route replicas call an endpoint stale after 3 intervals of silence")
 	if err := fs.Parse(args); err != nil {
 		return cfg, "", err
 	}
