@@ -67,7 +67,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.DurationVar(&sp.PrefillBase, "prefill-base", 5*time.Millisecond, "fixed prefill time")
 	fs.DurationVar(&sp.PrefillPerToken, "prefill-per-token", 100*time.Microsecond, "prefill time per uncached token")
 	fs.DurationVar(&sp.DecodePerToken, "decode-per-token", 5*time.Millisecond, "decode time per output token")
-	fs.BoolVar(&sp.PrefillShared, "prefill-shared", false, "engines share prefill compute among concurrent prefills (as a GPU does)")
+	fs.BoolVar(&sp.PrefillShared, "prefill-shared", true, "engines share prefill compute among concurrent prefills, as a GPU does (its prefill throughput does not grow with its batch); false: each prefill runs at full rate in parallel")
 
 	var shp bench.SharedPrefix
 	fs.IntVar(&shp.SystemPrompts, "system-prompts", 8, "shared-prefix: K system prompts")
