@@ -214,22 +214,33 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	var err error
 	switch {
 	case st.chat:
-		in := tokenize.ChatInput{
-			Messages:             oa.Value[openai.FMessages].Bytes(b),
-			Tools:                oa.Value[openai.FTools].Bytes(b),
-			TemplateKwargs:       oa.Value[openai.FChatTemplateKwargs].Bytes(b),
-			AddGenerationPrompt:  oa.AddGenerationPrompt,
-			ContinueFinalMessage: oa.ContinueFinalMessage,
+		if requestTemplate(oa, b) {
+			k.miss(st, d, RouteMissRequestTemplate)
+			return
 		}
-		if oa.ContinueFinalMessage && !oa.Value[openai.FAddGenerationPrompt].Present() {
-			// vLLM wants add_generation_prompt=false beside it; an unset one yields,
-			// exactly as `kvgate tokenize` does.
-			in.AddGenerationPrompt = false
+		effort, ok := reasoningEffort(oa, b)
+		if !ok {
+			k.miss(st, d, RouteMissTokenize)
+			return
 		}
-		st.tokens, err = model.EncodeChat(st.tokens, &in)
+		var in tokenize.ChatInput
+		chatInput(&in, oa, b, effort)
+		if st.tokens, err = model.EncodeChat(st.tokens, &in); err != nil {
+			// Media parts fail the text rendering: key the prompt up to the first one.
+			var cut mediaCut
+			if st.tokens, st.out, cut = encodeMediaPrefix(st.tokens, st.out, model, &in); cut != noMedia {
+				if cut == mediaUncut || len(st.tokens) < k.blockSize {
+					k.miss(st, d, RouteMissMedia)
+					return
+				}
+				err = nil
+				k.countPartial(st)
+			}
+		}
 	case oa.Prompt == openai.PromptString || oa.Prompt == openai.PromptStrings:
 		p := oa.Value[openai.FPrompt].Bytes(b)
 		if oa.Prompt == openai.PromptStrings {
+			k.countBatch(st, p)
 			p = openai.FirstElement(p)
 		}
 		st.out = openai.AppendUnquoted(st.out[:0], p)
@@ -239,6 +250,9 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 		}
 		st.tokens, err = model.EncodePrompt(st.tokens, bstr(st.out))
 	default: // token ids: the engine uses them as they are
+		if oa.Prompt == openai.PromptBatch {
+			k.countBatch(st, oa.Value[openai.FPrompt].Bytes(b))
+		}
 		var ok bool
 		if st.tokens, ok = openai.AppendTokens(st.tokens[:0], oa.Value[openai.FPrompt].Bytes(b)); !ok {
 			err = errBadTokens

@@ -38,6 +38,10 @@ type ChatInput struct {
 	// ContinueFinalMessage: the prompt ends inside the final (assistant) message, as vLLM's
 	// continue_final_message (exclusive with AddGenerationPrompt).
 	ContinueFinalMessage bool
+	// Documents (raw JSON, nil if absent) and ReasoningEffort ("" if absent) are the request's
+	// own template variables; see chat.Input.
+	Documents       []byte
+	ReasoningEffort string
 }
 
 type jsonTokenizerConfig struct {
@@ -239,6 +243,8 @@ func (m *Model) EncodeChat(dst []uint32, in *ChatInput) ([]uint32, error) {
 		Kwargs:               kwargs,
 		AddGenerationPrompt:  in.AddGenerationPrompt,
 		ContinueFinalMessage: in.ContinueFinalMessage,
+		Documents:            in.Documents,
+		ReasoningEffort:      in.ReasoningEffort,
 		BOSToken:             m.bos,
 		EOSToken:             m.eos,
 		Special:              m.special,
@@ -282,6 +288,7 @@ func (m *Model) RenderChat(dst []byte, in *ChatInput) ([]byte, error) {
 	}
 	return tmpl.Render(dst, &chat.Input{Messages: in.Messages, Tools: tools, Kwargs: kwargs,
 		AddGenerationPrompt: in.AddGenerationPrompt, ContinueFinalMessage: in.ContinueFinalMessage,
+		Documents: in.Documents, ReasoningEffort: in.ReasoningEffort,
 		BOSToken: m.bos, EOSToken: m.eos, Special: m.special, Now: m.now})
 }
 

