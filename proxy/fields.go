@@ -226,6 +226,26 @@ func encodeMediaPrefix(dst []uint32, scratch []byte, model *tokenize.Model, in *
 	return tokens, msgs, mediaKeyed
 }
 
+// encodeChat renders and tokenizes a conversation into st.tokens. One holding media (which
+// the text renderer refuses) is keyed up to its first media item, or missed as
+// kv-miss:media (missed: d holds the miss).
+func (k *kvRouter) encodeChat(st *reqState, d *decision, model *tokenize.Model, in *tokenize.ChatInput) (missed bool, err error) {
+	if st.tokens, err = model.EncodeChat(st.tokens, in); err == nil {
+		return false, nil
+	}
+	var cut mediaCut
+	if st.tokens, st.out, cut = encodeMediaPrefix(st.tokens, st.out, model, in); cut == noMedia {
+		return false, err
+	}
+	if cut == mediaUncut || len(st.tokens) < k.blockSize {
+		st.tokens = st.tokens[:0]
+		k.miss(st, d, RouteMissMedia)
+		return true, nil
+	}
+	k.countPartial(st)
+	return false, nil
+}
+
 // countPartial records a prompt keyed only up to its first media item: requests, and
 // tokens keyed. The prompt's full length is known only to the engine (its processor
 // expands each item), reported back in usage.prompt_tokens.
@@ -236,4 +256,119 @@ func (k *kvRouter) countPartial(st *reqState) {
 	set := k.s.m.set
 	set.GetOrCreateCounter(`kvgate_kv_partial_prompts_total{cut="media"}`).Inc()
 	set.GetOrCreateCounter(`kvgate_kv_partial_keyed_tokens_total{cut="media"}`).Add(len(st.tokens))
+}
+
+// The Responses API (/v1/responses). vLLM builds the chat conversation from the body and
+// renders it with the model's template (responses/utils.py construct_input_messages,
+// ResponsesRequest.build_chat_params): a system message from "instructions", the stored
+// history of previous_response_id, then "input" (a string is one user message; items of
+// type "message" pass through, an assistant message keeps its first content part's text);
+// add_generation_prompt unless the last item is a message in progress (then
+// continue_final_message), and reasoning.effort as the reasoning_effort variable (no
+// enable_thinking, unlike chat). kvgate keys that exactly when the body holds the whole
+// conversation; server-side history (previous_response_id, previous_response,
+// previous_input_messages), tools, and items other than messages (function calls and
+// outputs, reasoning) are kv-miss:responses.
+
+// isResponses: a body routed as chat that carries a Responses "input" instead of messages.
+func isResponses(oa *openai.Request) bool {
+	return !oa.Value[openai.FMessages].Present() && oa.Value[openai.FInput].Present()
+}
+
+// responsesChat appends to msgs[:0] the chat messages vLLM renders for a Responses body and
+// to kwargs[:0] its template kwargs ({"reasoning_effort": ...} or empty); ok is false for a
+// body kvgate does not key exactly.
+func responsesChat(msgs, kwargs []byte, oa *openai.Request, b []byte) (m, kw []byte, continueFinal, ok bool) {
+	m, kw = msgs[:0], kwargs[:0]
+	if oa.Value[openai.FPreviousResponseID].Present() || oa.Value[openai.FPreviousResponse].Present() ||
+		oa.Value[openai.FPreviousInputMessages].Present() {
+		return m, kw, false, false
+	}
+	if t := oa.Value[openai.FTools]; t.Present() && openai.FirstElement(t.Bytes(b)) != nil {
+		return m, kw, false, false
+	}
+	m = append(m, '[')
+	if in := oa.Value[openai.FInstructions]; in.End-in.Start > 2 { // a non-empty string
+		m = append(m, `{"role":"system","content":`...)
+		m = append(m, in.Bytes(b)...)
+		m = append(m, '}')
+	}
+	input := oa.Value[openai.FInput].Bytes(b)
+	if input[0] == '"' {
+		if len(m) > 1 {
+			m = append(m, ',')
+		}
+		m = append(m, `{"role":"user","content":`...)
+		m = append(m, input...)
+		m = append(m, '}')
+	} else {
+		ok = true
+		var last []byte
+		openai.Elements(input, func(item []byte) bool {
+			if m, ok = appendResponsesItem(m, item); !ok {
+				return false
+			}
+			last = item
+			return true
+		})
+		if !ok || last == nil {
+			return m, kw, false, false
+		}
+		if s, e, has := openai.Member(last, "status"); has {
+			st := last[s:e]
+			continueFinal = string(st) == `"in_progress"` || string(st) == `"incomplete"`
+		}
+	}
+	m = append(m, ']')
+	if r := oa.Value[openai.FReasoning]; r.Present() {
+		if e := openai.Path(r.Bytes(b), "effort"); len(e) > 0 && e[0] == '"' {
+			kw = append(kw, `{"reasoning_effort":`...)
+			kw = append(kw, e...)
+			kw = append(kw, '}')
+		}
+	}
+	return m, kw, continueFinal, true
+}
+
+// appendResponsesItem appends one input item as a chat message (after a comma when m holds
+// one already); ok is false for an item kvgate does not key.
+func appendResponsesItem(m, item []byte) ([]byte, bool) {
+	if len(item) == 0 || item[0] != '{' {
+		return m, false
+	}
+	if s, e, has := openai.Member(item, "type"); has && string(item[s:e]) != `"message"` {
+		return m, false // function_call, function_call_output, reasoning, ...
+	}
+	rs, re, has := openai.Member(item, "role")
+	if !has {
+		return m, false
+	}
+	if m[len(m)-1] != '[' {
+		m = append(m, ',')
+	}
+	if string(item[rs:re]) != `"assistant"` {
+		return append(m, item...), true // user, system, developer: as sent
+	}
+	// An assistant message keeps the text of its first content part only.
+	text := []byte(`""`)
+	if cs, ce, has := openai.Member(item, "content"); has {
+		switch c := item[cs:ce]; c[0] {
+		case '"':
+			text = c
+		case '[':
+			if first := openai.FirstElement(c); len(first) > 0 {
+				switch first[0] {
+				case '"':
+					text = first
+				case '{':
+					if t := openai.Path(first, "text"); len(t) > 0 && t[0] == '"' {
+						text = t
+					}
+				}
+			}
+		}
+	}
+	m = append(m, `{"role":"assistant","content":`...)
+	m = append(m, text...)
+	return append(m, '}'), true
 }

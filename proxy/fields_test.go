@@ -23,6 +23,8 @@ import (
 type fieldCase struct {
 	Name      string
 	Model     string
+	Path      string // "responses": a /v1/responses body
+	Miss      string // the route of a body kvgate does not key
 	Request   string
 	IDs       []uint32
 	PrefixIDs []uint32
@@ -35,6 +37,8 @@ func fieldGoldens(t *testing.T) (cases []fieldCase, templates map[string]string)
 		Cases     []struct {
 			Name    string  `json:"name"`
 			Model   string  `json:"model"`
+			Path    string  `json:"path"`
+			Miss    string  `json:"miss"`
 			Request string  `json:"request"`
 			Prefix  *string `json:"prefix"`
 		} `json:"cases"`
@@ -62,7 +66,7 @@ func fieldGoldens(t *testing.T) (cases []fieldCase, templates map[string]string)
 		if ids.Cases[i].Name != c.Name {
 			t.Fatalf("golden files disagree at %d: %s vs %s", i, c.Name, ids.Cases[i].Name)
 		}
-		fc := fieldCase{Name: c.Name, Model: c.Model, Request: c.Request, IDs: ids.Cases[i].IDs, PrefixIDs: ids.Cases[i].PrefixIDs}
+		fc := fieldCase{Name: c.Name, Model: c.Model, Path: c.Path, Miss: c.Miss, Request: c.Request, IDs: ids.Cases[i].IDs, PrefixIDs: ids.Cases[i].PrefixIDs}
 		if c.Prefix != nil && fc.PrefixIDs == nil {
 			fc.PrefixIDs = []uint32{}
 		}
@@ -182,8 +186,8 @@ func TestRequestFieldsParityWithOracle(t *testing.T) {
 	c := vllmChain(t)
 	checked := 0
 	for _, fc := range cases {
-		if fc.PrefixIDs != nil {
-			continue // media: TestMediaPrefixKeys
+		if fc.PrefixIDs != nil || fc.Path != "" {
+			continue // media: TestMediaPrefixKeys; Responses: TestResponsesParityWithOracle
 		}
 		blocks := len(fc.IDs) / blockSize
 		if blocks == 0 {
@@ -212,7 +216,7 @@ func TestMediaPrefixKeys(t *testing.T) {
 	c := vllmChain(t)
 	checked, misses := 0, 0
 	for _, fc := range cases {
-		if fc.PrefixIDs == nil {
+		if fc.PrefixIDs == nil || fc.Path != "" {
 			continue
 		}
 		// The engine holds every full block of the whole prompt; past the media item its
@@ -302,13 +306,12 @@ func TestRequestTemplateAndBadEffortMiss(t *testing.T) {
 	if n := s.m.misses[RouteMissRequestTemplate].Get(); n != 1 {
 		t.Errorf("kv-miss:request_template counted %d, want 1", n)
 	}
-	// A documents member that is not a list is refused before any engine, as vLLM's
-	// validation refuses it.
-	res, out = post(t, s.url("/v1/chat/completions"), `{"model":"qwen3",`+msgs+`,"documents":"nope"}`)
-	if res.StatusCode != 400 {
-		t.Fatalf("documents as a string: %d %s", res.StatusCode, out)
+	// A member of another endpoint's type is the engine's to judge: forwarded, keyed
+	// without it.
+	res, out = post(t, s.url("/v1/chat/completions"), `{"model":"qwen3",`+msgs+`,"documents":"nope","reasoning":true,"input":7}`)
+	if res.StatusCode != 200 {
+		t.Fatalf("odd members: %d %s", res.StatusCode, out)
 	}
-	checkErrorBody(t, out, 400)
 }
 
 // A batch prompt routes on its first element's exact keys and counts the others.
@@ -362,5 +365,55 @@ func TestCutMessages(t *testing.T) {
 		if found != (tc.want != "") || (found && string(out) != tc.want) {
 			t.Errorf("%s:\n got %v %s\nwant %s", tc.in, found, out, tc.want)
 		}
+	}
+}
+
+// A Responses API body is keyed as the conversation vLLM builds from it (instructions,
+// input items, reasoning.effort, a message in progress continued); one that needs
+// server-side history, tools or non-message items is kv-miss:responses.
+func TestResponsesParityWithOracle(t *testing.T) {
+	cases, templates := fieldGoldens(t)
+	s, a := fieldProxy(t, templates)
+	c := vllmChain(t)
+	hits, media, misses := 0, 0, 0
+	for _, fc := range cases {
+		if fc.Path != "responses" {
+			continue
+		}
+		explainURL := s.admURL("/debug/explain?path=chat") // Responses bodies route as chat
+		send := func() Explanation {
+			res, out := post(t, explainURL, withModel(t, fc))
+			var ex Explanation
+			if err := json.Unmarshal([]byte(out), &ex); err != nil || res.StatusCode != 200 {
+				t.Fatalf("%s: explain %d %s", fc.Name, res.StatusCode, out)
+			}
+			return ex
+		}
+		if fc.Miss != "" {
+			if ex := send(); ex.Route != fc.Miss || ex.Tokens != 0 {
+				t.Errorf("%s: route %s with %d tokens, want %s", fc.Name, ex.Route, ex.Tokens, fc.Miss)
+			}
+			misses++
+			continue
+		}
+		blocks := len(fc.IDs) / blockSize
+		publishOnly(t, s, a, c, fc.IDs, blocks)
+		ex := send()
+		if fc.PrefixIDs != nil {
+			if ex.Tokens > len(fc.PrefixIDs) || ex.Tokens < blockSize || ex.Scores["a"] != ex.Tokens/blockSize || ex.Route != "kv-hit" {
+				t.Errorf("%s: tokens=%d score=%d route=%s; the prefix before the image has %d tokens",
+					fc.Name, ex.Tokens, ex.Scores["a"], ex.Route, len(fc.PrefixIDs))
+			}
+			media++
+			continue
+		}
+		if ex.Tokens != len(fc.IDs) || ex.Scores["a"] != blocks || ex.Route != "kv-hit" {
+			t.Errorf("%s: tokens=%d score=%d route=%s, want tokens=%d score=%d kv-hit",
+				fc.Name, ex.Tokens, ex.Scores["a"], ex.Route, len(fc.IDs), blocks)
+		}
+		hits++
+	}
+	if hits < 4 || media < 1 || misses < 3 {
+		t.Fatalf("%d hits, %d media, %d misses: the goldens lost their shapes", hits, media, misses)
 	}
 }

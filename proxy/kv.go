@@ -165,7 +165,10 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	clear(st.scores)
 	if st.chat {
 		m := oa.Value[openai.FMessages]
-		if !m.Present() || openai.FirstElement(m.Bytes(b)) == nil {
+		if isResponses(oa) {
+			m = oa.Value[openai.FInput] // a Responses body: "input" is the conversation
+		}
+		if !m.Present() || m.End-m.Start <= 2 || (b[m.Start] == '[' && openai.FirstElement(m.Bytes(b)) == nil) {
 			k.miss(st, d, RouteMissTextEmpty)
 			return
 		}
@@ -201,7 +204,7 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	var textLen int32
 	if st.chat {
 		m := oa.Value[openai.FMessages]
-		textLen = m.End - m.Start
+		textLen = m.End - m.Start + oa.Value[openai.FInput].End - oa.Value[openai.FInput].Start
 	} else {
 		p := oa.Value[openai.FPrompt]
 		textLen = p.End - p.Start
@@ -213,6 +216,18 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	t0 := time.Now()
 	var err error
 	switch {
+	case st.chat && isResponses(oa):
+		var in tokenize.ChatInput
+		var ok bool
+		if st.legA, st.legB, in.ContinueFinalMessage, ok = responsesChat(st.legA, st.legB, oa, b); !ok {
+			k.miss(st, d, RouteMissResponses)
+			return
+		}
+		in.Messages, in.TemplateKwargs, in.AddGenerationPrompt = st.legA, st.legB, !in.ContinueFinalMessage
+		var missed bool
+		if missed, err = k.encodeChat(st, d, model, &in); missed {
+			return
+		}
 	case st.chat:
 		if requestTemplate(oa, b) {
 			k.miss(st, d, RouteMissRequestTemplate)
@@ -225,17 +240,9 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 		}
 		var in tokenize.ChatInput
 		chatInput(&in, oa, b, effort)
-		if st.tokens, err = model.EncodeChat(st.tokens, &in); err != nil {
-			// Media parts fail the text rendering: key the prompt up to the first one.
-			var cut mediaCut
-			if st.tokens, st.out, cut = encodeMediaPrefix(st.tokens, st.out, model, &in); cut != noMedia {
-				if cut == mediaUncut || len(st.tokens) < k.blockSize {
-					k.miss(st, d, RouteMissMedia)
-					return
-				}
-				err = nil
-				k.countPartial(st)
-			}
+		var missed bool
+		if missed, err = k.encodeChat(st, d, model, &in); missed {
+			return
 		}
 	case oa.Prompt == openai.PromptString || oa.Prompt == openai.PromptStrings:
 		p := oa.Value[openai.FPrompt].Bytes(b)

@@ -31,6 +31,9 @@ const (
 	// RouteMissMedia: the prompt holds media and what lies before its first media item
 	// fills no block, or the cut before it cannot be placed (fields.go).
 	RouteMissMedia
+	// RouteMissResponses: a Responses API body kvgate cannot key exactly (server-side
+	// history, tools, non-message items; fields.go).
+	RouteMissResponses
 	numRoutes
 )
 
@@ -43,13 +46,14 @@ var routeLabels = [numRoutes]string{
 	RouteAffinity:    "affinity", RoutePDLoad: "pd-load", RoutePrefixTrie: "prefix-trie",
 	RouteKVSpread:            "kv-spread",
 	RouteMissRequestTemplate: "kv-miss:request_template", RouteMissMedia: "kv-miss:media",
+	RouteMissResponses: "kv-miss:responses",
 }
 
 func (r Route) String() string { return routeLabels[r] }
 
 // IsMiss says r is a KV-Exact miss that fell back to the rule's selector.
 func (r Route) IsMiss() bool {
-	return r >= RouteMissTextEmpty && r <= RouteMissTooLong || r >= RouteMissRequestTemplate && r <= RouteMissMedia
+	return r >= RouteMissTextEmpty && r <= RouteMissTooLong || r >= RouteMissRequestTemplate && r <= RouteMissResponses
 }
 
 // Stage is one step of the request path timed by kvgate_route_stage_seconds.

@@ -115,6 +115,73 @@ CASES = [
 ]
 
 
+# Responses API bodies (/v1/responses): (name, model, body, miss). miss names the route of a
+# body kvgate does not key (server-side history, tools, non-message items).
+RESP_CASES = [
+    ("resp_string", "qwen3", {"instructions": SYS["content"], "input": LONG_USER}, None),
+    ("resp_items", "qwen3", {"input": [
+        {"type": "message", "role": "developer", "content": "Answer tersely, in English."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": LONG_USER}]},
+        {"type": "message", "role": "assistant", "status": "completed", "id": "msg_1",
+         "content": [{"type": "output_text", "text": "First part.", "annotations": []},
+                     {"type": "output_text", "text": "Dropped by vLLM.", "annotations": []}]},
+        {"role": "user", "content": "And then?"}]}, None),
+    ("resp_effort", "local_rag", {"instructions": "Be exact.", "input": LONG_USER, "reasoning": {"effort": "low"}}, None),
+    ("resp_effort_null", "local_rag", {"instructions": "Be exact.", "input": LONG_USER, "reasoning": {"effort": None}}, None),
+    ("resp_continue", "qwen3", {"input": [{"role": "user", "content": LONG_USER},
+                                          {"type": "message", "role": "assistant", "status": "in_progress",
+                                           "content": [{"type": "output_text", "text": "The answer starts"}]}]}, None),
+    ("resp_image", "local_vl", {"instructions": SYS["content"], "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "Look:"},
+                                     {"type": "input_image", "image_url": "https://example.com/a.png"}]}]}, None),
+    ("resp_previous_id", "qwen3", {"input": LONG_USER, "previous_response_id": "resp_123"}, "kv-miss:responses"),
+    ("resp_tools", "qwen3", {"input": LONG_USER, "tools": [{"type": "function", "name": "f", "parameters": {}}]},
+     "kv-miss:responses"),
+    ("resp_function_call", "qwen3", {"input": [{"role": "user", "content": LONG_USER},
+                                               {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]},
+     "kv-miss:responses"),
+]
+
+MEDIA_TYPES["input_image"] = "image"
+
+
+def responses_messages(body):
+    """construct_input_messages without stored history."""
+    msgs = []
+    if body.get("instructions"):
+        msgs.append({"role": "system", "content": body["instructions"]})
+    inp = body["input"]
+    if isinstance(inp, str):
+        msgs.append({"role": "user", "content": inp})
+        return msgs
+    for item in inp:
+        if item.get("role") == "assistant":
+            c = item.get("content")
+            if c and not isinstance(c, str):
+                first = list(c)[0]
+                text = first.get("text", "") if isinstance(first, dict) else first
+            elif isinstance(c, str):
+                text = c
+            else:
+                text = ""
+            msgs.append({"role": "assistant", "content": text})
+        else:
+            msgs.append(item)
+    return msgs
+
+
+def responses_request(body):
+    """ResponsesRequest.build_chat_params as a chat request: the same conversation and kwargs."""
+    inp = body["input"]
+    last = inp[-1] if isinstance(inp, list) and inp else None
+    cont = (isinstance(last, dict) and last.get("type", "message") in ("message", "reasoning")
+            and last.get("status") in ("in_progress", "incomplete"))
+    effort = (body.get("reasoning") or {}).get("effort")
+    kw = merge_kwargs({}, dict(add_generation_prompt=not cont, continue_final_message=cont, reasoning_effort=effort))
+    return {"messages": responses_messages(body), "chat_template_kwargs": kw,
+            "add_generation_prompt": kw["add_generation_prompt"], "continue_final_message": cont}
+
+
 def merge_kwargs(defaults, overrides):
     defaults = dict(defaults or {})
     defaults.update({k: v for k, v in (overrides or {}).items() if v is not None and v != "auto"})
@@ -167,7 +234,10 @@ def render(source, template, special, req):
             variables[k] = v
     variables.update(messages=conv, tools=None, documents=kw.get("documents"),
                      add_generation_prompt=kw["add_generation_prompt"])
-    return template.render(**variables)
+    rendered = template.render(**variables)
+    if kw.get("continue_final_message"):
+        rendered = cg.continue_final(rendered, conv)
+    return rendered
 
 
 def main():
@@ -186,6 +256,19 @@ def main():
         if any(has_media(m) for m in req["messages"]):
             first = min(rendered.index(p) for p in PLACEHOLDERS.values() if p in rendered)
             case["prefix"] = rendered[:first]
+        cases.append(case)
+    for name, model, body, miss in RESP_CASES:
+        case = {"name": name, "model": model, "path": "responses", "request": json.dumps(body, ensure_ascii=False)}
+        if miss:
+            case["miss"] = miss
+            cases.append(case)
+            continue
+        source = sources[model]
+        req = responses_request(body)
+        case["expected"] = render(source, env.from_string(source), special, req)
+        if any(has_media(m) for m in req["messages"]):
+            first = min(case["expected"].index(p) for p in PLACEHOLDERS.values() if p in case["expected"])
+            case["prefix"] = case["expected"][:first]
         cases.append(case)
     doc = {"templates": {k: v for k, v in sources.items() if k != "qwen3"},
            "qwen3_template_sha256": hashlib.sha256(sources["qwen3"].encode()).hexdigest(),

@@ -19,7 +19,7 @@ async function main() {
   const ids = async (s) => Array.from((await tok.encode(s, null, { addSpecialTokens: false })).getIds());
   const cases = [];
   for (const c of g.cases) {
-    const out = { name: c.name, ids: await ids(c.expected) };
+    const out = { name: c.name, ids: typeof c.expected === 'string' ? await ids(c.expected) : null };
     if (typeof c.prefix === 'string') out.prefix_ids = await ids(c.prefix);
     cases.push(out);
   }

@@ -68,6 +68,14 @@ const (
 	FDocuments
 	FReasoningEffort
 	FChatTemplate
+	// The Responses API (/v1/responses): the conversation and the server-side state it
+	// may refer to.
+	FInput
+	FInstructions
+	FReasoning
+	FPreviousResponseID
+	FPreviousResponse
+	FPreviousInputMessages
 	numFields
 )
 
@@ -80,6 +88,9 @@ var fieldNames = [numFields]string{
 	FBootstrapHost: "bootstrap_host", FBootstrapPort: "bootstrap_port", FBootstrapRoom: "bootstrap_room",
 	FContinueFinalMessage: "continue_final_message",
 	FDocuments:            "documents", FReasoningEffort: "reasoning_effort", FChatTemplate: "chat_template",
+	FInput: "input", FInstructions: "instructions", FReasoning: "reasoning",
+	FPreviousResponseID: "previous_response_id", FPreviousResponse: "previous_response",
+	FPreviousInputMessages: "previous_input_messages",
 }
 
 // Name is the JSON member name of f.
@@ -186,7 +197,7 @@ func (r *Request) set(f Field, body []byte, s, e int) error {
 	v := body[s:e]
 	r.Value[f] = Span{int32(s), int32(e)}
 	switch f {
-	case FModel, FCacheSalt, FUser, FReasoningEffort, FChatTemplate:
+	case FModel, FCacheSalt, FUser:
 		if v[0] == 'n' { // null: treat as absent
 			r.Value[f] = Span{}
 			return nil
@@ -211,13 +222,12 @@ func (r *Request) set(f Field, body []byte, s, e int) error {
 		if v[0] != '[' {
 			return ErrType
 		}
-	case FDocuments:
-		switch v[0] {
-		case 'n': // null: no documents
+	case FDocuments, FReasoningEffort, FChatTemplate, FInput, FInstructions, FReasoning,
+		FPreviousResponseID, FPreviousResponse, FPreviousInputMessages:
+		// Fields of one endpoint that others ignore: a value of another JSON type (or
+		// null) is treated as absent, never refused; the engine judges it.
+		if !fieldKinds[f][v[0]] {
 			r.Value[f] = Span{}
-		case '[':
-		default:
-			return ErrType
 		}
 	case FPrompt:
 		r.Prompt = promptKind(v)
@@ -227,6 +237,20 @@ func (r *Request) set(f Field, body []byte, s, e int) error {
 	}
 	return nil
 }
+
+// fieldKinds are the first bytes of the values each lenient field takes.
+var fieldKinds = func() (k [numFields][256]bool) {
+	for _, f := range []Field{FReasoningEffort, FChatTemplate, FInstructions, FPreviousResponseID, FInput} {
+		k[f]['"'] = true
+	}
+	for _, f := range []Field{FDocuments, FInput, FPreviousInputMessages} {
+		k[f]['['] = true
+	}
+	for _, f := range []Field{FReasoning, FPreviousResponse} {
+		k[f]['{'] = true
+	}
+	return k
+}()
 
 func (r *Request) setBool(f Field, b bool) {
 	switch f {
