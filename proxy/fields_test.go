@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/proxy/openai"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -30,7 +31,7 @@ type fieldCase struct {
 	PrefixIDs []uint32
 }
 
-func fieldGoldens(t *testing.T) (cases []fieldCase, templates map[string]string) {
+func fieldGoldens(t testing.TB) (cases []fieldCase, templates map[string]string) {
 	t.Helper()
 	var doc struct {
 		Templates map[string]string `json:"templates"`
@@ -84,7 +85,7 @@ var (
 
 // fieldModels serves qwen3 plus the goldens' own templates over the Qwen3 tokenizer (a
 // directory with chat_template.jinja beside Qwen3's tokenizer files).
-func fieldModels(t *testing.T, templates map[string]string) *tokenize.Pool {
+func fieldModels(t testing.TB, templates map[string]string) *tokenize.Pool {
 	t.Helper()
 	fieldPoolOnce.Do(func() {
 		fieldPool = tokenize.NewPool()
@@ -416,4 +417,57 @@ func TestResponsesParityWithOracle(t *testing.T) {
 	if hits < 4 || media < 1 || misses < 3 {
 		t.Fatalf("%d hits, %d media, %d misses: the goldens lost their shapes", hits, media, misses)
 	}
+}
+
+// FuzzFieldsRoute drives arbitrary bodies through the request-field paths (media cut,
+// Responses conversion, batch prompts, template variables) of the KV router: nothing
+// panics, a miss keys nothing, and a media prompt never keys more than its text.
+func FuzzFieldsRoute(f *testing.F) {
+	for _, seed := range []string{
+		`{"model":"local_vl","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"u"}}]}]}`,
+		`{"model":"qwen3","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"image_url":{}},{"type":"input_audio"}]}],"reasoning_effort":"low"}`,
+		`{"model":"qwen3","input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]},{"type":"message","role":"assistant","status":"incomplete","content":[]}],"instructions":"x","reasoning":{"effort":"high"}}`,
+		`{"model":"qwen3","input":"hello","previous_response_id":"r"}`,
+		`{"model":"local_rag","messages":[{"role":"user","content":"q"}],"documents":[{"title":"t","text":"x"}],"chat_template_kwargs":{"enable_thinking":false}}`,
+		`{"model":"qwen3","prompt":["a","b",["c"]]}`,
+		`{"model":"qwen3","prompt":[[1,2],[3,"x"]]}`,
+		`{"model":"qwen3","messages":[{"role":"user","content":[{"type":"text","text":"\u2063kvgate:media-cut\u2063"},{"type":"video_url"}]}]}`,
+	} {
+		f.Add([]byte(seed), true)
+	}
+	_, templates := fieldGoldens(f)
+	pool := fieldModels(f, templates)
+	cfg := Defaults()
+	cfg.HealthInterval = 0
+	cfg.KVMode, cfg.KVBlockSize, cfg.KVHashAlgo = KVConverged, blockSize, "sha256_cbor"
+	cfg.Tokenizers = []TokenizerSpec{{Model: "qwen3", Dir: qwen3Dir(f)}}
+	ep, err := ParseEndpoint("name=a,url=http://127.0.0.1:9,engine=vllm,events=tcp://127.0.0.1:9")
+	if err != nil {
+		f.Fatal(err)
+	}
+	cfg.Endpoints = []EndpointSpec{ep}
+	for name := range templates {
+		cfg.Tokenizers = append(cfg.Tokenizers, TokenizerSpec{Model: name, Dir: fieldDirs[name]})
+	}
+	s, err := New(cfg, Options{Logger: quietLog, Tokenizers: pool})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
+		st := s.getState()
+		defer s.putState(st)
+		st.body = append(st.body[:0], body...)
+		if openai.Scan(st.body, &st.oa) != nil {
+			return
+		}
+		st.chat = chat
+		var d decision
+		s.kv.route(st, s.baseEligible(st, st.eligible, nil), &d)
+		if d.route == RouteMissMedia && len(st.tokens) != 0 {
+			t.Fatalf("kv-miss:media with %d tokens keyed", len(st.tokens))
+		}
+		if len(st.tokens) > 4*len(body)+64 {
+			t.Fatalf("%d tokens from a %d-byte body", len(st.tokens), len(body))
+		}
+	})
 }
