@@ -49,6 +49,69 @@ func reasoningEffort(oa *openai.Request, b []byte) (effort string, ok bool) {
 
 var reasoningEfforts = [...]string{"none", "minimal", "low", "medium", "high", "xhigh", "max"}
 
+// tokenizeChat turns a chat (or Responses) body into st.tokens with every request field
+// the engine applies; missed: d holds the miss.
+func (k *kvRouter) tokenizeChat(st *reqState, d *decision, model *tokenize.Model) (missed bool, err error) {
+	oa, b := &st.oa, st.body
+	var in tokenize.ChatInput
+	if isResponses(oa) {
+		var ok bool
+		if st.legA, st.legB, in.ContinueFinalMessage, ok = responsesChat(st.legA, st.legB, oa, b); !ok {
+			k.miss(st, d, RouteMissResponses)
+			return true, nil
+		}
+		in.Messages, in.TemplateKwargs, in.AddGenerationPrompt = st.legA, st.legB, !in.ContinueFinalMessage
+	} else {
+		if requestTemplate(oa, b) {
+			k.miss(st, d, RouteMissRequestTemplate)
+			return true, nil
+		}
+		effort, ok := reasoningEffort(oa, b)
+		if !ok {
+			k.miss(st, d, RouteMissTokenize)
+			return true, nil
+		}
+		chatInput(&in, oa, b, effort)
+	}
+	if missed, err = k.encodeChat(st, d, model, &in, boolField(oa.Value[openai.FAddSpecialTokens].Bytes(b), false)); missed || err != nil {
+		return missed, err
+	}
+	return k.truncated(st, d), nil
+}
+
+// boolField reads a JSON boolean member (already checked to be true or false) or its default.
+func boolField(v []byte, def bool) bool {
+	if len(v) == 0 {
+		return def
+	}
+	return v[0] == 't'
+}
+
+// truncated applies truncate_prompt_tokens (chat and completions) and the Responses
+// truncation: the engine keeps N tokens of the prompt, from the end or the start depending on
+// the request's truncation_side and its tokenizer's own (HF encode truncates with the
+// tokenizer's side before vLLM's own cut), and -1 or "auto" means the model's context less
+// max_tokens, which kvgate does not know. kvgate keys the prompt only when nothing is cut
+// (N >= its length); otherwise kv-miss:truncated.
+func (k *kvRouter) truncated(st *reqState, d *decision) bool {
+	oa := &st.oa
+	if t := oa.Value[openai.FTruncation]; t.Present() && isResponses(oa) && string(t.Bytes(st.body)) != `"disabled"` {
+		st.tokens = st.tokens[:0]
+		k.miss(st, d, RouteMissTruncated)
+		return true
+	}
+	v := oa.Value[openai.FTruncatePromptTokens]
+	if !v.Present() {
+		return false
+	}
+	if n, ok := openai.Int(v.Bytes(st.body)); ok && n >= 0 && n >= int64(len(st.tokens)) {
+		return false
+	}
+	st.tokens = st.tokens[:0]
+	k.miss(st, d, RouteMissTruncated)
+	return true
+}
+
 // chatInput gathers every request field the engine hands its chat template.
 func chatInput(in *tokenize.ChatInput, oa *openai.Request, b []byte, effort string) {
 	*in = tokenize.ChatInput{
@@ -229,7 +292,31 @@ func encodeMediaPrefix(dst []uint32, scratch []byte, model *tokenize.Model, in *
 // encodeChat renders and tokenizes a conversation into st.tokens. One holding media (which
 // the text renderer refuses) is keyed up to its first media item, or missed as
 // kv-miss:media (missed: d holds the miss).
-func (k *kvRouter) encodeChat(st *reqState, d *decision, model *tokenize.Model, in *tokenize.ChatInput) (missed bool, err error) {
+//
+// addSpecial is the request's add_special_tokens: vLLM then encodes the rendered prompt as
+// a completions prompt (BOS and the like added on top of the template's own).
+func (k *kvRouter) encodeChat(st *reqState, d *decision, model *tokenize.Model, in *tokenize.ChatInput, addSpecial bool) (missed bool, err error) {
+	if addSpecial {
+		bp := renderPool.Get().(*[]byte)
+		r, rerr := model.RenderChat((*bp)[:0], in)
+		if rerr == nil {
+			st.tokens, err = model.EncodePrompt(st.tokens, bstr(r))
+		}
+		if cap(r) <= 1<<20 {
+			*bp = r[:0]
+			renderPool.Put(bp)
+		}
+		if rerr == nil {
+			return false, err
+		}
+		if _, found := cutMessages(st.out[:0], in.Messages); !found {
+			return false, rerr
+		}
+		// Media with add_special_tokens: the prefix's special tokens are not worked out.
+		st.tokens = st.tokens[:0]
+		k.miss(st, d, RouteMissMedia)
+		return true, nil
+	}
 	if st.tokens, err = model.EncodeChat(st.tokens, in); err == nil {
 		return false, nil
 	}

@@ -93,6 +93,15 @@ func fieldModels(t testing.TB, templates map[string]string) *tokenize.Pool {
 		if fieldPoolErr = fieldPool.Add("qwen3", q); fieldPoolErr != nil {
 			return
 		}
+		// Gemma 3's tokenizer adds <bos> (add_special_tokens cases).
+		var g string
+		if g, fieldPoolErr = tokenize.StagedDir("gemma3"); fieldPoolErr != nil {
+			return
+		}
+		if fieldPoolErr = fieldPool.Add("gemma3", g); fieldPoolErr != nil {
+			return
+		}
+		fieldDirs["gemma3"] = g
 		root, err := os.MkdirTemp("", "kvgate-fields")
 		if err != nil {
 			fieldPoolErr = err
@@ -130,8 +139,8 @@ func fieldProxy(t *testing.T, templates map[string]string) (*Server, *kvEngine) 
 	a := newKVEngine(t, "a", enginepub.VLLM)
 	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""))
 	pool := fieldModels(t, templates)
-	for name := range templates {
-		cfg.Tokenizers = append(cfg.Tokenizers, TokenizerSpec{Model: name, Dir: fieldDirs[name]})
+	for name, dir := range fieldDirs {
+		cfg.Tokenizers = append(cfg.Tokenizers, TokenizerSpec{Model: name, Dir: dir})
 	}
 	s, err := New(cfg, Options{Logger: quietLog, Tokenizers: pool})
 	if err != nil {
@@ -185,10 +194,17 @@ func TestRequestFieldsParityWithOracle(t *testing.T) {
 	cases, templates := fieldGoldens(t)
 	s, a := fieldProxy(t, templates)
 	c := vllmChain(t)
-	checked := 0
+	checked, misses := 0, 0
 	for _, fc := range cases {
-		if fc.PrefixIDs != nil || fc.Path != "" {
+		if fc.PrefixIDs != nil || fc.Path == "responses" {
 			continue // media: TestMediaPrefixKeys; Responses: TestResponsesParityWithOracle
+		}
+		if fc.Miss != "" {
+			if ex := explainBody(t, s, withModel(t, fc)); ex.Route != fc.Miss || ex.Tokens != 0 {
+				t.Errorf("%s: route %s with %d tokens, want %s", fc.Name, ex.Route, ex.Tokens, fc.Miss)
+			}
+			misses++
+			continue
 		}
 		blocks := len(fc.IDs) / blockSize
 		if blocks == 0 {
@@ -202,8 +218,8 @@ func TestRequestFieldsParityWithOracle(t *testing.T) {
 		}
 		checked++
 	}
-	if checked < 8 {
-		t.Fatalf("only %d field cases checked", checked)
+	if checked < 12 || misses < 3 {
+		t.Fatalf("only %d field cases checked, %d misses", checked, misses)
 	}
 }
 
@@ -446,8 +462,8 @@ func FuzzFieldsRoute(f *testing.F) {
 		f.Fatal(err)
 	}
 	cfg.Endpoints = []EndpointSpec{ep}
-	for name := range templates {
-		cfg.Tokenizers = append(cfg.Tokenizers, TokenizerSpec{Model: name, Dir: fieldDirs[name]})
+	for name, dir := range fieldDirs {
+		cfg.Tokenizers = append(cfg.Tokenizers, TokenizerSpec{Model: name, Dir: dir})
 	}
 	s, err := New(cfg, Options{Logger: quietLog, Tokenizers: pool})
 	if err != nil {

@@ -216,32 +216,9 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	t0 := time.Now()
 	var err error
 	switch {
-	case st.chat && isResponses(oa):
-		var in tokenize.ChatInput
-		var ok bool
-		if st.legA, st.legB, in.ContinueFinalMessage, ok = responsesChat(st.legA, st.legB, oa, b); !ok {
-			k.miss(st, d, RouteMissResponses)
-			return
-		}
-		in.Messages, in.TemplateKwargs, in.AddGenerationPrompt = st.legA, st.legB, !in.ContinueFinalMessage
+	case st.chat: // the request fields and shapes: fields.go
 		var missed bool
-		if missed, err = k.encodeChat(st, d, model, &in); missed {
-			return
-		}
-	case st.chat:
-		if requestTemplate(oa, b) {
-			k.miss(st, d, RouteMissRequestTemplate)
-			return
-		}
-		effort, ok := reasoningEffort(oa, b)
-		if !ok {
-			k.miss(st, d, RouteMissTokenize)
-			return
-		}
-		var in tokenize.ChatInput
-		chatInput(&in, oa, b, effort)
-		var missed bool
-		if missed, err = k.encodeChat(st, d, model, &in); missed {
+		if missed, err = k.tokenizeChat(st, d, model); missed {
 			return
 		}
 	case oa.Prompt == openai.PromptString || oa.Prompt == openai.PromptStrings:
@@ -255,7 +232,14 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 			k.miss(st, d, RouteMissTextEmpty)
 			return
 		}
-		st.tokens, err = model.EncodePrompt(st.tokens, bstr(st.out))
+		if boolField(oa.Value[openai.FAddSpecialTokens].Bytes(b), true) {
+			st.tokens, err = model.EncodePrompt(st.tokens, bstr(st.out))
+		} else {
+			st.tokens, err = model.Tokenizer().Encode(st.tokens, bstr(st.out), false)
+		}
+		if err == nil && k.truncated(st, d) {
+			return
+		}
 	default: // token ids: the engine uses them as they are
 		if oa.Prompt == openai.PromptBatch {
 			k.countBatch(st, oa.Value[openai.FPrompt].Bytes(b))
@@ -263,6 +247,8 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 		var ok bool
 		if st.tokens, ok = openai.AppendTokens(st.tokens[:0], oa.Value[openai.FPrompt].Bytes(b)); !ok {
 			err = errBadTokens
+		} else if k.truncated(st, d) {
+			return
 		}
 	}
 	if !explain {

@@ -34,6 +34,8 @@ const (
 	// RouteMissResponses: a Responses API body kvgate cannot key exactly (server-side
 	// history, tools, non-message items; fields.go).
 	RouteMissResponses
+	// RouteMissTruncated: the engine cuts the prompt (truncate_prompt_tokens; fields.go).
+	RouteMissTruncated
 	numRoutes
 )
 
@@ -46,14 +48,14 @@ var routeLabels = [numRoutes]string{
 	RouteAffinity:    "affinity", RoutePDLoad: "pd-load", RoutePrefixTrie: "prefix-trie",
 	RouteKVSpread:            "kv-spread",
 	RouteMissRequestTemplate: "kv-miss:request_template", RouteMissMedia: "kv-miss:media",
-	RouteMissResponses: "kv-miss:responses",
+	RouteMissResponses: "kv-miss:responses", RouteMissTruncated: "kv-miss:truncated",
 }
 
 func (r Route) String() string { return routeLabels[r] }
 
 // IsMiss says r is a KV-Exact miss that fell back to the rule's selector.
 func (r Route) IsMiss() bool {
-	return r >= RouteMissTextEmpty && r <= RouteMissTooLong || r >= RouteMissRequestTemplate && r <= RouteMissResponses
+	return r >= RouteMissTextEmpty && r <= RouteMissTooLong || r >= RouteMissRequestTemplate && r <= RouteMissTruncated
 }
 
 // Stage is one step of the request path timed by kvgate_route_stage_seconds.

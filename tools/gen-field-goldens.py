@@ -182,6 +182,28 @@ def responses_request(body):
             "add_generation_prompt": kw["add_generation_prompt"], "continue_final_message": cont}
 
 
+# Tokenization options (name, model, body, miss, path): add_special_tokens (chat default
+# false, completions default true; Gemma 3.s tokenizer adds <bos>) and
+# truncate_prompt_tokens (kvgate keys a prompt only when nothing is cut).
+TOK_CASES = [
+    ("chat_gemma3", "gemma3", {"messages": [SYS, {"role": "user", "content": LONG_USER}]}, None, "chat"),
+    ("chat_gemma3_add_special", "gemma3", {"messages": [SYS, {"role": "user", "content": LONG_USER}],
+                                           "add_special_tokens": True}, None, "chat"),
+    ("compl_gemma3", "gemma3", {"prompt": LONG_USER}, None, "completions"),
+    ("compl_gemma3_no_special", "gemma3", {"prompt": LONG_USER, "add_special_tokens": False}, None, "completions"),
+    ("compl_gemma3_batch_no_special", "gemma3", {"prompt": [LONG_USER, "second"], "add_special_tokens": False}, None,
+     "completions"),
+    ("compl_truncate_noop", "qwen3", {"prompt": LONG_USER, "truncate_prompt_tokens": 100000}, None, "completions"),
+    ("compl_truncate_cut", "qwen3", {"prompt": LONG_USER, "truncate_prompt_tokens": 8}, "kv-miss:truncated", "completions"),
+    ("compl_truncate_context", "qwen3", {"prompt": LONG_USER, "truncate_prompt_tokens": -1}, "kv-miss:truncated", "completions"),
+    ("chat_truncate_noop", "qwen3", {"messages": [{"role": "user", "content": LONG_USER}], "truncate_prompt_tokens": 4096},
+     None, "chat"),
+    ("chat_truncate_cut", "qwen3", {"messages": [{"role": "user", "content": LONG_USER}], "truncate_prompt_tokens": 20,
+                                    "truncation_side": "right"}, "kv-miss:truncated", "chat"),
+    ("resp_truncation_auto", "qwen3", {"input": LONG_USER, "truncation": "auto"}, "kv-miss:truncated", "responses"),
+]
+
+
 def merge_kwargs(defaults, overrides):
     defaults = dict(defaults or {})
     defaults.update({k: v for k, v in (overrides or {}).items() if v is not None and v != "auto"})
@@ -248,6 +270,10 @@ def main():
     cfg = json.load(open(path, encoding="utf-8"))
     special = cg.special_tokens(cfg)
     sources = {"qwen3": cg.first_chat_template(cfg), "local_vl": LOCAL_VL, "local_rag": LOCAL_RAG}
+    specials = {"qwen3": special}
+    lpath = os.path.join(cg.CACHE, "npm", "@lenml", "tokenizer-gemma3", "models", "tokenizer_config.json")
+    lcfg = json.load(open(lpath, encoding="utf-8"))
+    sources["gemma3"], specials["gemma3"] = cg.first_chat_template(lcfg), cg.special_tokens(lcfg)
     cases = []
     for name, model, req in CASES:
         source = sources[model]
@@ -270,7 +296,20 @@ def main():
             first = min(case["expected"].index(p) for p in PLACEHOLDERS.values() if p in case["expected"])
             case["prefix"] = case["expected"][:first]
         cases.append(case)
-    doc = {"templates": {k: v for k, v in sources.items() if k != "qwen3"},
+    for name, model, body, miss, path in TOK_CASES:
+        case = {"name": name, "model": model, "path": path, "request": json.dumps(body, ensure_ascii=False)}
+        if miss:
+            case["miss"] = miss
+        elif path == "completions":
+            p = body["prompt"]
+            case["expected"] = p[0] if isinstance(p, list) else p
+            case["add_special_tokens"] = body.get("add_special_tokens", True)
+        else:
+            source = sources[model]
+            case["expected"] = render(source, env.from_string(source), specials[model], body)
+            case["add_special_tokens"] = body.get("add_special_tokens", False)
+        cases.append(case)
+    doc = {"templates": {k: v for k, v in sources.items() if k not in ("qwen3", "gemma3")},
            "qwen3_template_sha256": hashlib.sha256(sources["qwen3"].encode()).hexdigest(),
            "special_tokens": special, "jinja2": cg.jinja2.__version__, "cases": cases}
     with open(OUT, "w", encoding="utf-8") as f:

@@ -76,6 +76,11 @@ const (
 	FPreviousResponseID
 	FPreviousResponse
 	FPreviousInputMessages
+	FTruncation // Responses: "auto" truncates to the model's context
+	// Tokenization options: add_special_tokens (chat default false, completions true) and
+	// truncate_prompt_tokens (keep N tokens).
+	FAddSpecialTokens
+	FTruncatePromptTokens
 	numFields
 )
 
@@ -90,7 +95,8 @@ var fieldNames = [numFields]string{
 	FDocuments:            "documents", FReasoningEffort: "reasoning_effort", FChatTemplate: "chat_template",
 	FInput: "input", FInstructions: "instructions", FReasoning: "reasoning",
 	FPreviousResponseID: "previous_response_id", FPreviousResponse: "previous_response",
-	FPreviousInputMessages: "previous_input_messages",
+	FPreviousInputMessages: "previous_input_messages", FTruncation: "truncation",
+	FAddSpecialTokens: "add_special_tokens", FTruncatePromptTokens: "truncate_prompt_tokens",
 }
 
 // Name is the JSON member name of f.
@@ -223,7 +229,8 @@ func (r *Request) set(f Field, body []byte, s, e int) error {
 			return ErrType
 		}
 	case FDocuments, FReasoningEffort, FChatTemplate, FInput, FInstructions, FReasoning,
-		FPreviousResponseID, FPreviousResponse, FPreviousInputMessages:
+		FPreviousResponseID, FPreviousResponse, FPreviousInputMessages, FTruncation,
+		FAddSpecialTokens, FTruncatePromptTokens:
 		// Fields of one endpoint that others ignore: a value of another JSON type (or
 		// null) is treated as absent, never refused; the engine judges it.
 		if !fieldKinds[f][v[0]] {
@@ -240,7 +247,7 @@ func (r *Request) set(f Field, body []byte, s, e int) error {
 
 // fieldKinds are the first bytes of the values each lenient field takes.
 var fieldKinds = func() (k [numFields][256]bool) {
-	for _, f := range []Field{FReasoningEffort, FChatTemplate, FInstructions, FPreviousResponseID, FInput} {
+	for _, f := range []Field{FReasoningEffort, FChatTemplate, FInstructions, FPreviousResponseID, FInput, FTruncation} {
 		k[f]['"'] = true
 	}
 	for _, f := range []Field{FDocuments, FInput, FPreviousInputMessages} {
@@ -248,6 +255,10 @@ var fieldKinds = func() (k [numFields][256]bool) {
 	}
 	for _, f := range []Field{FReasoning, FPreviousResponse} {
 		k[f]['{'] = true
+	}
+	k[FAddSpecialTokens]['t'], k[FAddSpecialTokens]['f'] = true, true
+	for _, c := range "-0123456789" {
+		k[FTruncatePromptTokens][c] = true
 	}
 	return k
 }()
