@@ -163,8 +163,10 @@ func (k *kvRouter) countBatch(st *reqState, prompt []byte) {
 // the message's media placeholders (in front of its text) and at or before where an
 // openai-format template renders its first media part. The prefix's last token is dropped:
 // a tokenizer may merge it with the text that follows in the engine's prompt. Keys past
-// the first media item (vLLM's per-item identifier, a client "uuid" or the content hash,
-// at its offset) are not computed.
+// the first media item are not computed, even with a client "uuid" (vLLM's per-item
+// identifier): the engine's processor expands each placeholder into a number of tokens set
+// by the item's pixels or samples (e.g. Qwen2-VL's resize of the image), so kvgate, which
+// never decodes media, cannot know where any later block starts.
 
 // mediaSentinel marks the cut; a request that contains it is not keyed.
 const mediaSentinel = "\u2063kvgate:media-cut\u2063"
