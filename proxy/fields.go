@@ -54,7 +54,12 @@ var reasoningEfforts = [...]string{"none", "minimal", "low", "medium", "high", "
 func (k *kvRouter) tokenizeChat(st *reqState, d *decision, model *tokenize.Model) (missed bool, err error) {
 	oa, b := &st.oa, st.body
 	var in tokenize.ChatInput
+	sglang := k.sglangPool()
 	if isResponses(oa) {
+		if sglang { // SGLang's /v1/responses builds its own conversation
+			k.miss(st, d, RouteMissResponses)
+			return true, nil
+		}
 		var ok bool
 		if st.legA, st.legB, in.ContinueFinalMessage, ok = responsesChat(st.legA, st.legB, oa, b); !ok {
 			k.miss(st, d, RouteMissResponses)
@@ -64,6 +69,10 @@ func (k *kvRouter) tokenizeChat(st *reqState, d *decision, model *tokenize.Model
 	} else {
 		if requestTemplate(oa, b) {
 			k.miss(st, d, RouteMissRequestTemplate)
+			return true, nil
+		}
+		if sglang && sglangDiffers(oa, b) {
+			k.miss(st, d, RouteMissEngineFields)
 			return true, nil
 		}
 		effort, ok := reasoningEffort(oa, b)
@@ -77,6 +86,41 @@ func (k *kvRouter) tokenizeChat(st *reqState, d *decision, model *tokenize.Model
 		return missed, err
 	}
 	return k.truncated(st, d), nil
+}
+
+// SGLang renders chat requests its own way (python/sglang/srt/entrypoints/openai/
+// serving_chat.py, _apply_jinja_template): add_generation_prompt is always true,
+// continue_final_message re-appends the final assistant message after rendering, documents
+// are not passed, reasoning_effort (and a "reasoning" object) follow SGLang's own mapping,
+// tools are dropped for tool_choice "none" and filtered to the named tool, and
+// add_special_tokens is not the request's. kvgate's rendering is vLLM's, so when the pool
+// holds SGLang endpoints a request using any of these is kv-miss:engine_fields rather than
+// keyed the vLLM way.
+
+// sglangPool reports that some KV endpoint of the rule is SGLang.
+func (k *kvRouter) sglangPool() bool {
+	for i := range k.s.cfg.Endpoints {
+		if k.s.cfg.Endpoints[i].Engine == EngineSGLang {
+			return true
+		}
+	}
+	return false
+}
+
+// sglangDiffers: the request uses a chat field SGLang renders differently from vLLM.
+func sglangDiffers(oa *openai.Request, b []byte) bool {
+	if oa.Value[openai.FDocuments].Present() || oa.Value[openai.FReasoningEffort].Present() ||
+		oa.Value[openai.FReasoning].Present() || boolField(oa.Value[openai.FAddSpecialTokens].Bytes(b), false) ||
+		!oa.AddGenerationPrompt || oa.ContinueFinalMessage {
+		return true
+	}
+	if t := oa.Value[openai.FTools]; t.Present() && openai.FirstElement(t.Bytes(b)) != nil {
+		if c := oa.Value[openai.FToolChoice]; c.Present() {
+			v := string(c.Bytes(b))
+			return v != `"auto"` && v != `"required"`
+		}
+	}
+	return false
 }
 
 // boolField reads a JSON boolean member (already checked to be true or false) or its default.

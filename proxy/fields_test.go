@@ -487,3 +487,37 @@ func FuzzFieldsRoute(f *testing.F) {
 		}
 	})
 }
+
+// In front of SGLang endpoints, chat fields SGLang renders differently from vLLM are an
+// explicit miss; requests without them are keyed as before.
+func TestSGLangFieldsMiss(t *testing.T) {
+	a := newKVEngine(t, "a", enginepub.SGLang)
+	cfg := kvConfig(t, KVConverged, a.spec(0, "sglang", ""))
+	cfg.KVHashAlgo = "sha256"
+	s := startProxy(t, cfg)
+	msgs := `"messages":[{"role":"user","content":"` + strings.Repeat("hello there ", 20) + `"}]`
+	tools := `"tools":[{"type":"function","function":{"name":"f","parameters":{}}}]`
+	for _, tc := range []struct{ extra, route string }{
+		{``, "kv-miss:no_worker"},
+		{`,` + tools + `,"tool_choice":"auto"`, "kv-miss:no_worker"},
+		{`,` + tools, "kv-miss:no_worker"},
+		{`,"add_special_tokens":false`, "kv-miss:no_worker"},
+		{`,"documents":[{"title":"t","text":"x"}]`, "kv-miss:engine_fields"},
+		{`,"reasoning_effort":"low"`, "kv-miss:engine_fields"},
+		{`,"reasoning":{"effort":"high"}`, "kv-miss:engine_fields"},
+		{`,"add_generation_prompt":false`, "kv-miss:engine_fields"},
+		{`,"continue_final_message":true,"add_generation_prompt":false`, "kv-miss:engine_fields"},
+		{`,` + tools + `,"tool_choice":"none"`, "kv-miss:engine_fields"},
+		{`,` + tools + `,"tool_choice":{"type":"function","function":{"name":"f"}}`, "kv-miss:engine_fields"},
+		{`,"add_special_tokens":true`, "kv-miss:engine_fields"},
+	} {
+		if ex := explainBody(t, s, `{"model":"qwen3",`+msgs+tc.extra+`}`); ex.Route != tc.route {
+			t.Errorf("%s: route %s, want %s", tc.extra, ex.Route, tc.route)
+		}
+	}
+	res, out := post(t, s.admURL("/debug/explain?path=chat"), `{"model":"qwen3","input":"hello"}`)
+	var ex Explanation
+	if err := json.Unmarshal([]byte(out), &ex); err != nil || res.StatusCode != 200 || ex.Route != "kv-miss:responses" {
+		t.Errorf("Responses body in front of SGLang: %d %s", res.StatusCode, out)
+	}
+}

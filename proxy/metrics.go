@@ -36,6 +36,9 @@ const (
 	RouteMissResponses
 	// RouteMissTruncated: the engine cuts the prompt (truncate_prompt_tokens; fields.go).
 	RouteMissTruncated
+	// RouteMissEngineFields: a chat field the pool's SGLang endpoints render differently
+	// from vLLM (fields.go).
+	RouteMissEngineFields
 	numRoutes
 )
 
@@ -49,13 +52,14 @@ var routeLabels = [numRoutes]string{
 	RouteKVSpread:            "kv-spread",
 	RouteMissRequestTemplate: "kv-miss:request_template", RouteMissMedia: "kv-miss:media",
 	RouteMissResponses: "kv-miss:responses", RouteMissTruncated: "kv-miss:truncated",
+	RouteMissEngineFields: "kv-miss:engine_fields",
 }
 
 func (r Route) String() string { return routeLabels[r] }
 
 // IsMiss says r is a KV-Exact miss that fell back to the rule's selector.
 func (r Route) IsMiss() bool {
-	return r >= RouteMissTextEmpty && r <= RouteMissTooLong || r >= RouteMissRequestTemplate && r <= RouteMissTruncated
+	return r >= RouteMissTextEmpty && r <= RouteMissTooLong || r >= RouteMissRequestTemplate && r <= RouteMissEngineFields
 }
 
 // Stage is one step of the request path timed by kvgate_route_stage_seconds.

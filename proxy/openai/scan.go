@@ -81,6 +81,7 @@ const (
 	// truncate_prompt_tokens (keep N tokens).
 	FAddSpecialTokens
 	FTruncatePromptTokens
+	FToolChoice
 	numFields
 )
 
@@ -97,6 +98,7 @@ var fieldNames = [numFields]string{
 	FPreviousResponseID: "previous_response_id", FPreviousResponse: "previous_response",
 	FPreviousInputMessages: "previous_input_messages", FTruncation: "truncation",
 	FAddSpecialTokens: "add_special_tokens", FTruncatePromptTokens: "truncate_prompt_tokens",
+	FToolChoice: "tool_choice",
 }
 
 // Name is the JSON member name of f.
@@ -230,7 +232,7 @@ func (r *Request) set(f Field, body []byte, s, e int) error {
 		}
 	case FDocuments, FReasoningEffort, FChatTemplate, FInput, FInstructions, FReasoning,
 		FPreviousResponseID, FPreviousResponse, FPreviousInputMessages, FTruncation,
-		FAddSpecialTokens, FTruncatePromptTokens:
+		FAddSpecialTokens, FTruncatePromptTokens, FToolChoice:
 		// Fields of one endpoint that others ignore: a value of another JSON type (or
 		// null) is treated as absent, never refused; the engine judges it.
 		if !fieldKinds[f][v[0]] {
@@ -253,7 +255,8 @@ var fieldKinds = func() (k [numFields][256]bool) {
 	for _, f := range []Field{FDocuments, FInput, FPreviousInputMessages} {
 		k[f]['['] = true
 	}
-	for _, f := range []Field{FReasoning, FPreviousResponse} {
+	k[FToolChoice]['"'] = true
+	for _, f := range []Field{FReasoning, FPreviousResponse, FToolChoice} {
 		k[f]['{'] = true
 	}
 	k[FAddSpecialTokens]['t'], k[FAddSpecialTokens]['f'] = true, true
