@@ -201,11 +201,13 @@ func (k *kvRouter) countBatch(st *reqState, prompt []byte) {
 // Multimodal content. The tokens of a media item (image, audio, video, embeddings) depend
 // on the engine's processor, and vLLM's block keys past it carry the item's identifier in
 // extra_keys. kvgate keys only what lies wholly before the first media item: it renders
-// the conversation with the content of the first message that holds media replaced by a
-// sentinel, cuts the rendering at the sentinel and tokenizes that prefix. The cut sits at
-// the start of that message's content, which is where vLLM's string content format puts
-// the message's media placeholders (in front of its text) and at or before where an
-// openai-format template renders its first media part. The prefix's last token is dropped:
+// the conversation with the media replaced by a sentinel, cuts the rendering at the first
+// sentinel and tokenizes that prefix. Where the sentinel goes follows vLLM's content
+// formats: with "openai" (the template loops over parts) each media part becomes a
+// sentinel text part in place, so the cut sits where the template renders the first media
+// part; with "string" vLLM puts a message's placeholders in front of its text, so the whole
+// content of the first message holding media becomes the sentinel and the cut sits at the
+// start of that content. The prefix's last token is dropped:
 // a tokenizer may merge it with the text that follows in the engine's prompt. Keys past
 // the first media item are not computed, even with a client "uuid" (vLLM's per-item
 // identifier): the engine's processor expands each placeholder into a number of tokens set
@@ -244,10 +246,10 @@ func mediaPart(p []byte) bool {
 // offsetIn is where sub (a subslice of parent) starts in parent.
 func offsetIn(parent, sub []byte) int { return cap(parent) - cap(sub) }
 
-// cutMessages appends to dst the messages array with the content of the first message
-// that holds a media part replaced by the sentinel string and every later media part
-// replaced by a sentinel text part. found is false when no message holds media.
-func cutMessages(dst, msgs []byte) (out []byte, found bool) {
+// cutMessages appends to dst the messages array with every media part replaced by a
+// sentinel text part and, unless inPlace, the whole content of the first message holding
+// media replaced by the sentinel string. found is false when no message holds media.
+func cutMessages(dst, msgs []byte, inPlace bool) (out []byte, found bool) {
 	out = dst
 	pos := 0 // msgs[:pos] is copied
 	openai.Elements(msgs, func(m []byte) bool {
@@ -257,7 +259,7 @@ func cutMessages(dst, msgs []byte) (out []byte, found bool) {
 		}
 		content := m[cs:ce]
 		base := offsetIn(msgs, m)
-		if !found {
+		if !found && !inPlace {
 			has := false
 			openai.Elements(content, func(p []byte) bool { has = mediaPart(p); return !has })
 			if !has {
@@ -271,6 +273,7 @@ func cutMessages(dst, msgs []byte) (out []byte, found bool) {
 		}
 		openai.Elements(content, func(p []byte) bool {
 			if mediaPart(p) {
+				found = true
 				ps := offsetIn(msgs, p)
 				out = append(out, msgs[pos:ps]...)
 				out = append(out, `{"type":"text","text":"`+mediaSentinel+`"}`...)
@@ -300,7 +303,7 @@ const (
 // encodeMediaPrefix appends to dst[:0] the tokens of the prompt up to the first media item
 // (less its last token); scratch holds the rewritten messages.
 func encodeMediaPrefix(dst []uint32, scratch []byte, model *tokenize.Model, in *tokenize.ChatInput) ([]uint32, []byte, mediaCut) {
-	msgs, found := cutMessages(scratch[:0], in.Messages)
+	msgs, found := cutMessages(scratch[:0], in.Messages, model.ChatKeepsParts(in))
 	if !found {
 		return dst[:0], msgs, noMedia
 	}
@@ -355,7 +358,7 @@ func (k *kvRouter) encodeChat(st *reqState, d *decision, model *tokenize.Model, 
 		if rerr == nil {
 			return false, err
 		}
-		if _, found := cutMessages(st.out[:0], in.Messages); !found {
+		if _, found := cutMessages(st.out[:0], in.Messages, false); !found {
 			return false, rerr
 		}
 		// Media with add_special_tokens: the prefix's special tokens are not worked out.

@@ -218,6 +218,13 @@ func (m *Model) Tokenizer() *Tokenizer { return m.tok }
 // HasChatTemplate reports whether EncodeChat can work for this model.
 func (m *Model) HasChatTemplate() bool { return m.tmpl != nil || m.toolTmpl != nil }
 
+// ChatKeepsParts reports that the template EncodeChat uses for in takes message content as
+// a list of parts (vLLM's "openai" content format), so media parts stay in place.
+func (m *Model) ChatKeepsParts(in *ChatInput) bool {
+	tmpl, _, _ := m.pickTemplate(in)
+	return tmpl != nil && tmpl.ContentFormat() == chat.ContentOpenAI
+}
+
 // EncodePrompt appends the IDs of a /v1/completions text prompt to dst[:0]: the prompt is
 // encoded with add_special_tokens=True, as vLLM does.
 func (m *Model) EncodePrompt(dst []uint32, prompt string) ([]uint32, error) {
