@@ -82,6 +82,14 @@ CASES = [
     ("no_generation_prompt", "qwen3", {"messages": [{"role": "user", "content": LONG_USER},
                                                     {"role": "assistant", "content": "Understood."}],
                                        "add_generation_prompt": False}),
+    ("reasoning_content_input", "qwen3", {"messages": [{"role": "user", "content": LONG_USER},
+                                                       {"role": "assistant", "content": "The answer.",
+                                                        "reasoning_content": "Because of the details."}],
+                                          "add_generation_prompt": False}),
+    ("reasoning_over_reasoning_content", "qwen3", {"messages": [{"role": "user", "content": LONG_USER},
+                                                               {"role": "assistant", "content": "The answer.",
+                                                                "reasoning": "Kept.", "reasoning_content": "Dropped."}],
+                                                  "add_generation_prompt": False}),
     ("rag_documents", "local_rag", {"messages": [SYS, {"role": "user", "content": "Which way does the Rhine flow?"}],
                                     "documents": DOCS}),
     ("rag_documents_over_kwargs", "local_rag", {"messages": [SYS, {"role": "user", "content": "Sum up."}],
@@ -245,8 +253,22 @@ def has_media(msg):
     return isinstance(c, list) and any(isinstance(p, dict) and p.get("type") in MEDIA_TYPES for p in c)
 
 
+def normalize_messages(messages):
+    """ChatCompletionRequest._normalize_messages_before: the deprecated reasoning_content
+    becomes reasoning when reasoning is unset."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        rc = m.pop("reasoning_content", None)
+        if rc is not None and m.get("reasoning") is None:
+            m["reasoning"] = rc
+        out.append(m)
+    return out
+
+
 def render(source, template, special, req):
     fmt = cg.detect_content_format(source)
+    req = dict(req, messages=normalize_messages(req["messages"]))
     conv = [convert_media_message(m, fmt) if has_media(m) else cg.convert_message(m, fmt) for m in req["messages"]]
     conv = cg.developer_to_system(source, conv)
     kw = chat_kwargs(req)
