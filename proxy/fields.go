@@ -217,8 +217,9 @@ func (k *kvRouter) countBatch(st *reqState, prompt []byte) {
 // mediaSentinel marks the cut; a request that contains it is not keyed.
 const mediaSentinel = "\u2063kvgate:media-cut\u2063"
 
-// textPartTypes are the content-part types vLLM parses as text; any other part (and any
-// part carrying a media member) is media.
+// textPart: the content-part types vLLM parses as text. Any other part (and any part
+// carrying a media member) is cut at like media: unknown types too, since what precedes
+// them is still rendered the same.
 func textPart(typ []byte) bool {
 	switch string(typ) {
 	case `"text"`, `"input_text"`, `"output_text"`, `"refusal"`, `"thinking"`:
