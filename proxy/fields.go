@@ -54,7 +54,7 @@ var reasoningEfforts = [...]string{"none", "minimal", "low", "medium", "high", "
 func (k *kvRouter) tokenizeChat(st *reqState, d *decision, model *tokenize.Model) (missed bool, err error) {
 	oa, b := &st.oa, st.body
 	var in tokenize.ChatInput
-	sglang := k.sglangPool()
+	sglang, mixed := k.sglangPool()
 	if isResponses(oa) {
 		if sglang { // SGLang's /v1/responses builds its own conversation
 			k.miss(st, d, RouteMissResponses)
@@ -71,7 +71,7 @@ func (k *kvRouter) tokenizeChat(st *reqState, d *decision, model *tokenize.Model
 			k.miss(st, d, RouteMissRequestTemplate)
 			return true, nil
 		}
-		if sglang && sglangDiffers(oa, b) {
+		if sglang && (sglangCannot(oa, b) || mixed && sglangDiffers(oa, b)) {
 			k.miss(st, d, RouteMissEngineFields)
 			return true, nil
 		}
@@ -82,45 +82,62 @@ func (k *kvRouter) tokenizeChat(st *reqState, d *decision, model *tokenize.Model
 		}
 		chatInput(&in, oa, b, effort)
 	}
-	if missed, err = k.encodeChat(st, d, model, &in, boolField(oa.Value[openai.FAddSpecialTokens].Bytes(b), false)); missed || err != nil {
+	addSpecial := boolField(oa.Value[openai.FAddSpecialTokens].Bytes(b), false)
+	if sglang && !isResponses(oa) {
+		// SGLang alone: render its way (see sglangPool).
+		in.Documents, in.AddGenerationPrompt, addSpecial = nil, true, false
+		if oa.Value[openai.FToolChoice].Present() && string(oa.Value[openai.FToolChoice].Bytes(b)) == `"none"` {
+			in.Tools = nil
+		}
+	}
+	if missed, err = k.encodeChat(st, d, model, &in, addSpecial); missed || err != nil {
 		return missed, err
 	}
 	return k.truncated(st, d), nil
 }
 
 // SGLang renders chat requests its own way (python/sglang/srt/entrypoints/openai/
-// serving_chat.py, _apply_jinja_template): add_generation_prompt is always true,
-// continue_final_message re-appends the final assistant message after rendering, documents
-// are not passed, reasoning_effort (and a "reasoning" object) follow SGLang's own mapping,
-// tools are dropped for tool_choice "none" and filtered to the named tool, and
-// add_special_tokens is not the request's. kvgate's rendering is vLLM's, so when the pool
-// holds SGLang endpoints a request using any of these is kv-miss:engine_fields rather than
-// keyed the vLLM way.
+// serving_chat.py, _apply_jinja_template): add_generation_prompt is always true, documents
+// are not passed, add_special_tokens is not the request's, tools are dropped for
+// tool_choice "none" (and otherwise dumped by SGLang's own models, filtered to a named
+// tool), continue_final_message re-appends the final assistant message after rendering,
+// and reasoning_effort (and a "reasoning" object) follow SGLang's own mapping. In a rule
+// whose KV endpoints are all SGLang, kvgate renders the first four its way and counts the
+// rest as kv-miss:engine_fields; in a rule mixing vLLM and SGLang endpoints one set of keys
+// cannot serve both, so any of them is kv-miss:engine_fields.
 
-// sglangPool reports that some KV endpoint of the rule is SGLang.
-func (k *kvRouter) sglangPool() bool {
+// sglangPool reports that some KV endpoint of the rule is SGLang, and whether vLLM
+// endpoints are there too.
+func (k *kvRouter) sglangPool() (sglang, mixed bool) {
+	vllm := false
 	for i := range k.s.cfg.Endpoints {
-		if k.s.cfg.Endpoints[i].Engine == EngineSGLang {
-			return true
+		switch k.s.cfg.Endpoints[i].Engine {
+		case EngineSGLang:
+			sglang = true
+		case EngineVLLM:
+			vllm = true
 		}
+	}
+	return sglang, sglang && vllm
+}
+
+// sglangCannot: the request uses a chat field kvgate does not render SGLang's way.
+func sglangCannot(oa *openai.Request, b []byte) bool {
+	if oa.Value[openai.FReasoningEffort].Present() || oa.Value[openai.FReasoning].Present() || oa.ContinueFinalMessage {
+		return true
+	}
+	if t := oa.Value[openai.FTools]; t.Present() && openai.FirstElement(t.Bytes(b)) != nil {
+		c := oa.Value[openai.FToolChoice]
+		return !c.Present() || string(c.Bytes(b)) != `"none"`
 	}
 	return false
 }
 
 // sglangDiffers: the request uses a chat field SGLang renders differently from vLLM.
 func sglangDiffers(oa *openai.Request, b []byte) bool {
-	if oa.Value[openai.FDocuments].Present() || oa.Value[openai.FReasoningEffort].Present() ||
-		oa.Value[openai.FReasoning].Present() || boolField(oa.Value[openai.FAddSpecialTokens].Bytes(b), false) ||
-		!oa.AddGenerationPrompt || oa.ContinueFinalMessage {
-		return true
-	}
-	if t := oa.Value[openai.FTools]; t.Present() && openai.FirstElement(t.Bytes(b)) != nil {
-		if c := oa.Value[openai.FToolChoice]; c.Present() {
-			v := string(c.Bytes(b))
-			return v != `"auto"` && v != `"required"`
-		}
-	}
-	return false
+	return sglangCannot(oa, b) || oa.Value[openai.FDocuments].Present() || !oa.AddGenerationPrompt ||
+		boolField(oa.Value[openai.FAddSpecialTokens].Bytes(b), false) ||
+		oa.Value[openai.FTools].Present() && openai.FirstElement(oa.Value[openai.FTools].Bytes(b)) != nil
 }
 
 // boolField reads a JSON boolean member (already checked to be true or false) or its default.

@@ -26,6 +26,7 @@ type fieldCase struct {
 	Model     string
 	Path      string // "responses": a /v1/responses body
 	Miss      string // the route of a body kvgate does not key
+	Engine    string // "sglang": rendered the way SGLang does
 	Request   string
 	IDs       []uint32
 	PrefixIDs []uint32
@@ -40,6 +41,7 @@ func fieldGoldens(t testing.TB) (cases []fieldCase, templates map[string]string)
 			Model   string  `json:"model"`
 			Path    string  `json:"path"`
 			Miss    string  `json:"miss"`
+			Engine  string  `json:"engine"`
 			Request string  `json:"request"`
 			Prefix  *string `json:"prefix"`
 		} `json:"cases"`
@@ -67,7 +69,7 @@ func fieldGoldens(t testing.TB) (cases []fieldCase, templates map[string]string)
 		if ids.Cases[i].Name != c.Name {
 			t.Fatalf("golden files disagree at %d: %s vs %s", i, c.Name, ids.Cases[i].Name)
 		}
-		fc := fieldCase{Name: c.Name, Model: c.Model, Path: c.Path, Miss: c.Miss, Request: c.Request, IDs: ids.Cases[i].IDs, PrefixIDs: ids.Cases[i].PrefixIDs}
+		fc := fieldCase{Name: c.Name, Model: c.Model, Path: c.Path, Miss: c.Miss, Engine: c.Engine, Request: c.Request, IDs: ids.Cases[i].IDs, PrefixIDs: ids.Cases[i].PrefixIDs}
 		if c.Prefix != nil && fc.PrefixIDs == nil {
 			fc.PrefixIDs = []uint32{}
 		}
@@ -135,9 +137,20 @@ func fieldModels(t testing.TB, templates map[string]string) *tokenize.Pool {
 // fieldProxy is a KV-Exact proxy in front of one fake vLLM engine with a real ZeroMQ
 // publisher, serving every model of the field goldens.
 func fieldProxy(t *testing.T, templates map[string]string) (*Server, *kvEngine) {
+	return fieldProxyFor(t, templates, "vllm")
+}
+
+func fieldProxyFor(t *testing.T, templates map[string]string, engine string) (*Server, *kvEngine) {
 	t.Helper()
-	a := newKVEngine(t, "a", enginepub.VLLM)
-	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""))
+	flavor := enginepub.VLLM
+	if engine == "sglang" {
+		flavor = enginepub.SGLang
+	}
+	a := newKVEngine(t, "a", flavor)
+	cfg := kvConfig(t, KVConverged, a.spec(0, engine, ""))
+	if engine == "sglang" {
+		cfg.KVHashAlgo = "sha256"
+	}
 	pool := fieldModels(t, templates)
 	for name, dir := range fieldDirs {
 		cfg.Tokenizers = append(cfg.Tokenizers, TokenizerSpec{Model: name, Dir: dir})
@@ -196,8 +209,8 @@ func TestRequestFieldsParityWithOracle(t *testing.T) {
 	c := vllmChain(t)
 	checked, misses := 0, 0
 	for _, fc := range cases {
-		if fc.PrefixIDs != nil || fc.Path == "responses" {
-			continue // media: TestMediaPrefixKeys; Responses: TestResponsesParityWithOracle
+		if fc.PrefixIDs != nil || fc.Path == "responses" || fc.Engine != "" {
+			continue // media: TestMediaPrefixKeys; Responses: TestResponsesParityWithOracle; SGLang: TestSGLangParityWithOracle
 		}
 		if fc.Miss != "" {
 			if ex := explainBody(t, s, withModel(t, fc)); ex.Route != fc.Miss || ex.Tokens != 0 {
@@ -508,17 +521,16 @@ func TestSGLangFieldsMiss(t *testing.T) {
 	tools := `"tools":[{"type":"function","function":{"name":"f","parameters":{}}}]`
 	for _, tc := range []struct{ extra, route string }{
 		{``, "kv-miss:no_worker"},
-		{`,` + tools + `,"tool_choice":"auto"`, "kv-miss:no_worker"},
-		{`,` + tools, "kv-miss:no_worker"},
-		{`,"add_special_tokens":false`, "kv-miss:no_worker"},
-		{`,"documents":[{"title":"t","text":"x"}]`, "kv-miss:engine_fields"},
+		{`,"add_special_tokens":true`, "kv-miss:no_worker"},
+		{`,"documents":[{"title":"t","text":"x"}]`, "kv-miss:no_worker"},
+		{`,"add_generation_prompt":false`, "kv-miss:no_worker"},
+		{`,` + tools + `,"tool_choice":"none"`, "kv-miss:no_worker"},
+		{`,` + tools + `,"tool_choice":"auto"`, "kv-miss:engine_fields"},
+		{`,` + tools, "kv-miss:engine_fields"},
 		{`,"reasoning_effort":"low"`, "kv-miss:engine_fields"},
 		{`,"reasoning":{"effort":"high"}`, "kv-miss:engine_fields"},
-		{`,"add_generation_prompt":false`, "kv-miss:engine_fields"},
 		{`,"continue_final_message":true,"add_generation_prompt":false`, "kv-miss:engine_fields"},
-		{`,` + tools + `,"tool_choice":"none"`, "kv-miss:engine_fields"},
 		{`,` + tools + `,"tool_choice":{"type":"function","function":{"name":"f"}}`, "kv-miss:engine_fields"},
-		{`,"add_special_tokens":true`, "kv-miss:engine_fields"},
 	} {
 		if ex := explainBody(t, s, `{"model":"qwen3",`+msgs+tc.extra+`}`); ex.Route != tc.route {
 			t.Errorf("%s: route %s, want %s", tc.extra, ex.Route, tc.route)
@@ -528,5 +540,47 @@ func TestSGLangFieldsMiss(t *testing.T) {
 	var ex Explanation
 	if err := json.Unmarshal([]byte(out), &ex); err != nil || res.StatusCode != 200 || ex.Route != "kv-miss:responses" {
 		t.Errorf("Responses body in front of SGLang: %d %s", res.StatusCode, out)
+	}
+	// A rule mixing vLLM and SGLang endpoints cannot key a field they render differently.
+	b := newKVEngine(t, "b", enginepub.VLLM)
+	mixedCfg := kvConfig(t, KVConverged, a.spec(0, "sglang", ""), b.spec(1, "vllm", ""))
+	mixedCfg.KVHashAlgo, mixedCfg.KVKeys = "sha256", "rehash" // one rule, two engine contracts
+	mixed := startProxy(t, mixedCfg)
+	for _, extra := range []string{`,"documents":[{"title":"t","text":"x"}]`, `,"add_generation_prompt":false`,
+		`,` + tools + `,"tool_choice":"none"`, `,"add_special_tokens":true`} {
+		if ex := explainBody(t, mixed, `{"model":"qwen3",`+msgs+extra+`}`); ex.Route != "kv-miss:engine_fields" {
+			t.Errorf("mixed rule %s: route %s, want kv-miss:engine_fields", extra, ex.Route)
+		}
+	}
+	if ex := explainBody(t, mixed, `{"model":"qwen3",`+msgs+`}`); ex.Route == "kv-miss:engine_fields" {
+		t.Errorf("mixed rule, plain chat: %s", ex.Route)
+	}
+}
+
+// A rule of SGLang endpoints keys the prompt SGLang renders: a generation prompt always,
+// no documents, no tools under tool_choice "none".
+func TestSGLangParityWithOracle(t *testing.T) {
+	cases, templates := fieldGoldens(t)
+	s, a := fieldProxyFor(t, templates, "sglang")
+	c, err := hashcore.New(hashcore.Spec{Engine: "sglang", Algo: "sha256", BlockSize: blockSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, fc := range cases {
+		if fc.Engine != "sglang" {
+			continue
+		}
+		blocks := len(fc.IDs) / blockSize
+		publishOnly(t, s, a, c, fc.IDs, blocks)
+		ex := explainBody(t, s, withModel(t, fc))
+		if ex.Tokens != len(fc.IDs) || ex.Scores["a"] != blocks || ex.Route != "kv-hit" {
+			t.Errorf("%s: tokens=%d score=%d route=%s, want tokens=%d score=%d kv-hit",
+				fc.Name, ex.Tokens, ex.Scores["a"], ex.Route, len(fc.IDs), blocks)
+		}
+		checked++
+	}
+	if checked < 4 {
+		t.Fatalf("only %d SGLang cases", checked)
 	}
 }

@@ -212,6 +212,34 @@ TOK_CASES = [
 ]
 
 
+# SGLang-only rules (name, model, body): python/sglang/srt/entrypoints/openai/serving_chat.py
+# _apply_jinja_template renders with add_generation_prompt=True, no documents, tools only
+# when tool_choice != "none", and chat_template_kwargs as template variables.
+SGLANG_CASES = [
+    ("sg_documents", "local_rag", {"messages": [SYS, {"role": "user", "content": "Which way does the Rhine flow?"}],
+                                   "documents": DOCS}),
+    ("sg_no_generation_prompt", "qwen3", {"messages": [{"role": "user", "content": LONG_USER},
+                                                      {"role": "assistant", "content": "Understood."}],
+                                         "add_generation_prompt": False}),
+    ("sg_tool_choice_none", "qwen3", {"messages": [SYS, {"role": "user", "content": "Weather in Paris?"}],
+                                      "tools": [cg.WEATHER_TOOL], "tool_choice": "none"}),
+    ("sg_kwargs", "qwen3", {"messages": [{"role": "user", "content": LONG_USER}],
+                            "chat_template_kwargs": {"enable_thinking": False}}),
+]
+
+
+def render_sglang(source, template, special, body):
+    fmt = cg.detect_content_format(source)
+    conv = [cg.convert_message(m, fmt) for m in body["messages"]]
+    tools = None
+    if body.get("tools") and body.get("tool_choice") != "none":
+        raise ValueError("SGLang tool dumps are not reproduced")
+    variables = dict(special)
+    variables.update(body.get("chat_template_kwargs") or {})
+    variables.update(messages=conv, tools=tools, documents=None, add_generation_prompt=True)
+    return template.render(**variables)
+
+
 def merge_kwargs(defaults, overrides):
     defaults = dict(defaults or {})
     defaults.update({k: v for k, v in (overrides or {}).items() if v is not None and v != "auto"})
@@ -331,6 +359,11 @@ def main():
             case["expected"] = render(source, env.from_string(source), specials[model], body)
             case["add_special_tokens"] = body.get("add_special_tokens", False)
         cases.append(case)
+    for name, model, body in SGLANG_CASES:
+        source = sources[model]
+        cases.append({"name": name, "model": model, "path": "chat", "engine": "sglang",
+                      "request": json.dumps(body, ensure_ascii=False),
+                      "expected": render_sglang(source, env.from_string(source), specials.get(model, special), body)})
     doc = {"templates": {k: v for k, v in sources.items() if k not in ("qwen3", "gemma3")},
            "qwen3_template_sha256": hashlib.sha256(sources["qwen3"].encode()).hexdigest(),
            "special_tokens": special, "jinja2": cg.jinja2.__version__, "cases": cases}
