@@ -122,7 +122,7 @@ func TestMain(m *testing.M) {
 }
 
 // qwen3Dir is the fetched Qwen3 tokenizer; the test fails (never skips) without it.
-func qwen3Dir(t *testing.T) string {
+func qwen3Dir(t testing.TB) string {
 	dir, err := tokenize.StagedDir("qwen3")
 	if err != nil {
 		t.Fatal(err)

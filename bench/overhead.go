@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -355,11 +356,11 @@ func scrapeStages(url string) map[string]stageSum {
 	return out
 }
 
-// scrapeBuckets reads one VictoriaMetrics histogram's buckets from /metrics: vmrange
-// label ("1.000e-04...1.136e-04") -> count.
+// scrapeBuckets reads one Prometheus histogram's cumulative buckets from /metrics: le
+// bound -> count.
 func scrapeBuckets(url, series string) map[string]float64 {
 	out := map[string]float64{}
-	prefix := series + `{vmrange="`
+	prefix := series + `{le="`
 	scrapeLines(url, func(l string) {
 		if !strings.HasPrefix(l, prefix) {
 			return
@@ -391,34 +392,35 @@ func scrapeLines(url string, line func(string)) {
 	}
 }
 
-// routeQuantiles turns the bucket counts added between two scrapes into p50 and p99
-// (each the upper bound of the bucket holding that rank).
+// routeQuantiles turns the cumulative bucket counts added between two scrapes into p50
+// and p99, each the upper bound (le) of the first bucket whose count reaches that rank;
+// a rank only the +Inf bucket reaches takes the largest finite bound.
 func routeQuantiles(before, after map[string]float64) (RouteRow, bool) {
-	type bucket struct{ hi, n float64 }
+	type bucket struct{ le, n float64 }
 	var bs []bucket
-	var total float64
-	for vr, a := range after {
-		n := a - before[vr]
-		_, hiText, ok := strings.Cut(vr, "...")
-		hi, err := strconv.ParseFloat(hiText, 64)
-		if !ok || err != nil || n <= 0 {
+	for le, a := range after {
+		bound, err := strconv.ParseFloat(le, 64) // "+Inf" parses as +Inf
+		if err != nil {
 			continue
 		}
-		bs = append(bs, bucket{hi, n})
-		total += n
+		bs = append(bs, bucket{bound, a - before[le]})
 	}
-	if total == 0 {
+	sort.Slice(bs, func(i, j int) bool { return bs[i].le < bs[j].le })
+	if len(bs) == 0 || bs[len(bs)-1].n <= 0 {
 		return RouteRow{}, false
 	}
-	sort.Slice(bs, func(i, j int) bool { return bs[i].hi < bs[j].hi })
+	total := bs[len(bs)-1].n
 	at := func(q float64) time.Duration {
-		var cum float64
+		last := 0.0
 		for _, b := range bs {
-			if cum += b.n; cum >= q*total {
-				return time.Duration(b.hi * float64(time.Second))
+			if !math.IsInf(b.le, 1) {
+				last = b.le
+			}
+			if b.n >= q*total {
+				return time.Duration(last * float64(time.Second))
 			}
 		}
-		return time.Duration(bs[len(bs)-1].hi * float64(time.Second))
+		return time.Duration(last * float64(time.Second))
 	}
 	return RouteRow{Count: int64(total), P50: at(0.50), P99: at(0.99)}, true
 }

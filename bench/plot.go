@@ -96,6 +96,7 @@ func (sw *Sweep) ttftVsLoad() (*plot.Plot, error) {
 	p.Y.Tick.Marker = ticks125{}
 	p.Legend.Top, p.Legend.Left = true, true
 	p.Add(plotter.NewGrid())
+	lo, hi := math.Inf(1), 0.0
 	for i, name := range sw.PolicyNames() {
 		var p90, p50 plotter.XYs
 		for _, lv := range sw.Levels {
@@ -107,6 +108,9 @@ func (sw *Sweep) ttftVsLoad() (*plot.Plot, error) {
 		}
 		if len(p90) == 0 {
 			continue
+		}
+		for k := range p90 {
+			lo, hi = min(lo, p50[k].Y), max(hi, p90[k].Y)
 		}
 		l, pts, err := plotter.NewLinePoints(p90)
 		if err != nil {
@@ -124,6 +128,10 @@ func (sw *Sweep) ttftVsLoad() (*plot.Plot, error) {
 		l50.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
 		p.Add(l, pts, l50)
 		p.Legend.Add(name, l, pts)
+	}
+	if hi > 0 {
+		// Room below for the 1-2-5 tick under the lowest p50, and above for the legend.
+		p.Y.Min, p.Y.Max = lo/1.5, hi*4
 	}
 	return p, nil
 }

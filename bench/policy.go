@@ -206,14 +206,14 @@ func startKvgate(ctx context.Context, env *Env, withEvents bool, flags []string)
 }
 
 // waitEventsConnected polls a kvgate /metrics until n endpoints report
-// kvgate_events_connected 1, then allows the subscription message a moment to reach the
+// kvgate_ingest_connected 1, then allows the subscription message a moment to reach the
 // engines (ZeroMQ sends it right after the connection).
 func waitEventsConnected(ctx context.Context, metricsURL string, n int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		up := 0
 		scrapeLines(metricsURL, func(l string) {
-			if strings.HasPrefix(l, "kvgate_events_connected{") && strings.HasSuffix(l, " 1") {
+			if strings.HasPrefix(l, "kvgate_ingest_connected{") && strings.HasSuffix(l, " 1") {
 				up++
 			}
 		})

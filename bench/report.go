@@ -214,8 +214,9 @@ func (sw *Sweep) PolicyNames() []string {
 const policyLegend = "Policies: rr = `-select rr -kv-mode off`; chwbl = `-select chwbl -kv-mode off`; " +
 	"kv-exact = `-kv-mode 3` with every other default (the cost policy: least predicted TTFT); " +
 	"kv-exact-overlap / kv-exact-prefix = `-kv-mode 3 -kv-policy overlap -kv-score overlap|prefix` (the argmax; misses fall back to rr); " +
-	"oracle = the harness places each request on the engine with the least predicted TTFT under the simulator's own latency model, " +
-	"knowing every engine's cache (its /debug/probe) and queue (ties: least loaded, then rotation), no kvgate."
+	"oracle = the harness places each request on the engine with the least predicted TTFT under the simulator's own latency model " +
+	"(FCFS admission for a batch slot and KV blocks, then prefill of the uncached tokens), knowing every engine's cache (Sim.ProbeBody), " +
+	"free blocks and queue (ties: least loaded, then rotation), no kvgate; it is greedy per request."
 
 // WriteTargets states the issue's TTFT targets against this run when the policies are there:
 // the default KV-Exact (kv-exact; else the overlap or prefix argmax) against rr, chwbl and

@@ -49,7 +49,7 @@ func TestNewErrors(t *testing.T) {
 		{Spec{Engine: "vllm", BlockSize: MaxBlockSize + 1}, "at most"},
 		{Spec{Engine: "vllm", Algo: "xxhash", BlockSize: 16}, "random"},
 		{Spec{Engine: "vllm", Algo: "xxhash_cbor", BlockSize: 16}, "no parity"},
-		{Spec{Engine: "sglang", Algo: "sha256_cbor", BlockSize: 16}, "sha256 only"},
+		{Spec{Engine: "sglang", Algo: "sha256_cbor", BlockSize: 16}, "SGLang pages use sha256 (sha256-bigram"},
 		{Spec{Engine: "kvgate", Algo: "sha256", BlockSize: 16}, "want fast"},
 		{Spec{Engine: "vllm", BlockSize: 16, Seed: "\xff", SeedSet: true}, "UTF-8"},
 		{Spec{Engine: "vllm", BlockSize: 16, Seed: strings.Repeat("x", MaxStringLen+1), SeedSet: true}, "at most"},
@@ -148,7 +148,7 @@ func TestChainingAndSalt(t *testing.T) {
 				t.Errorf("%s: salt with first=false changed key %d", c.Name(), i)
 			}
 		}
-		if c.Name() != "sglang/sha256" && whole[0] == noSaltFirst[0] {
+		if whole[0] == noSaltFirst[0] {
 			t.Errorf("%s: cache salt did not change block 0", c.Name())
 		}
 	}

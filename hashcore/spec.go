@@ -25,15 +25,19 @@ var ErrMultimodal = errors.New("hashcore: multimodal extra keys are not supporte
 // Spec names one engine contract and its parameters.
 type Spec struct {
 	Engine    string // "vllm" | "sglang" | "kvgate"
-	Algo      string // vllm: "sha256" (default) | "sha256_cbor" | "xxhash" | "xxhash_cbor"; sglang: "sha256"; kvgate: "fast"
+	Algo      string // vllm: "sha256" (default) | "sha256_cbor" | "xxhash" | "xxhash_cbor"; sglang: "sha256" | "sha256-bigram" (= Bigram); kvgate: "fast"
 	BlockSize int    // tokens per hashed block: SGLang page size; vLLM's hash block size (block_size x decode-context-parallel size; hybrid models: prefix_match_unit or the GCD of group block sizes)
 	Seed      string // the engine's PYTHONHASHSEED value (vLLM only)
 	SeedSet   bool   // false: the engine runs with PYTHONHASHSEED unset
+	// Bigram (SGLang only): the engine runs EAGLE speculative decoding, whose radix
+	// cache keys pages by token bigrams; BlockSize counts bigrams per page.
+	Bigram bool
 }
 
 // New returns the chain for s, or an error naming what cannot be matched. An empty Algo
 // means the engine's default (vLLM: sha256, SGLang: sha256, kvgate: fast).
-// SGLang's page hash has no seed and no extra keys: Seed is ignored for it.
+// SGLang's page hash has no seed and no LoRA key: Seed is ignored for it; a cache salt
+// seeds its first page.
 func New(s Spec) (Chain, error) {
 	switch s.Engine {
 	case "vllm", "sglang", "kvgate":
@@ -48,14 +52,21 @@ func New(s Spec) (Chain, error) {
 	if s.BlockSize > MaxBlockSize {
 		return nil, fmt.Errorf("hashcore: block size %d: must be at most %d", s.BlockSize, MaxBlockSize)
 	}
+	if s.Bigram && s.Engine != "sglang" {
+		return nil, fmt.Errorf("hashcore: %s: bigram page keys are SGLang's (EAGLE); no %s contract hashes bigrams", s.Engine, s.Engine)
+	}
 	switch s.Engine {
 	case "vllm":
 		return newVLLM(s)
 	case "sglang":
-		if s.Algo != "" && s.Algo != "sha256" {
-			return nil, fmt.Errorf("hashcore: sglang algo %q: SGLang pages use sha256 only", s.Algo)
+		switch s.Algo {
+		case "", "sha256":
+		case "sha256-bigram": // the chain's name, so -kv-hash-algo can select it too
+			s.Bigram = true
+		default:
+			return nil, fmt.Errorf("hashcore: sglang algo %q: SGLang pages use sha256 (sha256-bigram with EAGLE speculative decoding)", s.Algo)
 		}
-		return &sglangChain{blockSize: s.BlockSize}, nil
+		return &sglangChain{blockSize: s.BlockSize, bigram: s.Bigram}, nil
 	default: // "kvgate"
 		if s.Algo != "" && s.Algo != "fast" {
 			return nil, fmt.Errorf("hashcore: kvgate algo %q: want fast", s.Algo)

@@ -1,7 +1,9 @@
 package ingest
 
 import (
+	"bytes"
 	"fmt"
+	"time"
 
 	"github.com/kvgate/kvgate/hashcore"
 )
@@ -17,7 +19,9 @@ type applier struct {
 	fone  []uint64 // scratch: kvgate's fast key of one block
 	fkeys []uint64 // kvgate's fast keys of the current event
 	rm    []uint64
+	plain []uint32 // scratch: a bigram event's plain tokens
 	lora  string
+	salt  string
 	ex    hashcore.Extras
 }
 
@@ -51,6 +55,8 @@ func (a *applier) apply(payload []byte) error {
 			e.c.cleared.Inc()
 			e.c.clearedByEngine.Inc()
 			e.clearLocked()
+		case EventInvalid:
+			e.badEvent(ev.Bad)
 		default:
 			e.c.unknown.Inc()
 		}
@@ -63,10 +69,28 @@ func (a *applier) apply(payload []byte) error {
 	return err
 }
 
+// badEventWarnEvery spaces the WARNs about undecodable events of one endpoint.
+const badEventWarnEvery = 10 * time.Second
+
+// badEvent counts one event skipped as undecodable and WARNs at most once per
+// badEventWarnEvery, with the number skipped since the last WARN.
+func (e *endpoint) badEvent(reason BadReason) {
+	e.c.badEvents[reason].Inc()
+	e.badSince++
+	now := time.Now()
+	if now.Sub(e.badWarned) < badEventWarnEvery {
+		return
+	}
+	e.m.cfg.Logger.Warn("ingest: skipped an event that does not decode; the rest of its batch is applied",
+		"endpoint", e.cfg.Name, "reason", reason.String(), "skipped_since_last_warn", e.badSince)
+	e.badWarned, e.badSince = now, 0
+}
+
 // clearLocked empties the endpoint's inventory slot and block map (e.mu held).
 func (e *endpoint) clearLocked() {
 	e.m.cfg.Inventory.ClearEndpoint(e.cfg.Index)
 	e.blocks.reset()
+	e.refs.reset()
 	for i := range e.tiers {
 		e.tiers[i].Store(0)
 	}
@@ -79,14 +103,36 @@ func (e *endpoint) clear() {
 }
 
 func (a *applier) extras(ev *Event) *hashcore.Extras {
-	if len(ev.LoRAName) == 0 {
+	if len(ev.LoRAName) == 0 && len(ev.CacheSalt) == 0 {
 		return nil
 	}
+	// Each allocates only when the adapter (salt) changes from the previous event's.
 	if string(ev.LoRAName) != a.lora {
-		a.lora = string(ev.LoRAName) // allocates only when the adapter changes
+		a.lora = string(ev.LoRAName)
 	}
-	a.ex = hashcore.Extras{LoRAName: a.lora}
+	if string(ev.CacheSalt) != a.salt {
+		a.salt = string(ev.CacheSalt)
+	}
+	a.ex = hashcore.Extras{LoRAName: a.lora, CacheSalt: a.salt}
 	return &a.ex
+}
+
+// unpair turns a bigram event's flattened pairs [t0,t1, t1,t2, ...] back into the plain
+// tokens t0, t1, t2, ... (one more than pairs), in a.plain; false when consecutive pairs
+// do not overlap (not one token sequence).
+func (a *applier) unpair(words []uint32) ([]uint32, bool) {
+	p := a.plain[:0]
+	for i := 0; i+1 < len(words); i += 2 {
+		if i > 0 && words[i] != words[i-1] {
+			return nil, false
+		}
+		p = append(p, words[i])
+	}
+	if len(words) > 0 {
+		p = append(p, words[len(words)-1])
+	}
+	a.plain = p
+	return p, true
 }
 
 // extrasReproducible reports whether an event's extra_keys are ones kvgate re-hashes: none,
@@ -117,7 +163,10 @@ func (a *applier) stored(ev *Event) {
 	cfg := &e.m.cfg
 	e.c.stored.Inc()
 	nb := len(ev.Hashes)
-	e.tiers[ev.Medium].Add(int64(nb))
+	e.refs.touch(ev.Hashes)
+	for _, h := range ev.Hashes {
+		e.hold(h, ev.Medium)
+	}
 	if !cfg.Routed.Has(ev.Medium) || nb == 0 {
 		return
 	}
@@ -138,6 +187,22 @@ func (a *applier) stored(ev *Event) {
 	e.c.keysAdded.Add(added)
 }
 
+// hold counts one more holder of engine hash h on tier m (e.mu held).
+func (e *endpoint) hold(h uint64, m Medium) {
+	fresh, dropped := e.refs.inc(h, m)
+	if fresh {
+		e.tiers[m].Add(1)
+	}
+	if dropped != 0 {
+		e.c.refEvictions.Inc()
+		for t := Medium(0); t < numMedia; t++ {
+			if dropped.Has(t) {
+				e.tiers[t].Add(-1)
+			}
+		}
+	}
+}
+
 // hashBlocks re-hashes an event's token_ids: with the rule's contract to attest parity,
 // and with kvgate's fast chain into a.fkeys. It records every block in the block map and
 // reports whether a.fkeys holds a fast key for every block.
@@ -146,13 +211,28 @@ func (a *applier) hashBlocks(ev *Event) bool {
 	cfg := &e.m.cfg
 	nb, bs := len(ev.Hashes), ev.BlockSize
 	a.fkeys = a.fkeys[:0]
-	if bs <= 0 || len(ev.Tokens) != nb*bs {
-		// Offload events may carry no tokens: nothing to hash.
+	tokens := ev.Tokens
+	extra := 0 // tokens a block needs past its end: the next token of a bigram page
+	if ev.Bigram {
+		var ok bool
+		if tokens, ok = a.unpair(ev.Tokens); !ok {
+			tokens = nil
+		}
+		extra = 1
+	}
+	if bs <= 0 || len(tokens) != nb*bs+extra || isCheckpoint(ev) {
+		// Offload events may carry no tokens: nothing to hash. A mamba checkpoint store
+		// names a node's last page hash with only that page's tokens and no parent.
 		if cfg.Chain != nil {
 			e.c.paritySkipped.Inc()
 		}
 		return false
 	}
+	ruleBS := cfg.Fast.BlockSize()
+	if cfg.Chain != nil {
+		ruleBS = cfg.Chain.BlockSize()
+	}
+	e.noteBlockSize(bs, ruleBS)
 	var pc, pf hashcore.Digest
 	hasC, hasF := true, true
 	first := !ev.HasParent
@@ -171,35 +251,45 @@ func (a *applier) hashBlocks(ev *Event) bool {
 		pf = cfg.Fast.Root()
 	}
 	attest := cfg.Chain != nil && hasC && extrasReproducible(ev)
-	sizeDiffers := attest && cfg.Chain.BlockSize() != bs
-	if sizeDiffers {
+	// The rule's contract must hash the same kind of page the engine published. A block
+	// k times the rule's (a hybrid model's group with larger blocks) is k of the rule's
+	// blocks: the engine publishes the key of the last (vLLM's BlockHashListWithBlockSize).
+	cause := causeNone
+	switch {
+	case !attest:
+	case bs%cfg.Chain.BlockSize() != 0:
+		cause = causeBlockSize
+	case hashcore.HashesBigrams(cfg.Chain) != ev.Bigram:
+		cause = causeBigram
+	}
+	if cause != causeNone {
 		attest = false
 	}
 	// Engine mode never switches: fast keys would be wasted work.
-	doFast := hasF && cfg.Fast.BlockSize() == bs && e.keys != KeysEngine
+	doFast := hasF && bs%cfg.Fast.BlockSize() == 0 && e.keys != KeysEngine
 	ex := a.extras(ev)
 	mismatch := false
 	for i := 0; i < nb; i++ {
-		blk := ev.Tokens[i*bs : (i+1)*bs]
 		ent := e.blocks.put(ev.Hashes[i])
+		ent.level = 0 // on a routed tier again (see removed)
 		if attest {
-			a.ckeys, pc = cfg.Chain.AppendKeys(a.ckeys[:0], pc, blk, ex, first && i == 0)
-			if len(a.ckeys) != 1 || a.ckeys[0] != ev.Hashes[i] {
+			a.ckeys, pc = cfg.Chain.AppendKeys(a.ckeys[:0], pc, tokens[i*bs:(i+1)*bs+extra], ex, first && i == 0)
+			if n := len(a.ckeys); n != bs/cfg.Chain.BlockSize() || a.ckeys[n-1] != ev.Hashes[i] {
 				mismatch = true
 			}
 			ent.cd, ent.hasC = pc, true
 		}
 		if doFast {
-			a.fone, pf = cfg.Fast.AppendKeys(a.fone[:0], pf, blk, ex, first && i == 0)
-			if len(a.fone) == 1 {
-				ent.fkey, ent.fd, ent.hasF = a.fone[0], pf, true
-				a.fkeys = append(a.fkeys, a.fone[0])
+			a.fone, pf = cfg.Fast.AppendKeys(a.fone[:0], pf, tokens[i*bs:(i+1)*bs], ex, first && i == 0)
+			if n := len(a.fone); n == bs/cfg.Fast.BlockSize() {
+				ent.fkey, ent.fd, ent.hasF = a.fone[n-1], pf, true
+				a.fkeys = append(a.fkeys, a.fone[n-1])
 			}
 		}
 	}
 	switch {
-	case sizeDiffers || mismatch:
-		a.mismatch(ev, sizeDiffers)
+	case cause != causeNone || mismatch:
+		a.mismatch(ev, cause)
 	case attest:
 		e.c.parityOK.Inc()
 		e.parity.CompareAndSwap(parityUnknown, parityOK)
@@ -209,15 +299,52 @@ func (a *applier) hashBlocks(ev *Event) bool {
 	return doFast && len(a.fkeys) == nb
 }
 
+// isCheckpoint reports an SGLang mamba component store: one hash, the last page of a
+// radix node, published without its parent (mem_cache events recorder), so its tokens
+// cannot be re-hashed; its hash is the full-attention page's, counted as another holder.
+func isCheckpoint(ev *Event) bool {
+	c := ev.Component
+	for i := 0; i+5 <= len(c); i++ {
+		if bytes.EqualFold(c[i:i+5], []byte("mamba")) {
+			return true
+		}
+	}
+	return false
+}
+
+// noteBlockSize records the block size a store's tokens prove (bs tokens per published
+// key) and, the first time it is one the rule cannot key (not a multiple of ruleBS),
+// WARNs naming both: that endpoint's blocks get no keys of the rule's (e.mu held).
+func (e *endpoint) noteBlockSize(bs, ruleBS int) {
+	if cur := e.engineBS.Load(); cur == 0 || int64(bs) < cur {
+		e.engineBS.Store(int64(bs))
+	}
+	if bs%ruleBS == 0 || e.sizeWarned == bs {
+		return
+	}
+	e.sizeWarned = bs
+	e.sizeMismatch.Store(true)
+	e.m.cfg.Logger.Warn("ingest: the engine's blocks do not fit the rule's block size; kvgate cannot key them",
+		"endpoint", e.cfg.Name, "engine", e.cfg.Engine, "engine_block_size", bs, "rule_block_size", ruleBS,
+		"fix", "set the rule's block size to the engine's (vLLM --block-size, SGLang --page-size, TensorRT-LLM tokens_per_block)")
+}
+
+// A parity failure's cause when the event alone shows it, before any key is compared.
+const (
+	causeNone      = iota
+	causeBlockSize // the engine's blocks are not the rule's size
+	causeBigram    // the engine keys bigram pages (EAGLE) and the rule plain ones, or back
+)
+
 // mismatch records a parity failure; the first one is diagnosed and logged, and in auto
 // mode switches the endpoint to kvgate's re-hashed keys.
-func (a *applier) mismatch(ev *Event, sizeDiffers bool) {
+func (a *applier) mismatch(ev *Event, known int) {
 	e := a.e
 	e.c.parityMismatch.Inc()
 	if e.parity.Swap(parityMismatch) == parityMismatch {
 		return
 	}
-	cause := a.diagnose(ev, sizeDiffers)
+	cause := a.diagnose(ev, known)
 	e.cause.Store(&cause)
 	switched := e.keys == KeysAuto && !e.fast.Load()
 	e.m.cfg.Logger.Warn("ingest: engine keys differ from the rule's contract",
@@ -255,10 +382,16 @@ func (a *applier) switchToFastLocked() {
 
 // diagnose names the likely cause of a mismatch: block size, else (on a root block, with
 // the rule's Spec) the algo that does reproduce the engine's key, else the seed.
-func (a *applier) diagnose(ev *Event, sizeDiffers bool) string {
+func (a *applier) diagnose(ev *Event, known int) string {
 	cfg := &a.e.m.cfg
-	if sizeDiffers {
+	switch known {
+	case causeBlockSize:
 		return fmt.Sprintf("block size: the engine publishes %d-token blocks, the rule hashes %d", ev.BlockSize, cfg.Chain.BlockSize())
+	case causeBigram:
+		if ev.Bigram {
+			return "bigram: the engine keys EAGLE bigram pages; the rule's contract needs Bigram (SGLang with speculative decoding)"
+		}
+		return "bigram: the rule hashes EAGLE bigram pages but the engine publishes plain pages"
 	}
 	if a.e.cfg.Engine == EngineSGLang {
 		return "SGLang page keys differ: check --page-size and the tokenizer/chat template"
@@ -269,6 +402,18 @@ func (a *applier) diagnose(ev *Event, sizeDiffers bool) string {
 	bs := ev.BlockSize
 	blk := ev.Tokens[:bs]
 	ex := a.extras(ev)
+	// A block of k rule blocks carries the key of its last (see hashBlocks).
+	reproduces := func(k []uint64) bool { return len(k) > 0 && k[len(k)-1] == ev.Hashes[0] }
+	if rbs := cfg.Chain.BlockSize(); bs != rbs {
+		// A multiple of the rule's block size passes as a hybrid group's larger blocks;
+		// if the rule's contract at the engine's block size reproduces the key, the engine
+		// simply hashes bigger blocks.
+		s := *cfg.Spec
+		s.BlockSize = bs
+		if c, err := hashcore.New(s); err == nil && reproduces(hashcore.Keys(c, nil, blk, ex)) {
+			return fmt.Sprintf("block size: the engine hashes %d-token blocks, the rule %d (set the rule's block size to %d)", bs, rbs, bs)
+		}
+	}
 	for _, algo := range []string{"sha256", "sha256_cbor", "xxhash", "xxhash_cbor"} {
 		s := *cfg.Spec
 		s.Algo = algo
@@ -276,7 +421,7 @@ func (a *applier) diagnose(ev *Event, sizeDiffers bool) string {
 		if err != nil {
 			continue
 		}
-		if k := hashcore.Keys(c, nil, blk, ex); len(k) == 1 && k[0] == ev.Hashes[0] {
+		if reproduces(hashcore.Keys(c, nil, blk, ex)) {
 			if algo == cfg.Spec.Algo || (cfg.Spec.Algo == "" && algo == "sha256") {
 				return "extras: the contract matches on a plain block; check LoRA names and cache salts"
 			}
@@ -286,7 +431,7 @@ func (a *applier) diagnose(ev *Event, sizeDiffers bool) string {
 	if ex != nil {
 		s := *cfg.Spec
 		if c, err := hashcore.New(s); err == nil {
-			if k := hashcore.Keys(c, nil, blk, nil); len(k) == 1 && k[0] == ev.Hashes[0] {
+			if reproduces(hashcore.Keys(c, nil, blk, nil)) {
 				return "LoRA: the engine's keys carry no LoRA name"
 			}
 		}
@@ -294,31 +439,44 @@ func (a *applier) diagnose(ev *Event, sizeDiffers bool) string {
 	return "seed: no algo reproduces the engine's root block with the rule's seed; the engine's PYTHONHASHSEED differs (or it is an older vLLM with a random NONE_HASH: no parity possible)"
 }
 
+// removed applies a BlockRemoved: a hash leaves the inventory only when no routed tier
+// holds it any more (another KV cache group, a duplicate block or another chunk may),
+// and leaves the block map when no tier does.
 func (a *applier) removed(ev *Event) {
 	e := a.e
 	cfg := &e.m.cfg
 	e.c.removed.Inc()
-	e.tiers[ev.Medium].Add(-int64(len(ev.Hashes)))
-	if !cfg.Routed.Has(ev.Medium) {
-		return
-	}
-	var n int
-	if e.fast.Load() {
-		a.rm = a.rm[:0]
-		for _, h := range ev.Hashes {
-			if b := e.blocks.get(h); b != nil {
-				if b.hasF {
-					a.rm = append(a.rm, b.fkey)
-				}
+	fast := e.fast.Load()
+	a.rm = a.rm[:0]
+	e.refs.touch(ev.Hashes)
+	for _, h := range ev.Hashes {
+		known, gone, left := e.refs.dec(h, ev.Medium)
+		if known && gone {
+			e.tiers[ev.Medium].Add(-1)
+		}
+		if !gone || left&cfg.Routed != 0 || !cfg.Routed.Has(ev.Medium) {
+			// Still held where routing looks, or never routed from this tier.
+			if left == 0 {
 				e.blocks.del(h)
 			}
+			continue
 		}
-		n = cfg.Inventory.Remove(e.cfg.Index, a.rm)
-	} else {
-		n = cfg.Inventory.Remove(e.cfg.Index, ev.Hashes)
-		for _, h := range ev.Hashes {
+		b := e.blocks.get(h)
+		if !fast {
+			a.rm = append(a.rm, h)
+		} else if b != nil && b.hasF {
+			a.rm = append(a.rm, b.fkey)
+		}
+		switch {
+		case left == 0:
 			e.blocks.del(h)
+		case b != nil:
+			// Kept for its other tiers' sake (a later chain may name it as parent), but
+			// off the routed ones: a switch to re-hashed keys must not index it.
+			b.level = 1
 		}
 	}
-	e.c.keysRemoved.Add(n)
+	if len(a.rm) > 0 {
+		e.c.keysRemoved.Add(cfg.Inventory.Remove(e.cfg.Index, a.rm))
+	}
 }

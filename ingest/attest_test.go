@@ -155,15 +155,20 @@ func TestParityAttestation(t *testing.T) {
 	cases := []tc{
 		{name: "vllm-ok-auto", keys: KeysAuto, engine: "vllm", algo: "sha256_cbor", bs: 16, streams: []attestStream{ok}, parity: "ok"},
 		{name: "vllm-ok-map-lora", keys: KeysAuto, engine: "vllm", algo: "sha256_cbor", bs: 16, layout: enginepub.LayoutMap, streams: []attestStream{okLoRA}, parity: "ok"},
+		{name: "vllm-ok-map-batch", keys: KeysAuto, engine: "vllm", algo: "sha256_cbor", bs: 16, layout: enginepub.LayoutMapBatch, streams: []attestStream{ok, okLoRA}, parity: "ok"},
 		{name: "vllm-ok-rehash", keys: KeysRehash, engine: "vllm", algo: "sha256_cbor", bs: 16, streams: []attestStream{ok}, parity: "ok", rehash: true},
 		// Parity held for a while, then a mismatching stream: auto re-keys every block it
 		// knows (the ok stream's too) with kvgate's fast chain.
 		{name: "vllm-seed-auto", keys: KeysAuto, engine: "vllm", algo: "sha256_cbor", bs: 16, streams: []attestStream{ok, bad}, parity: "mismatch", rehash: true, cause: "seed"},
 		{name: "vllm-seed-engine", keys: KeysEngine, engine: "vllm", algo: "sha256_cbor", bs: 16, streams: []attestStream{bad}, parity: "mismatch", cause: "seed"},
 		{name: "vllm-algo-auto", keys: KeysAuto, engine: "vllm", algo: "sha256", bs: 16, streams: []attestStream{ok}, parity: "mismatch", rehash: true, cause: "algo: the engine hashes with sha256_cbor"},
-		// The rule's blocks are 8 tokens, the engine's 16: no key kvgate computes can
-		// line up, so nothing is indexed after the switch.
-		{name: "vllm-blocksize-auto", keys: KeysAuto, engine: "vllm", algo: "sha256_cbor", bs: 8, streams: []attestStream{ok}, parity: "mismatch", rehash: true, cause: "block size", want: []uint64{}},
+		// The rule's blocks are 8 tokens, the engine's 16: no engine key lines up, and the
+		// diagnosis names the engine's block size. The engine's 16-token blocks are two
+		// of kvgate's 8-token fast blocks: after the switch each is indexed under the
+		// fast key of its last 8 tokens, which a prompt's fast chain computes too.
+		{name: "vllm-blocksize-auto", keys: KeysAuto, engine: "vllm", algo: "sha256_cbor", bs: 8, streams: []attestStream{ok}, parity: "mismatch", rehash: true, cause: "block size: the engine hashes 16-token blocks, the rule 8"},
+		// 16-token engine blocks under a 32-token rule cannot be keyed at all.
+		{name: "vllm-blocksize-smaller", keys: KeysAuto, engine: "vllm", algo: "sha256_cbor", bs: 32, streams: []attestStream{ok}, parity: "mismatch", rehash: true, cause: "block size: the engine publishes 16-token blocks, the rule hashes 32", want: []uint64{}},
 		{name: "sglang-ok", keys: KeysAuto, engine: "sglang", algo: "sha256", bs: 4, streams: []attestStream{sg}, parity: "ok"},
 	}
 	for _, c := range cases {

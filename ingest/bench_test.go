@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"encoding/hex"
 	"testing"
 	"time"
 
@@ -203,4 +204,101 @@ func BenchmarkZMQLoopback(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "batches/s")
 	b.ReportMetric(float64(benchEvents*benchBlocks)*float64(b.N)/b.Elapsed().Seconds(), "keys/s")
+}
+
+// TestDecodeApplyZeroAllocNewPaths: today's layouts stay allocation-free once warm: a
+// vLLM map batch, a batch whose bad events are skipped, SGLang salted and EAGLE bigram
+// stores attested and re-hashed, and hybrid-group stores and removals counted per holder.
+func TestDecodeApplyZeroAllocNewPaths(t *testing.T) {
+	var sg []sglangStream
+	loadJSON(t, "sglang_streams.json", &sg)
+	var hold []holderStream
+	loadJSON(t, "holders.json", &hold)
+	hexes := func(ss []string) [][]byte {
+		var out [][]byte
+		for _, s := range ss {
+			b, _ := hex.DecodeString(s)
+			out = append(out, b)
+		}
+		return out
+	}
+	type run struct {
+		name     string
+		engine   string
+		spec     hashcore.Spec
+		keys     KeyMode
+		payloads [][]byte
+	}
+	var runs []run
+	for _, s := range sg {
+		for _, k := range []KeyMode{KeysEngine, KeysRehash} {
+			runs = append(runs, run{"sglang-" + s.Name + "/" + k.String(), "sglang",
+				hashcore.Spec{Engine: "sglang", BlockSize: s.BlockSize, Bigram: s.Bigram}, k, hexes(s.Payloads)})
+		}
+	}
+	for _, s := range hold {
+		if s.Attested > 0 {
+			runs = append(runs, run{"vllm-" + s.Name, "vllm",
+				hashcore.Spec{Engine: "vllm", Algo: "sha256_cbor", BlockSize: s.BlockSize}, KeysRehash, hexes(s.Payloads)})
+		}
+	}
+	found := 0
+	for _, g := range loadBatches(t) {
+		if g.Name == "bad-event-mid-batch-vllm" || g.Name == "vllm-map-batch" {
+			found++
+			runs = append(runs, run{"vllm-" + g.Name, "vllm",
+				hashcore.Spec{Engine: "vllm", Algo: "sha256_cbor", BlockSize: 16}, KeysEngine, hexes([]string{g.Payload})})
+		}
+	}
+	if found != 2 || len(runs) < 14 {
+		t.Fatalf("golden inputs missing: %d batches, %d runs", found, len(runs))
+	}
+	for _, r := range runs {
+		c, err := hashcore.New(r.spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := Config{Inventory: &countingInventory{}, Keys: r.keys, Chain: c, Spec: &r.spec, BlockMapSize: 1 << 10}
+		m, err := NewManager(cfg, []EndpointConfig{{Name: "z", Engine: r.engine, Events: "tcp://127.0.0.1:1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := newApplier(m.eps[0])
+		all := func() {
+			for _, p := range r.payloads {
+				a.apply(p)
+			}
+		}
+		all()
+		all()
+		if allocs := testing.AllocsPerRun(50, all); allocs != 0 {
+			t.Errorf("%s: %.1f allocs per %d batches, want 0", r.name, allocs, len(r.payloads))
+		}
+	}
+}
+
+// BenchmarkRefTable: one op stores and removes one hash among 16K live ones in the
+// default-sized table (the holder counting every stored and removed key pays).
+func BenchmarkRefTable(b *testing.B) {
+	rt := newRefTable(1 << 17)
+	const live = 1 << 14
+	keys := make([]uint64, 2*live)
+	x := uint64(88172645463325252)
+	for i := range keys {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		keys[i] = x
+	}
+	for _, k := range keys[:live] {
+		rt.inc(k, MediumGPU)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		j := i % live
+		rt.inc(keys[live+j], MediumGPU)
+		rt.dec(keys[j], MediumGPU)
+		keys[j], keys[live+j] = keys[live+j], keys[j]
+	}
 }

@@ -103,20 +103,23 @@ const MediaGPU Media = 1 << MediumGPU
 // Has reports whether m holds tier t.
 func (m Media) Has(t Medium) bool { return m&(1<<t) != 0 }
 
-// ParseMedia parses a comma list of tiers (gpu, cpu, storage).
+// ParseMedia parses a comma list of tiers (gpu, cpu, storage, external; SGLang's
+// cpu_pinned and disk name cpu and storage).
 func ParseMedia(s string) (Media, error) {
 	var m Media
 	for _, f := range strings.Split(s, ",") {
 		switch strings.ToUpper(strings.TrimSpace(f)) {
 		case "GPU":
 			m |= 1 << MediumGPU
-		case "CPU":
+		case "CPU", "CPU_PINNED":
 			m |= 1 << MediumCPU
 		case "STORAGE", "DISK":
 			m |= 1 << MediumStorage
+		case "EXTERNAL":
+			m |= 1 << MediumExternal
 		case "":
 		default:
-			return 0, fmt.Errorf("ingest: medium %q: want gpu, cpu or storage", f)
+			return 0, fmt.Errorf("ingest: medium %q: want gpu, cpu, storage or external", f)
 		}
 	}
 	if m == 0 {
@@ -144,6 +147,10 @@ type Config struct {
 	Routed Media
 	// BlockMapSize bounds the per-endpoint engine-hash -> digest map (default 1<<17).
 	BlockMapSize int
+	// RefCountSize bounds the per-endpoint engine-hash -> holders-per-tier table that
+	// keeps a removal from deleting a key another holder still has (default
+	// BlockMapSize; 24 bytes an entry).
+	RefCountSize int
 	// SeqWindow is the largest gap that keeps the inventory (default 64).
 	SeqWindow int
 
@@ -175,6 +182,9 @@ func (c *Config) defaults() error {
 	}
 	if c.BlockMapSize <= 0 {
 		c.BlockMapSize = 1 << 17
+	}
+	if c.RefCountSize <= 0 {
+		c.RefCountSize = c.BlockMapSize
 	}
 	if c.SeqWindow <= 0 {
 		c.SeqWindow = 64

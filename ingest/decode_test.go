@@ -19,6 +19,14 @@ type goldenEvent struct {
 	Medium       string   `json:"medium"`
 	LoRAName     string   `json:"lora_name"`
 	HasExtraKeys bool     `json:"has_extra_keys"`
+	Bad          string   `json:"bad,omitempty"`
+	HasSalt      bool     `json:"has_salt,omitempty"`
+	CacheSalt    string   `json:"cache_salt,omitempty"`
+	Bigram       bool     `json:"bigram,omitempty"`
+	Group        *int     `json:"group,omitempty"`
+	SpecKind     string   `json:"spec_kind,omitempty"`
+	Window       int      `json:"sliding_window,omitempty"`
+	Component    string   `json:"component,omitempty"`
 }
 
 type goldenBatch struct {
@@ -71,7 +79,7 @@ func u64s(t testing.TB, ss []string) []uint64 {
 }
 
 func kindName(k EventKind) string {
-	return [...]string{"unknown", "stored", "removed", "cleared"}[k]
+	return [...]string{"unknown", "stored", "removed", "cleared", "invalid"}[k]
 }
 
 // TestDecodeGoldens decodes batches written by Python's msgpack and compares every field
@@ -89,15 +97,24 @@ func TestDecodeGoldens(t *testing.T) {
 			if err := d.Reset(p); err == nil {
 				for d.Next(&ev) {
 					ge := goldenEvent{Kind: kindName(ev.Kind)}
+					if ev.Group >= 0 {
+						g := ev.Group
+						ge.Group = &g
+					}
 					switch ev.Kind {
+					case EventInvalid:
+						ge.Bad = ev.Bad.String()
 					case EventStored:
 						ge.HasParent, ge.Parent = ev.HasParent, strconv.FormatUint(ev.Parent, 10)
 						ge.Tokens = append([]uint32{}, ev.Tokens...)
 						ge.BlockSize, ge.LoRAName = ev.BlockSize, string(ev.LoRAName)
 						ge.HasExtraKeys = ev.ExtraKeys != nil
+						ge.HasSalt, ge.CacheSalt, ge.Bigram = ev.HasSalt, string(ev.CacheSalt), ev.Bigram
+						ge.SpecKind, ge.Window = string(ev.SpecKind), ev.SlidingWindow
 						fallthrough
 					case EventRemoved:
 						ge.Medium = ev.Medium.String()
+						ge.Component = string(ev.Component)
 						ge.Hashes = []string{}
 						for _, h := range ev.Hashes {
 							ge.Hashes = append(ge.Hashes, strconv.FormatUint(h, 10))

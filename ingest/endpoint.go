@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 )
@@ -32,6 +33,8 @@ type counters struct {
 	decodeErrors, topicSkipped, duplicates           *metrics.Counter
 	parityOK, parityMismatch, paritySkipped, orphans *metrics.Counter
 	unkeyable                                        *metrics.Counter
+	badEvents                                        [numBadReasons]*metrics.Counter
+	refEvictions                                     *metrics.Counter
 }
 
 // EndpointStatus is a snapshot of one endpoint's ingest state (/debug/inventory).
@@ -47,7 +50,20 @@ type EndpointStatus struct {
 	Cause     string // the likely cause of a parity mismatch, once diagnosed
 	Keys      int    // keys the endpoint holds in the inventory
 	Rehash    bool   // the inventory holds kvgate's fast keys
-	Tiers     map[string]int64
+	// Tiers counts the distinct engine block hashes each tier (GPU, CPU, STORAGE,
+	// EXTERNAL, OTHER) holds, each counted once however many holders (KV cache groups,
+	// duplicate blocks, offload chunks) it has. Only the routed tiers (Config.Routed,
+	// GPU by default) feed the inventory.
+	Tiers map[string]int64
+	// RefEvictions counts hashes whose holder counts were dropped from the bounded
+	// refcount table (a full set): their next removal is applied as a single holder's.
+	RefEvictions uint64
+	// EngineBlockSize is the smallest block size the engine's stores prove (tokens per
+	// published key; 0 until a store with tokens arrives). BlockSizeMismatch: some of
+	// its blocks are not a multiple of the rule's block size, so kvgate cannot key them
+	// (a WARN named both sizes).
+	EngineBlockSize   int
+	BlockSizeMismatch bool
 
 	Reconnects, DialFailures, Batches, ReplayedBatches             uint64
 	EventsStored, EventsRemoved, EventsCleared, EventsUnknown      uint64
@@ -55,7 +71,10 @@ type EndpointStatus struct {
 	GapsKept, GapsCleared, Restarts, ClearedByEngine, ModeSwitches uint64
 	GapsFilled                                                     uint64 // gaps closed from the replay buffer
 	DecodeErrors, TopicSkipped, Duplicates                         uint64
-	ParityOK, ParityMismatch, ParitySkipped, Orphans, Unkeyable    uint64
+	// BadEvents counts events skipped because they do not decode, by reason ("type",
+	// "range"); their batches were applied otherwise.
+	BadEvents                                                   map[string]uint64
+	ParityOK, ParityMismatch, ParitySkipped, Orphans, Unkeyable uint64
 }
 
 // endpoint is the state every rank of one engine endpoint shares.
@@ -73,9 +92,19 @@ type endpoint struct {
 	lastSeq atomic.Int64
 	tiers   [numMedia]atomic.Int64
 
+	// wake cuts a redial backoff short (Manager.Redial): one token per rank.
+	wake chan struct{}
+
 	// mu serializes applying batches (ranks of one endpoint share the block map).
-	mu     sync.Mutex
-	blocks blockMap
+	mu           sync.Mutex
+	blocks       blockMap
+	refs         refTable
+	engineBS     atomic.Int64 // smallest block size the stores prove
+	sizeMismatch atomic.Bool
+	sizeWarned   int // the last block size WARNed about (e.mu held)
+	// badWarned and badSince rate-limit the undecodable-event WARN (e.mu held).
+	badWarned time.Time
+	badSince  int
 }
 
 func metricName(base, ep, extra string) string {
@@ -101,6 +130,7 @@ func newEndpoint(m *Manager, cfg EndpointConfig) *endpoint {
 		e.keys = KeysEngine // no contract to attest against: nothing could trigger a switch
 	}
 	e.lastSeq.Store(-1)
+	e.wake = make(chan struct{}, e.ranks())
 	set := m.cfg.Metrics
 	if set == nil {
 		set = metrics.NewSet() // private: counters still feed Status
@@ -135,6 +165,10 @@ func newEndpoint(m *Manager, cfg EndpointConfig) *endpoint {
 		paritySkipped:   ctr("kvgate_ingest_parity_checks_total", `result="skipped"`),
 		orphans:         ctr("kvgate_ingest_orphan_events_total", ""),
 		unkeyable:       ctr("kvgate_ingest_unkeyable_events_total", ""),
+		refEvictions:    ctr("kvgate_ingest_refcount_evictions_total", ""),
+	}
+	for r := BadType; r < numBadReasons; r++ {
+		e.c.badEvents[r] = ctr("kvgate_ingest_bad_events_total", `reason="`+r.String()+`"`)
 	}
 	if m.cfg.Metrics != nil {
 		set.GetOrCreateGauge(metricName("kvgate_ingest_connected", n, ""), func() float64 {
@@ -207,6 +241,12 @@ func (e *endpoint) status() EndpointStatus {
 	s.DecodeErrors, s.TopicSkipped, s.Duplicates = c.decodeErrors.Get(), c.topicSkipped.Get(), c.duplicates.Get()
 	s.ParityOK, s.ParityMismatch, s.ParitySkipped = c.parityOK.Get(), c.parityMismatch.Get(), c.paritySkipped.Get()
 	s.Orphans, s.Unkeyable = c.orphans.Get(), c.unkeyable.Get()
+	s.RefEvictions = c.refEvictions.Get()
+	s.EngineBlockSize, s.BlockSizeMismatch = int(e.engineBS.Load()), e.sizeMismatch.Load()
+	s.BadEvents = map[string]uint64{}
+	for r := BadType; r < numBadReasons; r++ {
+		s.BadEvents[r.String()] = c.badEvents[r].Get()
+	}
 	return s
 }
 

@@ -39,6 +39,7 @@ func NewManager(cfg Config, eps []EndpointConfig) (*Manager, error) {
 		maxIdx = max(maxIdx, ec.Index)
 		e := newEndpoint(m, ec)
 		e.blocks = newBlockMap(cfg.BlockMapSize)
+		e.refs = newRefTable(cfg.RefCountSize)
 		m.eps = append(m.eps, e)
 	}
 	m.byIndex = make([]*endpoint, maxIdx+1)
@@ -93,6 +94,23 @@ func (m *Manager) endpoint(i int) *endpoint {
 		return nil
 	}
 	return m.byIndex[i]
+}
+
+// Redial cuts endpoint i's redial backoff short: a subscriber (or TensorRT-LLM drain)
+// waiting to retry its engine retries at once. The proxy calls it when the engine's
+// health check passes again, so its events resume within a dial instead of after a
+// backoff of up to MaxRetryInterval. A connected subscriber ignores it.
+func (m *Manager) Redial(i int) {
+	e := m.endpoint(i)
+	if e == nil {
+		return
+	}
+	for r := 0; r < e.ranks(); r++ {
+		select {
+		case e.wake <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // Status returns a snapshot of the endpoint at inventory index i (zero value with

@@ -13,7 +13,7 @@ type blockEntry struct {
 	used  bool
 	hasC  bool // cd is valid
 	hasF  bool // fkey/fd are valid
-	level int8 // TensorRT-LLM cache level (0 = GPU)
+	level int8 // TensorRT-LLM cache level (0 = GPU); ZeroMQ engines: 1 = held on unrouted tiers only
 }
 
 const blockWays = 4

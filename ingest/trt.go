@@ -207,6 +207,7 @@ func (t *trtApplier) stored(d *trtData) {
 	tokens := t.tokens[:0]
 	for i := range d.Blocks {
 		blk := &d.Blocks[i]
+		e.noteBlockSize(len(blk.Tokens), bs)
 		if len(blk.Tokens) != bs {
 			e.c.unkeyable.Inc()
 			break // the chain cannot continue past a block kvgate cannot key
@@ -324,7 +325,10 @@ func (p *trtPoller) run(ctx context.Context) {
 				log.Info("ingest: drain failed", "err", err)
 			}
 			p.e.c.dialFailures.Inc()
-			sleepCtx(ctx, delay)
+			if backoff(ctx, delay, p.e.wake) {
+				delay = cfg.RetryInterval
+				continue
+			}
 			delay = min(2*delay, cfg.MaxRetryInterval)
 			continue
 		}

@@ -118,6 +118,19 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
+// backoff sleeps d unless ctx ends or wake fires first; it reports a wake (Redial).
+func backoff(ctx context.Context, d time.Duration, wake <-chan struct{}) (woken bool) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	case <-wake:
+		return true
+	}
+	return false
+}
+
 func (s *rankSub) run(ctx context.Context) {
 	cfg := &s.e.m.cfg
 	log := cfg.Logger.With("endpoint", s.e.cfg.Name, "rank", s.rank, "addr", s.addr)
@@ -132,7 +145,11 @@ func (s *rankSub) run(ctx context.Context) {
 			}
 			s.e.c.dialFailures.Inc()
 			log.Debug("ingest: dial failed", "err", err, "retry_in", delay)
-			sleepCtx(ctx, delay)
+			if backoff(ctx, delay, s.e.wake) {
+				log.Info("ingest: engine is back (health check): redialing now")
+				delay = cfg.RetryInterval
+				continue
+			}
 			delay = min(2*delay, cfg.MaxRetryInterval)
 			continue
 		}
@@ -168,6 +185,14 @@ func (s *rankSub) loop(z *zsock) {
 	}
 }
 
+// topicMatches reports whether a message's topic frame is the configured topic t. A
+// snapshot-capable SGLang publisher appends metadata after a NUL to its topic frame
+// (t + "\x00sgl-kv-epoch=<epoch>", and "\x00sgl-kv-snapshot=<id>" on its barriers): that
+// is still t.
+func topicMatches(frame []byte, t string) bool {
+	return len(frame) >= len(t) && string(frame[:len(t)]) == t && (len(frame) == len(t) || frame[len(t)] == 0)
+}
+
 // handle applies one live message [topic, seq, payload].
 func (s *rankSub) handle(frames [][]byte) {
 	c := &s.e.c
@@ -175,7 +200,7 @@ func (s *rankSub) handle(frames [][]byte) {
 		c.decodeErrors.Inc()
 		return
 	}
-	if t := s.e.cfg.Topic; t != "" && string(frames[0]) != t {
+	if t := s.e.cfg.Topic; t != "" && !topicMatches(frames[0], t) {
 		c.topicSkipped.Inc()
 		return
 	}

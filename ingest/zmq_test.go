@@ -10,9 +10,11 @@ import (
 	"github.com/kvgate/kvgate/shard"
 )
 
-// model applies golden expectations (the values the Python encoder was given) to a set:
-// what the inventory must hold after the same batches.
-type model map[uint64]bool
+// model applies golden expectations (the values the Python encoder was given) to a
+// multiset of GPU holders: what the inventory must hold after the same batches. A key
+// stays while it has a holder (a store not yet removed); removing a key never stored
+// removes it.
+type model map[uint64]int
 
 func (m model) apply(t testing.TB, evs []goldenEvent) {
 	for _, ev := range evs {
@@ -22,11 +24,13 @@ func (m model) apply(t testing.TB, evs []goldenEvent) {
 		switch ev.Kind {
 		case "stored":
 			for _, h := range u64s(t, ev.Hashes) {
-				m[h] = true
+				m[h]++
 			}
 		case "removed":
 			for _, h := range u64s(t, ev.Hashes) {
-				delete(m, h)
+				if m[h]--; m[h] <= 0 {
+					delete(m, h)
+				}
 			}
 		case "cleared":
 			clear(m)

@@ -1,12 +1,13 @@
 package proxy
 
 import (
+	"bytes"
 	"crypto/subtle"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/pprof"
+	"strconv"
 	"strings"
 	"time"
 
@@ -46,46 +47,86 @@ func (s *Server) adminHandler() http.Handler {
 }
 
 func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-	s.m.set.WritePrometheus(w)
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	var buf bytes.Buffer
+	s.m.set.WritePrometheus(&buf)
+	f := famWriter{&buf}
+	lbl := make([]string, len(s.eps))
 	for i, e := range s.eps {
-		lbl := fmt.Sprintf(`{endpoint=%q}`, e.spec.Name)
-		metrics.WriteGaugeUint64(w, "kvgate_inflight_requests"+lbl, uint64(max(s.loads.Get(i), 0)))
-		metrics.WriteGaugeUint64(w, "kvgate_breaker_state"+lbl, uint64(e.breaker.State()))
-		metrics.WriteGaugeUint64(w, "kvgate_endpoint_up"+lbl, b2u(e.healthy.Load() && !e.down.Load()))
-		metrics.WriteGaugeUint64(w, "kvgate_endpoint_admin_down"+lbl, b2u(e.down.Load()))
-		if s.kv != nil {
-			keys, _, connected, _ := s.kv.inventory(i)
-			metrics.WriteGaugeUint64(w, "kvgate_inventory_keys"+lbl, uint64(keys))
-			metrics.WriteGaugeUint64(w, "kvgate_events_connected"+lbl, b2u(connected))
+		lbl[i] = "endpoint=" + strconv.Quote(e.spec.Name)
+	}
+	perEndpoint := func(name, typ string, v func(i int, e *endpoint) uint64) {
+		f.family(name, typ)
+		for i, e := range s.eps {
+			f.sample(name, lbl[i], v(i, e))
+		}
+	}
+	perEndpoint("kvgate_inflight_requests", "gauge", func(i int, e *endpoint) uint64 { return uint64(max(s.loads.Get(i), 0)) })
+	perEndpoint("kvgate_breaker_state", "gauge", func(i int, e *endpoint) uint64 { return uint64(e.breaker.State()) })
+	perEndpoint("kvgate_endpoint_up", "gauge", func(i int, e *endpoint) uint64 { return b2u(e.healthy.Load() && !e.down.Load()) })
+	perEndpoint("kvgate_endpoint_admin_down", "gauge", func(i int, e *endpoint) uint64 { return b2u(e.down.Load()) })
+	f.family("kvgate_routing_state", "gauge")
+	for i := range s.eps {
+		cur, _ := s.states.state(i)
+		for st := RoutingState(0); st < numStates; st++ {
+			f.sample("kvgate_routing_state", lbl[i]+`,state="`+st.String()+`"`, b2u(cur == st))
 		}
 	}
 	if s.kv != nil {
+		f.family("kvgate_routing_degraded", "gauge")
+		for i := range s.eps {
+			_, reasons := s.states.state(i)
+			for r := DegradedReason(0); r < numReasons; r++ {
+				f.sample("kvgate_routing_degraded", lbl[i]+`,reason="`+r.String()+`"`, b2u(reasons&(1<<r) != 0))
+			}
+		}
+		f.gauge("kvgate_kv_zero_hit_alarm", b2u(s.states.zeroHitWarned.Load()))
 		// Memory the rule holds beside the process totals: the inventory (bounded per
 		// endpoint by the shard's key bound) and each loaded tokenizer.
-		metrics.WriteGaugeUint64(w, "kvgate_inventory_memory_bytes", uint64(max(s.kv.inv.MemoryBytes(), 0)))
+		f.gauge("kvgate_inventory_memory_bytes", uint64(max(s.kv.inv.MemoryBytes(), 0)))
 		st := s.kv.inv.Stats()
-		metrics.WriteGaugeUint64(w, "kvgate_inventory_unique_keys", uint64(max(st.Keys, 0)))
-		metrics.WriteGaugeUint64(w, "kvgate_inventory_slots", uint64(max(st.Slots, 0)))
-		metrics.WriteGaugeUint64(w, "kvgate_inventory_tombstones", uint64(max(st.Tombstones, 0)))
-		metrics.WriteGaugeUint64(w, "kvgate_inventory_max_keys_per_endpoint", uint64(max(st.MaxKeysPerEndpoint, 0)))
-		metrics.WriteCounterUint64(w, "kvgate_inventory_evicted_total", st.EvictedAtBound)
-		metrics.WriteCounterUint64(w, "kvgate_inventory_dropped_total", st.DroppedAtBound)
-		metrics.WriteCounterUint64(w, "kvgate_inventory_rebuilds_total", st.Rebuilds)
+		f.gauge("kvgate_inventory_unique_keys", uint64(max(st.Keys, 0)))
+		f.gauge("kvgate_inventory_slots", uint64(max(st.Slots, 0)))
+		f.gauge("kvgate_inventory_tombstones", uint64(max(st.Tombstones, 0)))
+		f.gauge("kvgate_inventory_max_keys_per_endpoint", uint64(max(st.MaxKeysPerEndpoint, 0)))
+		f.counter("kvgate_inventory_evicted_total", st.EvictedAtBound)
+		f.counter("kvgate_inventory_dropped_total", st.DroppedAtBound)
+		f.counter("kvgate_inventory_rebuilds_total", st.Rebuilds)
+		if m := s.kv.memo; m != nil {
+			ms := m.Stats()
+			f.counter("kvgate_tokenize_memo_hits_total", ms.Hits)
+			f.counter("kvgate_tokenize_memo_misses_total", ms.Misses)
+			f.counter("kvgate_tokenize_memo_evictions_total", ms.Evictions)
+			f.gauge("kvgate_tokenize_memo_bytes", uint64(max(ms.Bytes, 0)))
+		}
+		if m := s.kv.chainMemo; m != nil {
+			ms := m.Stats()
+			f.counter("kvgate_chain_memo_hit_blocks_total", ms.Hits)
+			f.counter("kvgate_chain_memo_miss_blocks_total", ms.Misses)
+			f.counter("kvgate_chain_memo_evictions_total", ms.Evictions)
+			f.gauge("kvgate_chain_memo_bytes", uint64(max(ms.Bytes, 0)))
+		}
+		if s.cfg.KVLoadScrape > 0 {
+			perEndpoint("kvgate_engine_load_scrape_errors_total", "counter", func(i int, e *endpoint) uint64 { return e.scrape.failed.Load() })
+			perEndpoint("kvgate_engine_load_report_fresh", "gauge", func(i int, e *endpoint) uint64 { return b2u(s.queues.Fresh(i, time.Now())) })
+		}
 		if t := s.kv.trie; t != nil {
 			keys, bytes := t.stats()
-			metrics.WriteGaugeUint64(w, "kvgate_prefix_trie_keys", uint64(max(keys, 0)))
-			metrics.WriteGaugeUint64(w, "kvgate_prefix_trie_memory_bytes", uint64(max(bytes, 0)))
+			f.gauge("kvgate_prefix_trie_keys", uint64(max(keys, 0)))
+			f.gauge("kvgate_prefix_trie_memory_bytes", uint64(max(bytes, 0)))
 		}
+		f.family("kvgate_tokenizer_memory_bytes", "gauge")
 		for _, t := range s.cfg.Tokenizers {
 			if m := s.kv.pool.Get(t.Model); m != nil {
-				metrics.WriteGaugeUint64(w, fmt.Sprintf(`kvgate_tokenizer_memory_bytes{model=%q}`, t.Model),
-					uint64(max(m.Tokenizer().MemoryBytes(), 0)))
+				f.sample("kvgate_tokenizer_memory_bytes", "model="+strconv.Quote(t.Model), uint64(max(m.Tokenizer().MemoryBytes(), 0)))
 			}
 		}
 	}
-	metrics.WriteGaugeUint64(w, "kvgate_affinity_sessions", uint64(s.aff.len()))
-	metrics.WriteProcessMetrics(w)
+	f.gauge("kvgate_affinity_sessions", uint64(s.aff.len()))
+	ready, _ := s.readiness()
+	f.gauge("kvgate_ready", b2u(ready))
+	metrics.WriteProcessMetrics(&buf)
+	withHelp(w, buf.Bytes())
 }
 
 func b2u(b bool) uint64 {
@@ -113,9 +154,15 @@ type inventoryEndpoint struct {
 	Receipts  uint64 `json:"receipts"`
 	KVHits    uint64 `json:"kv_hits"`
 	Delivery  string `json:"delivery"`
+	// Routing is off, exact or degraded; Reasons and Why say what degrades it.
+	Routing string   `json:"routing"`
+	Reasons []string `json:"degraded_reasons"`
+	Why     string   `json:"routing_why"`
+	// Plane is the endpoint's event-plane state (route: ok / syncing / degraded and why).
+	Plane string `json:"plane,omitempty"`
 	// Load is the cost policy's view: queued prefill, learned rate, the engine's report.
 	Load *route.EndpointView `json:"load,omitempty"`
-	// Scrape is how reading the engine's /metrics goes ("off" when -kv-load-scrape is 0).
+	// Scrape is how reading the engine's /metrics goes (absent when -kv-load-scrape is 0).
 	Scrape *scrapeView `json:"scrape,omitempty"`
 }
 
@@ -154,8 +201,11 @@ func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
 			Receipts: s.m.receipts[i].Get(), KVHits: s.m.hits[i].Get(),
 		}
 		ie.Delivery = deliveryNote(ie.Receipts, ie.Predicted, ie.Delivered)
+		state, reasons := s.states.state(i)
+		ie.Routing, ie.Reasons, ie.Why = state.String(), reasonList(reasons), "ok"
 		if s.kv != nil {
 			ie.Keys, ie.Parity, ie.Connected, ie.LastSeq = s.kv.inventory(i)
+			ie.Plane = s.kv.planeState(i)
 			v := s.queues.View(i, time.Now())
 			ie.Load = &v
 			if s.cfg.KVLoadScrape > 0 {
@@ -166,6 +216,10 @@ func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
 				}
 				ie.Scrape = sc
 			}
+			ie.Why = explainReasons(reasons, s.kv.mgr.Status(i).Cause, e.spec.Events)
+		}
+		if state == StateOff {
+			ie.Why = "KV-Exact does not score this endpoint (-kv-mode off, or a mode-1 decode endpoint)"
 		}
 		out.Endpoints = append(out.Endpoints, ie)
 	}
@@ -200,6 +254,14 @@ type Explanation struct {
 	// uncached, rate, predicted ms), recorded by the decision traffic runs.
 	Policy string                 `json:"policy,omitempty"`
 	Terms  map[string]route.Terms `json:"terms,omitempty"`
+	// Memo is what the decision took from the tokenization and chain memos.
+	Memo *explainMemo `json:"memo,omitempty"`
+}
+
+type explainMemo struct {
+	Tokens   int `json:"tokens"`   // token IDs taken from the tokenization memo
+	Segments int `json:"segments"` // text segments between special tokens it answered
+	Blocks   int `json:"blocks"`   // block keys taken from the chain memo
 }
 
 // explainTerms is the Observer /debug/explain hands the selector.
@@ -236,8 +298,7 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	var d decision
 	d.ep, d.decode = -1, -1
 	obs := &explainTerms{names: s.names, terms: map[string]route.Terms{}}
-	st.obs = obs
-	defer func() { st.obs = nil }()
+	st.obs, st.meter = obs, nil // the traffic path, recording instead of counting
 	if s.kv != nil {
 		ex.Policy, ex.Terms = s.kv.sel.Name(), obs.terms
 	}
@@ -262,6 +323,9 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	if s.kv != nil && s.cfg.KVMode == KVDisaggregated {
 		ex.Tokens, ex.Blocks = len(st.tokens), len(st.keys)
 	}
+	if s.kv != nil && (s.kv.memo != nil || s.kv.chainMemo != nil) {
+		ex.Memo = &explainMemo{Tokens: st.memoUse.Tokens, Segments: st.memoUse.Segments, Blocks: st.memoBlocks}
+	}
 	ex.Route = d.route.String()
 	if d.ep >= 0 {
 		ex.Endpoint = s.eps[d.ep].spec.Name
@@ -273,17 +337,59 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
-	if s.kv != nil && !s.kv.loaded() {
-		http.Error(w, "tokenizers not loaded\n", http.StatusServiceUnavailable)
+	ready, why := s.readiness()
+	if !ready {
+		http.Error(w, why+"\n", http.StatusServiceUnavailable)
 		return
 	}
+	io.WriteString(w, why+"\n") //nolint:errcheck
+}
+
+// readiness says whether a balancer should send this replica traffic, and why. It
+// turns false first thing on shutdown (the drain delay lets balancers notice before
+// the listener stops). In mode 1 it needs an eligible prefill AND decode endpoint:
+// with only one side every request would be answered 503. Degraded KV routing is
+// still ready (requests are served by the rule's selector); the answer names it.
+func (s *Server) readiness() (bool, string) {
+	if s.draining.Load() {
+		return false, "shutting down"
+	}
+	if !s.ready.Load() {
+		return false, "starting"
+	}
+	if s.kv != nil && !s.kv.loaded() {
+		return false, "tokenizers not loaded"
+	}
+	usable := func(e *endpoint) bool {
+		return e.healthy.Load() && !e.down.Load() && (s.cfg.HealthInterval == 0 || e.checked.Load()) && e.breaker.Ready()
+	}
+	var any, prefill, decode bool
 	for _, e := range s.eps {
-		if e.healthy.Load() && !e.down.Load() && (s.cfg.HealthInterval == 0 || e.checked.Load()) {
-			io.WriteString(w, "ready\n")
-			return
+		if !usable(e) {
+			continue
+		}
+		any = true
+		prefill = prefill || e.spec.Role == RolePrefill
+		decode = decode || e.spec.Role == RoleDecode
+	}
+	switch {
+	case !any:
+		return false, "no healthy endpoint"
+	case s.cfg.KVMode == KVDisaggregated && !prefill:
+		return false, "no eligible prefill endpoint (mode 1 needs a prefill and a decode endpoint)"
+	case s.cfg.KVMode == KVDisaggregated && !decode:
+		return false, "no eligible decode endpoint (mode 1 needs a prefill and a decode endpoint)"
+	}
+	var degraded []string
+	for i, e := range s.eps {
+		if st, reasons := s.states.state(i); st == StateDegraded {
+			degraded = append(degraded, e.spec.Name+": "+strings.Join(reasonList(reasons), ","))
 		}
 	}
-	http.Error(w, "no healthy endpoint\n", http.StatusServiceUnavailable)
+	if len(degraded) > 0 {
+		return true, "ready (KV routing degraded: " + strings.Join(degraded, "; ") + ")"
+	}
+	return true, "ready"
 }
 
 func (s *Server) serveAdminState(w http.ResponseWriter, r *http.Request) {

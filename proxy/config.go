@@ -15,7 +15,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/shard"
+	"github.com/kvgate/kvgate/tokenize"
 )
 
 // Engine is the kind of server behind an endpoint; it decides the KV event contract and
@@ -61,7 +63,8 @@ type EndpointSpec struct {
 	// BootstrapPort is SGLang's disaggregation bootstrap port on a prefill server.
 	BootstrapPort int
 
-	host string // host[:port] from URL
+	host   string // host[:port] from URL
+	scheme string // "http" or "https"
 }
 
 // Host is the endpoint's host:port.
@@ -125,14 +128,19 @@ func ParseEndpoint(s string) (EndpointSpec, error) {
 		return e, errors.New("url= is required")
 	}
 	u, err := url.Parse(e.URL)
-	if err != nil || u.Scheme != "http" || u.Host == "" || (u.Path != "" && u.Path != "/") {
-		return e, fmt.Errorf("url %q: want http://host:port", e.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
+		return e, fmt.Errorf("url %q: want http://host:port or https://host:port", e.URL)
 	}
 	host := u.Host
 	if u.Port() == "" {
-		host = net.JoinHostPort(u.Hostname(), "80")
+		port := "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+		host = net.JoinHostPort(u.Hostname(), port)
 	}
-	e.URL = "http://" + host
+	e.scheme = u.Scheme
+	e.URL = u.Scheme + "://" + host
 	e.host = host
 	if e.Name == "" {
 		e.Name = u.Host
@@ -163,7 +171,8 @@ func atoiRange(what, v string, lo, hi int) (int, error) {
 	return n, nil
 }
 
-// ReadEndpointsFile reads one -endpoint value per line; blank lines and # comments skip.
+// ReadEndpointsFile reads one -endpoint value per line; blank lines and # comments
+// (whole lines, or after whitespace at a line's end) skip.
 func ReadEndpointsFile(path string) ([]EndpointSpec, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -173,7 +182,14 @@ func ReadEndpointsFile(path string) ([]EndpointSpec, error) {
 	var out []EndpointSpec
 	sc := bufio.NewScanner(f)
 	for line := 1; sc.Scan(); line++ {
-		t := strings.TrimSpace(sc.Text())
+		t := sc.Text()
+		if i := strings.Index(t, " #"); i >= 0 {
+			t = t[:i]
+		}
+		if i := strings.Index(t, "\t#"); i >= 0 {
+			t = t[:i]
+		}
+		t = strings.TrimSpace(t)
 		if t == "" || t[0] == '#' {
 			continue
 		}
@@ -254,6 +270,11 @@ type Config struct {
 	// KVPendingTTL: in mode 3, a prompt's blocks count as held by the endpoint kvgate sent
 	// it to for this long, until the engine's own events report them (0: off).
 	KVPendingTTL time.Duration
+	// TokenizeMemoBytes bounds the memo of token IDs between added tokens that lets a
+	// follow-up turn tokenize only its new text (0: off); KVChainMemoBytes bounds the memo
+	// of block-key chain stretches that lets it hash only its new blocks (0: off).
+	TokenizeMemoBytes int64
+	KVChainMemoBytes  int64
 
 	Tokenizers []TokenizerSpec
 	LoRA       map[string]string // adapter served name -> base model
@@ -281,7 +302,30 @@ type Config struct {
 	AffinityMax int
 
 	ShutdownGrace time.Duration
-	AdminToken    string // when set, the admin listener wants Authorization: Bearer <token>
+	// ShutdownDelay is how long, after SIGTERM, /readyz answers 503 while the public
+	// listener keeps serving, so balancers take the replica out before it stops accepting.
+	ShutdownDelay time.Duration
+	// AccessLog writes one INFO line per answered request (endpoint, route, predicted
+	// and delivered cached tokens, TTFT, status).
+	AccessLog bool
+
+	// TLSCert and TLSKey, when set, serve the public listener over TLS; the files are
+	// watched and a renewed pair applies to new connections without a restart.
+	TLSCert, TLSKey string
+	// UpstreamCA verifies https:// endpoints (system roots when empty); UpstreamCert and
+	// UpstreamKey are an optional client certificate kvgate presents to them.
+	UpstreamCA, UpstreamCert, UpstreamKey string
+	// APIKeysFile, when set, holds the public API keys (one a line, # comments, watched):
+	// requests without Authorization: Bearer <one of them> are answered 401.
+	APIKeysFile string
+	// ForwardAuthorization passes the client's Authorization header to the engine
+	// unchanged (the default); false removes it (the engine runs without --api-key).
+	ForwardAuthorization bool
+
+	AdminToken string // when set, the admin listener wants Authorization: Bearer <token>
+
+	// Plane is the optional NATS JetStream event plane (plane.go); zero: direct.
+	Plane PlaneConfig
 }
 
 // Defaults returns a Config with every documented default filled in.
@@ -299,6 +343,8 @@ func Defaults() Config {
 		KVPolicy:             "cost",
 		KVLoadScrape:         50 * time.Millisecond,
 		KVPendingTTL:         2 * time.Second,
+		TokenizeMemoBytes:    tokenize.DefaultMemoBytes,
+		KVChainMemoBytes:     hashcore.DefaultChainMemoBytes,
 		CHWBLPrefixBytes:     256,
 		BreakerFailures:      3,
 		BreakerOpenFor:       10 * time.Second,
@@ -314,6 +360,8 @@ func Defaults() Config {
 		AffinityTTL:          10 * time.Minute,
 		AffinityMax:          100000,
 		ShutdownGrace:        30 * time.Second,
+		ShutdownDelay:        5 * time.Second,
+		ForwardAuthorization: true,
 	}
 }
 
@@ -346,7 +394,7 @@ func (c *Config) Validate() error {
 			if err != nil {
 				return refuse("-endpoint", "%s: %v", e.Name, err)
 			}
-			e.URL, e.host = p.URL, p.host
+			e.URL, e.host, e.scheme = p.URL, p.host, p.scheme
 			if e.Name == "" {
 				e.Name = p.Name
 			}
@@ -386,6 +434,9 @@ func (c *Config) Validate() error {
 			return refuse("-kv-mode", "endpoints with role=prefill or role=decode need -kv-mode 1")
 		}
 	}
+	if err := c.validatePlane(); err != nil {
+		return err
+	}
 	if c.KVMaxKeysPerEndpoint < 1 {
 		return refuse("-kv-max-keys-per-endpoint", "%d: must be >= 1", c.KVMaxKeysPerEndpoint)
 	}
@@ -397,7 +448,7 @@ func (c *Config) Validate() error {
 			if e.Engine == EngineLlamaCpp {
 				return refuse("-kv-mode", "endpoint %q has engine=llamacpp: llama.cpp publishes no KV-cache events, so KV-Exact has no event contract to follow; use -kv-mode off with -select chwbl for prefix affinity", e.Name)
 			}
-			if e.Engine != EngineTRTLLM && e.Events == "" {
+			if e.Engine != EngineTRTLLM && e.Events == "" && !c.planeRoutes() {
 				return refuse("-endpoint", "endpoint %q: KV-Exact needs events=tcp://host:port (the engine's KV event publisher)", e.Name)
 			}
 		}
@@ -462,6 +513,12 @@ func (c *Config) Validate() error {
 	if c.KVLoadScrape < 0 {
 		return refuse("-kv-load-scrape", "%v: want >= 0 (0: off)", c.KVLoadScrape)
 	}
+	if c.TokenizeMemoBytes != 0 && c.TokenizeMemoBytes < tokenize.MinMemoBytes {
+		return refuse("-tokenize-memo-bytes", "%d: want 0 (off) or >= %d", c.TokenizeMemoBytes, tokenize.MinMemoBytes)
+	}
+	if c.KVChainMemoBytes != 0 && c.KVChainMemoBytes < hashcore.MinChainMemoBytes {
+		return refuse("-kv-chain-memo-bytes", "%d: want 0 (off) or >= %d", c.KVChainMemoBytes, hashcore.MinChainMemoBytes)
+	}
 	if c.KVPendingTTL < 0 {
 		return refuse("-kv-pending-ttl", "%v: want >= 0 (0: off)", c.KVPendingTTL)
 	}
@@ -497,6 +554,15 @@ func (c *Config) Validate() error {
 	}
 	if c.AffinityMax < 0 {
 		return refuse("-affinity-max", "must be >= 0")
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		return refuse("-tls-cert", "the listener's TLS needs both -tls-cert and -tls-key")
+	}
+	if c.ShutdownDelay < 0 {
+		return refuse("-shutdown-delay", "must be >= 0")
+	}
+	if c.ShutdownGrace < 0 {
+		return refuse("-shutdown-grace", "must be >= 0")
 	}
 	return nil
 }

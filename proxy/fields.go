@@ -384,7 +384,10 @@ func (k *kvRouter) encodeChat(st *reqState, d *decision, model *tokenize.Model, 
 		k.miss(st, d, RouteMissMedia)
 		return true, nil
 	}
-	if st.tokens, err = model.EncodeChat(st.tokens, in); err == nil {
+	if st.obs != nil { // /debug/explain says what came from the memo
+		in.MemoUse = &st.memoUse
+	}
+	if st.tokens, err = model.EncodeChatMemo(st.tokens, in, k.memo); err == nil {
 		return false, nil
 	}
 	var cut mediaCut

@@ -37,6 +37,7 @@ type decision struct {
 	// endpoint must prefill, when and how it was sent, and whether its first byte is due.
 	uncached int
 	sentAt   time.Time
+	firstAt  time.Time
 	ticket   route.Ticket
 	firstDue bool
 }
@@ -88,8 +89,12 @@ func (s *Server) buildUpstream(c *app.RequestContext, req *protocol.Request, ep 
 	}
 	req.Header.ResetConnectionClose()
 	req.Header.Del("Expect") // kvgate already holds the whole body
+	if !s.cfg.ForwardAuthorization {
+		req.Header.Del("Authorization") // kvgate checked it; the engine wants none
+	}
 	uri := make([]byte, 0, 64)
-	uri = append(uri, "http://"...)
+	uri = append(uri, ep.spec.scheme...)
+	uri = append(uri, "://"...)
 	uri = append(uri, ep.spec.host...)
 	if path == nil {
 		path = c.Request.URI().RequestURI()
@@ -115,7 +120,11 @@ func (s *Server) buildUpstream(c *app.RequestContext, req *protocol.Request, ep 
 		}
 	}
 	if len(req.Header.Peek("X-Forwarded-Proto")) == 0 {
-		req.Header.Set("X-Forwarded-Proto", "http")
+		if s.certs != nil {
+			req.Header.Set("X-Forwarded-Proto", "https")
+		} else {
+			req.Header.Set("X-Forwarded-Proto", "http")
+		}
 	}
 	req.Header.SetBytesKV(hdrRequestIDb, requestID(c))
 	req.SetBody(body)
@@ -178,14 +187,11 @@ func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqStat
 	defer s.finished(d)
 	err := s.do(ctx, ep.spec.host, req, res)
 	if err != nil {
-		if ctx.Err() != nil {
-			ep.breaker.Neutral()
+		kind, gone := s.failed(ctx, d.ep, err)
+		if gone {
 			s.m.clientGone.Inc()
 			return outcome{kind: outDone}
 		}
-		kind := classify(ctx, err)
-		s.m.upstream[kind][d.ep].Inc()
-		ep.breaker.Failure()
 		if kind == ErrTimeout {
 			writeError(c, 504, "upstream_timeout", "endpoint "+ep.spec.Name+" did not answer within -upstream-timeout")
 			return outcome{kind: outDone}
@@ -193,17 +199,11 @@ func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqStat
 		s.log.Warn("upstream connect failure", "endpoint", ep.spec.Name, "err", err)
 		return outcome{kind: outRetry, err: err}
 	}
-	if code := res.StatusCode(); code >= 500 {
-		s.m.upstream[Err5xx][d.ep].Inc()
-		ep.breaker.FiveXX()
-		if st.canRetry {
-			// Nothing reached the client: another endpoint answers instead (a sick
-			// engine's 5xx streak costs no request while a healthy one exists).
-			res.CloseBodyStream() //nolint:errcheck
-			return outcome{kind: outRetry, err: errors.New("endpoint " + ep.spec.Name + " answered " + itoa(code))}
-		}
-	} else {
-		ep.breaker.Success()
+	if code := res.StatusCode(); s.answered(d.ep, code) && st.canRetry {
+		// Nothing reached the client: another endpoint answers instead (a sick engine's
+		// 5xx streak costs no request while a healthy one exists).
+		res.CloseBodyStream() //nolint:errcheck
+		return outcome{kind: outRetry, err: errors.New("endpoint " + ep.spec.Name + " answered " + itoa(code))}
 	}
 	s.m.routed[d.route][d.ep].Inc()
 	if !bytes.HasPrefix(res.Header.ContentType(), []byte("text/event-stream")) {
@@ -218,9 +218,38 @@ func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqStat
 	return outcome{kind: outDone}
 }
 
+// failed books an exchange with endpoint i that got no answer: a client that left is
+// neutral for the breaker (gone); otherwise the error's kind is counted and the breaker
+// told. Both the converged path and the P/D legs account through it and answered.
+func (s *Server) failed(ctx context.Context, i int, err error) (kind UpstreamError, gone bool) {
+	ep := s.eps[i]
+	if ctx.Err() != nil {
+		ep.breaker.Neutral()
+		return ErrConnect, true
+	}
+	kind = classify(ctx, err)
+	s.m.upstream[kind][i].Inc()
+	ep.breaker.Failure()
+	return kind, false
+}
+
+// answered books an answer's status from endpoint i and says whether it was a 5xx.
+func (s *Server) answered(i, status int) (fiveXX bool) {
+	if status >= 500 {
+		s.m.upstream[Err5xx][i].Inc()
+		s.eps[i].breaker.FiveXX()
+		return true
+	}
+	s.eps[i].breaker.Success()
+	return false
+}
+
+// brokeOff books an answer cut short while kvgate read it.
+func (s *Server) brokeOff(i int) { s.m.upstream[ErrMidStream][i].Inc() }
+
 // sent counts d's prompt as queued prefill at its endpoint (route.Queues).
 func (s *Server) sent(d *decision) {
-	d.sentAt, d.firstDue = time.Now(), true
+	d.sentAt, d.firstAt, d.firstDue = time.Now(), time.Time{}, true
 	d.ticket = s.queues.Sent(d.ep, d.uncached)
 }
 
@@ -228,7 +257,8 @@ func (s *Server) sent(d *decision) {
 func (s *Server) firstToken(d *decision) {
 	if d.firstDue {
 		d.firstDue = false
-		s.queues.FirstToken(d.ep, d.uncached, time.Since(d.sentAt), d.ticket)
+		d.firstAt = time.Now()
+		s.queues.FirstToken(d.ep, d.uncached, d.firstAt.Sub(d.sentAt), d.ticket)
 	}
 }
 
@@ -239,7 +269,8 @@ func (s *Server) finished(d *decision) {
 		d.firstDue = false
 		s.queues.Unsent(d.ep, d.uncached)
 	}
-	s.queues.Finished(d.ep, time.Since(d.sentAt))
+	now := time.Now()
+	s.queues.Finished(d.ep, d.ticket, now.Sub(d.sentAt), now.Sub(d.firstAt), !d.firstAt.IsZero())
 }
 
 // setDecisionHeaders adds the evidence headers a user reads to see each decision.
@@ -275,11 +306,17 @@ func copyResponseHeader(c *app.RequestContext, res *protocol.Response) {
 // endpoint to answer.
 func (s *Server) relayResponse(ctx context.Context, c *app.RequestContext, st *reqState, d *decision, ep *endpoint, res *protocol.Response) bool {
 	copyResponseHeader(c, res)
+	if s.draining.Load() {
+		c.SetConnectionClose() // shutting down: the client reconnects through its balancer
+	}
 	setDecisionHeaders(c, ep, d)
 	body := res.BodyStream()
 	sse := bytes.HasPrefix(res.Header.ContentType(), []byte("text/event-stream"))
 	cl := res.Header.ContentLength()
+	status := res.StatusCode()
+	var first time.Time // first body byte to the client
 	if !sse && cl >= 0 && cl <= 1<<20 {
+		broke := false
 		st.out = st.out[:0]
 		for {
 			if len(st.out) == cap(st.out) {
@@ -291,25 +328,40 @@ func (s *Server) relayResponse(ctx context.Context, c *app.RequestContext, st *r
 				if err != io.EOF {
 					// Nothing reached the client yet: say what happened instead of
 					// passing on a truncated body.
-					s.m.upstream[ErrMidStream][d.ep].Inc()
+					s.brokeOff(d.ep)
 					res.CloseBodyStream() //nolint:errcheck
 					if st.canRetry {
 						c.Response.Reset()
 						return false
 					}
-					writeError(c, 502, "upstream_error", "endpoint "+ep.spec.Name+" broke off its response: "+err.Error())
+					// The error text names addresses: it goes to the log, not the client.
+					s.log.Warn("upstream broke off its response", "endpoint", ep.spec.Name, "err", err)
+					writeError(c, 502, "upstream_error", "endpoint "+ep.spec.Name+" broke off its response")
 					setDecisionHeaders(c, ep, d)
-					return true
+					status, broke = 502, true
 				}
 				break
 			}
 		}
-		res.CloseBodyStream() //nolint:errcheck
-		c.Response.SetBody(st.out)
-		s.receipt(d, st.out)
-		return true
+		if !broke {
+			res.CloseBodyStream() //nolint:errcheck
+			c.Response.SetBody(st.out)
+			st.cached = s.receipt(d, st.out)
+		}
+		first = time.Now() // hertz writes the whole answer as the handler returns
+	} else {
+		first = s.streamBody(ctx, c, st, d, res, sse)
 	}
-	s.streamBody(ctx, c, st, d, res, sse)
+	// The one place answers are recorded (duration, TTFT, status code).
+	end := time.Now()
+	var ttft time.Duration
+	if !first.IsZero() {
+		ttft = first.Sub(st.arrived)
+	}
+	s.m.observeRequest(d.ep, d.route, status, end.Sub(st.arrived), ttft)
+	if s.cfg.AccessLog {
+		s.accessLog(c, st, d, status, end.Sub(st.arrived), ttft)
+	}
 	return true
 }
 
@@ -331,7 +383,8 @@ func (w *abortableWriter) Finalize() error {
 
 // streamBody relays res's body as it arrives. A client disconnect (sensed by hertz)
 // or a failed write force-closes the upstream connection, cancelling the engine's work.
-func (s *Server) streamBody(ctx context.Context, c *app.RequestContext, st *reqState, d *decision, res *protocol.Response, sse bool) {
+// It returns when the first body byte was written to the client (zero: none was).
+func (s *Server) streamBody(ctx context.Context, c *app.RequestContext, st *reqState, d *decision, res *protocol.Response, sse bool) (first time.Time) {
 	c.Response.Header.Del("Content-Length")
 	w := &abortableWriter{ExtWriter: resp.NewChunkedBodyWriter(&c.Response, c.GetWriter())}
 	c.Response.HijackWriter(w)
@@ -352,6 +405,9 @@ func (s *Server) streamBody(ctx context.Context, c *app.RequestContext, st *reqS
 	for {
 		n, err := body.Read(st.relay)
 		if n > 0 {
+			if first.IsZero() {
+				first = time.Now()
+			}
 			s.firstToken(d)
 			if _, werr := w.Write(st.relay[:n]); werr != nil {
 				clientGone = true
@@ -370,7 +426,7 @@ func (s *Server) streamBody(ctx context.Context, c *app.RequestContext, st *reqS
 				if ctx.Err() != nil {
 					clientGone = true
 				} else {
-					s.m.upstream[ErrMidStream][d.ep].Inc()
+					s.brokeOff(d.ep)
 					w.aborted = true
 				}
 			}
@@ -389,8 +445,10 @@ func (s *Server) streamBody(ctx context.Context, c *app.RequestContext, st *reqS
 	}
 	res.CloseBodyStream() //nolint:errcheck
 	if rs.found {
+		st.cached = rs.cached
 		s.recordReceipt(d, rs.cached, rs.prompt)
 	}
+	return first
 }
 
 // receiptScanner finds usage.prompt_tokens_details.cached_tokens in SSE data lines as
@@ -448,15 +506,18 @@ func (r *receiptScanner) line(l []byte) {
 }
 
 // receipt reads the delivery receipt from a whole JSON body.
-func (s *Server) receipt(d *decision, body []byte) {
+// It returns the cached tokens, -1 when the body carries no receipt.
+func (s *Server) receipt(d *decision, body []byte) int64 {
 	usage := openai.Path(body, "usage")
 	if usage == nil {
-		return
+		return -1
 	}
 	if n, ok := openai.Int(openai.Path(usage, "prompt_tokens_details", "cached_tokens")); ok {
 		p, _ := openai.Int(openai.Path(usage, "prompt_tokens"))
 		s.recordReceipt(d, n, p)
+		return n
 	}
+	return -1
 }
 
 func (s *Server) recordReceipt(d *decision, cached, prompt int64) {

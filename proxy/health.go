@@ -36,6 +36,11 @@ func (s *Server) checkAll() {
 			if was != ok {
 				s.log.Warn("endpoint health changed", "endpoint", e.spec.Name, "healthy", ok)
 			}
+			if ok && !was && s.kv != nil {
+				// The engine is back: follow its events now, not after the
+				// subscriber's backoff (up to 30 s of routing on a stale inventory).
+				s.kv.mgr.Redial(e.idx)
+			}
 		}(e)
 	}
 	wg.Wait()

@@ -24,13 +24,19 @@ type kvRouter struct {
 	inv       *shard.Inventory
 	chain     hashcore.Chain // the engines' contract; nil when every endpoint is re-hashed
 	fast      hashcore.Chain // kvgate's own keys (TensorRT-LLM, failed parity, -kv-keys rehash)
-	mgr       *ingest.Manager
+	mgr       eventSource    // ingest's subscribers, or the event plane (plane.go)
 	mode      shard.Mode
 	blockSize int
 	minBlocks int32 // -kv-min-match-tokens in whole blocks: a shallower match is a miss
 	lora      map[string]loraAdapter
 	trie      *prefixTrie // mode 1 with -pd-prefix-trie-keys > 0; mode 3 with -kv-pending-ttl > 0
 	sel       route.Selector
+	memo      *tokenize.Memo      // -tokenize-memo-bytes > 0
+	chainMemo *hashcore.ChainMemo // -kv-chain-memo-bytes > 0 and an engine contract
+	// loadOnMiss: mode 3 with the cost policy and -select rr places a keyed prompt no
+	// endpoint holds by the cost policy too (route kv-miss:<reason> all the same); rr
+	// knows nothing of queues. -select chwbl keeps its content affinity for misses.
+	loadOnMiss bool
 }
 
 type loraAdapter struct{ name, base string }
@@ -57,6 +63,20 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 			return nil, refuse("-tokenizer", "%s=%s: %v", t.Model, t.Dir, err)
 		}
 	}
+	if cfg.TokenizeMemoBytes > 0 {
+		m, err := tokenize.NewMemo(cfg.TokenizeMemoBytes)
+		if err != nil {
+			return nil, refuse("-tokenize-memo-bytes", "%v", err)
+		}
+		k.memo = m
+		for _, t := range cfg.Tokenizers {
+			if mdl := k.pool.Get(t.Model); mdl != nil {
+				if why := mdl.Tokenizer().MemoUnsupported(); why != "" {
+					s.log.Info("tokenize memo off for this model", "model", t.Model, "why", why)
+				}
+			}
+		}
+	}
 	for a, base := range cfg.LoRA {
 		k.lora[a] = loraAdapter{name: a, base: base}
 	}
@@ -78,6 +98,7 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 		k.sel = &route.Overlap{Loads: s.loads, LoadFactor: cfg.LoadFactor}
 	} else {
 		k.sel = &route.Cost{Loads: s.loads, Queues: s.queues}
+		k.loadOnMiss = cfg.KVMode == KVConverged && cfg.Select == SelectRR
 	}
 	k.fast = hashcore.NewFast(cfg.KVBlockSize)
 	var spec *hashcore.Spec
@@ -105,6 +126,11 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 			return nil, refuse(flag, "%v", err)
 		}
 		k.chain = c
+		if cfg.KVChainMemoBytes > 0 {
+			if k.chainMemo, err = hashcore.NewChainMemo(c, cfg.KVChainMemoBytes); err != nil {
+				return nil, refuse("-kv-chain-memo-bytes", "%v", err)
+			}
+		}
 	}
 	keys, err := ingest.ParseKeyMode(cfg.KVKeys)
 	if err != nil {
@@ -115,16 +141,16 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 		eps[i] = ingest.EndpointConfig{Name: e.Name, Index: i, Engine: e.Engine.String(),
 			Events: e.Events, Replay: e.Replay, DP: e.DP, Topic: e.Topic, URL: e.URL}
 	}
-	mgr, err := ingest.NewManager(ingest.Config{Inventory: inv, Chain: k.chain, Spec: spec, Fast: k.fast,
+	mgr, err := k.newEventSource(ingest.Config{Inventory: inv, Chain: k.chain, Spec: spec, Fast: k.fast,
 		Keys: keys, Logger: s.log, Metrics: s.m.set}, eps)
 	if err != nil {
-		return nil, refuse("-endpoint", "%v", err)
+		return nil, err
 	}
 	k.mgr = mgr
 	return k, nil
 }
 
-func (k *kvRouter) start(ctx context.Context) error { k.mgr.Start(ctx); return nil }
+func (k *kvRouter) start(ctx context.Context) error { return k.mgr.Start(ctx) }
 func (k *kvRouter) close()                          { k.mgr.Close() }
 func (k *kvRouter) loaded() bool                    { return true } // tokenizers load in New
 
@@ -147,9 +173,7 @@ func bstr(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 func (k *kvRouter) miss(st *reqState, d *decision, r Route) {
 	d.ep, d.route = -1, r
-	if st.obs == nil {
-		k.s.m.misses[r].Inc()
-	}
+	st.meter.miss(r)
 }
 
 // route is the guard ladder: text_empty, model_unknown, tokenize, no_blocks,
@@ -158,7 +182,6 @@ func (k *kvRouter) miss(st *reqState, d *decision, r Route) {
 // breaker is open. On a miss d.ep is -1 and d.route names the reason.
 func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	s := k.s
-	explain := st.obs != nil // /debug/explain: the same path, no counters
 	b := st.body
 	oa := &st.oa
 	st.tokens, st.keys, st.fastKeys = st.tokens[:0], st.keys[:0], st.fastKeys[:0]
@@ -192,9 +215,7 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	}
 	model := k.pool.Get(name)
 	if model == nil {
-		if !explain {
-			s.m.unknownMdl.Inc()
-		}
+		st.meter.unknownModel()
 		k.miss(st, d, RouteMissModelUnknown)
 		return
 	}
@@ -233,7 +254,7 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 			return
 		}
 		if boolField(oa.Value[openai.FAddSpecialTokens].Bytes(b), true) {
-			st.tokens, err = model.EncodePrompt(st.tokens, bstr(st.out))
+			st.tokens, err = model.EncodePromptMemo(st.tokens, bstr(st.out), k.memo)
 		} else {
 			st.tokens, err = model.Tokenizer().Encode(st.tokens, bstr(st.out), false)
 		}
@@ -251,9 +272,7 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 			return
 		}
 	}
-	if !explain {
-		s.m.stage[StageTokenize].UpdateDuration(t0)
-	}
+	st.meter.stage(StageTokenize, t0)
 	if err != nil {
 		k.miss(st, d, RouteMissTokenize)
 		return
@@ -285,14 +304,16 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 		exp = ex
 	}
 	if nEng > 0 {
-		st.keys = hashcore.Keys(k.chain, st.keys[:0], st.tokens, exp)
+		if k.chainMemo != nil {
+			st.keys, st.memoBlocks = k.chainMemo.AppendKeysHit(st.keys[:0], st.tokens, exp)
+		} else {
+			st.keys = hashcore.Keys(k.chain, st.keys[:0], st.tokens, exp)
+		}
 	}
 	if nFast > 0 {
 		st.fastKeys = hashcore.Keys(k.fast, st.fastKeys[:0], st.tokens, exp)
 	}
-	if !explain {
-		s.m.stage[StageHash].UpdateDuration(t1)
-	}
+	st.meter.stage(StageHash, t1)
 	if len(st.keys) == 0 && len(st.fastKeys) == 0 {
 		if len(st.tokens) >= k.blockSize && nEng+nFast == 0 {
 			k.miss(st, d, RouteMissNoWorker)
@@ -313,9 +334,7 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 			}
 		}
 	}
-	if !explain {
-		s.m.stage[StageScore].UpdateDuration(t2)
-	}
+	st.meter.stage(StageScore, t2)
 	k.choose(st, el, d)
 }
 
@@ -341,24 +360,29 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 		}
 	}
 	d.uncached = len(st.tokens)
-	if best < 0 {
-		k.miss(st, d, RouteMissNoWorker)
-		return
-	}
-	if matched[best] < k.minBlocks {
-		k.miss(st, d, RouteMissShallow)
-		return
-	}
 	c := &st.cand
 	*c = route.Candidates{Eligible: el, Matched: matched, Best: best, Tokens: len(st.tokens),
 		BlockSize: k.blockSize, MinBlocks: max(k.minBlocks, 1)}
-	winner := k.sel.Select(c, st.obs)
+	if best < 0 || matched[best] < k.minBlocks {
+		r := RouteMissNoWorker
+		if best >= 0 {
+			r = RouteMissShallow
+		}
+		k.miss(st, d, r)
+		if k.loadOnMiss {
+			// No endpoint holds enough of the prompt: it prefills in full wherever it
+			// goes, so the least predicted first token is the least queued work.
+			d.ep = k.sel.Select(c, st.observer())
+		}
+		return
+	}
+	winner := k.sel.Select(c, st.observer())
 	if winner < 0 {
 		k.miss(st, d, RouteMissNoWorker)
 		return
 	}
-	if winner != best && st.obs == nil {
-		s.m.nextBest.Inc()
+	if winner != best {
+		st.meter.nextBest()
 	}
 	d.ep = winner
 	d.predicted = int(st.scores[winner]) * k.blockSize
@@ -368,9 +392,7 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 	switch {
 	case st.scores[winner] >= c.MinBlocks:
 		d.route = RouteKVHit
-		if st.obs == nil {
-			s.m.hits[winner].Inc()
-		}
+		st.meter.hit(winner)
 	case matched[winner] >= c.MinBlocks:
 		d.route = RoutePrefixTrie
 	default:

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/proxy/route"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -286,6 +287,7 @@ func TestKVCostPolicy(t *testing.T) {
 	a, b, e := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM), newKVEngine(t, "e", enginepub.VLLM)
 	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""), e.spec(2, "vllm", ""))
 	cfg.KVPrefillRate = 10000
+	cfg.KVPendingTTL = 0 // e would then hold what kvgate sent it (TestKVPendingEntries)
 	s := startProxy(t, cfg)
 	toks := engineTokens(t, sharedPrefix)
 	a.store(t, c, toks, 6)
@@ -349,13 +351,14 @@ func TestKVCostEngineReports(t *testing.T) {
 	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""))
 	cfg.KVPrefillRate = 10000
 	cfg.KVLoadScrape = 20 * time.Millisecond
+	cfg.KVPendingTTL = 0 // b would keep the blocks kvgate sent it (TestKVPendingEntries)
 	s := startProxy(t, cfg)
 	toks := engineTokens(t, sharedPrefix)
 	a.store(t, c, toks, 6)
 	b.store(t, c, toks, 2)
 	waitFor(t, "events", func() bool { return s.kv.inv.Count(0) == 6 && s.kv.inv.Count(1) == 2 })
 	waitFor(t, "scrapes", func() bool { return s.eps[0].scrape.ok.Load() > 0 && s.eps[1].scrape.failed.Load() > 0 })
-	s.queues.Finished(0, time.Second) // a request holds a for 1 s: 21 ahead over 4 slots wait ~5 s
+	s.queues.Finished(0, route.Ticket{}, time.Second, 0, false) // a request holds a for 1 s: 21 ahead over 4 slots wait ~5 s
 	res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
 	if res.Header.Get("x-kvgate-endpoint") != "b" || res.Header.Get("x-kvgate-route") != "kv-hit" {
 		t.Fatalf("a's engine reports 20 waiting: %s %s", res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"))
@@ -391,4 +394,93 @@ func get(t *testing.T, url string) (*http.Response, string) {
 	defer res.Body.Close()
 	b, _ := io.ReadAll(res.Body)
 	return res, string(b)
+}
+
+// Two kvgate replicas in front of the same engines see the same engine-reported load, so
+// they make the same choice without sharing any state: both move off the engine whose
+// queue grows, and both come back once it drains.
+func TestKVCostReplicasAgree(t *testing.T) {
+	c := vllmChain(t)
+	a, b := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM)
+	var waiting atomic.Int64
+	metricsFor := func(run func() int64) func(http.ResponseWriter, *http.Request, []byte) bool {
+		return func(w http.ResponseWriter, r *http.Request, _ []byte) bool {
+			if r.URL.Path != "/metrics" {
+				return false
+			}
+			fmt.Fprintf(w, "vllm:num_requests_running{model_name=\"m\"} %d\nvllm:num_requests_waiting{model_name=\"m\"} %d\n", run(), waiting.Load())
+			return true
+		}
+	}
+	a.handle = metricsFor(func() int64 {
+		if waiting.Load() > 0 {
+			return 8
+		}
+		return 1
+	})
+	b.handle = metricsFor(func() int64 { return 1 })
+	var replicas []*Server
+	for i := 0; i < 2; i++ {
+		cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""))
+		cfg.KVPrefillRate = 10000
+		cfg.KVLoadScrape = 20 * time.Millisecond
+		replicas = append(replicas, startProxy(t, cfg))
+	}
+	toks := engineTokens(t, sharedPrefix)
+	a.store(t, c, toks, 6)
+	b.store(t, c, toks, 2)
+	for _, s := range replicas {
+		waitFor(t, "events", func() bool { return s.kv.inv.Count(0) == 6 && s.kv.inv.Count(1) == 2 })
+		s.queues.Finished(0, route.Ticket{}, time.Second, 0, false)
+	}
+	choices := func() string {
+		var out string
+		for _, s := range replicas {
+			res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+			out += res.Header.Get("x-kvgate-endpoint")
+		}
+		return out
+	}
+	waitFor(t, "both on the deeper holder", func() bool { return choices() == "aa" })
+	waiting.Store(30) // another client's burst queues on a
+	waitFor(t, "both move to b", func() bool { return choices() == "bb" })
+	waiting.Store(0)
+	waitFor(t, "both back on a", func() bool { return choices() == "aa" })
+}
+
+// Mode 3's pending entries: a prompt no engine has reported yet goes by -select, and a
+// request sharing it follows it there (route prefix-trie) until the engine's events take
+// over, for one to two -kv-pending-ttl; /debug/explain records nothing.
+func TestKVPendingEntries(t *testing.T) {
+	a, b, e := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM), newKVEngine(t, "e", enginepub.VLLM)
+	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""), e.spec(2, "vllm", ""))
+	cfg.KVPendingTTL = 300 * time.Millisecond
+	s := startProxy(t, cfg)
+	res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+	first := res.Header.Get("x-kvgate-endpoint")
+	if res.Header.Get("x-kvgate-route") != "kv-miss:no_worker" {
+		t.Fatalf("first: %s", res.Header.Get("x-kvgate-route"))
+	}
+	// /debug/explain runs the same decision but remembers nothing.
+	for i := 0; i < 3; i++ {
+		post(t, s.admURL("/debug/explain"), complPrompt(sharedPrefix+" other"))
+	}
+	for i := 0; i < 4; i++ {
+		res, _ = post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+		if res.Header.Get("x-kvgate-endpoint") != first || res.Header.Get("x-kvgate-route") != "prefix-trie" {
+			t.Fatalf("follow-up %d: %s %s, want %s prefix-trie", i, res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"), first)
+		}
+	}
+	if keys, _ := s.kv.trie.stats(); keys == 0 {
+		t.Fatal("no pending keys")
+	}
+	// Unused for two TTLs, the entries are gone.
+	time.Sleep(650 * time.Millisecond)
+	post(t, s.admURL("/debug/explain"), complPrompt(sharedPrefix)) // explain turns no generation either
+	res, _ = post(t, s.url("/v1/completions"), complPrompt("an unrelated prompt of its own, long enough for a block or two of tokens at least"))
+	time.Sleep(10 * time.Millisecond)
+	res, _ = post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+	if r := res.Header.Get("x-kvgate-route"); r != "kv-miss:no_worker" {
+		t.Fatalf("after two TTLs: %s", r)
+	}
 }

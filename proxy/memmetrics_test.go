@@ -71,9 +71,9 @@ func TestInventoryBoundPerEndpoint(t *testing.T) {
 		return st.EvictedAtBound+st.DroppedAtBound == 2
 	})
 	got := scrapeMetrics(t, s)
-	if got[`kvgate_inventory_keys{endpoint="a"}`] != 3 || got["kvgate_inventory_unique_keys"] != 3 {
+	if got[`kvgate_ingest_inventory_keys{endpoint="a"}`] != 3 || got["kvgate_inventory_unique_keys"] != 3 {
 		t.Errorf("inventory keys %v / unique %v, want 3 (the bound)",
-			got[`kvgate_inventory_keys{endpoint="a"}`], got["kvgate_inventory_unique_keys"])
+			got[`kvgate_ingest_inventory_keys{endpoint="a"}`], got["kvgate_inventory_unique_keys"])
 	}
 	if n := got["kvgate_inventory_evicted_total"] + got["kvgate_inventory_dropped_total"]; n != 2 ||
 		got["kvgate_inventory_max_keys_per_endpoint"] != 3 {

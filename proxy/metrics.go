@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"strconv"
+	"sync/atomic"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 )
@@ -120,19 +122,106 @@ type proxyMetrics struct {
 	upstream   [numUpstreamErrors][]*metrics.Counter
 	misses     [numRoutes]*metrics.Counter
 	bad        [numBadInputs]*metrics.Counter
-	stage      [numStages]*metrics.Histogram
-	route      *metrics.Histogram // steps 1-5 of the request path, first decision
+	stage      [numStages]*metrics.PrometheusHistogram
+	route      *metrics.PrometheusHistogram // steps 1-5 of the request path, first decision
 	nextBest   *metrics.Counter
 	retries    *metrics.Counter
 	noHealthy  *metrics.Counter
 	unknownMdl *metrics.Counter
 	affinity   *metrics.Counter
 	clientGone *metrics.Counter
+	// unauthorized: public requests refused 401 for a missing or unknown API key.
+	unauthorized *metrics.Counter
+
+	names []string
+	// answered is created on first use per {route, endpoint}: with 1024 endpoints the
+	// full cross product of histograms would be most of /metrics and never seen.
+	answered [numRoutes][]atomic.Pointer[answerSeries]
+}
+
+// answerSeries are the series of one {endpoint, route}: duration, time to first
+// response byte, and answers by status code.
+type answerSeries struct {
+	dur, ttft *metrics.PrometheusHistogram
+	codes     [numCodes]atomic.Pointer[metrics.Counter]
+	labels    string
+}
+
+// Buckets: the routing overhead is microseconds to a few milliseconds; requests and
+// TTFT are milliseconds to minutes (long generations).
+var (
+	routeBuckets = []float64{5e-6, 1e-5, 2e-5, 3e-5, 5e-5, 7.5e-5, 1e-4, 1.5e-4, 2e-4, 3e-4, 5e-4, 7.5e-4,
+		1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 1e-2, 2.5e-2, 0.1}
+	requestBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+)
+
+// statusCodes are the codes kept as their own label value; others count by class.
+var statusCodes = [...]int{200, 400, 401, 403, 404, 408, 413, 422, 429, 500, 502, 503, 504}
+
+const numCodes = len(statusCodes) + 5 // + 1xx..5xx classes
+
+func codeIndex(status int) int {
+	for i, c := range statusCodes {
+		if c == status {
+			return i
+		}
+	}
+	cls := status/100 - 1
+	if cls < 0 || cls > 4 {
+		cls = 4
+	}
+	return len(statusCodes) + cls
+}
+
+func codeLabel(i int) string {
+	if i < len(statusCodes) {
+		return strconv.Itoa(statusCodes[i])
+	}
+	return strconv.Itoa(i-len(statusCodes)+1) + "xx"
+}
+
+// observeRequest records one answered request: the only entry point for the request
+// duration, TTFT and status-code families (forward.go calls it once per answer). ttft
+// is the time to the first response body byte; 0 when no body byte was sent.
+func (m *proxyMetrics) observeRequest(ep int, route Route, status int, dur, ttft time.Duration) {
+	if ep < 0 || ep >= len(m.names) || route >= numRoutes {
+		return
+	}
+	a := m.answered[route][ep].Load()
+	if a == nil {
+		a = m.newAnswerSeries(ep, route)
+	}
+	a.dur.Update(dur.Seconds())
+	if ttft > 0 {
+		a.ttft.Update(ttft.Seconds())
+	}
+	ci := codeIndex(status)
+	c := a.codes[ci].Load()
+	if c == nil {
+		c = m.set.GetOrCreateCounter(`kvgate_responses_total{` + a.labels + `,code="` + codeLabel(ci) + `"}`)
+		a.codes[ci].Store(c)
+	}
+	c.Inc()
+}
+
+func (m *proxyMetrics) newAnswerSeries(ep int, route Route) *answerSeries {
+	lbl := `endpoint=` + strconv.Quote(m.names[ep]) + `,route=` + strconv.Quote(route.String())
+	a := &answerSeries{labels: lbl,
+		dur:  m.set.GetOrCreatePrometheusHistogramExt(`kvgate_request_duration_seconds{`+lbl+`}`, requestBuckets),
+		ttft: m.set.GetOrCreatePrometheusHistogramExt(`kvgate_ttft_seconds{`+lbl+`}`, requestBuckets),
+	}
+	if m.answered[route][ep].CompareAndSwap(nil, a) {
+		return a
+	}
+	return m.answered[route][ep].Load() // another request made it first (same series)
 }
 
 func newProxyMetrics(names []string) *proxyMetrics {
 	s := metrics.NewSet()
-	m := &proxyMetrics{set: s}
+	m := &proxyMetrics{set: s, names: names}
+	for r := range m.answered {
+		m.answered[r] = make([]atomic.Pointer[answerSeries], len(names))
+	}
 	n := len(names)
 	per := func(name, extra string) []*metrics.Counter {
 		out := make([]*metrics.Counter, n)
@@ -159,14 +248,24 @@ func newProxyMetrics(names []string) *proxyMetrics {
 		m.bad[b] = s.NewCounter(`kvgate_bad_requests_total{reason=` + strconv.Quote(badNames[b]) + `}`)
 	}
 	for st := Stage(0); st < numStages; st++ {
-		m.stage[st] = s.NewHistogram(`kvgate_route_stage_seconds{stage=` + strconv.Quote(stageNames[st]) + `}`)
+		m.stage[st] = s.NewPrometheusHistogramExt(`kvgate_route_stage_seconds{stage=`+strconv.Quote(stageNames[st])+`}`, routeBuckets)
 	}
-	m.route = s.NewHistogram("kvgate_route_seconds")
+	m.route = s.NewPrometheusHistogramExt("kvgate_route_seconds", routeBuckets)
 	m.nextBest = s.NewCounter("kvgate_kv_next_best_total")
 	m.retries = s.NewCounter("kvgate_retries_total")
 	m.noHealthy = s.NewCounter("kvgate_no_healthy_endpoint_total")
 	m.unknownMdl = s.NewCounter("kvgate_unknown_model_total")
 	m.affinity = s.NewCounter("kvgate_session_affinity_hits_total")
 	m.clientGone = s.NewCounter("kvgate_client_disconnects_total")
+	m.unauthorized = s.NewCounter("kvgate_unauthorized_total")
 	return m
+}
+
+// sentTo is how many requests kvgate has forwarded to endpoint i, over every route.
+func (m *proxyMetrics) sentTo(i int) uint64 {
+	var n uint64
+	for r := Route(0); r < numRoutes; r++ {
+		n += m.routed[r][i].Get()
+	}
+	return n
 }

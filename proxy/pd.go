@@ -19,17 +19,14 @@ import (
 // decidePD runs the mode-1 ladder: session affinity -> KV-Exact over prefill endpoints
 // -> the prefix trie of what kvgate sent where (trie.go) -> prefill by minimum in-flight
 // load (round-robin on ties); decode by minimum load. The prefill pick is recorded in
-// the trie (not for /debug/explain).
+// the trie (not for /debug/explain, whose meter is nil).
 func (s *Server) decidePD(st *reqState, d *decision) {
-	explain := st.obs != nil
 	d.ep, d.decode, d.predicted, d.route = -1, -1, 0, RouteRR
 	elP := s.baseEligible(st, st.eligible, s.prefillMask)
 	elD := s.baseEligible(st, st.scratch, s.decodeMask)
 	if p, dec, ok := s.aff.get(st.sessKey, time.Now()); ok && elP.Has(p) && elD.Has(dec) {
 		d.ep, d.decode, d.route = p, dec, RouteAffinity
-		if !explain {
-			s.m.affinity.Inc()
-		}
+		st.meter.affinity()
 		return
 	}
 	if s.kv != nil {
@@ -45,9 +42,7 @@ func (s *Server) decidePD(st *reqState, d *decision) {
 		}
 	}
 	d.decode = s.decodeSel.Select(elD)
-	if !explain && d.ep >= 0 && s.kv != nil && s.kv.trie != nil {
-		s.kv.trieRecord(st, d.ep)
-	}
+	st.meter.sent(st, d.ep)
 }
 
 // sessionKey is the OpenAI `user` field or the X-Conversation-Id header.
@@ -135,13 +130,7 @@ func (s *Server) doLeg(ctx context.Context, i int, req *protocol.Request, dst []
 	s.loads.Inc(i)
 	defer s.loads.Dec(i)
 	if err = s.do(ctx, ep.spec.host, req, res); err != nil {
-		if ctx.Err() != nil {
-			ep.breaker.Neutral()
-			return 0, dst, ErrConnect, err
-		}
-		kind = classify(ctx, err)
-		s.m.upstream[kind][i].Inc()
-		ep.breaker.Failure()
+		kind, _ = s.failed(ctx, i, err)
 		return 0, dst, kind, err
 	}
 	dst = dst[:0]
@@ -157,7 +146,7 @@ func (s *Server) doLeg(ctx context.Context, i int, req *protocol.Request, dst []
 		}
 		if rerr != nil {
 			res.CloseBodyStream() //nolint:errcheck
-			s.m.upstream[ErrMidStream][i].Inc()
+			s.brokeOff(i)
 			ep.breaker.Failure()
 			return 0, dst, ErrMidStream, rerr
 		}
@@ -167,12 +156,7 @@ func (s *Server) doLeg(ctx context.Context, i int, req *protocol.Request, dst []
 	}
 	res.CloseBodyStream() //nolint:errcheck
 	status = res.StatusCode()
-	if status >= 500 {
-		s.m.upstream[Err5xx][i].Inc()
-		ep.breaker.FiveXX()
-	} else {
-		ep.breaker.Success()
-	}
+	s.answered(i, status)
 	return status, dst, 0, nil
 }
 

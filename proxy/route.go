@@ -29,19 +29,21 @@ func (s *Server) baseEligible(st *reqState, m shard.Mask, role shard.Mask) shard
 	return m
 }
 
-// decide routes an OpenAI request in a converged pool (mode off or 3).
+// decide routes an OpenAI request in a converged pool (mode off or 3). Where it went is
+// remembered as pending entries (-kv-pending-ttl), hit or miss: the first request of a new
+// prefix goes by -select, and the burst behind it follows.
 func (s *Server) decide(st *reqState, d *decision, _ bool) {
 	d.ep, d.decode, d.predicted = -1, -1, 0
 	el := s.baseEligible(st, st.eligible, nil)
 	if s.kv != nil {
 		s.kv.route(st, el, d)
-		if d.ep >= 0 {
-			return
-		}
 	}
-	t0 := time.Now()
-	s.decideFallback(st, d, el, nil)
-	s.m.stage[StageSelect].UpdateDuration(t0)
+	if d.ep < 0 {
+		t0 := time.Now()
+		s.decideFallback(st, d, el, nil)
+		st.meter.stage(StageSelect, t0)
+	}
+	st.meter.sent(st, d.ep)
 }
 
 // decideFallback picks by the rule's selector. key overrides the request-derived

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -38,6 +39,13 @@ func chatBody4k() []byte {
 // benchServer is a KV-Exact mode-3 rule with 8 endpoints (not started: routing only);
 // endpoint 3 holds the prompt's first half, endpoint 5 a quarter, others noise.
 func benchServer(tb testing.TB, body []byte) (*Server, *reqState) {
+	return benchServerWith(tb, body, func(cfg *Config) {
+		// The cold path: nothing memoized (BenchmarkRouteFollowup measures the memos).
+		cfg.TokenizeMemoBytes, cfg.KVChainMemoBytes = 0, 0
+	})
+}
+
+func benchServerWith(tb testing.TB, body []byte, edit func(*Config)) (*Server, *reqState) {
 	specs := make([]string, 8)
 	for i := range specs {
 		specs[i] = fmt.Sprintf("name=e%d,url=http://127.0.0.1:%d,engine=vllm,events=tcp://127.0.0.1:%d", i, 20000+i, 30000+i)
@@ -55,6 +63,7 @@ func benchServer(tb testing.TB, body []byte) (*Server, *reqState) {
 		}
 		cfg.Endpoints = append(cfg.Endpoints, e)
 	}
+	edit(&cfg)
 	s, err := New(cfg, Options{Logger: quietLog, Tokenizers: sharedPool(tb)})
 	if err != nil {
 		tb.Fatal(err)
@@ -151,6 +160,47 @@ func BenchmarkRouteStages(b *testing.B) {
 		}
 		_ = t0
 	})
+}
+
+// followupBody is chatBody4k whose last user message ends in a 7-digit turn number, and
+// the offset of those digits: rewriting them makes the same conversation's next turn
+// (everything before it as routed before, the new message new text) without building a
+// body per iteration.
+func followupBody() ([]byte, int) {
+	b := chatBody4k()
+	const last = `"Summarize."`
+	i := bytes.LastIndex(b, []byte(last))
+	out := append([]byte{}, b[:i]...)
+	out = append(out, `"Summarize the discussion so far for turn 0000000, in three bullet points."`...)
+	out = append(out, b[i+len(last):]...)
+	return out, i + len(`"Summarize the discussion so far for turn `)
+}
+
+// BenchmarkRouteFollowup routes turn n+1 of a ~4.7k-token Qwen3 chat whose turns up to
+// n were routed before (8 endpoints, the memos on as by default): each iteration's last
+// message is new text, so the tokenization memo answers every earlier segment and the
+// chain memo every earlier stretch of blocks. BenchmarkRouteStages/full is the cold case.
+func BenchmarkRouteFollowup(b *testing.B) {
+	body, at := followupBody()
+	s, st := benchServerWith(b, body, func(*Config) {})
+	var d decision
+	turn := func(n int) {
+		for k := 6; k >= 0; k-- {
+			st.body[at+k] = byte('0' + n%10)
+			n /= 10
+		}
+		openai.Scan(st.body, &st.oa)
+		clear(st.excluded)
+		s.decide(st, &d, false)
+	}
+	turn(0) // the conversation so far, routed once
+	b.ReportAllocs()
+	n := 1
+	for b.Loop() {
+		turn(n)
+		n++
+	}
+	b.ReportMetric(float64(len(st.tokens)), "tokens")
 }
 
 // FuzzRoute drives arbitrary bodies through parsing and the KV-Exact ladder: any body

@@ -17,6 +17,7 @@ import (
 	"github.com/cloudwego/hertz/pkg/app/client"
 	"github.com/cloudwego/hertz/pkg/app/middlewares/server/recovery"
 	"github.com/cloudwego/hertz/pkg/app/server"
+	"github.com/cloudwego/hertz/pkg/common/config"
 	"github.com/cloudwego/hertz/pkg/common/tracer/stats"
 	"github.com/cloudwego/hertz/pkg/network/standard"
 
@@ -47,7 +48,8 @@ type Server struct {
 	eps       []*endpoint
 	names     []string
 	loads     *balance.Loads
-	queues    *route.Queues // prefill queued, learned rates, engine reports (the cost policy)
+	queues    *route.Queues  // prefill queued, learned rates, engine reports (the cost policy)
+	meter     *decisionMeter // where traffic decisions count (meter.go)
 	rr        *balance.RR
 	ring      *balance.Ring
 	prefRR    *balance.RR   // mode 1 prefill min-load ties
@@ -74,6 +76,9 @@ type Server struct {
 	draining  atomic.Bool
 	pool      sync.Pool // *reqState
 	gapWarned []atomic.Int64
+	states    *stateWatcher
+	certs     *certSource // -tls-cert/-tls-key; nil: plain HTTP
+	apiKeys   *apiKeys    // -api-keys-file; nil: no key needed
 }
 
 // Options are runtime hooks that are not part of the rule.
@@ -125,11 +130,29 @@ func New(cfg Config, opt Options) (*Server, error) {
 	s.decodeSel = &route.Decode{Loads: s.loads, Queues: s.queues}
 	s.ring = balance.NewRing(s.names, weights)
 	s.m = newProxyMetrics(s.names)
+	s.meter = &decisionMeter{m: s.m}
 	s.aff = newAffinity(cfg.AffinityTTL, cfg.AffinityMax)
 	s.pool.New = func() any { return newReqState(n) }
 	s.conns = newConnRegistry()
 
+	var err error
+	if cfg.TLSCert != "" {
+		if s.certs, err = newCertSource(cfg.TLSCert, cfg.TLSKey); err != nil {
+			return nil, refuse("-tls-cert", "%v", err)
+		}
+	}
+	if cfg.APIKeysFile != "" {
+		if s.apiKeys, err = newAPIKeys(cfg.APIKeysFile); err != nil {
+			return nil, refuse("-api-keys-file", "%v", err)
+		}
+	}
+	upTLS, err := upstreamTLS(&cfg)
+	if err != nil {
+		return nil, err
+	}
 	c, err := client.NewClient(
+		// First: WithTLSConfig also sets hertz's own dialer, which WithDialer replaces.
+		client.WithTLSConfig(upTLS),
 		// The standard (blocking) transport, not netpoll: netpoll reads every byte an
 		// engine sends into memory as it arrives, so a slow client reading a fast stream
 		// would grow the heap without bound. Blocking reads stop the engine instead.
@@ -152,7 +175,9 @@ func New(cfg Config, opt Options) (*Server, error) {
 			return nil, err
 		}
 		s.kv = kv
+		s.meter.kv, s.meter.trie = kv, kv.trie
 	}
+	s.states = newStateWatcher(s)
 	return s, nil
 }
 
@@ -184,10 +209,13 @@ func (s *Server) start() error {
 		}
 		s.adminLn = ln
 	}
+	s.logRule()
 	if s.kv != nil {
 		if err := s.kv.start(s.ctx); err != nil {
 			return err
 		}
+		s.wg.Add(1)
+		go s.states.run()
 	}
 	if s.cfg.HealthInterval > 0 {
 		s.wg.Add(1)
@@ -197,18 +225,23 @@ func (s *Server) start() error {
 		s.wg.Add(1)
 		go s.scrapeLoop()
 	}
-	s.h = server.New(
+	opts := []config.Option{
 		server.WithListener(s.publicLn),
 		server.WithStreamBody(true),
 		server.WithSenseClientDisconnection(true),
 		server.WithDisablePrintRoute(true),
 		server.WithExitWaitTime(s.cfg.ShutdownGrace),
 		server.WithMaxHeaderBytes(s.cfg.MaxHeaderBytes),
-		server.WithIdleTimeout(120*time.Second),
+		server.WithIdleTimeout(120 * time.Second),
 		// Only to answer hertz's own refusals as JSON (headerrors.go); no trace stats.
 		server.WithTracer(&headErrors{s: s}),
 		server.WithTraceLevel(stats.LevelDisabled),
-	)
+	}
+	if s.certs != nil {
+		// TLS switches hertz to its standard transport (netpoll has no TLS).
+		opts = append(opts, server.WithTLS(s.certs.serverTLS()))
+	}
+	s.h = server.New(opts...)
 	s.h.NoHijackConnPool = true
 	// hertz parses the request target lazily, in its router, before any middleware: a
 	// target like "A:0" without a Host header panics there (hertz v0.10.4 splitHostURI).
@@ -218,6 +251,10 @@ func (s *Server) start() error {
 		s.m.bad[BadTarget].Inc()
 		writeError(c, 400, "invalid_request_error", "malformed request target")
 		c.SetConnectionClose()
+	}
+	if s.certs != nil || s.apiKeys != nil {
+		s.wg.Add(1)
+		go s.watchFiles(time.Second)
 	}
 	s.routes()
 	errc := make(chan error, 1)
@@ -258,6 +295,15 @@ func (s *Server) AdminAddr() string {
 		return ""
 	}
 	return s.adminLn.Addr().String()
+}
+
+// BeginDrain is the first step of a rolling-deploy shutdown: /readyz answers 503 from
+// now on and answers carry Connection: close, while the public listener keeps serving
+// (the caller waits -shutdown-delay, then calls Shutdown).
+func (s *Server) BeginDrain() {
+	if !s.draining.Swap(true) {
+		s.log.Warn("draining: /readyz answers 503, still serving until the drain delay ends", "delay", s.cfg.ShutdownDelay)
+	}
 }
 
 // Shutdown stops accepting, lets in-flight requests finish within ctx (or the
@@ -322,6 +368,15 @@ func (s *Server) routes() {
 		s.log.Error("panic serving request", "err", err, "stack", string(stack))
 		writeError(c, 500, "internal_error", "kvgate internal error")
 	})))
+	if s.apiKeys != nil {
+		s.h.Use(func(ctx context.Context, c *app.RequestContext) {
+			if !s.checkAPIKey(c) {
+				c.Abort()
+				return
+			}
+			c.Next(ctx)
+		})
+	}
 	s.h.POST("/v1/completions", func(ctx context.Context, c *app.RequestContext) { s.handleOpenAI(ctx, c, false) })
 	s.h.POST("/v1/chat/completions", func(ctx context.Context, c *app.RequestContext) { s.handleOpenAI(ctx, c, true) })
 	s.h.NoRoute(func(ctx context.Context, c *app.RequestContext) { s.handlePassThrough(ctx, c) })
@@ -343,26 +398,35 @@ type reqState struct {
 	matched  []int32 // blocks held per endpoint as the policy sees them (inventory, then pending)
 	cand     route.Candidates
 	obs      route.Observer // /debug/explain's recorder; nil for traffic
-	eligible shard.Mask
-	excluded shard.Mask
-	scratch  shard.Mask
-	out      []byte
-	relay    []byte
-	tail     []byte
-	sessKey  []byte
-	legA     []byte
-	legB     []byte
-	legResp  []byte
-	salt     []byte
-	ex       hashcore.Extras
-	engMask  shard.Mask
-	fastMask shard.Mask
+	meter    *decisionMeter // the server's for traffic; nil for /debug/explain
+	// What this decision took from the memos (/debug/explain).
+	memoUse    tokenize.MemoUse
+	memoBlocks int
+	eligible   shard.Mask
+	excluded   shard.Mask
+	scratch    shard.Mask
+	out        []byte
+	relay      []byte
+	tail       []byte
+	sessKey    []byte
+	legA       []byte
+	legB       []byte
+	legResp    []byte
+	salt       []byte
+	ex         hashcore.Extras
+	engMask    shard.Mask
+	fastMask   shard.Mask
 	// canRetry: this attempt's 5xx or truncated answer may be dropped for another
 	// endpoint (nothing has reached the client; attempts and an alternative remain).
 	canRetry bool
 	// routeStart is when parsing began: the first decision records the whole routing
 	// overhead (steps 1-5) from it in kvgate_route_seconds.
 	routeStart time.Time
+	// arrived is when the handler began (before the body was read): answers' duration
+	// and TTFT count from it.
+	arrived time.Time
+	// cached is the engine's cached-token receipt for this answer (-1: none).
+	cached int64
 }
 
 func newReqState(n int) *reqState {
@@ -385,13 +449,16 @@ func (st *reqState) reset() {
 	st.body = st.body[:0]
 	st.chat = false
 	st.canRetry = false
+	st.cached = -1
 	clear(st.excluded)
 	st.tail = st.tail[:0]
+	st.memoUse, st.memoBlocks = tokenize.MemoUse{}, 0
 }
 
 func (s *Server) getState() *reqState {
 	st := s.pool.Get().(*reqState)
 	st.reset()
+	st.meter, st.obs = s.meter, nil
 	return st
 }
 
@@ -510,6 +577,7 @@ func (s *Server) handleOpenAI(ctx context.Context, c *app.RequestContext, chat b
 	defer s.track(c)()
 	st := s.getState()
 	defer s.putState(st)
+	st.arrived = time.Now()
 	if !s.readBody(c, st) {
 		return
 	}
@@ -533,10 +601,12 @@ func (s *Server) handlePassThrough(ctx context.Context, c *app.RequestContext) {
 	defer s.track(c)()
 	st := s.getState()
 	defer s.putState(st)
+	st.arrived = time.Now()
 	if !s.readBody(c, st) {
 		return
 	}
 	st.oa.Reset()
+	st.routeStart = time.Now()
 	s.serveOne(ctx, c, st, false)
 }
 
@@ -548,6 +618,7 @@ func (s *Server) serveOne(ctx context.Context, c *app.RequestContext, st *reqSta
 		maxAttempts = s.cfg.MaxRetries + 1
 	}
 	var lastErr error
+	lastEp := -1
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		d := decision{ep: -1, decode: -1}
 		if openAI {
@@ -579,7 +650,7 @@ func (s *Server) serveOne(ctx context.Context, c *app.RequestContext, st *reqSta
 		case outDone:
 			return
 		case outRetry:
-			lastErr = out.err
+			lastErr, lastEp = out.err, d.ep
 			st.excluded.Set(d.ep)
 			continue
 		}
@@ -587,7 +658,9 @@ func (s *Server) serveOne(ctx context.Context, c *app.RequestContext, st *reqSta
 	}
 	s.m.noHealthy.Inc()
 	if lastErr != nil {
-		writeError(c, 502, "upstream_error", "no endpoint could be reached: "+lastErr.Error())
+		// lastErr names addresses (it is logged where it happened): the client is told
+		// which endpoint failed, never where it lives.
+		writeError(c, 502, "upstream_error", "no endpoint could be reached (last tried: "+s.eps[lastEp].spec.Name+")")
 		return
 	}
 	writeError(c, 503, "service_unavailable", "no healthy endpoint is available for this request")

@@ -69,11 +69,15 @@ func (t *prefixTrie) add(ep int, keys []uint64) {
 	if t.ttl > 0 {
 		if now := time.Now().UnixNano(); now-t.turned.Load() >= int64(t.ttl) {
 			t.mu.Lock()
-			if now-t.turned.Load() >= int64(t.ttl) {
+			if age := now - t.turned.Load(); age >= int64(t.ttl) {
 				old := t.prev.Load()
 				old.ClearAll()
-				t.prev.Store(t.cur.Load())
-				t.cur.Store(old)
+				if age >= 2*int64(t.ttl) {
+					t.cur.Load().ClearAll() // idle for two TTLs: both generations expired
+				} else {
+					t.prev.Store(t.cur.Load())
+					t.cur.Store(old)
+				}
 				t.turned.Store(now)
 			}
 			t.mu.Unlock()
@@ -83,10 +87,17 @@ func (t *prefixTrie) add(ep int, keys []uint64) {
 }
 
 // best scores keys' leading run per eligible endpoint into scores and returns the
-// deepest, over both generations.
+// deepest, over the generations still within their time: without a turn (no traffic) the
+// older generation stops counting one TTL after the last turn and the current one after
+// two, so no entry answers for more than two TTLs.
 func (t *prefixTrie) best(keys []uint64, el shard.Mask, scores, tmp []int32) int {
-	best, _ := t.cur.Load().Score(keys, el, shard.Prefix, scores)
-	if p := t.prev.Load(); p != nil {
+	cur, prev := t.live()
+	if cur == nil {
+		clear(scores)
+		return -1
+	}
+	best, _ := cur.Score(keys, el, shard.Prefix, scores)
+	if p := prev; p != nil {
 		p.Score(keys, el, shard.Prefix, tmp)
 		for i := range scores {
 			if tmp[i] > scores[i] {
@@ -100,12 +111,70 @@ func (t *prefixTrie) best(keys []uint64, el shard.Mask, scores, tmp []int32) int
 	return best
 }
 
-// score raises matched[i] to the run endpoint i was sent, where that is deeper.
-func (t *prefixTrie) score(keys []uint64, el shard.Mask, scores, tmp, matched []int32) {
-	t.best(keys, el, scores, tmp)
-	for i, v := range scores {
-		if el.Has(i) && v > matched[i] {
-			matched[i] = v
+// live is the generations still within their time (see best).
+func (t *prefixTrie) live() (cur, prev *shard.Inventory) {
+	cur, prev = t.cur.Load(), t.prev.Load()
+	if t.ttl > 0 {
+		switch age := time.Now().UnixNano() - t.turned.Load(); {
+		case age >= 2*int64(t.ttl):
+			return nil, nil
+		case age >= int64(t.ttl):
+			prev = nil
+		}
+	}
+	return cur, prev
+}
+
+// held reports in tmp which eligible endpoints hold key (either generation).
+func held(cur, prev *shard.Inventory, key []uint64, el shard.Mask, tmp, tmp2 []int32) bool {
+	any := false
+	if best, _ := cur.Score(key, el, shard.Overlap, tmp); best >= 0 && tmp[best] > 0 {
+		any = true
+	}
+	if prev != nil {
+		if best, _ := prev.Score(key, el, shard.Overlap, tmp2); best >= 0 && tmp2[best] > 0 {
+			any = true
+			for i, v := range tmp2 {
+				tmp[i] |= v
+			}
+		}
+	}
+	return any
+}
+
+// score raises matched[i] to the depth of the prompt kvgate sent endpoint i, for the
+// endpoints holding the deepest prefix sent past what the inventory already shows
+// (matched holds the inventory's counts on entry). Chained keys make that a binary search:
+// key j names blocks 0..j, and kvgate records a prompt's keys from where the chosen
+// endpoint's reported blocks end (trieRecord), so along a prompt "some endpoint was sent
+// key j" holds from the deepest reported block up to the deepest sent one and not after:
+// log2(blocks) lookups instead of one per block.
+func (t *prefixTrie) score(keys []uint64, el shard.Mask, tmp, tmp2, matched []int32) {
+	cur, prev := t.live()
+	if cur == nil {
+		return
+	}
+	from := 0
+	for i, m := range matched {
+		if el.Has(i) {
+			from = max(from, int(m))
+		}
+	}
+	lo, hi := from, len(keys)
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if held(cur, prev, keys[mid:mid+1], el, tmp, tmp2) {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	if lo == from || !held(cur, prev, keys[lo-1:lo], el, tmp, tmp2) {
+		return
+	}
+	for i, v := range tmp {
+		if v > 0 && el.Has(i) && int32(lo) > matched[i] {
+			matched[i] = int32(lo)
 		}
 	}
 }
@@ -160,11 +229,18 @@ func (k *kvRouter) trieRoute(st *reqState, el shard.Mask, d *decision) {
 	d.ep, d.route = best, RoutePrefixTrie
 }
 
-// trieRecord remembers that the request's prompt went to prefill endpoint ep. Blocks ep
-// was already sent are no-ops for the inventory, so a conversation's next turn adds only
+// trieRecord remembers that the request's prompt went to endpoint ep, past the blocks
+// the engine itself reported holding (st.scores: an engine that holds n of a prompt's
+// chained blocks holds, as a rule, its first n), so a conversation's next turn adds only
 // its new blocks.
+// Mode 1's trie records whole prompts: its tier scores the leading run (best).
 func (k *kvRouter) trieRecord(st *reqState, ep int) {
-	if keys := k.trieKeys(st); len(keys) > 0 {
-		k.trie.add(ep, keys)
+	keys := k.trieKeys(st)
+	from := 0
+	if k.trie.ttl > 0 {
+		from = min(int(st.scores[ep]), len(keys))
+	}
+	if from < len(keys) {
+		k.trie.add(ep, keys[from:])
 	}
 }

@@ -614,11 +614,13 @@ func BenchmarkLayouts(b *testing.B) {
 			elig.SetAll(eps)
 			scores := make([]int32, eps)
 			b.ReportAllocs()
+			cpu0 := processCPU()
 			i := 0
 			for b.Loop() {
 				inv.Score(qs[i%benchQueryCount], elig, Overlap, scores)
 				i++
 			}
+			reportPerKey(b, benchQueryLen, cpu0)
 			sum := int32(0)
 			for _, s := range scores {
 				sum += s
@@ -626,7 +628,6 @@ func BenchmarkLayouts(b *testing.B) {
 			if sum != benchQueryHit {
 				b.Fatalf("overlap sum %d, want %d", sum, benchQueryHit)
 			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*benchQueryLen), "ns/key")
 		})
 		b.Run(fmt.Sprintf("endpoints=%d/add-churn", eps), func(b *testing.B) {
 			batch := make([]uint64, batchLen)
@@ -638,13 +639,14 @@ func BenchmarkLayouts(b *testing.B) {
 			}
 			oldest, next := uint64(0), uint64(n)
 			b.ReportAllocs()
+			cpu0 := processCPU()
 			for b.Loop() {
 				inv.Add(int(next/batchLen)%eps, fillBatch(next))
 				next += batchLen
 				inv.Remove(int(oldest/batchLen)%eps, fillBatch(oldest))
 				oldest += batchLen
 			}
-			b.ReportMetric(float64(b.N*batchLen)/b.Elapsed().Seconds()/1e6, "Mkeys/s")
+			reportKeysPerSec(b, batchLen, cpu0)
 		})
 		inv = nil
 	}

@@ -1,6 +1,7 @@
-// Package shard is kvgate's inventory: an inverted index from block key to the bitmask of
-// endpoints holding that block, split into shards by key bits, and the scoring that turns
-// a prompt's key chain into per-endpoint overlap.
+// Package shard is kvgate's inventory: an inverted index from block key to the set of
+// endpoints holding that block (a bitmask up to 64 endpoints, a sparse set of endpoint
+// ids for fleets of up to 1,024), split into shards by key bits, and the scoring that
+// turns a prompt's key chain into per-endpoint overlap.
 //
 // Concurrency: readers (Score, Count, Len, Keys, MemoryBytes, Stats) never take a lock
 // and never wait. Each shard's table is published through an atomic pointer (RCU, with
@@ -34,15 +35,25 @@ const DefaultMaxKeysPerEndpoint = 1 << 22
 // MaxShards bounds Config.Shards.
 const MaxShards = 1 << 12
 
+// fleetShards is the default shard count of rules of more than 64 endpoints. Why: a
+// fleet's index runs to 10-100M entries, and a shard's rebuild (growth, or compaction
+// under churn) re-inserts all of its keys while that shard's writers wait: at 100M
+// entries 8 shards (2 cores) make that ~5M keys, about a second of stalled events,
+// 256 make it ~200K. Empty shards cost ~1 KiB each.
+const fleetShards = 256
+
 // Config fixes an inventory's shape for the rule's life.
 type Config struct {
 	// Endpoints is the mask width: endpoint indexes are [0, Endpoints). 1..1024; rules of
 	// up to 64 endpoints keep the mask inline in the index (the fast path), packed as
 	// narrow as the count allows: 1 byte per key up to 8 endpoints, 2 up to 16, 4 up
 	// to 32 (see layoutFor: narrower masks mean fewer bytes per key and faster writes).
+	// Wider rules (a fleet) keep up to four endpoint ids inline per key and spill to a
+	// bitmask only for keys held by more (sparse.go): 16 bytes per slot either way.
 	Endpoints int
 	// Shards is the number of shards, a power of two up to MaxShards; 0 sizes it from
-	// GOMAXPROCS (4 per P, at least 8, at most 256), so writers rarely share a shard.
+	// GOMAXPROCS (4 per P, at least 8, at most 256), so writers rarely share a shard,
+	// and to fleetShards for rules of more than 64 endpoints.
 	Shards int
 	// MaxKeysPerEndpoint bounds the keys one endpoint may hold, so a stream that misses
 	// removes cannot grow memory forever; 0 means DefaultMaxKeysPerEndpoint.
@@ -63,6 +74,7 @@ type Stats struct {
 	Keys               int64  // unique keys held by at least one endpoint
 	Slots              int64  // slots allocated across shards
 	Tombstones         int64  // slots of keys no endpoint holds any more, until the next rebuild
+	Spilled            int64  // keys whose endpoint set spilled to an out-of-line bitmask (> 64 endpoints)
 	MemoryBytes        int64  // bytes held by the index
 	Shards             int    // shard count
 	MaxKeysPerEndpoint int    // the bound in force
@@ -121,6 +133,9 @@ func New(cfg Config) (*Inventory, error) {
 		n = 8
 		for n < 4*runtime.GOMAXPROCS(0) && n < 256 {
 			n *= 2
+		}
+		if cfg.Endpoints > 64 {
+			n = max(n, fleetShards)
 		}
 	}
 	if n < 1 || n > MaxShards || n&(n-1) != 0 {
@@ -485,7 +500,9 @@ func (inv *Inventory) Stats() Stats {
 	}
 	used := int64(0)
 	for s := range inv.tabs {
-		st.Slots += int64(inv.tabs[s].Load().capacity())
+		t := inv.tabs[s].Load()
+		st.Slots += int64(t.capacity())
+		st.Spilled += t.spilled.Load()
 		used += inv.shards[s].usedGauge.Load()
 	}
 	// Key 0 is live without a slot, so this may undercount by one.

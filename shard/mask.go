@@ -3,7 +3,8 @@ package shard
 import "math/bits"
 
 // MaxEndpoints is the widest mask a rule may have. Masks up to 64 endpoints live inline
-// in the index (the fast path); wider ones keep words 1.. in a slot-parallel arena.
+// in the index (the fast path); wider rules keep sparse endpoint sets (sparse.go), whose
+// 16-bit ids also bound it.
 const MaxEndpoints = 1024
 
 // maxWords is MaxEndpoints in 64-bit words: the size of the stack scratch Score uses

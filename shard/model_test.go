@@ -65,8 +65,8 @@ func (m *model) score(keys []uint64, eligible Mask, mode Mode, n int) (scores []
 	scores = make([]int32, len(m.eps))
 	best, second = -1, -1
 	for ep := 0; ep < n; ep++ {
-		if !eligible.Has(ep) {
-			continue
+		if !eligible.Has(ep) || len(m.eps[ep]) == 0 {
+			continue // an empty endpoint scores 0 (and ranks below): skip the walk
 		}
 		for _, k := range keys {
 			if m.eps[ep][k] {
@@ -158,6 +158,11 @@ func TestPropertyAgainstModel(t *testing.T) {
 		{65, 2, 2000, 3000},
 		{200, 8, 3000, 3000},
 		{1024, 16, 1500, 2000},
+		// Fleet rules: a large key space (keys held by one to a few endpoints, inline
+		// sets) and a small one (keys held by many, spilled and unspilled again).
+		{1024, 4, 20000, 3000},
+		{512, 2, 60, 3000},
+		{65, 1, 40, 3000},
 	} {
 		t.Run("", func(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(tc.endpoints), uint64(tc.shards)))
@@ -168,6 +173,7 @@ func TestPropertyAgainstModel(t *testing.T) {
 			m := newModel(tc.endpoints)
 			ks := keySpace(r, tc.keySpace)
 			scores := make([]int32, tc.endpoints)
+			maxSpilled := int64(0)
 			for op := 0; op < tc.ops; op++ {
 				ep := r.IntN(tc.endpoints)
 				switch x := r.IntN(1000); {
@@ -195,7 +201,11 @@ func TestPropertyAgainstModel(t *testing.T) {
 				}
 				if op%50 == 0 || op == tc.ops-1 {
 					checkAgainstModel(t, r, inv, m, ks, scores)
+					maxSpilled = max(maxSpilled, inv.Stats().Spilled)
 				}
+			}
+			if tc.endpoints > 64 && tc.keySpace <= 100 && maxSpilled == 0 {
+				t.Fatal("no endpoint set ever spilled: the case misses the spilled representation")
 			}
 		})
 	}

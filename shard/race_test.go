@@ -24,8 +24,9 @@ import (
 // and, once they stop, that every endpoint's listing equals its writer's model.
 // Run with -race.
 func TestConcurrentWritersAndReaders(t *testing.T) {
-	// One rule per bucket layout: 1-, 2-, 4- and 8-byte in-bucket masks, and wide.
-	for _, endpoints := range []int{8, 10, 20, 64, 130} {
+	// One rule per bucket layout: 1-, 2-, 4- and 8-byte in-bucket masks, and sparse sets
+	// (shared keys held by the pinned endpoint and up to 8 writers spill and unspill).
+	for _, endpoints := range []int{8, 10, 20, 64, 130, 1024} {
 		t.Run(fmt.Sprintf("endpoints=%d", endpoints), func(t *testing.T) {
 			runConcurrent(t, endpoints)
 		})

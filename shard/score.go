@@ -38,9 +38,9 @@ func (inv *Inventory) Score(keys []uint64, eligible Mask, mode Mode, scores []in
 	case inv.words == 1:
 		inv.overlap1(keys, e[0], scores)
 	case mode == Prefix:
-		inv.prefixWide(keys, &e, words, scores)
+		inv.prefixSparse(keys, &e, words, scores)
 	default:
-		inv.overlapWide(keys, &e, words, scores)
+		inv.overlapSparse(keys, &e, words, scores)
 	}
 	return rank(&e, words, scores)
 }
@@ -144,13 +144,26 @@ func (inv *Inventory) touch(keys []uint64) {
 	w.prime(inv, keys)
 }
 
-func (inv *Inventory) overlapWide(keys []uint64, e *[maxWords]uint64, words int, scores []int32) {
+// overlapSparse is the overlap loop of rules of more than 64 endpoints (sparse sets):
+// an inline set costs one eligibility test and increment per id, a spilled one the
+// popcount walk over its bitmask.
+func (inv *Inventory) overlapSparse(keys []uint64, e *[maxWords]uint64, words int, scores []int32) {
 	var m [maxWords]uint64
 	var pw probeWindow
 	pw.prime(inv, keys)
 	for i, k := range keys {
 		t, b := pw.next(inv, keys, i)
-		if !t.masks(k, b, &m, words) {
+		set, ok := t.sparseLookup(k, b, &m)
+		if !ok {
+			continue
+		}
+		if !isSpill(set) {
+			for ; set != 0; set >>= idBits {
+				ep := int(set&idField) - 1
+				if e[ep>>6&(maxWords-1)]&(1<<(uint(ep)&63)) != 0 {
+					scores[ep]++
+				}
+			}
 			continue
 		}
 		for w := 0; w < words; w++ {
@@ -161,14 +174,23 @@ func (inv *Inventory) overlapWide(keys []uint64, e *[maxWords]uint64, words int,
 	}
 }
 
-func (inv *Inventory) prefixWide(keys []uint64, e *[maxWords]uint64, words int, scores []int32) {
+// prefixSparse is prefix1's running AND over sparse sets: an inline set becomes the
+// words of the run it can keep (at most sparseIDs bits), a spilled one is ANDed whole.
+func (inv *Inventory) prefixSparse(keys []uint64, e *[maxWords]uint64, words int, scores []int32) {
 	run := *e
 	var held [maxWords]uint64
 	var pw probeWindow
 	pw.prime(inv, keys)
 	for j, k := range keys {
 		t, b := pw.next(inv, keys, j)
-		ok := t.masks(k, b, &held, words)
+		set, ok := t.sparseLookup(k, b, &held)
+		if !isSpill(set) {
+			clear(held[:words])
+			for ; ok && set != 0; set >>= idBits {
+				ep := int(set&idField) - 1
+				held[ep>>6&(maxWords-1)] |= 1 << (uint(ep) & 63)
+			}
+		}
 		left := uint64(0)
 		for w := 0; w < words; w++ {
 			m := uint64(0)

@@ -15,7 +15,10 @@ import (
 // keys and their 1-byte masks into a line (9.1 bytes per slot), one of 64 endpoints 4 keys
 // and their 8-byte masks (16 bytes per slot). Narrower masks mean more slots per line,
 // so shorter probe runs, fewer bytes per key, and room to run the table emptier, which
-// makes growth cheaper (below).
+// makes growth cheaper (below). Rules of more than 64 endpoints keep the 64-endpoint
+// geometry, but a slot's word holds a sparse endpoint set instead of a mask: up to four
+// 16-bit endpoint ids inline, spilling to a bitmask out of line only for keys held by
+// more (sparse.go).
 //
 // Buckets fill slot 0 up in order, so "slot j holds key 0" means "no later slot of this
 // bucket is used" and a lookup stops at the first empty slot.
@@ -60,17 +63,18 @@ type bucket [bucketWords]uint64
 
 // layout is how a table packs slots into buckets, fixed by the rule's endpoint count.
 type layout struct {
-	kpb   int    // slots (keys) per bucket
-	mw    uint   // bits of a slot's in-bucket mask: 8, 16, 32 or 64
-	lmask uint64 // 1<<mw - 1
+	sparse bool   // slot words are sparse endpoint sets (sparse.go), not masks
+	kpb    int    // slots (keys) per bucket
+	mw     uint   // bits of a slot's in-bucket mask: 8, 16, 32 or 64
+	lmask  uint64 // 1<<mw - 1
 	// rebuildLoad: a rebuilt table holds live keys at num/den of its slots, the lowest
 	// load that keeps a table under 23.5 bytes per key (20.3 for 1-byte masks, which do
 	// not need all of it to grow cheaply).
 	rebuildNum, rebuildDen uint64
 }
 
-// layoutFor picks the narrowest in-bucket mask that holds endpoints bits (rules of more
-// than 64 endpoints keep bits 64 and up outside the buckets, in table.wide).
+// layoutFor picks the narrowest in-bucket mask that holds endpoints bits; rules of more
+// than 64 endpoints get sparse sets in the 64-endpoint geometry.
 func layoutFor(endpoints int) layout {
 	switch {
 	case endpoints <= 8:
@@ -79,8 +83,10 @@ func layoutFor(endpoints int) layout {
 		return layout{kpb: 6, mw: 16, lmask: 1<<16 - 1, rebuildNum: 5, rebuildDen: 11} // 10.7 B/slot
 	case endpoints <= 32:
 		return layout{kpb: 5, mw: 32, lmask: 1<<32 - 1, rebuildNum: 6, rebuildDen: 11} // 12.8 B/slot
-	default:
+	case endpoints <= 64:
 		return layout{kpb: 4, mw: 64, lmask: ^uint64(0), rebuildNum: 17, rebuildDen: 25} // 16 B/slot
+	default:
+		return layout{sparse: true, kpb: 4, mw: 64, lmask: ^uint64(0), rebuildNum: 17, rebuildDen: 25}
 	}
 }
 
@@ -95,12 +101,14 @@ type table struct {
 	kpb     int    // layout: slots per bucket
 	mw      uint   // layout: in-bucket mask bits per slot
 	lmask   uint64 // layout: 1<<mw - 1
-	// ww is the number of mask words beyond word 0 (0 for rules of <= 64 endpoints).
-	ww int
-	// wide holds words 1..ww of a slot's mask at wide[d*ww:(d+1)*ww], d = dense(slot).
-	wide []uint64
-	// zero is the mask of key 0, which cannot live in a slot because 0 marks an empty
-	// one. Only the table of the shard that key 0 hashes to uses it.
+	// sparse: slot words are endpoint sets, spilling into spill (sparse.go); bw is the
+	// words of a spilled set's bitmask, spilled the number of spilled sets.
+	sparse  bool
+	bw      int
+	spill   spillArena
+	spilled atomic.Int64
+	// zero is the mask of key 0 (bw words), which cannot live in a slot because 0 marks
+	// an empty one. Only the table of the shard that key 0 hashes to uses it.
 	zero []uint64
 	// ovf has one bit per bucket, set (never cleared while the table lives) once an
 	// insert found that bucket full and went on to the next. A lookup that does not find
@@ -118,10 +126,8 @@ func newTable(nb uint64, words int, lay layout) *table {
 		nb = minBuckets
 	}
 	t := &table{buckets: make([]bucket, nb), nb: nb, kpb: lay.kpb, mw: lay.mw, lmask: lay.lmask,
-		ww: words - 1, zero: make([]uint64, words), ovf: make([]uint64, (nb+63)/64)}
-	if t.ww > 0 {
-		t.wide = make([]uint64, int(nb)*lay.kpb*t.ww)
-	}
+		sparse: lay.sparse, bw: words, zero: make([]uint64, words), ovf: make([]uint64, (nb+63)/64)}
+	adviseHuge(t.buckets)
 	return t
 }
 
@@ -146,14 +152,11 @@ func (t *table) capacity() int { return int(t.nb) * t.kpb }
 func (t *table) maxUsed() int { return t.capacity() * maxLoadNum / maxLoadDen }
 
 func (t *table) bytes() int64 {
-	return int64(len(t.buckets))*64 + int64(len(t.wide)+len(t.zero)+len(t.ovf))*8 + 136
+	return int64(len(t.buckets))*64 + int64(len(t.zero)+len(t.ovf))*8 + t.spill.bytes.Load() + 400
 }
 
 // slotOf is the slot index of bucket b's slot j.
 func slotOf(b uint64, j int) int { return int(b)<<slotShift | j }
-
-// dense numbers real slots 0..capacity()-1, for the wide mask words.
-func (t *table) dense(slot int) int { return slot>>slotShift*t.kpb + slot&(1<<slotShift-1) }
 
 // mix spreads a key's bits over the hash: engine keys are digests already, but tests,
 // the fast key of small contracts or an adversary may not be. It is a bijection
@@ -217,23 +220,8 @@ func (t *table) overflowed(b uint64) bool {
 	return atomic.LoadUint64(&t.ovf[b/64])&(1<<(b%64)) != 0
 }
 
-// masks reads the first words of key's mask into m and reports whether key is present:
-// lookup for rules of more than 64 endpoints. Lock-free: like lookup, it re-reads the
-// key after the mask words, so words of a key that recycled our tombstone's slot (or of
-// an emptied slot) are never taken for ours.
-func (t *table) masks(key, b uint64, m *[maxWords]uint64, words int) bool {
-	slot, ok := t.find(key, b)
-	if !ok {
-		return false
-	}
-	for w := 0; w < words; w++ {
-		m[w] = t.word(slot, w)
-	}
-	return t.key(slot) == key
-}
-
 // find returns key's slot (zeroSlot for key 0), or -1 with ok false when absent.
-// Writers use it under the shard mutex; readers only through lookup's and masks' checks,
+// Writers use it under the shard mutex; readers only through lookup's and sparseLookup's checks,
 // since a tombstone's slot may pass to another key.
 func (t *table) find(key, b uint64) (slot int, ok bool) {
 	if key == 0 {
@@ -285,7 +273,7 @@ func (t *table) findForInsert(key, b uint64) (slot int, ok bool, free int, reuse
 			if searching && k == key {
 				return slotOf(b, j), true, -1, false
 			}
-			if tomb < 0 && t.tombstone(bk, b, j) {
+			if tomb < 0 && t.tombstone(bk, j) {
 				tomb = slotOf(b, j)
 			}
 		}
@@ -305,17 +293,12 @@ func (t *table) findForInsert(key, b uint64) (slot int, ok bool, free int, reuse
 }
 
 // tombstone reports whether slot j of bucket bk (bucket b), which holds a key, has an
-// all-zero mask. Writer-side (shard mutex held): plain loads. The in-bucket word is read
-// in place, since the insert walk asks it of every slot it passes.
-func (t *table) tombstone(bk *bucket, b uint64, j int) bool {
-	if p, sh := t.maskAt(bk, j); *p>>sh&t.lmask != 0 {
-		return false
-	}
-	if t.ww == 0 {
-		return true
-	}
-	d := t.dense(slotOf(b, j))
-	return allZero(t.wide[d*t.ww : d*t.ww+t.ww])
+// all-zero mask (a sparse table: an empty set word). Writer-side (shard mutex held): plain
+// loads. The in-bucket word is read in place, since the insert walk asks it of every slot
+// it passes.
+func (t *table) tombstone(bk *bucket, j int) bool {
+	p, sh := t.maskAt(bk, j)
+	return *p>>sh&t.lmask == 0
 }
 
 // freeSlot returns the first empty slot of the probe run from home bucket b, marking
@@ -343,16 +326,14 @@ func (t *table) freeSlot(b uint64) int {
 	return -1
 }
 
-// word returns mask word w of slot (w = 0: the in-bucket bits, shifted down).
+// word returns mask word w of slot: key 0's word w, or else slot's in-bucket bits
+// shifted down (w = 0; a sparse table's set word).
 func (t *table) word(slot, w int) uint64 {
 	if slot == zeroSlot {
 		return atomic.LoadUint64(&t.zero[w])
 	}
-	if w == 0 {
-		p, sh := t.maskAt(&t.buckets[slot>>slotShift], slot&(1<<slotShift-1))
-		return atomic.LoadUint64(p) >> sh & t.lmask
-	}
-	return atomic.LoadUint64(&t.wide[t.dense(slot)*t.ww+w-1])
+	p, sh := t.maskAt(&t.buckets[slot>>slotShift], slot&(1<<slotShift-1))
+	return atomic.LoadUint64(p) >> sh & t.lmask
 }
 
 // key returns slot's key; 0 for an empty slot or a hole of the index space.
@@ -367,44 +348,55 @@ func (t *table) key(slot int) uint64 {
 	return atomic.LoadUint64(&t.buckets[slot>>slotShift][j])
 }
 
-// live reports whether any bit of slot's mask is set.
+// live reports whether slot's mask (or set) holds any endpoint.
 func (t *table) live(slot int) bool {
-	for w := 0; w <= t.ww; w++ {
-		if t.word(slot, w) != 0 {
-			return true
+	if slot == zeroSlot {
+		for w := range t.zero {
+			if atomic.LoadUint64(&t.zero[w]) != 0 {
+				return true
+			}
 		}
+		return false
 	}
-	return false
+	return t.word(slot, 0) != 0
 }
 
-// has reports whether slot's mask holds endpoint ep.
+// has reports whether slot's mask (or set) holds endpoint ep.
 func (t *table) has(slot, ep int) bool {
+	if t.sparse && slot != zeroSlot {
+		return t.sparseHas(slot, ep)
+	}
 	return t.word(slot, ep>>6)&(1<<(uint(ep)&63)) != 0
 }
 
-// bitAt returns the word holding endpoint ep's bit of slot's mask and the bit.
+// bitAt returns the word holding endpoint ep's bit of slot's mask and the bit (not for
+// a sparse table's slots).
 func (t *table) bitAt(slot, ep int) (*uint64, uint64) {
-	w := ep >> 6
-	switch {
-	case slot == zeroSlot:
-		return &t.zero[w], 1 << (uint(ep) & 63)
-	case w == 0:
-		p, sh := t.maskAt(&t.buckets[slot>>slotShift], slot&(1<<slotShift-1))
-		return p, 1 << (sh + uint(ep)&63)
-	default:
-		return &t.wide[t.dense(slot)*t.ww+w-1], 1 << (uint(ep) & 63)
+	if slot == zeroSlot {
+		return &t.zero[ep>>6], 1 << (uint(ep) & 63)
 	}
+	p, sh := t.maskAt(&t.buckets[slot>>slotShift], slot&(1<<slotShift-1))
+	return p, 1 << (sh + uint(ep)&63)
 }
 
 // setBit and clearBit are writer-side (shard mutex held): a load, then one atomic store
 // of the whole word, so a reader sees the word before or after, never torn. Other slots'
-// masks in the same word are rewritten with the values they already hold.
+// masks in the same word are rewritten with the values they already hold. A sparse
+// table's slots take the set operations instead (sparse.go).
 func (t *table) setBit(slot, ep int) {
+	if t.sparse && slot != zeroSlot {
+		t.sparseAdd(slot, ep)
+		return
+	}
 	p, bit := t.bitAt(slot, ep)
 	atomic.StoreUint64(p, atomic.LoadUint64(p)|bit)
 }
 
 func (t *table) clearBit(slot, ep int) {
+	if t.sparse && slot != zeroSlot {
+		t.sparseRemove(slot, ep)
+		return
+	}
 	p, bit := t.bitAt(slot, ep)
 	atomic.StoreUint64(p, atomic.LoadUint64(p)&^bit)
 }
@@ -442,7 +434,7 @@ func (t *table) reuse(slot int, key uint64, ep int) {
 // in order and no key of the probe runs through this bucket lies beyond it (the bucket
 // never overflowed), so a lookup stopping at the new empty slot misses no key; a reader
 // that read the old key before it went has read its zero mask, and lookup's re-read of
-// the key reports it absent, which it was (masks does the same for wide rules).
+// the key reports it absent, which it was (sparseLookup does the same for sparse sets).
 // Shard mutex held.
 func (t *table) trimTail(slot int) int {
 	if slot == zeroSlot {
@@ -455,7 +447,7 @@ func (t *table) trimTail(slot int) int {
 		return 0
 	}
 	n := 0
-	for ; j >= 0 && bk[j] != 0 && t.tombstone(bk, b, j); j-- {
+	for ; j >= 0 && bk[j] != 0 && t.tombstone(bk, j); j-- {
 		atomic.StoreUint64(&bk[j], 0)
 		n++
 	}
@@ -469,7 +461,6 @@ func (t *table) trimTail(slot int) int {
 func (t *table) rebuildInto(nt *table, shardBits uint) int {
 	n := 0
 	copy(nt.zero, t.zero)
-	ww := t.ww
 	for bi := range t.buckets {
 		bk := &t.buckets[bi]
 		for j := 0; j < t.kpb; j++ {
@@ -479,25 +470,18 @@ func (t *table) rebuildInto(nt *table, shardBits uint) int {
 			}
 			p, sh := t.maskAt(bk, j)
 			m := *p >> sh & t.lmask
-			var wide []uint64
-			if ww > 0 {
-				d := t.dense(slotOf(uint64(bi), j))
-				wide = t.wide[d*ww : d*ww+ww]
-				if m == 0 && allZero(wide) {
-					continue
-				}
-			} else if m == 0 {
+			if m == 0 {
 				continue
 			}
 			free := nt.freeSlotPrivate(nt.home(mix(k), shardBits))
 			fb := &nt.buckets[free>>slotShift]
 			fj := free & (1<<slotShift - 1)
 			fb[fj] = k
-			fp, fsh := nt.maskAt(fb, fj)
-			*fp |= m << fsh
-			if ww > 0 {
-				d := nt.dense(free)
-				copy(nt.wide[d*ww:d*ww+ww], wide)
+			if t.sparse {
+				t.sparseCopy(m, nt, free)
+			} else {
+				fp, fsh := nt.maskAt(fb, fj)
+				*fp |= m << fsh
 			}
 			n++
 		}
@@ -521,13 +505,4 @@ func (t *table) freeSlotPrivate(b uint64) int {
 			b = 0
 		}
 	}
-}
-
-func allZero(ws []uint64) bool {
-	for _, w := range ws {
-		if w != 0 {
-			return false
-		}
-	}
-	return true
 }

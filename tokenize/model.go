@@ -42,6 +42,8 @@ type ChatInput struct {
 	// own template variables; see chat.Input.
 	Documents       []byte
 	ReasoningEffort string
+	// MemoUse, when set, receives what the encode took from the Memo (/debug/explain).
+	MemoUse *MemoUse
 }
 
 type jsonTokenizerConfig struct {
@@ -228,8 +230,13 @@ func (m *Model) ChatKeepsParts(in *ChatInput) bool {
 // EncodePrompt appends the IDs of a /v1/completions text prompt to dst[:0]: the prompt is
 // encoded with add_special_tokens=True, as vLLM does.
 func (m *Model) EncodePrompt(dst []uint32, prompt string) ([]uint32, error) {
+	return m.EncodePromptMemo(dst, prompt, nil)
+}
+
+// EncodePromptMemo is EncodePrompt through memo (nil: none), with the same result.
+func (m *Model) EncodePromptMemo(dst []uint32, prompt string, memo *Memo) ([]uint32, error) {
 	dst = append(dst[:0], m.promptPrefix...)
-	dst, err := m.tok.appendEncode(dst, prompt)
+	dst, err := m.tok.appendEncode(dst, prompt, memo, nil)
 	if err != nil {
 		return dst[:0], err
 	}
@@ -239,6 +246,13 @@ func (m *Model) EncodePrompt(dst []uint32, prompt string) ([]uint32, error) {
 // EncodeChat renders the chat template for a /v1/chat/completions request and appends its IDs
 // to dst[:0], encoded with add_special_tokens=False (the template writes the special tokens).
 func (m *Model) EncodeChat(dst []uint32, in *ChatInput) ([]uint32, error) {
+	return m.EncodeChatMemo(dst, in, nil)
+}
+
+// EncodeChatMemo is EncodeChat through memo (nil: none), with the same result. The template
+// is rendered in full every time; the memo saves the tokenization of the text between the
+// special tokens the template writes, which for a follow-up turn is all but the new turns.
+func (m *Model) EncodeChatMemo(dst []uint32, in *ChatInput, memo *Memo) ([]uint32, error) {
 	tmpl, tools, kwargs := m.pickTemplate(in)
 	if tmpl == nil {
 		return dst[:0], fmt.Errorf("tokenize: model %q has no chat template", m.Name)
@@ -262,7 +276,7 @@ func (m *Model) EncodeChat(dst []uint32, in *ChatInput) ([]uint32, error) {
 		m.renderPool.Put(bp)
 		return dst[:0], err
 	}
-	dst, err = m.tok.Encode(dst, unsafeString(out), false)
+	dst, err = m.tok.encodeMemoUse(dst, unsafeString(out), false, memo, in.MemoUse)
 	if cap(out) <= 1<<20 { // do not keep huge buffers around
 		*bp = out[:0]
 		m.renderPool.Put(bp)

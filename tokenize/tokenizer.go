@@ -44,6 +44,7 @@ type Tokenizer struct {
 	addedByContent map[string]uint32
 	cache          *wordCache
 	scratch        sync.Pool // *encodeState
+	memoSalt       uint64    // this tokenizer's part of a Memo's hash
 }
 
 // encodeState is the per-call scratch, pooled.
@@ -57,12 +58,16 @@ type encodeState struct {
 	valid    []byte // input with invalid UTF-8 replaced
 	bpe      bpeScratch
 	err      error // first failure of this call (a fallback regex that timed out)
+
+	memoHits, memoMisses uint64 // this call's segment lookups, added to the Memo once
+	memoHitTokens        int    // IDs this call took from the Memo
 }
 
 func (t *Tokenizer) init() {
 	t.cache = newWordCache()
 	t.model.vocabStrings = nil
 	t.scratch.New = func() any { return &encodeState{} }
+	t.memoSalt = nextMemoSalt()
 }
 
 // TokenID returns the ID of an added token or vocabulary entry (the raw string as written
@@ -83,11 +88,24 @@ func (t *Tokenizer) TokenID(s string) (uint32, bool) {
 // encode(text, add_special_tokens=True). Invalid UTF-8 is read as U+FFFD per bad byte, as Go's
 // JSON decoder would have turned it.
 func (t *Tokenizer) Encode(dst []uint32, text string, addSpecialTokens bool) ([]uint32, error) {
+	return t.EncodeMemo(dst, text, addSpecialTokens, nil)
+}
+
+// EncodeMemo is Encode through memo (nil: none), with the same result: the IDs of the text
+// between added tokens come from the memo when it holds them, and go into it when not.
+func (t *Tokenizer) EncodeMemo(dst []uint32, text string, addSpecialTokens bool, memo *Memo) ([]uint32, error) {
+	return t.encodeMemoUse(dst, text, addSpecialTokens, memo, nil)
+}
+
+// MemoUse is what one encode took from a Memo (for /debug/explain).
+type MemoUse struct{ Segments, Tokens int }
+
+func (t *Tokenizer) encodeMemoUse(dst []uint32, text string, addSpecialTokens bool, memo *Memo, use *MemoUse) ([]uint32, error) {
 	dst = dst[:0]
 	if addSpecialTokens {
 		dst = append(dst, t.postPrefix...)
 	}
-	dst, err := t.appendEncode(dst, text)
+	dst, err := t.appendEncode(dst, text, memo, use)
 	if err != nil {
 		return dst[:0], err
 	}
@@ -100,10 +118,14 @@ func (t *Tokenizer) Encode(dst []uint32, text string, addSpecialTokens bool) ([]
 // MaxTextBytes is the longest text Encode accepts (offsets are 32-bit).
 const MaxTextBytes = 1 << 30
 
-// appendEncode appends the IDs of text (no post-processing) to dst.
-func (t *Tokenizer) appendEncode(dst []uint32, text string) ([]uint32, error) {
+// appendEncode appends the IDs of text (no post-processing) to dst, through memo when it is
+// not nil.
+func (t *Tokenizer) appendEncode(dst []uint32, text string, memo *Memo, use *MemoUse) ([]uint32, error) {
 	if len(text) > MaxTextBytes {
 		return dst, fmt.Errorf("tokenize: text of %d bytes is over the %d-byte limit", len(text), MaxTextBytes)
+	}
+	if memo != nil && t.rawTrie.empty { // MemoUnsupported
+		memo = nil
 	}
 	st := t.scratch.Get().(*encodeState)
 	st.err = nil
@@ -114,21 +136,54 @@ func (t *Tokenizer) appendEncode(dst []uint32, text string) ([]uint32, error) {
 	}
 	// 1. Added tokens that match raw text split it first.
 	st.matches = t.rawTrie.find(st.matches[:0], text)
+	if len(st.matches) == 0 {
+		// One segment, the whole text: memoized, it would serve only an exact repeat and
+		// crowd out the segments of chats (a plain completions prompt is such a text).
+		memo = nil
+	}
 	prev := 0
 	for _, m := range st.matches {
 		if prev < m.start {
-			dst = t.encodeSegment(dst, st, text[prev:m.start], prev == 0)
+			dst = t.encodeRawSegment(dst, st, text[prev:m.start], prev == 0, memo)
 		}
 		dst = append(dst, m.id)
 		prev = m.end
 	}
 	if prev < len(text) {
-		dst = t.encodeSegment(dst, st, text[prev:], prev == 0)
+		dst = t.encodeRawSegment(dst, st, text[prev:], prev == 0, memo)
+	}
+	if st.memoHits|st.memoMisses != 0 {
+		memo.hits.Add(st.memoHits)
+		memo.misses.Add(st.memoMisses)
+		if use != nil {
+			use.Segments, use.Tokens = int(st.memoHits), st.memoHitTokens
+		}
+		st.memoHits, st.memoMisses, st.memoHitTokens = 0, 0, 0
 	}
 	err := st.err
 	st.err = nil
 	t.scratch.Put(st)
 	return dst, err
+}
+
+// encodeRawSegment is encodeSegment through memo (see Memo for why a segment between raw
+// added tokens may be memoized). A segment whose encoding failed is not stored.
+func (t *Tokenizer) encodeRawSegment(dst []uint32, st *encodeState, seg string, first bool, memo *Memo) []uint32 {
+	if memo == nil || len(seg) < memoMinSegment {
+		return t.encodeSegment(dst, st, seg, first)
+	}
+	if d, ok := memo.get(dst, t, seg, first); ok {
+		st.memoHits++
+		st.memoHitTokens += len(d) - len(dst)
+		return d
+	}
+	st.memoMisses++
+	n, failed := len(dst), st.err != nil
+	dst = t.encodeSegment(dst, st, seg, first)
+	if !failed && st.err == nil {
+		memo.put(t, seg, first, dst[n:])
+	}
+	return dst
 }
 
 // encodeSegment normalizes a piece of raw text between added tokens, splits it on the

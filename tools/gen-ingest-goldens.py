@@ -94,13 +94,21 @@ def expect_event(ev, layout, nfields):
         vals = vals[:nfields] + [None] * (len(vals) - nfields)
     out = {"kind": k}
     if k == "stored":
-        hashes, parent, tokens, bs, _lid, medium, lora, extra = vals[:8]
+        hashes, parent, tokens, bs, _lid, medium, lora, extra, group, kind, window = vals[:11]
         out.update(hashes=[u64(h) for h in hashes], has_parent=parent is not None,
                    parent=u64(parent) if parent is not None else "0", tokens=tokens,
                    block_size=bs, medium=medium or "GPU", lora_name=lora or "",
                    has_extra_keys=extra is not None)
+        if group is not None:
+            out["group"] = group
+        if kind is not None:
+            out["spec_kind"] = kind
+        if window is not None:
+            out["sliding_window"] = window
     elif k == "removed":
         out.update(hashes=[u64(h) for h in vals[0]], medium=vals[1] or "GPU")
+        if vals[2] is not None:
+            out["group"] = vals[2]
     return out
 
 
@@ -161,6 +169,150 @@ for enc in ("uint", "bin"):
 case("sglang-map", "sglang", [stored(SG[:1], None, [1, 2, 3, 4], 4), removed([-1])],
      layout="map", dp_rank=2)
 
+
+# ---- today's engines, laid out the way their msgspec encoders write them ---------------
+def raw_case(name, flavor, batch, events, ts, dp_rank):
+    """A batch built as Python objects (msgspec's layout written out by hand), packed by
+    msgpack; events is the decoder's expected output."""
+    cases.append({"name": name, "flavor": flavor, "error": False, "ts": ts, "dp_rank": dp_rank,
+                  "payload": msgpack.packb(batch, use_bin_type=True).hex(), "events": events})
+
+
+def exp_stored(hashes, parent, tokens, bs, medium="GPU", lora="", extra=False, **kw):
+    out = {"kind": "stored", "hashes": [u64(h) for h in hashes], "has_parent": parent is not None,
+           "parent": u64(parent) if parent is not None else "0", "tokens": tokens,
+           "block_size": bs, "medium": medium, "lora_name": lora, "has_extra_keys": extra}
+    out.update(kw)
+    return out
+
+
+def exp_removed(hashes, medium="GPU", **kw):
+    out = {"kind": "removed", "hashes": [u64(h) for h in hashes], "medium": medium}
+    out.update(kw)
+    return out
+
+
+# SGLang (disaggregation/kv_events.py): EventBatch and KVCacheEvent are array_like tagged
+# structs without omit_defaults, so every field is written, medium included. A salted
+# store is BlockStoredWithMetadata: the same tag, plus its kw_only metadata struct (a
+# plain msgspec Struct, so a map) as the 8th element. EAGLE stores carry bigram pairs.
+SALT = "tenant-\u00e9\x00x"
+raw_case("sglang-salted-store", "sglang", [1764500001.5, [
+    ["BlockStored", [SG[0], SG[1]], None, [1, 2, 3, 4, 5, 6, 7, 8], 4, None, "GPU"],
+    ["BlockStored", [SG[2]], None, [9, 10, 11, 12], 4, None, "GPU", {"cache_salt": SALT}],
+    ["BlockStored", [SG[3]], SG[2], [13, 14, 15, 16], 4, None, "CPU_PINNED", {"cache_salt": ""}],
+    ["BlockRemoved", [SG[0]], "GPU"],
+    ["BlockRemoved", [SG[3]], "CPU_PINNED"],
+    ["BlockRemoved", [SG[4]], "DISK"],
+    ["BlockRemoved", [SG[4]], "EXTERNAL"],
+    ["AllBlocksCleared"]], 1], [
+    exp_stored(SG[:2], None, [1, 2, 3, 4, 5, 6, 7, 8], 4),
+    exp_stored([SG[2]], None, [9, 10, 11, 12], 4, has_salt=True, cache_salt=SALT),
+    exp_stored([SG[3]], SG[2], [13, 14, 15, 16], 4, medium="CPU", has_salt=True, cache_salt=""),
+    exp_removed([SG[0]]), exp_removed([SG[3]], medium="CPU"), exp_removed([SG[4]], medium="STORAGE"),
+    exp_removed([SG[4]], medium="EXTERNAL"), {"kind": "cleared"}], 1764500001.5, 1)
+raw_case("sglang-bigram-store", "sglang", [2.0, [
+    ["BlockStored", [SG[0], SG[1]], None, [[1, 2], [2, 3], [3, 4], [4, 5]], 2, None, "GPU"],
+    ["BlockStored", [SG[2]], SG[1], [[5, 6], [6, 151643]], 2, None, "GPU", {"cache_salt": "s"}]], 0], [
+    exp_stored(SG[:2], None, [1, 2, 2, 3, 3, 4, 4, 5], 2, bigram=True),
+    exp_stored([SG[2]], SG[1], [5, 6, 6, 151643], 2, bigram=True, has_salt=True, cache_salt="s")],
+    2.0, 0)
+
+# SGLang component-typed stores (BlockStoredWithComponentType, the newer events
+# recorder): component_type's position relative to medium is not pinned yet; both orders
+# decode to the same medium and component.
+raw_case("sglang-component-types", "sglang", [9.0, [
+    ["BlockStored", [SG[0]], None, [1, 2, 3, 4], 4, None, "GPU", "FULL"],
+    ["BlockStored", [SG[0]], None, [1, 2, 3, 4], 4, None, "MAMBA", "GPU"],
+    ["BlockStored", [SG[1]], None, [5, 6, 7, 8], 4, None, "GPU", "SWA", {"cache_salt": "s"}],
+    ["BlockRemoved", [SG[0]], "GPU", "MAMBA"],
+    ["BlockRemoved", [SG[0]], "MAMBA", "CPU_PINNED"]], 0], [
+    exp_stored([SG[0]], None, [1, 2, 3, 4], 4, component="FULL"),
+    exp_stored([SG[0]], None, [1, 2, 3, 4], 4, component="MAMBA"),
+    exp_stored([SG[1]], None, [5, 6, 7, 8], 4, component="SWA", has_salt=True, cache_salt="s"),
+    exp_removed([SG[0]], component="MAMBA"), exp_removed([SG[0]], medium="CPU", component="MAMBA")],
+    9.0, 0)
+
+# vLLM (distributed/kv_events.py at 0181ea3): EventBatch and KVCacheEvent are tagged
+# structs with omit_defaults and no array_like: the batch is a map, every event a map
+# whose "type" comes first; fields without a default (lora_id, medium, lora_name) are
+# always written, null defaults (extra_keys, group_idx, kv_cache_spec_*) are omitted.
+def vllm_stored_map(hashes, parent, tokens, bs, medium="GPU", lora=None, extra=None,
+                    group=None, kind=None, window=None):
+    m = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+         "token_ids": tokens, "block_size": bs, "lora_id": None, "medium": medium,
+         "lora_name": lora}
+    for k, v in (("extra_keys", extra), ("group_idx", group), ("kv_cache_spec_kind", kind),
+                 ("kv_cache_spec_sliding_window", window)):
+        if v is not None:
+            m[k] = v
+    return m
+
+
+def vllm_removed_map(hashes, medium="GPU", group=None):
+    m = {"type": "BlockRemoved", "block_hashes": hashes, "medium": medium}
+    if group is not None:
+        m["group_idx"] = group
+    return m
+
+
+raw_case("vllm-map-batch", "vllm", {"ts": 1764500002.0, "events": [
+    vllm_stored_map(BIG[:2], None, toks * 2, 16),
+    vllm_stored_map(BIG[2:], BIG[1], toks, 16, medium="CPU", extra=[["sql-lora"]], lora="sql-lora"),
+    vllm_removed_map(BIG[:1])], "data_parallel_rank": 2}, [
+    exp_stored(BIG[:2], None, toks * 2, 16),
+    exp_stored(BIG[2:], BIG[1], toks, 16, medium="CPU", lora="sql-lora", extra=True),
+    exp_removed(BIG[:1])], 1764500002.0, 2)
+# A batch map whose rank comes before its events, and one without a rank.
+raw_case("vllm-map-batch-rank-first", "vllm", {"data_parallel_rank": 5, "ts": 3.0, "events": [
+    vllm_removed_map([1, 2])]}, [exp_removed([1, 2])], 3.0, 5)
+raw_case("vllm-map-batch-no-rank", "vllm", {"ts": 4.0, "events": [vllm_removed_map([3])]},
+         [exp_removed([3])], 4.0, -1)
+# Hybrid KV groups: a sliding-window model (Gemma-style: group 0 full attention, group 1
+# sliding window 1024) and a mamba hybrid (group 0 full attention, group 1 mamba).
+raw_case("vllm-hybrid-sliding-window", "vllm", {"ts": 5.0, "events": [
+    vllm_stored_map([11, 12], None, toks * 2, 16, group=0, kind="full_attention"),
+    vllm_stored_map([11, 12], None, toks * 2, 16, group=1, kind="sliding_window", window=1024),
+    vllm_removed_map([11], group=1)], "data_parallel_rank": 0}, [
+    exp_stored([11, 12], None, toks * 2, 16, group=0, spec_kind="full_attention"),
+    exp_stored([11, 12], None, toks * 2, 16, group=1, spec_kind="sliding_window", sliding_window=1024),
+    exp_removed([11], group=1)], 5.0, 0)
+raw_case("vllm-hybrid-mamba", "vllm", {"ts": 6.0, "events": [
+    vllm_stored_map([21, 22, 23, 24], None, toks * 4, 16, group=0, kind="full_attention"),
+    vllm_stored_map([22, 24], None, toks * 4, 32, group=1, kind="mamba"),
+    vllm_removed_map([22], group=0)], "data_parallel_rank": 0}, [
+    exp_stored([21, 22, 23, 24], None, toks * 4, 16, group=0, spec_kind="full_attention"),
+    exp_stored([22, 24], None, toks * 4, 32, group=1, spec_kind="mamba"),
+    exp_removed([22], group=0)], 6.0, 0)
+
+# A bad event costs only itself: each undecodable event comes back as "invalid" and the
+# events after it still decode, in both engines' layouts.
+raw_case("bad-event-mid-batch-vllm", "vllm", {"ts": 7.0, "events": [
+    vllm_stored_map([1], None, toks, 16),
+    vllm_removed_map([{"not": "a hash"}]),
+    vllm_stored_map([2], None, [-1] + toks[1:], 16),
+    vllm_stored_map([3], None, toks, 1 << 40),
+    {"type": "BlockStored", "block_hashes": [4], "token_ids": "xyz"},
+    vllm_removed_map([1])], "data_parallel_rank": 0}, [
+    exp_stored([1], None, toks, 16), {"kind": "invalid", "bad": "type"},
+    {"kind": "invalid", "bad": "range"}, {"kind": "invalid", "bad": "range"},
+    {"kind": "invalid", "bad": "type"}, exp_removed([1])], 7.0, 0)
+raw_case("bad-event-mid-batch-sglang", "sglang", [8.0, [
+    ["BlockStored", [SG[0]], None, [1, 2, 3, 4], 4, None, "GPU", {"cache_salt": 5}],
+    ["BlockStored", [SG[1]], None, [[1, 2], 3], 4, None, "GPU"],
+    ["BlockStored", [SG[2]], None, [[1, 2, 3]], 1, None, "GPU"],
+    ["BlockRemoved", [SG[0]], 7],
+    ["BlockRemoved", [SG[1]], "GPU"]], 0], [
+    {"kind": "invalid", "bad": "type"}, {"kind": "invalid", "bad": "type"},
+    {"kind": "invalid", "bad": "type"}, {"kind": "invalid", "bad": "type"},
+    exp_removed([SG[1]])], 8.0, 0)
+raw_case("bad-hash-string", "vllm", [1.0, [["BlockStored", ["x"], None, [], 16]], 0],
+         [{"kind": "invalid", "bad": "type"}], 1.0, 0)
+raw_case("bad-token-negative", "vllm", [1.0, [["BlockStored", [1], None, [-1], 16]], 0],
+         [{"kind": "invalid", "bad": "range"}], 1.0, 0)
+raw_case("bad-bin-hash-short", "vllm", [1.0, [["BlockRemoved", [b"abc"]]], 0],
+         [{"kind": "invalid", "bad": "type"}], 1.0, 0)
+
 # Malformed payloads: the decoder reports an error and never panics.
 good = bytes.fromhex(cases[0]["payload"])
 bad = {
@@ -170,11 +322,12 @@ bad = {
     "ts-string": msgpack.packb(["x", [], 0]),
     "events-not-array": msgpack.packb([1.0, 5, 0]),
     "short-batch": msgpack.packb([1.0]),
-    "hash-string": msgpack.packb([1.0, [["BlockStored", ["x"], None, [], 16]], 0]),
-    "token-negative": msgpack.packb([1.0, [["BlockStored", [1], None, [-1], 16]], 0]),
-    "bin-hash-short": msgpack.packb([1.0, [["BlockRemoved", [b"abc"]]], 0], use_bin_type=True),
     "huge-array-head": bytes([0x93, 0xcb]) + bytes(8) + bytes([0xdd, 0xff, 0xff, 0xff, 0xff]),
     "reserved-c1": bytes([0x93, 0xcb]) + bytes(8) + bytes([0x91, 0x92, 0xa1, 0x58, 0xc1]),
+    "map-no-events": msgpack.packb({"ts": 1.0, "data_parallel_rank": 0}),
+    "map-events-not-array": msgpack.packb({"ts": 1.0, "events": 3}),
+    # An event truncated inside: its batch's structure is broken, nothing after it exists.
+    "event-truncated": msgpack.packb([1.0, [["BlockRemoved", [1, 2, 3]]], 0])[:-3],
 }
 for name, p in bad.items():
     cases.append({"name": "bad-" + name, "flavor": "vllm", "payload": p.hex(), "error": True})
@@ -270,6 +423,144 @@ def sglang_stream(name, page):
 
 
 sglang_stream("sglang-ok", 4)
+
+# ---- SGLang salted and EAGLE bigram streams, as raw payloads -------------------------
+# SGLang's page hash (mem_cache/utils.py + cpp_utils/hash_binding.cpp, see
+# tools/gen-sglang-goldens.py): a salted chain starts from sha256(b"sglang-cache-salt-v1\0"
+# + salt); a bigram page hashes both tokens of each pair. Events are laid out as SGLang's
+# msgspec encoder writes them: [tag, hashes, parent, token_ids, block_size, lora_id,
+# medium(, {"cache_salt": s})], coalesced stores carrying several pages.
+def sglang_pages(tokens, page, salt=None, bigram=False):
+    units = [(tokens[i], tokens[i + 1]) for i in range(len(tokens) - 1)] if bigram else list(tokens)
+    prior = hashlib.sha256(b"sglang-cache-salt-v1\0" + salt.encode()).digest() if salt is not None else None
+    keys = []
+    for i in range(0, len(units) - len(units) % page, page):
+        h = hashlib.sha256()
+        if prior is not None:
+            h.update(prior)
+        for u in units[i:i + page]:
+            for w in (u if bigram else (u,)):
+                h.update(w.to_bytes(4, "little"))
+        prior = h.digest()
+        keys.append(int.from_bytes(prior[:8], "big", signed=True))
+    return keys, units
+
+
+def sglang_raw_stream(name, page, salt, bigram, rule_bigram):
+    n_pages = 5
+    toks = [(17 * i + 3) % 40000 for i in range(n_pages * page + (1 if bigram else 0))]
+    keys, units = sglang_pages(toks, page, salt, bigram)
+    assert len(keys) == n_pages
+    tail = [{"cache_salt": salt}] if salt is not None else []
+
+    def ev(lo, hi, parent):
+        tk = [list(u) for u in units[lo * page:hi * page]] if bigram else units[lo * page:hi * page]
+        return ["BlockStored", keys[lo:hi], parent, tk, page, None, "GPU"] + tail
+
+    batches = [[1.0, [ev(0, 3, None)], 0], [2.0, [ev(3, 5, keys[2])], 0],
+               [3.0, [["BlockRemoved", [keys[4]], "GPU"]], 0]]
+    sg_streams.append({"name": name, "block_size": page, "bigram": rule_bigram, "salt": salt or "",
+                       "payloads": [msgpack.packb(b).hex() for b in batches],
+                       "tokens": toks[:4 * page + (1 if bigram else 0)],
+                       "live": [u64(k) for k in keys[:4]], "stored_events": 2})
+
+
+sg_streams = []
+sglang_raw_stream("salted", 4, "tenant-a", False, False)
+sglang_raw_stream("bigram", 4, None, True, True)
+sglang_raw_stream("salted-bigram", 2, "t\u00e9nant", True, True)
+sglang_raw_stream("bigram-rule-plain", 4, None, True, False)  # the rule misses Bigram
+with open(os.path.join(ROOT, "sglang_streams.json"), "w") as f:
+    json.dump(sg_streams, f, indent=1)
+    f.write("\n")
+
+# ---- holder counting: offload chunks, duplicate blocks, hybrid KV cache groups -------
+# Each stream is a list of vLLM batches (map layout, as distributed/kv_events.py at
+# 0181ea3 encodes them) and what the inventory and tier counts must be afterwards, from
+# a model here: a hash stays on a tier while it has a holder (a store not yet removed).
+def holder_model(batches, routed):
+    held = {}  # (hash, medium) -> holders
+    for b in batches:
+        for ev in b["events"]:
+            med = ev.get("medium") or "GPU"
+            for h in ev.get("block_hashes", []):
+                k = (h & M64, med)
+                if ev["type"] == "BlockStored":
+                    held[k] = held.get(k, 0) + 1
+                elif ev["type"] == "BlockRemoved" and held.get(k):
+                    held[k] -= 1
+                    if not held[k]:
+                        del held[k]
+    keys = sorted({h for (h, med) in held if med in routed})
+    tiers = {}
+    for (h, med) in held:
+        tiers[med] = tiers.get(med, 0) + 1
+    return [u64(k) for k in keys], tiers
+
+
+hold_streams = []
+
+
+def hold_stream(name, batches, routed=("GPU",), bs=16, stored_with_tokens=0):
+    keys, tiers = holder_model(batches, routed)
+    hold_streams.append({"name": name, "routed": list(routed), "block_size": bs,
+                         "payloads": [msgpack.packb(b).hex() for b in batches],
+                         "keys": keys, "tiers": tiers, "attested": stored_with_tokens})
+
+
+def vb(*events):
+    return {"ts": 1.0, "events": list(events), "data_parallel_rank": 0}
+
+
+# Offload: the CPU tier announces a hash once per chunk (two chunks of one block), the
+# GPU copy is evicted first, then each chunk's copy.
+H1, H2 = 0xA1, 0xA2
+offload = [vb(vllm_stored_map([H1, H2], None, toks * 2, 16)),
+           vb(vllm_stored_map([H1], None, [], 0, medium="CPU"),
+              vllm_stored_map([H1], None, [], 0, medium="CPU")),
+           vb(vllm_removed_map([H1]))]
+hold_stream("offload-gpu-evicted", offload)
+hold_stream("offload-gpu-evicted-cpu-routed", offload, routed=("GPU", "CPU"))
+hold_stream("offload-one-chunk-gone", offload + [vb(vllm_removed_map([H1], medium="CPU"))],
+            routed=("GPU", "CPU"))
+hold_stream("offload-all-gone", offload + [vb(vllm_removed_map([H1], medium="CPU"),
+                                              vllm_removed_map([H1], medium="CPU"))],
+            routed=("GPU", "CPU"))
+# vLLM does not de-duplicate identical blocks: two stores, two evictions.
+dup = [vb(vllm_stored_map([H1], None, toks, 16), vllm_stored_map([H1], None, toks, 16)),
+       vb(vllm_removed_map([H1]))]
+hold_stream("duplicate-block-one-evicted", dup)
+hold_stream("duplicate-block-both-evicted", dup + [vb(vllm_removed_map([H1]))])
+hold_stream("remove-unknown", [vb(vllm_removed_map([0xDEAD]))])
+
+# Hybrid models, keys from the vLLM sha256_cbor chain (hash block size 16), so that
+# attestation runs on every store. A group whose block size is k x 16 publishes, for
+# each of its blocks, the 16-token chain's key at the block's last 16-token boundary
+# (kv_cache_utils.BlockHashListWithBlockSize), with all of the block's tokens.
+seq = [(29 * i + 7) % 32000 for i in range(128)]
+hk, hd = vllm_chain(seq, 16)
+# Sliding window (Gemma-style): group 0 full attention, group 1 sliding window 32; the
+# window group frees blocks that slid out, full attention keeps them.
+sw = [vb(vllm_stored_map(hk[:4], None, seq[:64], 16, group=0, kind="full_attention"),
+         vllm_stored_map(hk[:4], None, seq[:64], 16, group=1, kind="sliding_window", window=32)),
+      vb(vllm_removed_map(hk[:2], group=1)),
+      vb(vllm_removed_map(hk[3:4], group=0)),
+      vb(vllm_stored_map(hk[4:6], hk[3], seq[64:96], 16, group=0, kind="full_attention"))]
+hold_stream("hybrid-sliding-window", sw, stored_with_tokens=3)
+hold_stream("hybrid-sliding-window-both-gone", sw + [vb(vllm_removed_map(hk[3:4], group=1))],
+            stored_with_tokens=3)
+# Mamba hybrid: group 0 full attention (16-token blocks), group 1 mamba with 32-token
+# blocks: its keys are every second 16-token key; a second store chains on its parent.
+mamba = [vb(vllm_stored_map(hk[:4], None, seq[:64], 16, group=0, kind="full_attention"),
+            vllm_stored_map([hk[1], hk[3]], None, seq[:64], 32, group=1, kind="mamba"),
+            vllm_stored_map([hk[5], hk[7]], hk[3], seq[64:128], 32, group=1, kind="mamba")),
+         vb(vllm_removed_map([hk[1]], group=0))]
+hold_stream("hybrid-mamba", mamba, stored_with_tokens=3)
+hold_stream("hybrid-mamba-both-gone", mamba + [vb(vllm_removed_map([hk[1]], group=1))],
+            stored_with_tokens=3)
+with open(os.path.join(ROOT, "holders.json"), "w") as f:
+    json.dump(hold_streams, f, indent=1)
+    f.write("\n")
 
 # ---- TensorRT-LLM /kv_cache_events bodies (Python's json as the encoder) ---------------
 def trt_stored(eid, parent, blocks, rank=None):

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -34,10 +35,17 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	demo := fs.Bool("demo", false, "the README demo: 4 engines, shared-prefix and hot-prefix workloads at rates x1, x2, x4 under rr, chwbl, kv-exact and the oracle (overrides workload and policy flags; -rate-scale still applies)")
 	overhead := fs.Bool("overhead", false, "measure kvgate's added latency and req/s against a direct connection to a zero-latency engine")
+	fleet := fs.String("fleet", "", "fleet simulator: comma-separated fleet sizes (endpoints, 1..1024), e.g. 8,64,256,1024: ZeroMQ vLLM publishers churning blocks into one kvgate; table of RSS, B/entry, ingest CPU, event lag and decision time, plots in -out")
+	var fc bench.FleetConfig
+	fs.IntVar(&fc.Entries, "fleet-entries", 2_000_000, "fleet: (key, endpoint) entries to reach before measuring, across the fleet")
+	fs.Float64Var(&fc.EventRate, "fleet-rate", 4, "fleet: churn batches per second per endpoint (each stores 16 blocks and removes the 16 oldest)")
+	fs.DurationVar(&fc.Measure, "fleet-measure", 5*time.Second, "fleet: churn window over which ingest CPU is measured")
+	fs.IntVar(&fc.Markers, "fleet-markers", 100, "fleet: event-lag markers per fleet size")
+	fs.IntVar(&fc.Decisions, "fleet-decisions", 200, "fleet: 8,192-token decision requests per fleet size")
 	out := fs.String("out", "bench/out", "directory for report.md and the SVG plots")
 	engines := fs.Int("engines", 4, "simulated engines per policy run")
 	policies := fs.String("policies", bench.DefaultPolicies, "comma-separated: rr, chwbl, kv-exact (serve -kv-mode 3, every default), kv-exact-overlap, kv-exact-prefix (-kv-policy overlap), oracle, direct-rr (harness round-robin, no kvgate)")
-	workload := fs.String("workload", "shared-prefix", "shared-prefix, hot-prefix, rag or trace")
+	workload := fs.String("workload", "shared-prefix", "shared-prefix, hot-prefix, rag or trace; a comma-separated list runs each in turn into one report")
 	model := fs.String("model", "qwen3", "served model name")
 	tokDir := fs.String("tokenizer", defaultTokenizerDir(), "tokenizer directory for the engines and kvgate; \"words\" = one token per word (no kvgate parity)")
 	kvgateBin := fs.String("kvgate", "", "kvgate binary to run as the router (default: this executable)")
@@ -118,6 +126,32 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		bin = exe
 	}
+	if *fleet != "" {
+		for _, f := range strings.Split(*fleet, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 || n > 1024 {
+				fmt.Fprintf(stderr, "bench: -fleet: %q is not a fleet size in 1..1024\n", f)
+				return 2
+			}
+			fc.Sizes = append(fc.Sizes, n)
+		}
+		if *tokDir == "words" {
+			fmt.Fprintln(stderr, "bench: -fleet needs a real -tokenizer directory (kvgate serve loads it)")
+			return 2
+		}
+		for name, bad := range map[string]bool{"-fleet-entries": fc.Entries < 0, "-fleet-rate": fc.EventRate < 0,
+			"-fleet-measure": fc.Measure < 0, "-fleet-markers": fc.Markers < 0, "-fleet-decisions": fc.Decisions < 0} {
+			if bad {
+				fmt.Fprintf(stderr, "bench: %s must be >= 0\n", name)
+				return 2
+			}
+		}
+		fc.Kvgate, fc.Model, fc.Tokenizer, fc.Seed = bin, *model, *tokDir, *seed
+		if *progress {
+			fc.Progress = stderr
+		}
+		return runFleet(fc, *out, *plotFmt, stdout, stderr)
+	}
 	sp.Model = *model
 	sp.DefaultMaxTokens = *maxTokens
 	var enc enginesim.Encoder
@@ -182,7 +216,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	cfg := bench.Config{Engines: *engines, Sim: sp, Kvgate: bin, Tokenizer: tokenizer, KvgateArgs: kvArgs, Progress: bar, Replicas: *replicas}
 	names := strings.Split(*policies, ",")
-	kinds := []string{*workload}
+	kinds := strings.Split(*workload, ",")
 	if *demo {
 		// Two workloads, each swept over three load levels, sized to finish in about two
 		// minutes on 2 cores. Engine pools of 768 blocks (12k tokens) hold about a quarter
@@ -216,7 +250,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var jobs []job
 	for _, kind := range kinds {
 		j := job{sim: cfg.Sim}
-		switch kind {
+		switch kind = strings.TrimSpace(kind); kind {
 		case "shared-prefix":
 			j.w = shp.Build()
 		case "hot-prefix":
@@ -327,6 +361,28 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if runErr != nil || perr != nil {
 		return 1
 	}
+	return 0
+}
+
+// runFleet runs the fleet simulator and prints its table; plots go to out.
+func runFleet(fc bench.FleetConfig, out, plotFmt string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	fmt.Fprintf(stdout, "fleet: sizes %v, %d entries, %.1f churn batches/s per endpoint (16 blocks stored, 16 removed), %v CPU window\n\n",
+		fc.Sizes, fc.Entries, fc.EventRate, fc.Measure)
+	start := time.Now()
+	rows, err := bench.RunFleet(ctx, fc)
+	bench.WriteFleetTable(stdout, rows)
+	if err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		return 1
+	}
+	plots, err := bench.WriteFleetPlotsAs(out, plotFmt, rows)
+	if err != nil {
+		fmt.Fprintf(stderr, "bench: plots: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "\nplots: %s in %s (%.0fs)\n", strings.Join(plots, ", "), out, time.Since(start).Seconds())
 	return 0
 }
 

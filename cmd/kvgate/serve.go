@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 	"github.com/cloudwego/hertz/pkg/common/hlog"
 	"github.com/cloudwego/netpoll"
 
+	"github.com/kvgate/kvgate/ingest/plane"
 	"github.com/kvgate/kvgate/proxy"
 )
 
@@ -51,7 +53,16 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 	var endpointsFile, sel, kvMode, kvScore, logLevel string
 	fs.StringVar(&cfg.Listen, "listen", ":8080", "public listener address (OpenAI API)")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "admin listener address (/metrics, /debug/*, /healthz, /readyz, /admin/*); empty disables it")
-	fs.StringVar(&cfg.AdminToken, "admin-token", "", "when set, admin requests need 'Authorization: Bearer <token>' (except /healthz, /readyz) (default none)")
+	fs.StringVar(&cfg.AdminToken, "admin-token", "", "when set, admin requests need 'Authorization: Bearer <token>' (except /healthz, /readyz); visible in the process list: prefer -admin-token-file (default none)")
+	var adminTokenFile string
+	fs.StringVar(&adminTokenFile, "admin-token-file", "", "file holding the admin token (surrounding whitespace trimmed) (default none)")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate (chain) for the public listener; with -tls-key it serves HTTPS, and a renewed file applies within a second without a restart (default none: plain HTTP)")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key for -tls-cert (default none)")
+	fs.StringVar(&cfg.UpstreamCA, "upstream-ca", "", "PEM CA bundle that verifies https:// endpoints (default none: the system roots)")
+	fs.StringVar(&cfg.UpstreamCert, "upstream-cert", "", "PEM client certificate kvgate presents to https:// endpoints, with -upstream-key (default none)")
+	fs.StringVar(&cfg.UpstreamKey, "upstream-key", "", "PEM private key for -upstream-cert (default none)")
+	fs.StringVar(&cfg.APIKeysFile, "api-keys-file", "", "file of public API keys, one a line (# comments), watched for changes: requests without 'Authorization: Bearer <key>' get 401 (default none: no key needed)")
+	fs.BoolVar(&cfg.ForwardAuthorization, "forward-authorization", cfg.ForwardAuthorization, "pass the client's Authorization header to the engine unchanged (false: remove it)")
 	fs.Var(&endpoints, "endpoint", "upstream engine, repeatable: name=..,url=http://host:port,engine=vllm|sglang|trtllm|llamacpp,role=both|prefill|decode,events=tcp://host:5557,replay=tcp://host:5558,topic=..,dp=N,weight=W,down=true,bootstrap_port=N")
 	fs.StringVar(&endpointsFile, "endpoints-file", "", "file with one -endpoint value per line (# comments) (default none)")
 	fs.StringVar(&sel, "select", "rr", "selector for non-KV routing and KV misses: rr | chwbl")
@@ -71,6 +82,8 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 	fs.IntVar(&cfg.KVEngineSlots, "kv-engine-slots", 0, "pin how many requests each engine runs at once (default 0: learned from its /metrics running count while requests wait)")
 	fs.DurationVar(&cfg.KVLoadScrape, "kv-load-scrape", cfg.KVLoadScrape, "interval of reading each engine's /metrics (running, waiting, KV usage) for the cost policy and the decode choice; a report older than 3 intervals decays to kvgate's own accounting (0: off)")
 	fs.DurationVar(&cfg.KVPendingTTL, "kv-pending-ttl", cfg.KVPendingTTL, "mode 3: a prompt's blocks count as held where kvgate sent it for this long, until the engine's events report them, so a burst sharing a new prefix sees the first placement (0: off)")
+	fs.Int64Var(&cfg.TokenizeMemoBytes, "tokenize-memo-bytes", cfg.TokenizeMemoBytes, "memory bound of the memo of token IDs between a chat's special tokens, so a follow-up turn tokenizes only its new text (exact by construction; 0: off)")
+	fs.Int64Var(&cfg.KVChainMemoBytes, "kv-chain-memo-bytes", cfg.KVChainMemoBytes, "memory bound of the memo of block-key chain stretches, so a follow-up turn hashes only its new blocks (exact; 0: off)")
 	fs.IntVar(&cfg.CHWBLPrefixBytes, "chwbl-prefix-bytes", cfg.CHWBLPrefixBytes, "bytes of the system message / prompt in the chwbl key")
 	fs.Var(&models, "model", "served model name for the -tokenizer of the same position; NAME[,ALIAS...] (repeatable)")
 	fs.Var(&tokenizers, "tokenizer", "tokenizer directory (holding tokenizer.json): DIR paired with -model, or NAME=DIR (repeatable)")
@@ -90,19 +103,48 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 	fs.IntVar(&cfg.MaxRetries, "max-retries", 0, "retries after connect failures (default 0: up to the number of endpoints)")
 	fs.DurationVar(&cfg.AffinityTTL, "affinity-ttl", cfg.AffinityTTL, "mode 1 session affinity lifetime")
 	fs.IntVar(&cfg.AffinityMax, "affinity-max", cfg.AffinityMax, "mode 1 session affinity entries (LRU beyond; 0 disables)")
-	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "on SIGINT/SIGTERM, how long in-flight requests may finish")
+	fs.DurationVar(&cfg.ShutdownDelay, "shutdown-delay", cfg.ShutdownDelay, "on SIGINT/SIGTERM, how long /readyz answers 503 while the public listener still serves, so balancers stop sending before it stops accepting (a second signal exits at once)")
+	fs.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "after the drain delay, how long in-flight requests and streams may finish once the listener stops accepting")
+	fs.BoolVar(&cfg.AccessLog, "access-log", false, "log one INFO line per answered request: request_id, path, endpoint, route, status, predicted and delivered cached tokens, ttft_ms, duration_ms (default off)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug | info | warn | error")
+	var configFile string
+	fs.StringVar(&configFile, "config", "", "rule file: one 'flag = value' per line (any serve flag without its dash; repeatable flags repeat; # comments); flags on the command line override it (default none)")
+	// The optional event plane (proxy.PlaneConfig, package ingest/plane).
+	fs.StringVar(&cfg.Plane.Kind, "events-plane", "direct", "how replicas learn the engines' KV events: direct (each replica subscribes to every engine) | jetstream (a NATS JetStream stream of normalized events and snapshots, for a TensorRT-LLM drain shared by replicas, warm restarts, many replicas)")
+	fs.StringVar(&cfg.Plane.Role, "plane-role", "", "with -events-plane jetstream: ingest (follow the engines, publish what is applied, route on it) | route (follow the plane only; endpoints need no events=, and one given events= is followed directly while the plane is down) | both (as ingest) (default both)")
+	fs.StringVar(&cfg.Plane.NATSURL, "nats-url", "", "with -events-plane jetstream: NATS server(s), nats://host:4222[,nats://...] (default none)")
+	fs.StringVar(&cfg.Plane.Stream, "plane-stream", plane.DefaultStream, "JetStream stream of the event plane (subjects kvgate.kv.<endpoint>.*)")
+	fs.DurationVar(&cfg.Plane.MaxAge, "plane-max-age", plane.DefaultMaxAge, "stream retention by age: at least twice -plane-snapshot-interval, so the newest snapshot and the events behind it stay")
+	fs.Int64Var(&cfg.Plane.MaxBytes, "plane-max-bytes", plane.DefaultMaxBytes, "stream retention by size, oldest first (16 endpoints of 1M keys write 128 MiB of snapshots per interval)")
+	fs.DurationVar(&cfg.Plane.SnapshotInterval, "plane-snapshot-interval", plane.DefaultSnapshotInterval, "ingest replicas snapshot each endpoint's inventory this often: a restarted route replica replays at most this much of the stream; route replicas call an endpoint stale after 3 intervals of silence")
 	if err := fs.Parse(args); err != nil {
 		return cfg, "", err
 	}
 	if fs.NArg() > 0 {
 		return cfg, "", fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
+	if configFile != "" {
+		if err := applyConfigFile(fs, configFile); err != nil {
+			return cfg, "", &proxy.FlagError{Flag: "-config", Msg: err.Error()}
+		}
+	}
 	fs.Visit(func(f *flag.Flag) {
 		if f.Name == "kv-hash-seed" {
 			cfg.KVHashSeedSet = true
 		}
 	})
+	if adminTokenFile != "" {
+		if cfg.AdminToken != "" {
+			return cfg, "", &proxy.FlagError{Flag: "-admin-token-file", Msg: "give -admin-token or -admin-token-file, not both"}
+		}
+		b, err := os.ReadFile(adminTokenFile)
+		if err != nil {
+			return cfg, "", &proxy.FlagError{Flag: "-admin-token-file", Msg: err.Error()}
+		}
+		if cfg.AdminToken = strings.TrimSpace(string(b)); cfg.AdminToken == "" {
+			return cfg, "", &proxy.FlagError{Flag: "-admin-token-file", Msg: adminTokenFile + " is empty"}
+		}
+	}
 	for _, e := range endpoints {
 		sp, err := proxy.ParseEndpoint(e)
 		if err != nil {
@@ -211,7 +253,10 @@ func runServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	log.Info("kvgate serving", "listen", s.PublicAddr(), "admin", s.AdminAddr(), "endpoints", len(cfg.Endpoints))
 	<-ctx.Done()
-	log.Info("shutting down: draining in-flight requests", "grace", cfg.ShutdownGrace)
+	stop() // from here a second SIGINT/SIGTERM ends the process at once
+	s.BeginDrain()
+	time.Sleep(cfg.ShutdownDelay)
+	log.Info("shutting down: listener closed, draining in-flight requests", "grace", cfg.ShutdownGrace)
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace+time.Second)
 	defer cancel()
 	if err := s.Shutdown(sctx); err != nil {
@@ -227,4 +272,44 @@ type slogWriter struct{ log *slog.Logger }
 func (w slogWriter) Write(p []byte) (int, error) {
 	w.log.Warn("hertz", "msg", strings.TrimSpace(string(p)))
 	return len(p), nil
+}
+
+// applyConfigFile sets every flag the file names and the command line did not: the
+// command line overrides the file, a repeatable flag given on the command line
+// replaces the file's values rather than adding to them.
+func applyConfigFile(fs *flag.FlagSet, path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	onCmdLine := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { onCmdLine[f.Name] = true })
+	for i, raw := range strings.Split(string(b), "\n") {
+		line := strings.TrimSpace(raw)
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, value, ok := strings.Cut(line, "=")
+		if !ok {
+			return fmt.Errorf("%s:%d: want 'flag = value'", path, i+1)
+		}
+		name = strings.TrimLeft(strings.TrimSpace(name), "-")
+		value = strings.TrimSpace(value)
+		if len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"' {
+			value = value[1 : len(value)-1]
+		}
+		f := fs.Lookup(name)
+		switch {
+		case f == nil:
+			return fmt.Errorf("%s:%d: no flag -%s (see kvgate serve -h)", path, i+1, name)
+		case name == "config":
+			return fmt.Errorf("%s:%d: a config file cannot name another", path, i+1)
+		case onCmdLine[name]:
+			continue
+		}
+		if err := fs.Set(name, value); err != nil {
+			return fmt.Errorf("%s:%d: -%s: %v", path, i+1, name, err)
+		}
+	}
+	return nil
 }

@@ -2,15 +2,20 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/proxy"
 )
 
 func freeAddr(t *testing.T) string {
@@ -77,7 +82,7 @@ func TestServeRunsAndStopsOnSIGTERM(t *testing.T) {
 	done := make(chan int, 1)
 	var stderr bytes.Buffer
 	go func() {
-		done <- runServe([]string{"-listen", pub, "-admin-listen", adm, "-endpoint", "name=e,url=" + engine.URL, "-health-interval", "0", "-shutdown-grace", "2s"}, nil, io.Discard, &lockedWriter{w: &stderr})
+		done <- runServe([]string{"-listen", pub, "-admin-listen", adm, "-endpoint", "name=e,url=" + engine.URL, "-health-interval", "0", "-shutdown-grace", "2s", "-shutdown-delay", "0"}, nil, io.Discard, &lockedWriter{w: &stderr})
 	}()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -120,4 +125,70 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// -config: every serve flag is a key; the command line overrides the file (a repeatable
+// flag on the command line replaces the file's values); a bad line is refused naming
+// the file, the line and the flag. -endpoints-file takes # comments, inline too.
+func TestServeConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	eps := filepath.Join(dir, "endpoints")
+	os.WriteFile(eps, []byte("# the pool\nname=c,url=http://10.0.0.3:8000 # third\n\n\tname=d,url=http://10.0.0.4:8000\t# fourth\n"), 0o600)
+	conf := filepath.Join(dir, "kvgate.conf")
+	os.WriteFile(conf, []byte(`# a rule
+listen = 127.0.0.1:18080
+select = rr
+endpoint = name=a,url=http://10.0.0.1:8000
+endpoint = name=b,url=http://10.0.0.2:8000
+endpoints-file = `+eps+`
+breaker-failures = 7
+shutdown-delay = "2s"
+access-log = true
+`), 0o600)
+	cfg, _, err := serveFlags([]string{"-config", conf, "-select", "chwbl"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Listen != "127.0.0.1:18080" || cfg.Select != proxy.SelectCHWBL || cfg.BreakerFailures != 7 ||
+		cfg.ShutdownDelay != 2*time.Second || !cfg.AccessLog || len(cfg.Endpoints) != 4 || cfg.Endpoints[3].Name != "d" {
+		t.Errorf("from the file: %+v", cfg)
+	}
+	cfg, _, err = serveFlags([]string{"-config", conf, "-endpoint", "name=z,url=http://10.0.0.9:8000"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Endpoints) != 3 || cfg.Endpoints[0].Name != "z" {
+		t.Errorf("command-line -endpoint should replace the file's: %v", cfg.Endpoints)
+	}
+	for body, want := range map[string]string{
+		"listen = :1\nno-such-flag = 1\n": "kvgate.conf:2: no flag -no-such-flag",
+		"breaker-failures = many\n":       "kvgate.conf:1: -breaker-failures",
+		"just words\n":                    "kvgate.conf:1: want 'flag = value'",
+	} {
+		os.WriteFile(conf, []byte(body), 0o600)
+		_, _, err := serveFlags([]string{"-config", conf, "-endpoint", "name=a,url=http://10.0.0.1:8000"}, io.Discard)
+		var fe *proxy.FlagError
+		if !errors.As(err, &fe) || fe.Flag != "-config" || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want -config: ...%s", body, err, want)
+		}
+	}
+}
+
+// -admin-token-file reads the token (trimmed); with -admin-token too, or empty, it is
+// refused naming the flag.
+func TestServeAdminTokenFile(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(f, []byte("  s3cret\n"), 0o600)
+	ep := "name=a,url=http://10.0.0.1:8000"
+	cfg, _, err := serveFlags([]string{"-admin-token-file", f, "-endpoint", ep}, io.Discard)
+	if err != nil || cfg.AdminToken != "s3cret" {
+		t.Fatalf("%v %q", err, cfg.AdminToken)
+	}
+	if _, _, err := serveFlags([]string{"-admin-token-file", f, "-admin-token", "x", "-endpoint", ep}, io.Discard); err == nil || !strings.Contains(err.Error(), "-admin-token-file") {
+		t.Errorf("both: %v", err)
+	}
+	os.WriteFile(f, []byte("\n"), 0o600)
+	if _, _, err := serveFlags([]string{"-admin-token-file", f, "-endpoint", ep}, io.Discard); err == nil || !strings.Contains(err.Error(), "empty") {
+		t.Errorf("empty: %v", err)
+	}
 }

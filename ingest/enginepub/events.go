@@ -20,6 +20,13 @@ type BlockStored struct {
 	BlockSize int
 	LoRAName  string
 	Medium    string // "" = GPU (written as nil where the field is optional)
+	// CacheSalt (SGLang, HasSalt) makes the store SGLang's BlockStoredWithMetadata: the
+	// metadata map {"cache_salt": s} follows medium.
+	CacheSalt string
+	HasSalt   bool
+	// Bigram (SGLang with EAGLE): TokenIDs are the plain tokens, one more than the pairs
+	// (BlockSize pairs per block); token_ids is written as [[t0,t1],[t1,t2],...].
+	Bigram bool
 }
 
 // BlockRemoved announces evicted blocks.
@@ -48,7 +55,10 @@ type Layout uint8
 
 const (
 	LayoutArray Layout = iota // [tag, field...]
-	LayoutMap                 // {"type": tag, field: value...}
+	LayoutMap                 // {"type": tag, field: value...} in an array batch
+	// LayoutMapBatch is current vLLM's (EventBatch without array_like): the batch is
+	// {"ts", "events", "data_parallel_rank"} too, events as in LayoutMap.
+	LayoutMapBatch
 )
 
 // HashEncoding selects how hash values are written.
@@ -140,8 +150,28 @@ func appendMedium(b []byte, m string) []byte {
 	return appendStr(b, m)
 }
 
-// AppendBatch appends the msgpack payload of one batch [ts, [event...], dp_rank].
+// AppendBatch appends the msgpack payload of one batch [ts, [event...], dp_rank] (or,
+// LayoutMapBatch, its map).
 func (f *Format) AppendBatch(b []byte, ts float64, events []Event) []byte {
+	if f.Layout == LayoutMapBatch {
+		n := 3
+		if f.NoDPRank {
+			n = 2
+		}
+		b = appendMapHeader(b, n)
+		b = appendStr(b, "ts")
+		b = appendFloat64(b, ts)
+		b = appendStr(b, "events")
+		b = appendArrayHeader(b, len(events))
+		for _, ev := range events {
+			b = f.appendEvent(b, ev)
+		}
+		if !f.NoDPRank {
+			b = appendStr(b, "data_parallel_rank")
+			b = appendInt(b, int64(f.DPRank))
+		}
+		return b
+	}
 	if f.NoDPRank {
 		b = appendArrayHeader(b, 2)
 	} else {
@@ -168,6 +198,16 @@ func (f *Format) appendStoredField(b []byte, i int, e *BlockStored) []byte {
 		}
 		return f.appendHash(b, e.Parent)
 	case 2:
+		if e.Bigram {
+			n := max(len(e.TokenIDs)-1, 0)
+			b = appendArrayHeader(b, n)
+			for j := 0; j < n; j++ {
+				b = appendArrayHeader(b, 2)
+				b = appendUint(b, uint64(e.TokenIDs[j]))
+				b = appendUint(b, uint64(e.TokenIDs[j+1]))
+			}
+			return b
+		}
 		b = appendArrayHeader(b, len(e.TokenIDs))
 		for _, t := range e.TokenIDs {
 			b = appendUint(b, uint64(t))
@@ -200,7 +240,7 @@ func (f *Format) appendEvent(b []byte, ev Event) []byte {
 	case *BlockRemoved:
 		return f.appendRemoved(b, e)
 	case AllBlocksCleared, *AllBlocksCleared:
-		if f.Layout == LayoutMap {
+		if f.Layout != LayoutArray {
 			b = appendMapHeader(b, 1)
 			b = appendStr(b, "type")
 			return appendStr(b, "AllBlocksCleared")
@@ -211,33 +251,55 @@ func (f *Format) appendEvent(b []byte, ev Event) []byte {
 	return appendNil(b)
 }
 
+func appendSaltMetadata(b []byte, salt string) []byte {
+	b = appendMapHeader(b, 1)
+	b = appendStr(b, "cache_salt")
+	return appendStr(b, salt)
+}
+
 func (f *Format) appendStored(b []byte, e *BlockStored) []byte {
-	if f.Layout == LayoutMap {
+	salted := f.Flavor == SGLang && e.HasSalt
+	if f.Layout != LayoutArray {
 		// Null defaults (extra_keys, group_idx, kv_cache_spec_*) are omitted, as msgspec does.
 		n := 7
 		if f.Flavor == SGLang {
 			n = 6
 		}
-		b = appendMapHeader(b, n+1)
+		m := n + 1
+		if salted {
+			m++
+		}
+		b = appendMapHeader(b, m)
 		b = appendStr(b, "type")
 		b = appendStr(b, "BlockStored")
 		for i := 0; i < n; i++ {
 			b = appendStr(b, storedNames[i])
 			b = f.appendStoredField(b, i, e)
 		}
+		if salted {
+			b = appendStr(b, "metadata")
+			b = appendSaltMetadata(b, e.CacheSalt)
+		}
 		return b
 	}
 	n := f.storedFields()
-	b = appendArrayHeader(b, n+1)
+	if salted {
+		b = appendArrayHeader(b, n+2)
+	} else {
+		b = appendArrayHeader(b, n+1)
+	}
 	b = appendStr(b, "BlockStored")
 	for i := 0; i < n; i++ {
 		b = f.appendStoredField(b, i, e)
+	}
+	if salted {
+		b = appendSaltMetadata(b, e.CacheSalt)
 	}
 	return b
 }
 
 func (f *Format) appendRemoved(b []byte, e *BlockRemoved) []byte {
-	if f.Layout == LayoutMap {
+	if f.Layout != LayoutArray {
 		b = appendMapHeader(b, 3)
 		b = appendStr(b, "type")
 		b = appendStr(b, "BlockRemoved")

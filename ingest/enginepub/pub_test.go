@@ -126,3 +126,42 @@ func TestTRTDrainIsJSON(t *testing.T) {
 		t.Fatal("second drain not empty")
 	}
 }
+
+// TestTodaysLayoutsDecodeInPython: current vLLM's map batch and SGLang's salted EAGLE
+// store, read back by Debian's msgpack, are the layouts CONTRACTS.md describes.
+func TestTodaysLayoutsDecodeInPython(t *testing.T) {
+	vllm := Format{Flavor: VLLM, Layout: LayoutMapBatch, DPRank: 1}
+	sglang := Format{Flavor: SGLang}
+	for _, c := range []struct {
+		name string
+		b    []byte
+		want string
+	}{
+		{"vllm-map-batch", vllm.AppendBatch(nil, 2.5, []Event{
+			BlockStored{Hashes: []uint64{3}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU"},
+			BlockRemoved{Hashes: []uint64{3}, Medium: "GPU"}}),
+			`{"ts":2.5,"events":[{"type":"BlockStored","block_hashes":[3],"parent_block_hash":null,"token_ids":[1,2],"block_size":2,"lora_id":null,"medium":"GPU","lora_name":null},{"type":"BlockRemoved","block_hashes":[3],"medium":"GPU"}],"data_parallel_rank":1}`},
+		{"sglang-salted-bigram", sglang.AppendBatch(nil, 3, []Event{
+			BlockStored{Hashes: []uint64{1<<64 - 2}, TokenIDs: []uint32{7, 8, 9}, BlockSize: 2, Medium: "GPU", CacheSalt: "t", HasSalt: true, Bigram: true},
+			BlockStored{Hashes: []uint64{4}, TokenIDs: []uint32{1}, BlockSize: 1, Medium: "CPU_PINNED"}}),
+			`[3,[["BlockStored",[-2],null,[[7,8],[8,9]],2,null,"GPU",{"cache_salt":"t"}],["BlockStored",[4],null,[1],1,null,"CPU_PINNED"]],0]`},
+	} {
+		cmd := exec.Command("/usr/bin/python3", "-c", `import sys,msgpack,json
+print(json.dumps(msgpack.unpackb(sys.stdin.buffer.read(), raw=False)))`)
+		cmd.Stdin = strings.NewReader(string(c.b))
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("python3 msgpack: %v (install python3-msgpack: make fetch)", err)
+		}
+		var got, want any
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal([]byte(c.want), &want); err != nil {
+			t.Fatal(err)
+		}
+		if mustJSON(got) != mustJSON(want) {
+			t.Errorf("%s: python decoded\n%s\nwant\n%s", c.name, mustJSON(got), mustJSON(want))
+		}
+	}
+}

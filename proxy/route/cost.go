@@ -10,7 +10,8 @@ import (
 // Cost is the default KV-Exact policy (-kv-policy cost): each eligible endpoint is
 // scored by the request's predicted time to first token there (Queues.Predict: the
 // prefill queued ahead plus the request's uncached tokens at the endpoint's rate, after
-// any wait for a batch slot), and the minimum wins. Cache overlap is a credit (fewer
+// any wait for a batch slot) plus the delay its prefill adds to the requests still
+// prefilling there, and the minimum wins. Cache overlap is a credit (fewer
 // uncached tokens), not the whole decision: a short hot prefix no longer pulls every
 // request onto one engine once its queue costs more than the prefill it saves.
 //
@@ -54,17 +55,17 @@ func (c *Cost) Select(cd *Candidates, obs Observer) int {
 			obs.Endpoint(i, t)
 		}
 		if best < 0 {
-			best, bestMs, bestLoad, bestRate = i, t.Predicted, load, t.Rate
+			best, bestMs, bestLoad, bestRate = i, t.Cost, load, t.Rate
 			continue
 		}
 		band := 1000 * float64(cd.BlockSize) / max(t.Rate, bestRate)
 		switch {
-		case t.Predicted < bestMs-band:
-		case t.Predicted <= bestMs+band && load < bestLoad:
+		case t.Cost < bestMs-band:
+		case t.Cost <= bestMs+band && load < bestLoad:
 		default:
 			continue
 		}
-		best, bestMs, bestLoad, bestRate = i, t.Predicted, load, t.Rate
+		best, bestMs, bestLoad, bestRate = i, t.Cost, load, t.Rate
 	}
 	return best
 }

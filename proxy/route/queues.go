@@ -47,6 +47,7 @@ type epQueue struct {
 	flightAt atomic.Int64  // kvgate's in-flight count when that report was read
 	samples  atomic.Int64  // rate-fit samples taken
 	sends    atomic.Uint64 // requests sent so far
+	prefills atomic.Int64  // requests sent that have not produced a first token
 
 	mu  sync.Mutex // the fit's sums
 	fit lineFit
@@ -78,19 +79,23 @@ func storeF(a *atomic.Uint64, v float64) { a.Store(math.Float64bits(v)) }
 // Ticket is what Sent hands back for FirstToken: whether nothing of kvgate's was queued
 // ahead of the request, and which send it was.
 type Ticket struct {
-	alone bool
-	send  uint64
+	alone   bool
+	whole   bool // a non-streamed answer: its first byte comes after its last token
+	send    uint64
+	prefill float64 // seconds its own prefill takes at the endpoint's rate, queue aside
 }
 
 // NoSample marks a first byte that says nothing of the prefill's speed (a whole,
 // non-streamed answer comes after the last token).
-func (t *Ticket) NoSample() { t.alone = false }
+func (t *Ticket) NoSample() { t.alone, t.whole = false, true }
 
 // Sent records a request dispatched to ep that must prefill uncached tokens.
 func (q *Queues) Sent(ep, uncached int) Ticket {
 	e := &q.eps[ep]
 	alone := e.queued.Add(int64(uncached)) == int64(uncached)
-	return Ticket{alone: alone, send: e.sends.Add(1)}
+	e.prefills.Add(1)
+	return Ticket{alone: alone, send: e.sends.Add(1),
+		prefill: loadF(&e.base) + float64(uncached)/loadF(&e.rate)}
 }
 
 // FirstToken records the first response byte of a request Sent to ep, ttft after it was
@@ -101,6 +106,7 @@ func (q *Queues) Sent(ep, uncached int) Ticket {
 func (q *Queues) FirstToken(ep, uncached int, ttft time.Duration, t Ticket) {
 	e := &q.eps[ep]
 	e.queued.Add(-int64(uncached))
+	e.prefills.Add(-1)
 	if !t.alone || e.sends.Load() != t.send || q.pinnedRate > 0 || ttft <= 0 {
 		return
 	}
@@ -118,12 +124,22 @@ func (q *Queues) FirstToken(ep, uncached int, ttft time.Duration, t Ticket) {
 }
 
 // Unsent takes back a request Sent to ep that ended without a first byte.
-func (q *Queues) Unsent(ep, uncached int) { q.eps[ep].queued.Add(-int64(uncached)) }
+func (q *Queues) Unsent(ep, uncached int) {
+	q.eps[ep].queued.Add(-int64(uncached))
+	q.eps[ep].prefills.Add(-1)
+}
 
-// Finished records how long a request held ep (sent to last byte).
-func (q *Queues) Finished(ep int, held time.Duration) {
+// Finished records how long a request held a batch slot at ep: its own prefill plus the
+// time from its first byte to its last, for a streamed answer; for a whole answer (or one
+// that never produced a byte) the time from sending to the end, the only measure there is.
+// Not sent-to-end for streams: under load that includes the wait for the slot, and a
+// slot-wait estimate built on it would feed on itself.
+func (q *Queues) Finished(ep int, t Ticket, sinceSent, sinceFirst time.Duration, gotFirst bool) {
 	e := &q.eps[ep]
-	s := held.Seconds()
+	s := sinceSent.Seconds()
+	if gotFirst && !t.whole {
+		s = t.prefill + sinceFirst.Seconds()
+	}
 	for {
 		old := e.service.Load()
 		v := math.Float64frombits(old)
@@ -191,26 +207,43 @@ func (q *Queues) Ahead(ep int, inflight int64, now time.Time) (ahead int64, from
 	return occ - slots + 1, fromEngine
 }
 
-// Predict is the time to first token at ep for a request of uncached tokens: the prefill
-// of what is queued there plus its own at the endpoint's rate, after any wait for a batch
-// slot (each request ahead frees one of the slots after a mean request time / slots).
+// Predict is the time to first token at ep for a request of uncached tokens, and the
+// cost of sending it there.
+//
+// An engine shares its prefill compute among the prompts it is prefilling (a GPU step
+// batches every scheduled prompt's tokens; vLLM's chunked prefill and SGLang's mixed
+// batches both do), so prefill is processor-shared: with n requests still before their
+// first token and Q uncached tokens among them, a new request of u tokens is done once
+// u plus, from each of the others, as much as u of its own has been processed: at most
+// min(Q, n x u) more. A cached follow-up (u small) barely waits behind a long prefill; a
+// full prefill (u large) waits for the whole queue. Then comes any wait for a batch slot
+// (each request ahead frees one of the slots after a mean slot time / slots).
+//
+// The same sharing is what the request's prefill does to the others: each of the n is
+// delayed by as much as u of its remaining work, min(Q, n x u) in all. Cost adds that
+// delay to the request's own time: the first-token time the whole pool loses by the
+// choice, which is what placing one request should minimize.
 func (q *Queues) Predict(ep, uncached int, inflight int64, now time.Time) Terms {
 	e := &q.eps[ep]
 	queued := max(e.queued.Load(), 0)
+	waiting := max(e.prefills.Load(), 0)
 	rate := loadF(&e.rate)
-	t := Terms{Uncached: uncached, Queued: queued, InFlight: inflight, Rate: rate, Source: "kvgate"}
+	t := Terms{Uncached: uncached, Queued: queued, Waiting: waiting, InFlight: inflight, Rate: rate, Source: "kvgate"}
 	ahead, eng := q.Ahead(ep, inflight, now)
 	if eng {
 		t.Source = "engine"
 	}
 	t.Ahead = ahead
-	sec := loadF(&e.base) + float64(queued+int64(uncached))/rate
+	shared := float64(min(queued, waiting*int64(uncached)))
+	sec := loadF(&e.base) + (float64(uncached)+shared)/rate
 	if ahead > 0 {
 		if slots := e.slots.Load(); slots > 0 {
 			sec += float64(ahead) * loadF(&e.service) / float64(slots)
 		}
 	}
 	t.Predicted = sec * 1000
+	t.Delays = shared / rate * 1000
+	t.Cost = t.Predicted + t.Delays
 	return t
 }
 

@@ -27,14 +27,17 @@ type Candidates struct {
 
 // Terms are one endpoint's inputs to a cost decision, as /debug/explain shows them.
 type Terms struct {
-	Matched   int32   // blocks of the prompt the endpoint holds
-	Uncached  int     // prompt tokens it would have to prefill
-	Queued    int64   // prefill tokens kvgate sent it that have not produced a first token
-	Ahead     int64   // requests predicted to wait for a batch slot ahead of this one
-	InFlight  int64   // requests kvgate has in flight there
-	Rate      float64 // prefill tokens per second (learned or pinned)
-	Predicted float64 // predicted time to first token, milliseconds
-	Source    string  // where the load view came from: "engine" (fresh scrape) or "kvgate"
+	Matched   int32   `json:"matched_blocks"`        // blocks of the prompt the endpoint holds
+	Uncached  int     `json:"uncached_tokens"`       // prompt tokens it would have to prefill
+	Queued    int64   `json:"queued_prefill_tokens"` // sent by kvgate, no first token yet
+	Ahead     int64   `json:"ahead"`                 // requests predicted to wait for a batch slot ahead
+	InFlight  int64   `json:"in_flight"`             // requests kvgate has in flight there
+	Rate      float64 `json:"prefill_tokens_per_s"`  // learned or pinned
+	Predicted float64 `json:"predicted_ttft_ms"`
+	Waiting   int64   `json:"awaiting_first_token"` // requests kvgate sent there with no first byte yet
+	Delays    float64 `json:"delays_others_ms"`     // Waiting x this prefill: what it costs them
+	Cost      float64 `json:"cost_ms"`              // Predicted + Delays: what the policy minimizes
+	Source    string  `json:"load_source"`          // "engine" (a fresh /metrics report) or "kvgate" (its own accounting)
 }
 
 // Observer records a decision's inputs. Traffic passes nil.

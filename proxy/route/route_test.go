@@ -40,8 +40,9 @@ func TestCostSpreadsWhenHolderQueueCostsMore(t *testing.T) {
 	q := NewQueues(2, 10000, 0, time.Second)
 	loads := balance.NewLoads(2)
 	c := &Cost{Loads: loads, Queues: q}
-	// 1,000 of 2,048 tokens cached at endpoint 0, but 20,000 tokens already queued there
-	// (2 s of prefill): the idle endpoint 1 prefills all 2,048 in ~0.2 s.
+	// 992 of 2,048 tokens cached at endpoint 0, but a 20,000-token prompt prefilling there:
+	// the remaining 1,056 share the GPU with it (105.6 ms each way: its own wait and the
+	// delay it adds), while the idle endpoint 1 prefills all 2,048 in 204.8 ms alone.
 	tk := q.Sent(0, 20000)
 	loads.Inc(0)
 	cd := candidates(2, []int32{62, 0}, 2048)
@@ -52,7 +53,7 @@ func TestCostSpreadsWhenHolderQueueCostsMore(t *testing.T) {
 	if obs[0].Queued != 20000 || obs[0].Uncached != 2048-62*16 || obs[1].Uncached != 2048 {
 		t.Fatalf("terms %+v", obs)
 	}
-	if math.Abs(obs[1].Predicted-204.8) > 0.01 || math.Abs(obs[0].Predicted-(20000+1056)/10.0) > 0.01 {
+	if math.Abs(obs[1].Cost-204.8) > 0.01 || math.Abs(obs[0].Predicted-211.2) > 0.01 || math.Abs(obs[0].Cost-316.8) > 0.01 {
 		t.Fatalf("predicted ms %+v", obs)
 	}
 	// Once the queue drains the holder wins again.
@@ -107,8 +108,8 @@ func TestSlotWaitFromEngineReport(t *testing.T) {
 	loads := balance.NewLoads(2)
 	c := &Cost{Loads: loads, Queues: q}
 	now := time.Now()
-	q.Finished(0, 400*time.Millisecond)
-	q.Finished(1, 400*time.Millisecond)
+	q.Finished(0, Ticket{}, 400*time.Millisecond, 0, false)
+	q.Finished(1, Ticket{}, 400*time.Millisecond, 0, false)
 	// Endpoint 0 runs 8 and has 8 waiting (requests of another replica): a new request
 	// waits behind 9 slot releases of 400ms/8 each.
 	q.Observe(0, Report{Running: 8, Waiting: 8, KVUsage: 0.5}, 0, now)
@@ -233,5 +234,116 @@ func BenchmarkCostSelect(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		c.Select(cd, nil)
+	}
+}
+
+func TestDecodeByEngineReport(t *testing.T) {
+	q := NewQueues(3, 0, 0, time.Second)
+	loads := balance.NewLoads(3)
+	d := &Decode{Loads: loads, Queues: q}
+	el := shard.NewMask(3)
+	for i := 0; i < 3; i++ {
+		el.Set(i)
+	}
+	now := time.Now()
+	// kvgate has nothing in flight anywhere, but the engines report their own load
+	// (another replica's decodes): 0 runs 12, 1 runs 3 with a full KV cache, 2 runs 5.
+	q.Observe(0, Report{Running: 12, KVUsage: 0.5}, 0, now)
+	q.Observe(1, Report{Running: 3, KVUsage: 0.97}, 0, now)
+	q.Observe(2, Report{Running: 5, KVUsage: 0.6}, 0, now)
+	for k := 0; k < 6; k++ {
+		if got := d.Select(el); got != 2 {
+			t.Fatalf("want 2 (fewest running with room), got %d", got)
+		}
+	}
+	// Requests kvgate sends after the report count on top of it.
+	for k := 0; k < 8; k++ {
+		loads.Inc(2)
+	}
+	if got := d.Select(el); got != 0 {
+		t.Fatalf("2 now runs 13: want 0, got %d", got)
+	}
+	// Every cache full: the fewest running wins anyway.
+	q.Observe(0, Report{Running: 12, KVUsage: 0.99}, 0, now)
+	q.Observe(2, Report{Running: 5, KVUsage: 0.99}, 8, now)
+	if got := d.Select(el); got != 1 {
+		t.Fatalf("all full: want 1 (3 running), got %d", got)
+	}
+	// Stale reports: kvgate's own in-flight counts, rotating on ties.
+	d2 := &Decode{Loads: balance.NewLoads(3), Queues: NewQueues(3, 0, 0, time.Second)}
+	seen := map[int]int{}
+	for k := 0; k < 30; k++ {
+		seen[d2.Select(el)]++
+	}
+	if seen[0] != 10 || seen[1] != 10 || seen[2] != 10 {
+		t.Fatalf("ties rotate: %v", seen)
+	}
+}
+
+// An endpoint on a GPU half as fast is measured as such and, holding the same prefix as a
+// fast one, gets about half the concurrent work: each request goes where its predicted
+// first token is soonest, and queued prefill costs the slow endpoint twice as long.
+func TestSlowerEndpointGetsProportionallyLess(t *testing.T) {
+	q := NewQueues(2, 0, 0, time.Second)
+	loads := balance.NewLoads(2)
+	c := &Cost{Loads: loads, Queues: q}
+	for k := 0; k < 40; k++ { // each endpoint's own first tokens, alone: 8k and 4k tokens/s
+		unc := 200 + (k*331)%2000
+		for ep, rate := range []float64{8000, 4000} {
+			q.FirstToken(ep, unc, time.Duration((0.002+float64(unc)/rate)*float64(time.Second)), q.Sent(ep, unc))
+		}
+	}
+	if r0, r1 := q.View(0, time.Now()).Rate, q.View(1, time.Now()).Rate; math.Abs(r0-8000) > 80 || math.Abs(r1-4000) > 40 {
+		t.Fatalf("learned %.0f and %.0f tokens/s", r0, r1)
+	}
+	// 300 requests in flight at once, each holding 512 of 1,536 tokens on both endpoints.
+	cd := candidates(2, []int32{32, 32}, 1536)
+	got := [2]int{}
+	for k := 0; k < 300; k++ {
+		ep := c.Select(cd, nil)
+		got[ep]++
+		q.Sent(ep, 1024)
+		loads.Inc(ep)
+	}
+	if ratio := float64(got[0]) / float64(got[1]); ratio < 1.8 || ratio > 2.2 {
+		t.Fatalf("fast/slow split %v (ratio %.2f), want about 2", got, ratio)
+	}
+}
+
+// A streamed request's slot time is its own prefill plus its decode, not the time it
+// waited for the slot: a wait estimate built on waits would feed on itself.
+func TestServiceIsSlotTime(t *testing.T) {
+	q := NewQueues(1, 10000, 0, time.Second)
+	tk := q.Sent(0, 1000) // 100 ms of prefill
+	q.FirstToken(0, 1000, 900*time.Millisecond, tk)
+	q.Finished(0, tk, time.Second+900*time.Millisecond, time.Second, true) // waited 800 ms, decoded 1 s
+	if v := q.View(0, time.Now()); math.Abs(v.ServiceMs-1100) > 0.01 {
+		t.Fatalf("slot time %.1f ms, want 1100", v.ServiceMs)
+	}
+	q2 := NewQueues(1, 10000, 0, time.Second)
+	tk = q2.Sent(0, 1000)
+	tk.NoSample() // a whole answer: sent-to-end is all there is
+	q2.FirstToken(0, 1000, 2*time.Second, tk)
+	q2.Finished(0, tk, 2*time.Second, 0, true)
+	if v := q2.View(0, time.Now()); math.Abs(v.ServiceMs-2000) > 0.01 {
+		t.Fatalf("whole answer %.1f ms, want 2000", v.ServiceMs)
+	}
+}
+
+// Prefill is processor-shared: a cached follow-up behind a long prefill waits for about
+// its own tokens' worth of the other's work, not all of it; a full prefill waits for the
+// whole queue.
+func TestPredictSharesPrefill(t *testing.T) {
+	q := NewQueues(1, 10000, 0, time.Second)
+	q.Sent(0, 20000)
+	q.Sent(0, 30000)
+	now := time.Now()
+	small := q.Predict(0, 100, 2, now) // 100 own + 2 x 100 of the others'
+	if math.Abs(small.Predicted-30) > 0.01 || math.Abs(small.Delays-20) > 0.01 || small.Waiting != 2 {
+		t.Fatalf("small %+v", small)
+	}
+	big := q.Predict(0, 40000, 2, now) // all 50,000 queued tokens first
+	if math.Abs(big.Predicted-9000) > 0.01 || math.Abs(big.Delays-5000) > 0.01 {
+		t.Fatalf("big %+v", big)
 	}
 }

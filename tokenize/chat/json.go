@@ -253,22 +253,8 @@ func (p *jsonParser) str() (string, error) {
 	p.i++ // opening quote
 	start := p.i
 	// Fast path: no escapes. A local index and a table keep the scan tight.
-	b, i := p.b, p.i
-	// Eight bytes at a time while none is a control, '"' or '\\'.
-	for i+8 <= len(b) {
-		x := binary.LittleEndian.Uint64(b[i:])
-		const ones, highs = 0x0101010101010101, 0x8080808080808080
-		ctl := (x - 0x20*ones) &^ x
-		q := x ^ ('"' * ones)
-		bs := x ^ ('\\' * ones)
-		if (ctl|((q-ones)&^q)|((bs-ones)&^bs))&highs != 0 {
-			break
-		}
-		i += 8
-	}
-	for i < len(b) && jsonPlain[b[i]] {
-		i++
-	}
+	b := p.b
+	i := plainEnd(b, p.i)
 	p.i = i
 	if i < len(b) && b[i] == '"' {
 		p.i++
@@ -339,12 +325,34 @@ func (p *jsonParser) str() (string, error) {
 			default:
 				return "", p.errf("bad escape \\%c", e)
 			}
-		default:
-			buf = append(buf, c)
-			p.i++
+		default: // a run of plain bytes after an escape, copied at once
+			end := plainEnd(p.b, p.i+1)
+			buf = append(buf, p.b[p.i:end]...)
+			p.i = end
 		}
 	}
 	return "", p.errf("unterminated string")
+}
+
+// plainEnd returns the end of the run of bytes from i that a JSON string holds without an
+// escape (none a control, '"' or '\\').
+func plainEnd(b []byte, i int) int {
+	// Eight bytes at a time while none is a control, '"' or '\\'.
+	for i+8 <= len(b) {
+		x := binary.LittleEndian.Uint64(b[i:])
+		const ones, highs = 0x0101010101010101, 0x8080808080808080
+		ctl := (x - 0x20*ones) &^ x
+		q := x ^ ('"' * ones)
+		bs := x ^ ('\\' * ones)
+		if (ctl|((q-ones)&^q)|((bs-ones)&^bs))&highs != 0 {
+			break
+		}
+		i += 8
+	}
+	for i < len(b) && jsonPlain[b[i]] {
+		i++
+	}
+	return i
 }
 
 // jsonPlain marks the bytes a JSON string holds without an escape.

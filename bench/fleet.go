@@ -1,0 +1,706 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+
+	"github.com/kvgate/kvgate/hashcore"
+	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/shard"
+)
+
+// The fleet simulator: one kvgate (a child `kvgate serve`, so its CPU and memory are its
+// own) subscribed to N lightweight engine publishers, each a real ZeroMQ PUB socket
+// speaking vLLM's event wire format (enginepub, msgpack array layout, vLLM framing).
+//
+// Per N: fill the inventory to Entries (key, endpoint) entries, then churn at EventRate
+// batches per second per endpoint (each a BlockStored of 16 new blocks, plus a
+// BlockRemoved of the endpoint's oldest 16 once it holds its share of Entries, so the
+// size stays put: an engine whose cache is full), and measure while it runs:
+//   - ingest CPU %: kvgate's process CPU (process_cpu_seconds_total) over the churn
+//     window, percent of one core, with no request traffic;
+//   - RSS (process_resident_memory_bytes) and the inventory's bytes per entry
+//     (kvgate_inventory_memory_bytes / the entries kvgate reports);
+//   - event lag, publish -> applied: a publisher sends a marker block (a fresh root block
+//     of 16 random token ids, keyed with the rule's contract) in its next batch and the
+//     runner sends those tokens through kvgate until it routes them to that endpoint as
+//     a KV hit; the lag is an upper bound, to within one such round trip;
+//   - decision latency: 8,192-token completions (token-id prompts, 512 blocks) sent
+//     through kvgate to a stub engine, timed by kvgate's own stage histograms: hash +
+//     score + select (DESIGN.md's decision; the full route, parse included, is kept
+//     too). Three endpoints hold 384, 256 and 128 of the prompt's blocks.
+//
+// A quarter of the stored groups are hot chains shared by several endpoints (about
+// three holders each), so the inventory holds keys of one and of many holders.
+
+// FleetConfig configures RunFleet.
+type FleetConfig struct {
+	Sizes     []int         // fleet sizes N (endpoints), e.g. 8, 64, 256, 1024
+	Entries   int           // (key, endpoint) entries to reach before measuring
+	EventRate float64       // churn batches per second per endpoint
+	Measure   time.Duration // churn window for ingest CPU
+	Markers   int           // lag markers per N
+	Decisions int           // decision requests per N
+	Kvgate    string        // kvgate binary
+	Model     string        // served model name
+	Tokenizer string        // tokenizer directory kvgate loads for Model
+	Progress  io.Writer     // optional: a line per phase
+	Seed      uint64
+}
+
+// FleetRow is one fleet size's measurements.
+type FleetRow struct {
+	Endpoints      int
+	Entries        int64
+	RSSMB          float64
+	BytesPerEntry  float64
+	IngestCPU      float64 // percent of one core
+	EventsPerSec   float64 // batches applied per second in the churn window
+	LagP50, LagP99 time.Duration
+	LagLost        int           // markers never seen within fleetMarkerTimeout
+	PollRTT        time.Duration // median marker poll round trip: the lag's resolution
+	Decision       time.Duration // kvgate's hash + score + select stages, mean (DESIGN.md's decision)
+	Route          time.Duration // kvgate_route_seconds mean: parse and token ids too
+	Hits           int           // decisions kvgate routed as kv-hit
+}
+
+const (
+	fleetBlockSize      = 16
+	fleetGroup          = 16 // blocks per stored batch
+	fleetPromptTokens   = 8192
+	fleetMarkerTimeout  = 5 * time.Second
+	fleetFillTimeout    = 120 * time.Second
+	fleetSharedFraction = 4 // one group in four is a shared hot chain
+	fleetSharedHolders  = 3 // hot chains are sized for about this many holders each
+)
+
+// fleetSpec is the hash contract of the fleet: vLLM sha256_cbor, 16-token blocks. kvgate
+// runs with the same flags, so the prompt and marker keys computed here are its keys.
+var fleetSpec = hashcore.Spec{Engine: "vllm", Algo: "sha256_cbor", BlockSize: fleetBlockSize}
+
+// RunFleet runs every size in cfg.Sizes and returns a row per size.
+func RunFleet(ctx context.Context, cfg FleetConfig) ([]FleetRow, error) {
+	if len(cfg.Sizes) == 0 {
+		return nil, errors.New("fleet: no sizes")
+	}
+	for _, n := range cfg.Sizes {
+		if n < 1 || n > 1024 {
+			return nil, fmt.Errorf("fleet: size %d out of range 1..1024", n)
+		}
+	}
+	if cfg.Entries < 0 || cfg.EventRate < 0 || cfg.Markers < 0 || cfg.Decisions < 0 {
+		return nil, errors.New("fleet: entries, event rate, markers and decisions must be >= 0")
+	}
+	if cfg.Kvgate == "" || cfg.Tokenizer == "" || cfg.Model == "" {
+		return nil, errors.New("fleet: needs a kvgate binary, a model name and its tokenizer directory")
+	}
+	chain, err := hashcore.New(fleetSpec)
+	if err != nil {
+		return nil, err
+	}
+	var rows []FleetRow
+	for _, n := range cfg.Sizes {
+		row, err := runFleetSize(ctx, cfg, chain, n)
+		if err != nil {
+			return rows, fmt.Errorf("fleet of %d: %w", n, err)
+		}
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+// fleetEngine is one simulated engine: a publisher and the groups it holds, oldest first.
+// A group is 16 keys derived from its id: unique ids count up per engine, shared ids
+// (top bit set) name a hot chain.
+type fleetEngine struct {
+	pub    *enginepub.Publisher
+	mu     sync.Mutex
+	groups []uint64 // FIFO of held group ids
+	head   int      // groups[head:] are held
+	next   uint64   // next unique group id
+	shared map[uint64]bool
+	marker []uint64 // keys to add to the next batch (a lag marker)
+	sent   chan time.Time
+}
+
+const sharedGroup = 1 << 63
+
+// groupKeys writes group g's 16 keys of engine e into dst (splitmix64 of the group and
+// block index: distinct 64-bit keys, none 0 in practice).
+func groupKeys(dst []uint64, e int, g uint64) []uint64 {
+	dst = dst[:0]
+	base := g<<4 ^ uint64(e+1)<<44 // unique ids stay below 2^40
+	if g&sharedGroup != 0 {
+		base = (g&^sharedGroup)<<4 | 1<<60
+	}
+	for j := uint64(0); j < fleetGroup; j++ {
+		z := (base|j)*0x9e3779b97f4a7c15 + 0x2545f4914f6cdd1d
+		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+		z = (z ^ z>>27) * 0x94d049bb133111eb
+		dst = append(dst, z^z>>31)
+	}
+	return dst
+}
+
+func (fe *fleetEngine) held() int { return len(fe.groups) - fe.head }
+
+// nextGroup picks the group an engine stores next: a new unique one, or one time in
+// fleetSharedFraction a hot chain it does not hold yet.
+func (fe *fleetEngine) nextGroup(r *rand.Rand, hot uint64) uint64 {
+	if hot > 0 && r.IntN(fleetSharedFraction) == 0 {
+		for try := 0; try < 4; try++ {
+			if g := sharedGroup | r.Uint64N(hot); !fe.shared[g] {
+				fe.shared[g] = true
+				return g
+			}
+		}
+	}
+	g := fe.next
+	fe.next++
+	return g
+}
+
+// step builds one batch: store a group, and when the engine holds more than keep
+// groups, remove its oldest; a pending marker block rides along. It returns the events
+// (their slices valid until the next step of this engine) and the key buffers.
+func (fe *fleetEngine) step(e int, r *rand.Rand, hot uint64, keep int, st, rm []uint64) ([]enginepub.Event, []uint64, []uint64) {
+	g := fe.nextGroup(r, hot)
+	st = groupKeys(st, e, g)
+	fe.groups = append(fe.groups, g)
+	evs := []enginepub.Event{enginepub.BlockStored{Hashes: st, BlockSize: fleetBlockSize}}
+	if fe.held() > keep {
+		old := fe.groups[fe.head]
+		fe.head++
+		delete(fe.shared, old)
+		rm = groupKeys(rm, e, old)
+		evs = append(evs, enginepub.BlockRemoved{Hashes: rm})
+		if fe.head > 4096 && fe.head*2 > len(fe.groups) {
+			fe.groups = append(fe.groups[:0], fe.groups[fe.head:]...)
+			fe.head = 0
+		}
+	}
+	if fe.marker != nil {
+		evs = append(evs, enginepub.BlockStored{Hashes: fe.marker, BlockSize: fleetBlockSize})
+		fe.marker = nil
+	}
+	return evs, st, rm
+}
+
+func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n int) (FleetRow, error) {
+	row := FleetRow{Endpoints: n}
+	say := func(format string, a ...any) {
+		if cfg.Progress != nil {
+			fmt.Fprintf(cfg.Progress, "fleet %4d: "+format+"\n", append([]any{n}, a...)...)
+		}
+	}
+	engines := make([]*fleetEngine, n)
+	defer func() {
+		for _, fe := range engines {
+			if fe != nil {
+				fe.pub.Close()
+			}
+		}
+	}()
+	for i := range engines {
+		pub, err := enginepub.New(enginepub.Config{Endpoint: "tcp://127.0.0.1:0", Format: enginepub.Format{Flavor: enginepub.VLLM}})
+		if err != nil {
+			return row, fmt.Errorf("publisher %d: %w", i, err)
+		}
+		engines[i] = &fleetEngine{pub: pub, shared: map[uint64]bool{}}
+	}
+	stub, err := startStubEngine()
+	if err != nil {
+		return row, err
+	}
+	defer stub.Close()
+
+	// The rule: every endpoint on the stub engine, subscribed to its publisher.
+	dir, err := os.MkdirTemp("", "kvgate-fleet-")
+	if err != nil {
+		return row, err
+	}
+	defer os.RemoveAll(dir)
+	var epf bytes.Buffer
+	for i, fe := range engines {
+		fmt.Fprintf(&epf, "name=e%d,url=http://%s,engine=vllm,events=%s\n", i, stub.Addr(), fe.pub.Addr())
+	}
+	epFile := filepath.Join(dir, "endpoints")
+	if err := os.WriteFile(epFile, epf.Bytes(), 0o644); err != nil {
+		return row, err
+	}
+	listen, err := freePort()
+	if err != nil {
+		return row, err
+	}
+	admin, err := freePort()
+	if err != nil {
+		return row, err
+	}
+	args := []string{"serve", "-listen", listen, "-admin-listen", admin, "-endpoints-file", epFile,
+		"-kv-mode", "3", "-kv-block-size", strconv.Itoa(fleetBlockSize), "-kv-hash-algo", fleetSpec.Algo,
+		"-model", cfg.Model, "-tokenizer", cfg.Tokenizer, "-health-interval", "0", "-log-level", "warn",
+		// A large -fleet-entries on a small fleet must not meet the per-endpoint bound.
+		"-kv-max-keys-per-endpoint", strconv.Itoa(max(shard.DefaultMaxKeysPerEndpoint, 2*cfg.Entries/n+fleetPromptTokens))}
+	stop, err := startChild(ctx, cfg.Kvgate, args, "http://"+admin+"/readyz")
+	if err != nil {
+		return row, fmt.Errorf("kvgate: %w", err)
+	}
+	defer stop()
+	metricsURL := "http://" + admin + "/metrics"
+	waitCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	for i, fe := range engines {
+		if err := fe.pub.WaitSubscribed(waitCtx); err != nil {
+			return row, fmt.Errorf("engine %d: no event subscriber: %v", i, err)
+		}
+	}
+	say("%d publishers subscribed", n)
+
+	// The decision prompt's blocks, held by three endpoints (never churned out).
+	r := rand.New(rand.NewPCG(cfg.Seed, uint64(n)))
+	prompt := make([]uint32, fleetPromptTokens)
+	for i := range prompt {
+		prompt[i] = uint32(r.IntN(151000))
+	}
+	pkeys := hashcore.Keys(chain, nil, prompt, nil)
+	holders := []struct{ ep, blocks int }{{0, 384}, {n / 2, 256}, {n - 1, 128}}
+	want := int64(0)
+	for i, h := range holders {
+		if slices.ContainsFunc(holders[:i], func(o struct{ ep, blocks int }) bool { return o.ep == h.ep }) {
+			continue // a small fleet: the endpoint already holds a longer run
+		}
+		if err := publishChain(engines[h.ep].pub, pkeys[:h.blocks]); err != nil {
+			return row, err
+		}
+		want += int64(h.blocks)
+	}
+
+	// Fill: rounds of one group per engine, waiting for kvgate to catch up every few
+	// rounds. vLLM's PUB drops past its high-water mark (hwm=100_000 in
+	// ZmqEventPublisher, vllm/distributed/kv_events.py @ b4e69e0a), which kvgate sees as a
+	// seq gap; go-zeromq's PUB queues without bound instead: pacing keeps the queues short
+	// and the fill lossless either way.
+	keep := cfg.Entries / n / fleetGroup
+	hot := uint64(max(1, cfg.Entries/fleetGroup/fleetSharedFraction/fleetSharedHolders))
+	var st, rm []uint64
+	t0 := time.Now()
+	for round := 0; round < keep; round++ {
+		for e, fe := range engines {
+			var evs []enginepub.Event
+			evs, st, rm = fe.step(e, r, hot, keep, st, rm)
+			if err := fe.pub.Publish(evs...); err != nil {
+				return row, err
+			}
+		}
+		want += int64(n * fleetGroup)
+		if round%64 == 63 || round == keep-1 {
+			if err := waitEntries(ctx, metricsURL, want, fleetFillTimeout); err != nil {
+				return row, err
+			}
+		}
+	}
+	say("filled %d entries in %.1fs", want, time.Since(t0).Seconds())
+
+	// Churn: each engine publishes at EventRate, phases spread over the period.
+	churnCtx, stopChurn := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var pubErr error
+	var errOnce sync.Once
+	if cfg.EventRate > 0 {
+		period := time.Duration(float64(time.Second) / cfg.EventRate)
+		for e, fe := range engines {
+			wg.Add(1)
+			go func(e int, fe *fleetEngine) {
+				defer wg.Done()
+				r := rand.New(rand.NewPCG(cfg.Seed^uint64(e), 7))
+				var st, rm []uint64
+				t := time.NewTimer(time.Duration(r.Int64N(int64(period))))
+				defer t.Stop()
+				for {
+					select {
+					case <-churnCtx.Done():
+						return
+					case <-t.C:
+					}
+					t.Reset(period)
+					fe.mu.Lock()
+					sent := fe.sent
+					fe.sent = nil
+					var evs []enginepub.Event
+					evs, st, rm = fe.step(e, r, hot, keep, st, rm)
+					at := time.Now()
+					err := fe.pub.Publish(evs...)
+					if sent != nil {
+						sent <- at
+					}
+					fe.mu.Unlock()
+					if err != nil {
+						errOnce.Do(func() { pubErr = err })
+						return
+					}
+				}
+			}(e, fe)
+		}
+	}
+	defer func() {
+		stopChurn()
+		wg.Wait()
+	}()
+
+	// Ingest CPU over the churn window, no requests.
+	m0 := scrapeFleet(metricsURL)
+	time.Sleep(cfg.Measure)
+	m1 := scrapeFleet(metricsURL)
+	if el := m1.at.Sub(m0.at).Seconds(); el > 0 {
+		row.IngestCPU = (m1.cpu - m0.cpu) / el * 100
+		row.EventsPerSec = (m1.batches - m0.batches) / el
+	}
+	say("churn: %.0f batches/s applied, kvgate CPU %.1f%%", row.EventsPerSec, row.IngestCPU)
+
+	// Lag markers, one at a time, on random engines.
+	hc := &http.Client{Timeout: 10 * time.Second}
+	proxyURL := "http://" + listen + "/v1/completions"
+	var lags, rtts []time.Duration
+	for m := 0; m < cfg.Markers && ctx.Err() == nil; m++ {
+		e := r.IntN(n)
+		toks := make([]uint32, fleetBlockSize)
+		for i := range toks {
+			toks[i] = uint32(r.IntN(151000))
+		}
+		key := hashcore.Keys(chain, nil, toks, nil)
+		body, _ := json.Marshal(map[string]any{"model": cfg.Model, "prompt": toks, "max_tokens": 1})
+		lag, err := markerLag(ctx, hc, proxyURL, body, engines[e], key, fmt.Sprintf("e%d", e), cfg.EventRate > 0, &rtts)
+		if err != nil {
+			return row, err
+		}
+		if lag < 0 {
+			row.LagLost++
+			continue
+		}
+		lags = append(lags, lag)
+	}
+	slices.Sort(lags)
+	slices.Sort(rtts)
+	row.LagP50, row.LagP99, row.PollRTT = Percentile(lags, 50), Percentile(lags, 99), Percentile(rtts, 50)
+	say("lag p50 %.2f ms p99 %.2f ms (%d markers, %d lost; poll round trip p50 %.2f ms)",
+		ms64(row.LagP50), ms64(row.LagP99), len(lags), row.LagLost, ms64(row.PollRTT))
+
+	// Decisions: real requests through kvgate to the stub, timed by kvgate itself.
+	body, _ := json.Marshal(map[string]any{"model": cfg.Model, "prompt": prompt, "max_tokens": 1})
+	var r0 fleetScrape
+	warmup := min(5, cfg.Decisions)
+	for d := -warmup; d < cfg.Decisions && ctx.Err() == nil; d++ {
+		if d == 0 {
+			r0 = scrapeFleet(metricsURL) // after the warm-up requests (pools, connections)
+			r0.stages = scrapeStages(metricsURL)
+		}
+		resp, err := hc.Post(proxyURL, "application/json", bytes.NewReader(body))
+		if err != nil {
+			return row, fmt.Errorf("decision request: %w", err)
+		}
+		io.Copy(io.Discard, resp.Body) //nolint:errcheck
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return row, fmt.Errorf("decision request: status %d", resp.StatusCode)
+		}
+		if d >= 0 && resp.Header.Get("x-kvgate-route") == "kv-hit" {
+			row.Hits++
+		}
+	}
+	r1 := scrapeFleet(metricsURL)
+	if c := r1.routeCount - r0.routeCount; c > 0 {
+		row.Route = time.Duration((r1.routeSum - r0.routeSum) / c * float64(time.Second))
+	}
+	s0, s1 := r0.stages, scrapeStages(metricsURL)
+	var stages []string
+	for _, k := range sortedKeys(s1) {
+		c := s1[k].count - s0[k].count
+		if c <= 0 {
+			continue
+		}
+		mean := (s1[k].sum - s0[k].sum) / c
+		stages = append(stages, fmt.Sprintf("%s %.1f", k, mean*1e6))
+		if k == "hash" || k == "score" || k == "select" {
+			row.Decision += time.Duration(mean * float64(time.Second))
+		}
+	}
+	say("decision %.1f us, route %.1f us (%d of %d kv-hit; stages, us: %s)", float64(row.Decision)/1e3,
+		float64(row.Route)/1e3, row.Hits, cfg.Decisions, strings.Join(stages, ", "))
+	row.Entries, row.RSSMB = int64(r1.entries), r1.rss/(1<<20)
+	if r1.entries > 0 {
+		row.BytesPerEntry = r1.invBytes / r1.entries
+	}
+	stopChurn()
+	wg.Wait()
+	if pubErr != nil {
+		return row, fmt.Errorf("publish: %w", pubErr)
+	}
+	return row, ctx.Err()
+}
+
+// publishChain publishes keys as stored blocks in batches of 64, a chain from a root.
+func publishChain(p *enginepub.Publisher, keys []uint64) error {
+	for i := 0; i < len(keys); i += 64 {
+		ev := enginepub.BlockStored{Hashes: keys[i:min(i+64, len(keys))], BlockSize: fleetBlockSize}
+		if i > 0 {
+			ev.Parent, ev.HasParent = keys[i-1], true
+		}
+		if err := p.Publish(ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// markerLag hands engine fe a marker block for its next batch (or publishes it at once
+// when nothing churns) and sends the marker's 16 tokens through kvgate until it routes
+// them to that endpoint as a KV hit (only it holds the block): the lag, or -1 when that
+// never happens within fleetMarkerTimeout. A completion through the proxy costs the same
+// at every fleet size, where /debug/explain's per-endpoint maps grow with it. rtts
+// collects the round trips, the lag's resolution.
+func markerLag(ctx context.Context, hc *http.Client, url string, body []byte, fe *fleetEngine, key []uint64, name string, churning bool, rtts *[]time.Duration) (time.Duration, error) {
+	sent := make(chan time.Time, 1)
+	fe.mu.Lock()
+	if churning {
+		fe.marker, fe.sent = key, sent
+		fe.mu.Unlock()
+	} else {
+		t := time.Now()
+		err := fe.pub.Publish(enginepub.BlockStored{Hashes: key, BlockSize: fleetBlockSize})
+		fe.mu.Unlock()
+		if err != nil {
+			return 0, err
+		}
+		sent <- t
+	}
+	var t0 time.Time
+	select {
+	case t0 = <-sent:
+	case <-time.After(fleetMarkerTimeout):
+		return -1, nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	for time.Since(t0) < fleetMarkerTimeout {
+		start := time.Now()
+		resp, err := hc.Post(url, "application/json", bytes.NewReader(body))
+		if err != nil {
+			return 0, fmt.Errorf("marker request: %w", err)
+		}
+		io.Copy(io.Discard, resp.Body) //nolint:errcheck
+		resp.Body.Close()
+		*rtts = append(*rtts, time.Since(start))
+		if resp.StatusCode != 200 {
+			return 0, fmt.Errorf("marker request: status %d", resp.StatusCode)
+		}
+		if resp.Header.Get("x-kvgate-route") == "kv-hit" && resp.Header.Get("x-kvgate-endpoint") == name {
+			return time.Since(t0), nil
+		}
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+	}
+	return -1, nil
+}
+
+// fleetScrape is what one /metrics read reports.
+type fleetScrape struct {
+	at                   time.Time
+	cpu, rss             float64
+	entries, invBytes    float64
+	batches              float64
+	routeSum, routeCount float64
+	stages               map[string]stageSum
+}
+
+func scrapeFleet(url string) fleetScrape {
+	s := fleetScrape{at: time.Now()}
+	scrapeLines(url, func(l string) {
+		sp := strings.LastIndexByte(l, ' ')
+		if sp < 0 || strings.HasPrefix(l, "#") {
+			return
+		}
+		v, err := strconv.ParseFloat(l[sp+1:], 64)
+		if err != nil {
+			return
+		}
+		name := l[:sp]
+		if i := strings.IndexByte(name, '{'); i >= 0 {
+			name = name[:i]
+		}
+		switch name {
+		case "process_cpu_seconds_total":
+			s.cpu = v
+		case "process_resident_memory_bytes":
+			s.rss = v
+		case "kvgate_inventory_keys":
+			s.entries += v
+		case "kvgate_inventory_memory_bytes":
+			s.invBytes = v
+		case "kvgate_ingest_batches_total":
+			s.batches += v
+		case "kvgate_route_seconds_sum":
+			s.routeSum = v
+		case "kvgate_route_seconds_count":
+			s.routeCount = v
+		}
+	})
+	return s
+}
+
+// waitEntries waits until kvgate reports at least want entries.
+func waitEntries(ctx context.Context, url string, want int64, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		got := scrapeFleet(url).entries
+		if int64(got) >= want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kvgate holds %d entries after %v, want %d", int64(got), timeout, want)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// stubEngine answers every completion at once with a one-token OpenAI body: the fleet's
+// engines, which only need to exist for kvgate to forward decisions to.
+type stubEngine struct {
+	ln  net.Listener
+	srv *http.Server
+}
+
+func startStubEngine() (*stubEngine, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	const answer = `{"id":"cmpl-fleet","object":"text_completion","model":"fleet","choices":[{"index":0,"text":"x","finish_reason":"length"}],"usage":{"prompt_tokens":8192,"completion_tokens":1,"total_tokens":8193}}`
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body) //nolint:errcheck
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, answer) //nolint:errcheck
+	})}
+	go srv.Serve(ln) //nolint:errcheck
+	return &stubEngine{ln: ln, srv: srv}, nil
+}
+
+func (s *stubEngine) Addr() string { return s.ln.Addr().String() }
+func (s *stubEngine) Close() error { return s.srv.Close() }
+
+// WriteFleetTable writes the rows as a markdown table.
+func WriteFleetTable(w io.Writer, rows []FleetRow) {
+	fmt.Fprintln(w, "| endpoints | entries | RSS MB | B/entry | ingest CPU % | lag p50 ms | lag p99 ms | decision us |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, r := range rows {
+		lost := ""
+		if r.LagLost > 0 {
+			lost = fmt.Sprintf(" (%d lost)", r.LagLost)
+		}
+		fmt.Fprintf(w, "| %d | %d | %.1f | %.1f | %.1f | %.2f | %.2f%s | %.1f |\n", r.Endpoints, r.Entries, r.RSSMB,
+			r.BytesPerEntry, r.IngestCPU, ms64(r.LagP50), ms64(r.LagP99), lost, float64(r.Decision)/1e3)
+	}
+}
+
+// WriteFleetPlots writes one SVG per measurement against the fleet size into dir and
+// returns the file names.
+func WriteFleetPlots(dir string, rows []FleetRow) ([]string, error) {
+	return WriteFleetPlotsAs(dir, "svg", rows)
+}
+
+// WriteFleetPlotsAs is WriteFleetPlots in another format gonum/plot supports (png, pdf).
+func WriteFleetPlotsAs(dir, ext string, rows []FleetRow) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	type series struct {
+		label string
+		y     func(FleetRow) float64
+	}
+	var names []string
+	for _, f := range []struct {
+		file, title, ylabel string
+		lines               []series
+	}{
+		{"fleet-rss", "kvgate RSS", "MB", []series{{"RSS", func(r FleetRow) float64 { return r.RSSMB }}}},
+		{"fleet-bytes-per-entry", "Inventory bytes per (key, endpoint) entry", "B/entry",
+			[]series{{"B/entry", func(r FleetRow) float64 { return r.BytesPerEntry }}}},
+		{"fleet-ingest-cpu", "kvgate CPU while churning (no requests)", "% of one core",
+			[]series{{"CPU", func(r FleetRow) float64 { return r.IngestCPU }}}},
+		{"fleet-lag", "Event lag, publish to applied", "ms", []series{
+			{"p50", func(r FleetRow) float64 { return ms64(r.LagP50) }},
+			{"p99", func(r FleetRow) float64 { return ms64(r.LagP99) }}}},
+		{"fleet-decision", "Decision (parse, hash, score, select), 8,192 tokens", "us",
+			[]series{{"mean", func(r FleetRow) float64 { return float64(r.Decision) / 1e3 }}}},
+		{"fleet-entries", "Inventory entries", "entries",
+			[]series{{"entries", func(r FleetRow) float64 { return float64(r.Entries) }}}},
+	} {
+		p := plot.New()
+		p.Title.Text = f.title
+		p.X.Label.Text = "endpoints (log scale)"
+		p.X.Scale = plot.LogScale{}
+		p.X.Tick.Marker = sizeTicks(rows)
+		p.Legend.Top, p.Legend.Left = true, true
+		p.Y.Label.Text = f.ylabel
+		p.Y.Min = 0
+		p.Add(plotter.NewGrid())
+		for i, s := range f.lines {
+			xy := make(plotter.XYs, len(rows))
+			for j, r := range rows {
+				xy[j].X, xy[j].Y = float64(r.Endpoints), s.y(r)
+			}
+			l, pts, err := plotter.NewLinePoints(xy)
+			if err != nil {
+				return names, fmt.Errorf("%s: %w", f.file, err)
+			}
+			l.Color = plotutil.Color(i)
+			pts.Color = plotutil.Color(i)
+			p.Add(l, pts)
+			if len(f.lines) > 1 {
+				p.Legend.Add(s.label, l, pts)
+			}
+		}
+		file := f.file + "." + ext
+		if err := p.Save(6*vg.Inch, 3.5*vg.Inch, filepath.Join(dir, file)); err != nil {
+			return names, fmt.Errorf("%s: %w", file, err)
+		}
+		names = append(names, file)
+	}
+	return names, nil
+}
+
+// sizeTicks labels the x axis at the fleet sizes measured.
+type sizeTicks []FleetRow
+
+func (s sizeTicks) Ticks(lo, hi float64) []plot.Tick {
+	var ts []plot.Tick
+	for _, r := range s {
+		if v := float64(r.Endpoints); v >= lo && v <= hi {
+			ts = append(ts, plot.Tick{Value: v, Label: strconv.Itoa(r.Endpoints)})
+		}
+	}
+	return ts
+}

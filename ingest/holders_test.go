@@ -1,0 +1,253 @@
+package ingest
+
+import (
+	"encoding/hex"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvgate/kvgate/hashcore"
+	"github.com/kvgate/kvgate/ingest/enginepub"
+)
+
+type holderStream struct {
+	Name      string           `json:"name"`
+	Routed    []string         `json:"routed"`
+	BlockSize int              `json:"block_size"`
+	Payloads  []string         `json:"payloads"`
+	Keys      []string         `json:"keys"`
+	Tiers     map[string]int64 `json:"tiers"`
+	Attested  uint64           `json:"attested"`
+}
+
+// TestHoldersPerTierAndGroup applies Python-built vLLM batches (map layout) in which a
+// hash has several holders: offload chunks announcing it twice on CPU, identical blocks
+// vLLM does not de-duplicate, the KV cache groups of a sliding-window and a mamba hybrid
+// model (the mamba group with 32-token blocks over a 16-token hash block). A removal
+// reaches the inventory only when the last holder on the routed tiers is gone; the tier
+// counts are distinct hashes held; every store with tokens attests, the 32-token mamba
+// blocks included.
+func TestHoldersPerTierAndGroup(t *testing.T) {
+	var streams []holderStream
+	loadJSON(t, "holders.json", &streams)
+	if len(streams) < 10 {
+		t.Fatalf("%d streams", len(streams))
+	}
+	for _, s := range streams {
+		t.Run(s.Name, func(t *testing.T) {
+			inv := newInv(t)
+			logs := &recordingHandler{}
+			cfg := testConfig(inv)
+			cfg.Logger = slog.New(logs)
+			routed, err := ParseMedia(strings.Join(s.Routed, ","))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.Routed = routed
+			if s.Attested > 0 { // the streams with real keys (the others' are arbitrary)
+				cfg.Chain, cfg.Spec = ruleChain(t, "vllm", "sha256_cbor", s.BlockSize)
+			}
+			m, err := NewManager(cfg, []EndpointConfig{{Name: "h", Engine: "vllm", Events: "tcp://127.0.0.1:1"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := newApplier(m.eps[0])
+			for _, p := range s.Payloads {
+				b, _ := hex.DecodeString(p)
+				if err := a.apply(b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got, want := invKeys(inv, 0), sorted(u64s(t, s.Keys)); !slices.Equal(got, want) {
+				t.Fatalf("inventory\n got %v\nwant %v", got, want)
+			}
+			st := m.Status(0)
+			for _, tier := range []string{"GPU", "CPU", "STORAGE", "EXTERNAL", "OTHER"} {
+				if st.Tiers[tier] != s.Tiers[tier] {
+					t.Fatalf("tiers %v, want %v", st.Tiers, s.Tiers)
+				}
+			}
+			if st.ParityOK != s.Attested || st.ParityMismatch != 0 || st.BlockSizeMismatch {
+				t.Fatalf("attestation: %+v", st)
+			}
+			if w := logs.matching("WARN"); len(w) != 0 {
+				t.Fatalf("WARNs on a healthy stream: %q", w)
+			}
+		})
+	}
+}
+
+// TestRefTableBounded: a table of one set forgets the oldest hashes when full (counted);
+// a forgotten hash's removal is applied as one holder's; the steady state allocates
+// nothing.
+func TestRefTableBounded(t *testing.T) {
+	rt := newRefTable(1)
+	if rt.cap != refWays {
+		t.Fatalf("cap %d", rt.cap)
+	}
+	var dropped int
+	for k := uint64(1); k <= 3*refWays; k++ {
+		if _, d := rt.inc(k, MediumGPU); d != 0 {
+			dropped++
+		}
+	}
+	if dropped != 2*refWays || rt.evicted != uint64(2*refWays) {
+		t.Fatalf("dropped %d evicted %d", dropped, rt.evicted)
+	}
+	if known, gone, left := rt.dec(1, MediumGPU); known || !gone || left != 0 {
+		t.Fatalf("forgotten hash: known %v gone %v left %v", known, gone, left)
+	}
+	k := uint64(3 * refWays)
+	rt.inc(k, MediumGPU)
+	rt.inc(k, MediumCPU)
+	if known, gone, left := rt.dec(k, MediumGPU); !known || gone || left != 1<<MediumGPU|1<<MediumCPU {
+		t.Fatalf("two GPU holders: %v %v %v", known, gone, left)
+	}
+	if _, gone, left := rt.dec(k, MediumGPU); !gone || left != 1<<MediumCPU {
+		t.Fatalf("last GPU holder: %v %v", gone, left)
+	}
+	if known, gone, left := rt.dec(k, MediumStorage); !known || gone || left != 1<<MediumCPU {
+		t.Fatalf("a removal on a tier without holders: %v %v %v", known, gone, left)
+	}
+	if allocs := testing.AllocsPerRun(100, func() {
+		rt.inc(7, MediumGPU)
+		rt.dec(7, MediumGPU)
+	}); allocs != 0 {
+		t.Fatalf("%.1f allocs", allocs)
+	}
+}
+
+// TestBlockSizeFindingWARNs: a vLLM endpoint whose blocks are not a multiple of the
+// rule's, and a TensorRT-LLM endpoint whose blocks are not the fast chain's, each WARN
+// once naming the endpoint and the block size the events prove, and show it in the
+// status (TensorRT-LLM used to index nothing silently).
+func TestBlockSizeFindingWARNs(t *testing.T) {
+	ss := loadStreams(t)
+	inv := newInv(t)
+	logs := &recordingHandler{}
+	cfg := testConfig(inv)
+	cfg.Logger = slog.New(logs)
+	cfg.Keys = KeysAuto
+	cfg.Chain, cfg.Spec = ruleChain(t, "vllm", "sha256_cbor", 12)
+	m, err := NewManager(cfg, []EndpointConfig{
+		{Name: "v12", Index: 0, Engine: "vllm", Events: "tcp://127.0.0.1:1"},
+		{Name: "trt", Index: 1, Engine: "trtllm", URL: "http://127.0.0.1:1"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newApplier(m.eps[0])
+	for _, ev := range ss["vllm-ok"].pubEvents(t) {
+		a.apply(fmtBatch(ev))
+	}
+	st := m.Status(0)
+	if st.EngineBlockSize != 16 || !st.BlockSizeMismatch || !strings.Contains(st.Cause, "16-token blocks, the rule hashes 12") {
+		t.Fatalf("vllm status %+v", st)
+	}
+	w := logs.matching("do not fit the rule's block size")
+	if len(w) != 1 || !strings.Contains(w[0], "endpoint=v12") || !strings.Contains(w[0], "engine_block_size=16") || !strings.Contains(w[0], "rule_block_size=12") {
+		t.Fatalf("WARNs %q", w)
+	}
+	var trt []TRTEvent
+	body := `[{"event_id":0,"data":{"type":"stored","parent_hash":null,"blocks":[` +
+		`{"type":"stored_block","block_hash":5,"tokens":[` + strings.Repeat(`{"type":"unique_token","token_id":1,"token_extra_id":0},`, 31) +
+		`{"type":"unique_token","token_id":1,"token_extra_id":0}],"cache_level":0,"priority":35}]},"window_size":4096}]`
+	if trt, err = ParseTRTEvents([]byte(body)); err != nil {
+		t.Fatal(err)
+	}
+	ta := newTRTApplier(m.eps[1])
+	ta.apply(trt)
+	ta.apply(trt)
+	if st := m.Status(1); st.EngineBlockSize != 32 || !st.BlockSizeMismatch || st.Unkeyable != 2 {
+		t.Fatalf("trt status %+v", st)
+	}
+	if w := logs.matching("endpoint=trt"); len(w) != 1 || !strings.Contains(w[0], "engine_block_size=32") {
+		t.Fatalf("trt WARNs %q", w)
+	}
+}
+
+// fmtBatch is one event in an array batch, as enginepub writes it.
+func fmtBatch(ev enginepub.Event) []byte {
+	f := enginepub.Format{}
+	return f.AppendBatch(nil, 1, []enginepub.Event{ev})
+}
+
+// TestTopicWithSGLangEpoch: SGLang publishers with a snapshot endpoint send their topic
+// followed by NUL-separated metadata; an endpoint configured with the topic still takes
+// those batches, and a different topic sharing its prefix is still skipped.
+func TestTopicWithSGLangEpoch(t *testing.T) {
+	for _, c := range []struct {
+		frame string
+		ok    bool
+	}{{"kv", true}, {"kv\x00sgl-kv-epoch=4f2a", true}, {"kv\x00sgl-kv-epoch=4f2a\x00sgl-kv-snapshot=9", true},
+		{"kv2", false}, {"k", false}, {"", false}, {"other\x00kv", false}} {
+		if got := topicMatches([]byte(c.frame), "kv"); got != c.ok {
+			t.Errorf("topicMatches(%q, kv) = %v", c.frame, got)
+		}
+	}
+	inv := newInv(t)
+	addr := freeAddr(t, 1)
+	pub := newPub(t, enginepub.Config{Endpoint: addr, Topic: "kv\x00sgl-kv-epoch=4f2a",
+		Format: enginepub.Format{Flavor: enginepub.SGLang}})
+	m := startManager(t, testConfig(inv), EndpointConfig{Name: "s", Engine: "sglang", Events: addr, Topic: "kv"})
+	waitSubscribed(t, pub)
+	if err := pub.Publish(enginepub.BlockStored{Hashes: []uint64{42}, BlockSize: 4, Medium: "GPU"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "batch", func() bool { return m.Status(0).Batches == 1 })
+	if st := m.Status(0); st.TopicSkipped != 0 || !slices.Equal(invKeys(inv, 0), []uint64{42}) {
+		t.Fatalf("%+v", st)
+	}
+}
+
+// TestSwitchSkipsBlocksOffRoutedTiers: a block evicted from the GPU but still held on the
+// CPU stays in the block map (a later chain may name it as parent) and leaves the
+// inventory; when a parity failure switches the endpoint to re-hashed keys, only blocks
+// still on the GPU are indexed again.
+func TestSwitchSkipsBlocksOffRoutedTiers(t *testing.T) {
+	ok := loadStreams(t)["vllm-ok"]
+	inv := newInv(t)
+	cfg := testConfig(inv)
+	cfg.Keys = KeysAuto
+	cfg.Chain, cfg.Spec = ruleChain(t, "vllm", "sha256_cbor", 16)
+	m, err := NewManager(cfg, []EndpointConfig{{Name: "v", Engine: "vllm", Events: "tcp://127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newApplier(m.eps[0])
+	root := ok.pubEvents(t)[0].(enginepub.BlockStored) // three blocks from the root
+	a.apply(fmtBatch(root))
+	offloaded := root.Hashes[2]
+	a.apply(fmtBatch(enginepub.BlockStored{Hashes: []uint64{offloaded}, Medium: "CPU"}))
+	a.apply(fmtBatch(enginepub.BlockRemoved{Hashes: []uint64{offloaded}}))
+	if got := invKeys(inv, 0); !slices.Equal(got, sorted(root.Hashes[:2])) {
+		t.Fatalf("after the GPU eviction: %v", got)
+	}
+	// A root store whose keys the rule does not reproduce: parity fails, the endpoint
+	// switches to fast keys.
+	other := enginepub.BlockStored{Hashes: []uint64{1, 2}, TokenIDs: testTokensN(32, 7), BlockSize: 16}
+	a.apply(fmtBatch(other))
+	st := m.Status(0)
+	if !st.Rehash || st.Tiers["CPU"] != 1 {
+		t.Fatalf("%+v", st)
+	}
+	f := hashcore.NewFast(16)
+	want := hashcore.Keys(f, nil, root.TokenIDs[:32], nil)
+	want = append(want, hashcore.Keys(f, nil, other.TokenIDs, nil)...)
+	if len(sorted(want)) != 4 {
+		t.Fatal("test tokens collide")
+	}
+	if got := invKeys(inv, 0); !slices.Equal(got, sorted(want)) {
+		t.Fatalf("after the switch\n got %v\nwant %v (the CPU-only block must stay out)", got, sorted(want))
+	}
+}
+
+func testTokensN(n int, seed uint32) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		seed = seed*1664525 + 1013904223
+		out[i] = seed % 150000
+	}
+	return out
+}

@@ -1,0 +1,348 @@
+package proxy
+
+import (
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/ingest"
+)
+
+// RoutingState is how an endpoint is routed by KV-Exact right now.
+type RoutingState uint8
+
+const (
+	// StateOff: the rule does not score this endpoint by KV (-kv-mode off, or a mode-1
+	// decode endpoint, which KV-Exact never scores).
+	StateOff RoutingState = iota
+	// StateExact: events connected, keys attested or not yet contradicted, nothing amiss.
+	StateExact
+	// StateDegraded: KV-Exact runs but at least one reason says its scores are doubtful.
+	StateDegraded
+	numStates
+)
+
+var stateNames = [numStates]string{"off", "exact", "degraded"}
+
+func (r RoutingState) String() string { return stateNames[r] }
+
+// DegradedReason is one cause of StateDegraded; an endpoint may have several.
+type DegradedReason uint8
+
+const (
+	ReasonEventsNotConnected DegradedReason = iota // the event subscriber cannot reach events= (wrong port, engine down)
+	ReasonParityMismatch                           // engine keys differ from the rule's contract (routing on re-hashed keys in auto mode)
+	ReasonBlockSize                                // the engine publishes blocks of another size than -kv-block-size
+	ReasonUnkeyableEvents                          // recent BlockStored events kvgate could not key (no token_ids, orphan parents)
+	ReasonTokenizerFailed                          // recent requests failed to template or tokenize (rule-wide)
+	ReasonStale                                    // kvgate keeps sending it requests but no events arrive
+	numReasons
+)
+
+var reasonNames = [numReasons]string{"events_not_connected", "parity_mismatch", "block_size",
+	"unkeyable_events", "tokenizer_failed", "stale"}
+
+func (r DegradedReason) String() string { return reasonNames[r] }
+
+// stateTuning are the watcher's thresholds; tests shorten them.
+type stateTuning struct {
+	every         time.Duration // evaluation period
+	disconnected  time.Duration // events down this long before it counts (a dial at start takes a moment)
+	recent        time.Duration // unkeyable / tokenizer failures within this window count
+	staleRequests uint64        // requests sent since the endpoint's last event batch
+	zeroHitMisses uint64        // consecutive no_worker misses with a populated inventory
+	populatedKeys int64         // inventory keys (all endpoints) that make it "populated"
+}
+
+var defaultStateTuning = stateTuning{
+	every: time.Second, disconnected: 3 * time.Second, recent: 30 * time.Second,
+	staleRequests: 200, zeroHitMisses: 200, populatedKeys: 64,
+}
+
+// epState is the watcher's view of one endpoint. cur is read lock-free by /metrics and
+// /debug/inventory; the rest belongs to the watcher goroutine.
+type epState struct {
+	cur atomic.Uint32 // state | reasons<<8
+
+	downSince     time.Time
+	lastUnkeyable uint64
+	unkeyableAt   time.Time
+	lastBatches   uint64
+	sentAtBatch   uint64
+	initialized   bool
+}
+
+func packState(st RoutingState, reasons uint8) uint32 { return uint32(st) | uint32(reasons)<<8 }
+
+func (e *epState) load() (RoutingState, uint8) {
+	v := e.cur.Load()
+	return RoutingState(v & 0xff), uint8(v >> 8)
+}
+
+// stateWatcher turns ingest status, counters and the inventory into each endpoint's
+// routing state, warns on every transition and runs the zero-hit watchdog.
+type stateWatcher struct {
+	s   *Server
+	tun stateTuning
+	eps []epState
+
+	lastTokFail   uint64
+	tokFailAt     time.Time
+	hitBase       uint64 // hits counted at the start of the current miss run
+	missBase      uint64 // no_worker misses counted then
+	zeroHitWarned atomic.Bool
+}
+
+func newStateWatcher(s *Server) *stateWatcher {
+	w := &stateWatcher{s: s, tun: defaultStateTuning, eps: make([]epState, len(s.eps))}
+	for i := range w.eps {
+		w.eps[i].cur.Store(packState(w.initialState(i), 0))
+	}
+	return w
+}
+
+// initialState is exact for every KV-scored endpoint until evidence says otherwise.
+func (w *stateWatcher) initialState(i int) RoutingState {
+	if !w.scored(i) {
+		return StateOff
+	}
+	return StateExact
+}
+
+func (w *stateWatcher) scored(i int) bool {
+	s := w.s
+	if s.kv == nil {
+		return false
+	}
+	return !(s.cfg.KVMode == KVDisaggregated && s.eps[i].spec.Role == RoleDecode)
+}
+
+func (w *stateWatcher) run() {
+	defer w.s.wg.Done()
+	t := time.NewTicker(w.tun.every)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		w.evaluate(time.Now())
+	}
+}
+
+// evaluate recomputes every endpoint's state once (the watcher goroutine only).
+func (w *stateWatcher) evaluate(now time.Time) {
+	s := w.s
+	if s.kv == nil {
+		return
+	}
+	tokFail := s.m.misses[RouteMissTokenize].Get()
+	if tokFail != w.lastTokFail {
+		w.lastTokFail, w.tokFailAt = tokFail, now
+	}
+	tokRecent := !w.tokFailAt.IsZero() && now.Sub(w.tokFailAt) < w.tun.recent
+	for i := range w.eps {
+		if !w.scored(i) {
+			continue
+		}
+		w.evaluateOne(i, now, tokRecent)
+	}
+	w.watchZeroHits()
+}
+
+func (w *stateWatcher) evaluateOne(i int, now time.Time, tokRecent bool) {
+	s := w.s
+	es := &w.eps[i]
+	st := s.kv.mgr.Status(i)
+	sent := s.m.sentTo(i)
+	if !es.initialized {
+		es.initialized = true
+		es.lastBatches, es.sentAtBatch = st.Batches, sent // unkeyable counts from 0: all since start
+	}
+	var reasons uint8
+	if st.Connected {
+		es.downSince = time.Time{}
+	} else {
+		if es.downSince.IsZero() {
+			es.downSince = now
+		}
+		if now.Sub(es.downSince) >= w.tun.disconnected {
+			reasons |= 1 << ReasonEventsNotConnected
+		}
+	}
+	if st.Parity == "mismatch" {
+		if strings.HasPrefix(st.Cause, "block size") {
+			reasons |= 1 << ReasonBlockSize
+		} else {
+			reasons |= 1 << ReasonParityMismatch
+		}
+	}
+	if st.Unkeyable != es.lastUnkeyable {
+		es.lastUnkeyable, es.unkeyableAt = st.Unkeyable, now
+	}
+	if !es.unkeyableAt.IsZero() && now.Sub(es.unkeyableAt) < w.tun.recent {
+		reasons |= 1 << ReasonUnkeyableEvents
+	}
+	if tokRecent {
+		reasons |= 1 << ReasonTokenizerFailed
+	}
+	if st.Batches != es.lastBatches {
+		es.lastBatches, es.sentAtBatch = st.Batches, sent
+	}
+	if st.Connected && sent-es.sentAtBatch >= w.tun.staleRequests {
+		reasons |= 1 << ReasonStale
+	}
+	state := StateExact
+	if reasons != 0 {
+		state = StateDegraded
+	}
+	oldState, oldReasons := es.load()
+	if oldState == state && oldReasons == reasons {
+		return
+	}
+	es.cur.Store(packState(state, reasons))
+	s.log.Warn("endpoint routing state changed", "endpoint", s.eps[i].spec.Name,
+		"from", stateLabel(oldState, oldReasons), "to", stateLabel(state, reasons),
+		"why", explainReasons(reasons, st.Cause, s.eps[i].spec.Events))
+}
+
+// watchZeroHits warns once per episode when KV-Exact keeps missing although the
+// inventory holds keys: kvgate's keys and the engines' keys never meet, which is a
+// contract problem (tokenizer, template, hash settings), not bad luck.
+func (w *stateWatcher) watchZeroHits() {
+	s := w.s
+	var hits uint64
+	for i := range s.eps {
+		hits += s.m.hits[i].Get()
+	}
+	misses := s.m.misses[RouteMissNoWorker].Get()
+	if hits != w.hitBase {
+		w.hitBase, w.missBase = hits, misses
+		if w.zeroHitWarned.Swap(false) {
+			s.log.Warn("KV-Exact hits again: zero-hit episode over")
+		}
+		return
+	}
+	run := misses - w.missBase
+	keys := s.kv.inv.Stats().Keys
+	if run >= w.tun.zeroHitMisses && keys >= w.tun.populatedKeys && !w.zeroHitWarned.Swap(true) {
+		s.log.Warn("KV-Exact: no request matched any cached block although the inventory is populated: a contract problem (tokenizer, chat template, hash algo, seed or block size differ from the engines'); run kvgate doctor",
+			"consecutive_misses", run, "inventory_keys", keys)
+	}
+}
+
+// state returns endpoint i's routing state and reason bits.
+func (w *stateWatcher) state(i int) (RoutingState, uint8) { return w.eps[i].load() }
+
+func stateLabel(st RoutingState, reasons uint8) string {
+	if st != StateDegraded {
+		return st.String()
+	}
+	return st.String() + "(" + strings.Join(reasonList(reasons), ",") + ")"
+}
+
+func reasonList(reasons uint8) []string {
+	out := []string{}
+	for r := DegradedReason(0); r < numReasons; r++ {
+		if reasons&(1<<r) != 0 {
+			out = append(out, r.String())
+		}
+	}
+	return out
+}
+
+// explainReasons says in words what each reason means for this endpoint.
+func explainReasons(reasons uint8, cause, events string) string {
+	var parts []string
+	for r := DegradedReason(0); r < numReasons; r++ {
+		if reasons&(1<<r) == 0 {
+			continue
+		}
+		switch r {
+		case ReasonEventsNotConnected:
+			parts = append(parts, "cannot subscribe to "+events+" (check events= and that the engine publishes KV events); its inventory is not updated")
+		case ReasonParityMismatch, ReasonBlockSize:
+			parts = append(parts, "engine keys differ from the rule's contract: "+cause)
+		case ReasonUnkeyableEvents:
+			parts = append(parts, "recent BlockStored events could not be keyed (no token_ids or unknown parents)")
+		case ReasonTokenizerFailed:
+			parts = append(parts, "recent requests failed to template or tokenize (kvgate_kv_misses_total{reason=\"tokenize\"})")
+		case ReasonStale:
+			parts = append(parts, "requests keep going to it but no KV events arrive")
+		}
+	}
+	if len(parts) == 0 {
+		return "ok"
+	}
+	return strings.Join(parts, "; ")
+}
+
+// logRule names the rule at start: mode, selector, models and their tokenizers, and the
+// hash contract each endpoint is matched under, so a log reader sees what KV-Exact assumes.
+func (s *Server) logRule() {
+	cfg := &s.cfg
+	mode := map[KVMode]string{KVOff: "off", KVConverged: "3 (converged pool)", KVDisaggregated: "1 (prefill/decode)"}[cfg.KVMode]
+	sel := "rr"
+	if cfg.Select == SelectCHWBL {
+		sel = "chwbl"
+	}
+	models := make([]string, 0, len(cfg.Tokenizers))
+	for _, t := range cfg.Tokenizers {
+		m := t.Model
+		if len(t.Aliases) > 0 {
+			m += "(" + strings.Join(t.Aliases, ",") + ")"
+		}
+		models = append(models, m+"="+t.Dir)
+	}
+	lora := make([]string, 0, len(cfg.LoRA))
+	for a, b := range cfg.LoRA {
+		lora = append(lora, a+"->"+b)
+	}
+	s.log.Info("kvgate rule", "kv_mode", mode, "select", sel, "endpoints", len(s.eps),
+		"models", strings.Join(models, " "), "lora", strings.Join(lora, " "))
+	for i, e := range s.eps {
+		args := []any{"endpoint", e.spec.Name, "url", e.spec.URL, "engine", e.spec.Engine.String(),
+			"role", e.spec.Role.String(), "routing", s.states.initialState(i).String()}
+		if s.kv != nil && s.states.scored(i) {
+			args = append(args, "events", e.spec.Events, "contract", s.contractOf(i),
+				"block_size", cfg.KVBlockSize, "keys", cfg.KVKeys)
+		}
+		s.log.Info("kvgate endpoint", args...)
+	}
+}
+
+// contractOf names the keys endpoint i's events are matched under.
+func (s *Server) contractOf(i int) string {
+	e := s.eps[i]
+	if e.spec.Engine == EngineTRTLLM || s.kv.chain == nil || s.cfg.KVKeys == "rehash" {
+		return "kvgate/fast (events' token_ids re-hashed)"
+	}
+	c := s.kv.chain.Name()
+	if e.spec.Engine == EngineVLLM {
+		if s.cfg.KVHashSeedSet {
+			c += " PYTHONHASHSEED=" + s.cfg.KVHashSeed
+		} else {
+			c += " PYTHONHASHSEED unset"
+		}
+	}
+	return c
+}
+
+// IngestStatus is endpoint i's event-ingest snapshot (ok false when KV-Exact is off);
+// `kvgate doctor` reads parity and its diagnosed cause from it.
+func (s *Server) IngestStatus(i int) (ingest.EndpointStatus, bool) {
+	if s.kv == nil || i < 0 || i >= len(s.eps) {
+		return ingest.EndpointStatus{}, false
+	}
+	return s.kv.mgr.Status(i), true
+}
+
+// Contract names the block-key contract endpoint i's events are matched under ("" when
+// KV-Exact is off).
+func (s *Server) Contract(i int) string {
+	if s.kv == nil || i < 0 || i >= len(s.eps) {
+		return ""
+	}
+	return s.contractOf(i)
+}

@@ -1,0 +1,255 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/hashcore"
+	"github.com/kvgate/kvgate/ingest/enginepub"
+)
+
+// logBuf is a slog sink tests read while the server writes.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// lines returns the log lines holding every one of subs.
+func (l *logBuf) lines(subs ...string) []string {
+	var out []string
+	for _, line := range strings.Split(l.String(), "\n") {
+		ok := line != ""
+		for _, s := range subs {
+			ok = ok && strings.Contains(line, s)
+		}
+		if ok {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// startLogged starts a server whose WARN+ log goes to the returned buffer, after tune
+// (may be nil) adjusted it.
+func startLogged(t *testing.T, cfg Config, tune func(*Server)) (*Server, *logBuf) {
+	t.Helper()
+	lb := &logBuf{}
+	opt := Options{Logger: slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	if cfg.KVMode != KVOff {
+		opt.Tokenizers = sharedPool(t)
+	}
+	s, err := New(cfg, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tune != nil {
+		tune(s)
+	}
+	if err := s.StartWith(context.Background(), listenLocal(t), listenLocal(t)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		s.Shutdown(ctx)
+	})
+	return s, lb
+}
+
+func fastStates(s *Server) {
+	s.states.tun.every = 20 * time.Millisecond
+	s.states.tun.disconnected = 200 * time.Millisecond
+}
+
+type invState struct {
+	Name      string   `json:"name"`
+	Routing   string   `json:"routing"`
+	Reasons   []string `json:"degraded_reasons"`
+	Why       string   `json:"routing_why"`
+	Connected bool     `json:"connected"`
+}
+
+func inventoryStates(t *testing.T, s *Server) map[string]invState {
+	t.Helper()
+	res, err := httpc.Get(s.admURL("/debug/inventory"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var inv struct{ Endpoints []invState }
+	if err := json.NewDecoder(res.Body).Decode(&inv); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]invState{}
+	for _, e := range inv.Endpoints {
+		out[e.Name] = e
+	}
+	return out
+}
+
+// Each endpoint's routing state follows its evidence: a wrong events= port, engine keys
+// under another contract, and blocks of another size each degrade it with their own
+// reason, at WARN, on /debug/inventory, /metrics and /readyz; a good endpoint stays
+// exact. The startup log names the rule and each endpoint's contract.
+func TestRoutingStatePerEndpoint(t *testing.T) {
+	c := vllmChain(t)
+	good := newKVEngine(t, "good", enginepub.VLLM)
+	drift := newKVEngine(t, "drift", enginepub.VLLM)
+	big := newKVEngine(t, "big", enginepub.VLLM)
+	lost := newFakeEngine(t, "lost")
+	lostSpec := "name=lost,url=" + lost.url() + ",engine=vllm,events=tcp://" + deadAddr(t)
+	cfg := kvConfig(t, KVConverged, good.spec(0, "vllm", ""), drift.spec(1, "vllm", ""), big.spec(2, "vllm", ""), lostSpec)
+	s, lb := startLogged(t, cfg, fastStates)
+
+	if l := lb.lines("kvgate rule", "kv_mode=\"3 (converged pool)\"", "qwen3"); len(l) != 1 {
+		t.Errorf("startup rule line: %q", lb.String())
+	}
+	if l := lb.lines("kvgate endpoint", "endpoint=good", "vllm/sha256_cbor PYTHONHASHSEED unset", "block_size=16"); len(l) != 1 {
+		t.Errorf("startup contract line for good: %q", lb.String())
+	}
+
+	toks := engineTokens(t, sharedPrefix)
+	good.store(t, c, toks, 4)
+	// drift publishes under sha256 (pickle): keys differ from the rule's sha256_cbor.
+	pickle, err := hashcore.New(hashcore.Spec{Engine: "vllm", Algo: "sha256", BlockSize: blockSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drift.store(t, pickle, toks, 4)
+	// big publishes 32-token blocks: a parity failure of its own kind; their token ids
+	// re-hash into the rule's 16-token blocks (a multiple), so they stay keyable.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := big.pub.WaitSubscribed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c32, _ := hashcore.New(hashcore.Spec{Engine: "vllm", Algo: "sha256_cbor", BlockSize: 32})
+	big.pub.Publish(enginepub.BlockStored{Hashes: hashcore.Keys(c32, nil, toks[:64], nil), TokenIDs: toks[:64], BlockSize: 32})
+
+	want := map[string]string{"good": "exact", "drift": "degraded(parity_mismatch)",
+		"big": "degraded(block_size)", "lost": "degraded(events_not_connected)"}
+	defer func() {
+		if t.Failed() {
+			t.Logf("inventory %+v\nlog:\n%s", inventoryStates(t, s), lb.String())
+		}
+	}()
+	waitFor(t, "every endpoint in its state", func() bool {
+		for name, w := range inventoryStates(t, s) {
+			got := w.Routing
+			if len(w.Reasons) > 0 {
+				got += "(" + strings.Join(w.Reasons, ",") + ")"
+			}
+			if got != want[name] {
+				return false
+			}
+		}
+		return true
+	})
+	for _, name := range []string{"drift", "big", "lost"} {
+		if l := lb.lines("level=WARN", "endpoint routing state changed", "endpoint="+name, "to="+want[name]); len(l) != 1 {
+			t.Errorf("%s: want one WARN transition to %s, log:\n%s", name, want[name], lb.String())
+		}
+	}
+	if l := lb.lines("level=WARN", "endpoint routing state changed", "endpoint=good"); len(l) != 0 {
+		t.Errorf("good endpoint changed state: %q", l)
+	}
+	if w := inventoryStates(t, s)["lost"].Why; !strings.Contains(w, "cannot subscribe to tcp://") {
+		t.Errorf("lost why: %q", w)
+	}
+	m := scrapeMetrics(t, s)
+	for _, series := range []string{
+		`kvgate_routing_state{endpoint="good",state="exact"}`,
+		`kvgate_routing_state{endpoint="lost",state="degraded"}`,
+		`kvgate_routing_degraded{endpoint="lost",reason="events_not_connected"}`,
+		`kvgate_routing_degraded{endpoint="drift",reason="parity_mismatch"}`,
+		`kvgate_routing_degraded{endpoint="big",reason="block_size"}`,
+	} {
+		if m[series] != 1 {
+			t.Errorf("%s = %v, want 1", series, m[series])
+		}
+	}
+	if m[`kvgate_routing_state{endpoint="good",state="degraded"}`] != 0 || m[`kvgate_routing_degraded{endpoint="good",reason="events_not_connected"}`] != 0 {
+		t.Error("good endpoint has degraded series set")
+	}
+	res, err := httpc.Get(s.admURL("/readyz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || !strings.Contains(string(body), "lost: events_not_connected") {
+		t.Errorf("/readyz %d %q: want 200 naming the degraded endpoints", res.StatusCode, body)
+	}
+}
+
+// kv-mode off: every endpoint is off, and stays so.
+func TestRoutingStateOff(t *testing.T) {
+	a := newFakeEngine(t, "a")
+	s := startProxy(t, testConfig(a.url()))
+	if st := inventoryStates(t, s)["e0"]; st.Routing != "off" || len(st.Reasons) != 0 {
+		t.Errorf("kv off: %+v", st)
+	}
+	if m := scrapeMetrics(t, s); m[`kvgate_routing_state{endpoint="e0",state="off"}`] != 1 {
+		t.Error("no off gauge")
+	}
+}
+
+// The zero-hit watchdog: misses in a row while the inventory holds keys warn once per
+// episode; a hit ends the episode, and a new run of misses warns again.
+func TestZeroHitWatchdog(t *testing.T) {
+	c := vllmChain(t)
+	a := newKVEngine(t, "a", enginepub.VLLM)
+	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""))
+	cfg.KVPendingTTL = 0 // repeats would follow their own pending entries (TestKVPendingEntries)
+	s, lb := startLogged(t, cfg, func(s *Server) {
+		fastStates(s)
+		s.states.tun.zeroHitMisses = 5
+		s.states.tun.populatedKeys = 4
+	})
+	a.store(t, c, engineTokens(t, sharedPrefix), 8)
+	waitFor(t, "events applied", func() bool { return s.kv.inv.Count(0) == 8 })
+	other := strings.Repeat("Completely different words that no engine has cached yet, friend. ", 8)
+	miss := func(n int) {
+		for i := 0; i < n; i++ {
+			if res, _ := post(t, s.url("/v1/completions"), complPrompt(other)); res.Header.Get("x-kvgate-route") != "kv-miss:no_worker" {
+				t.Fatalf("route %q, want kv-miss:no_worker", res.Header.Get("x-kvgate-route"))
+			}
+		}
+	}
+	const alarm = "a contract problem"
+	miss(6)
+	waitFor(t, "zero-hit warning", func() bool { return len(lb.lines("level=WARN", alarm)) == 1 })
+	if scrapeMetrics(t, s)["kvgate_kv_zero_hit_alarm"] != 1 {
+		t.Error("alarm gauge not set")
+	}
+	miss(6)
+	time.Sleep(100 * time.Millisecond)
+	if n := len(lb.lines("level=WARN", alarm)); n != 1 {
+		t.Errorf("%d warnings in one episode, want 1", n)
+	}
+	if res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix)); res.Header.Get("x-kvgate-route") != "kv-hit" {
+		t.Fatalf("route %q, want kv-hit", res.Header.Get("x-kvgate-route"))
+	}
+	waitFor(t, "episode over", func() bool { return len(lb.lines("zero-hit episode over")) == 1 })
+	miss(6)
+	waitFor(t, "second episode warned", func() bool { return len(lb.lines("level=WARN", alarm)) == 2 })
+}
