@@ -188,7 +188,10 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	clear(st.scores)
 	if st.chat {
 		m := oa.Value[openai.FMessages]
-		if !m.Present() || openai.FirstElement(m.Bytes(b)) == nil {
+		if isResponses(oa) {
+			m = oa.Value[openai.FInput] // a Responses body: "input" is the conversation
+		}
+		if !m.Present() || m.End-m.Start <= 2 || (b[m.Start] == '[' && openai.FirstElement(m.Bytes(b)) == nil) {
 			k.miss(st, d, RouteMissTextEmpty)
 			return
 		}
@@ -222,7 +225,7 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	var textLen int32
 	if st.chat {
 		m := oa.Value[openai.FMessages]
-		textLen = m.End - m.Start
+		textLen = m.End - m.Start + oa.Value[openai.FInput].End - oa.Value[openai.FInput].Start
 	} else {
 		p := oa.Value[openai.FPrompt]
 		textLen = p.End - p.Start
@@ -234,26 +237,15 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	t0 := time.Now()
 	var err error
 	switch {
-	case st.chat:
-		in := tokenize.ChatInput{
-			Messages:             oa.Value[openai.FMessages].Bytes(b),
-			Tools:                oa.Value[openai.FTools].Bytes(b),
-			TemplateKwargs:       oa.Value[openai.FChatTemplateKwargs].Bytes(b),
-			AddGenerationPrompt:  oa.AddGenerationPrompt,
-			ContinueFinalMessage: oa.ContinueFinalMessage,
+	case st.chat: // the request fields and shapes: fields.go
+		var missed bool
+		if missed, err = k.tokenizeChat(st, d, model); missed {
+			return
 		}
-		if oa.ContinueFinalMessage && !oa.Value[openai.FAddGenerationPrompt].Present() {
-			// vLLM wants add_generation_prompt=false beside it; an unset one yields,
-			// exactly as `kvgate tokenize` does.
-			in.AddGenerationPrompt = false
-		}
-		if st.obs != nil { // /debug/explain says what came from the memo
-			in.MemoUse = &st.memoUse
-		}
-		st.tokens, err = model.EncodeChatMemo(st.tokens, &in, k.memo)
 	case oa.Prompt == openai.PromptString || oa.Prompt == openai.PromptStrings:
 		p := oa.Value[openai.FPrompt].Bytes(b)
 		if oa.Prompt == openai.PromptStrings {
+			k.countBatch(st, p)
 			p = openai.FirstElement(p)
 		}
 		st.out = openai.AppendUnquoted(st.out[:0], p)
@@ -261,11 +253,23 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 			k.miss(st, d, RouteMissTextEmpty)
 			return
 		}
-		st.tokens, err = model.EncodePromptMemo(st.tokens, bstr(st.out), k.memo)
+		if boolField(oa.Value[openai.FAddSpecialTokens].Bytes(b), true) {
+			st.tokens, err = model.EncodePromptMemo(st.tokens, bstr(st.out), k.memo)
+		} else {
+			st.tokens, err = model.Tokenizer().Encode(st.tokens, bstr(st.out), false)
+		}
+		if err == nil && k.truncated(st, d) {
+			return
+		}
 	default: // token ids: the engine uses them as they are
+		if oa.Prompt == openai.PromptBatch {
+			k.countBatch(st, oa.Value[openai.FPrompt].Bytes(b))
+		}
 		var ok bool
 		if st.tokens, ok = openai.AppendTokens(st.tokens[:0], oa.Value[openai.FPrompt].Bytes(b)); !ok {
 			err = errBadTokens
+		} else if k.truncated(st, d) {
+			return
 		}
 	}
 	st.meter.stage(StageTokenize, t0)

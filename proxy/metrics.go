@@ -28,6 +28,19 @@ const (
 	// RouteKVSpread: the cost policy placed the request away from every holder of its
 	// prefix, whose queue costs more than the prefill it would save.
 	RouteKVSpread
+	// RouteMissRequestTemplate: the request brings its own chat template (fields.go).
+	RouteMissRequestTemplate
+	// RouteMissMedia: the prompt holds media and what lies before its first media item
+	// fills no block, or the cut before it cannot be placed (fields.go).
+	RouteMissMedia
+	// RouteMissResponses: a Responses API body kvgate cannot key exactly (server-side
+	// history, tools, non-message items; fields.go).
+	RouteMissResponses
+	// RouteMissTruncated: the engine cuts the prompt (truncate_prompt_tokens; fields.go).
+	RouteMissTruncated
+	// RouteMissEngineFields: a chat field the pool's SGLang endpoints render differently
+	// from vLLM (fields.go).
+	RouteMissEngineFields
 	numRoutes
 )
 
@@ -38,13 +51,18 @@ var routeLabels = [numRoutes]string{
 	RouteMissNoWorker: "kv-miss:no_worker", RouteMissShallow: "kv-miss:shallow",
 	RouteMissTooLong: "kv-miss:too_long",
 	RouteAffinity:    "affinity", RoutePDLoad: "pd-load", RoutePrefixTrie: "prefix-trie",
-	RouteKVSpread: "kv-spread",
+	RouteKVSpread:            "kv-spread",
+	RouteMissRequestTemplate: "kv-miss:request_template", RouteMissMedia: "kv-miss:media",
+	RouteMissResponses: "kv-miss:responses", RouteMissTruncated: "kv-miss:truncated",
+	RouteMissEngineFields: "kv-miss:engine_fields",
 }
 
 func (r Route) String() string { return routeLabels[r] }
 
 // IsMiss says r is a KV-Exact miss that fell back to the rule's selector.
-func (r Route) IsMiss() bool { return r >= RouteMissTextEmpty && r <= RouteMissTooLong }
+func (r Route) IsMiss() bool {
+	return r >= RouteMissTextEmpty && r <= RouteMissTooLong || r >= RouteMissRequestTemplate && r <= RouteMissEngineFields
+}
 
 // Stage is one step of the request path timed by kvgate_route_stage_seconds.
 type Stage uint8

@@ -38,6 +38,10 @@ type ChatInput struct {
 	// ContinueFinalMessage: the prompt ends inside the final (assistant) message, as vLLM's
 	// continue_final_message (exclusive with AddGenerationPrompt).
 	ContinueFinalMessage bool
+	// Documents (raw JSON, nil if absent) and ReasoningEffort ("" if absent) are the request's
+	// own template variables; see chat.Input.
+	Documents       []byte
+	ReasoningEffort string
 	// MemoUse, when set, receives what the encode took from the Memo (/debug/explain).
 	MemoUse *MemoUse
 }
@@ -216,6 +220,13 @@ func (m *Model) Tokenizer() *Tokenizer { return m.tok }
 // HasChatTemplate reports whether EncodeChat can work for this model.
 func (m *Model) HasChatTemplate() bool { return m.tmpl != nil || m.toolTmpl != nil }
 
+// ChatKeepsParts reports that the template EncodeChat uses for in takes message content as
+// a list of parts (vLLM's "openai" content format), so media parts stay in place.
+func (m *Model) ChatKeepsParts(in *ChatInput) bool {
+	tmpl, _, _ := m.pickTemplate(in)
+	return tmpl != nil && tmpl.ContentFormat() == chat.ContentOpenAI
+}
+
 // EncodePrompt appends the IDs of a /v1/completions text prompt to dst[:0]: the prompt is
 // encoded with add_special_tokens=True, as vLLM does.
 func (m *Model) EncodePrompt(dst []uint32, prompt string) ([]uint32, error) {
@@ -253,6 +264,8 @@ func (m *Model) EncodeChatMemo(dst []uint32, in *ChatInput, memo *Memo) ([]uint3
 		Kwargs:               kwargs,
 		AddGenerationPrompt:  in.AddGenerationPrompt,
 		ContinueFinalMessage: in.ContinueFinalMessage,
+		Documents:            in.Documents,
+		ReasoningEffort:      in.ReasoningEffort,
 		BOSToken:             m.bos,
 		EOSToken:             m.eos,
 		Special:              m.special,
@@ -296,6 +309,7 @@ func (m *Model) RenderChat(dst []byte, in *ChatInput) ([]byte, error) {
 	}
 	return tmpl.Render(dst, &chat.Input{Messages: in.Messages, Tools: tools, Kwargs: kwargs,
 		AddGenerationPrompt: in.AddGenerationPrompt, ContinueFinalMessage: in.ContinueFinalMessage,
+		Documents: in.Documents, ReasoningEffort: in.ReasoningEffort,
 		BOSToken: m.bos, EOSToken: m.eos, Special: m.special, Now: m.now})
 }
 

@@ -63,6 +63,25 @@ const (
 	FBootstrapPort
 	FBootstrapRoom
 	FContinueFinalMessage
+	// Chat fields the engine hands its template besides messages (vLLM's
+	// ChatCompletionRequest.build_chat_params).
+	FDocuments
+	FReasoningEffort
+	FChatTemplate
+	// The Responses API (/v1/responses): the conversation and the server-side state it
+	// may refer to.
+	FInput
+	FInstructions
+	FReasoning
+	FPreviousResponseID
+	FPreviousResponse
+	FPreviousInputMessages
+	FTruncation // Responses: "auto" truncates to the model's context
+	// Tokenization options: add_special_tokens (chat default false, completions true) and
+	// truncate_prompt_tokens (keep N tokens).
+	FAddSpecialTokens
+	FTruncatePromptTokens
+	FToolChoice
 	numFields
 )
 
@@ -74,6 +93,12 @@ var fieldNames = [numFields]string{
 	FAddGenerationPrompt: "add_generation_prompt", FDisaggregatedParams: "disaggregated_params",
 	FBootstrapHost: "bootstrap_host", FBootstrapPort: "bootstrap_port", FBootstrapRoom: "bootstrap_room",
 	FContinueFinalMessage: "continue_final_message",
+	FDocuments:            "documents", FReasoningEffort: "reasoning_effort", FChatTemplate: "chat_template",
+	FInput: "input", FInstructions: "instructions", FReasoning: "reasoning",
+	FPreviousResponseID: "previous_response_id", FPreviousResponse: "previous_response",
+	FPreviousInputMessages: "previous_input_messages", FTruncation: "truncation",
+	FAddSpecialTokens: "add_special_tokens", FTruncatePromptTokens: "truncate_prompt_tokens",
+	FToolChoice: "tool_choice",
 }
 
 // Name is the JSON member name of f.
@@ -205,6 +230,14 @@ func (r *Request) set(f Field, body []byte, s, e int) error {
 		if v[0] != '[' {
 			return ErrType
 		}
+	case FDocuments, FReasoningEffort, FChatTemplate, FInput, FInstructions, FReasoning,
+		FPreviousResponseID, FPreviousResponse, FPreviousInputMessages, FTruncation,
+		FAddSpecialTokens, FTruncatePromptTokens, FToolChoice:
+		// Fields of one endpoint that others ignore: a value of another JSON type (or
+		// null) is treated as absent, never refused; the engine judges it.
+		if !fieldKinds[f][v[0]] {
+			r.Value[f] = Span{}
+		}
 	case FPrompt:
 		r.Prompt = promptKind(v)
 		if r.Prompt == PromptNone && v[0] != 'n' {
@@ -213,6 +246,25 @@ func (r *Request) set(f Field, body []byte, s, e int) error {
 	}
 	return nil
 }
+
+// fieldKinds are the first bytes of the values each lenient field takes.
+var fieldKinds = func() (k [numFields][256]bool) {
+	for _, f := range []Field{FReasoningEffort, FChatTemplate, FInstructions, FPreviousResponseID, FInput, FTruncation} {
+		k[f]['"'] = true
+	}
+	for _, f := range []Field{FDocuments, FInput, FPreviousInputMessages} {
+		k[f]['['] = true
+	}
+	k[FToolChoice]['"'] = true
+	for _, f := range []Field{FReasoning, FPreviousResponse, FToolChoice} {
+		k[f]['{'] = true
+	}
+	k[FAddSpecialTokens]['t'], k[FAddSpecialTokens]['f'] = true, true
+	for _, c := range "-0123456789" {
+		k[FTruncatePromptTokens][c] = true
+	}
+	return k
+}()
 
 func (r *Request) setBool(f Field, b bool) {
 	switch f {

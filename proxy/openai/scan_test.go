@@ -219,3 +219,44 @@ func FuzzScan(f *testing.F) {
 		}
 	})
 }
+
+// Members one endpoint reads and others ignore take their JSON kinds; any other kind (or
+// null) reads as absent, never as an error.
+func TestScanLenientFields(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		f    Field
+		want string
+	}{
+		{`{"documents":[{"title":"t","text":"x"}]}`, FDocuments, `[{"title":"t","text":"x"}]`},
+		{`{"documents":"x"}`, FDocuments, ``},
+		{`{"documents":null}`, FDocuments, ``},
+		{`{"reasoning_effort":"low"}`, FReasoningEffort, `"low"`},
+		{`{"reasoning_effort":3}`, FReasoningEffort, ``},
+		{`{"chat_template":"{{ x }}"}`, FChatTemplate, `"{{ x }}"`},
+		{`{"chat_template":null}`, FChatTemplate, ``},
+		{`{"input":"hi"}`, FInput, `"hi"`},
+		{`{"input":[{"role":"user","content":"x"}]}`, FInput, `[{"role":"user","content":"x"}]`},
+		{`{"input":{"a":1}}`, FInput, ``},
+		{`{"reasoning":{"effort":"high"}}`, FReasoning, `{"effort":"high"}`},
+		{`{"reasoning":true}`, FReasoning, ``},
+		{`{"previous_response_id":"r1"}`, FPreviousResponseID, `"r1"`},
+		{`{"previous_response":{"id":"r"}}`, FPreviousResponse, `{"id":"r"}`},
+		{`{"previous_input_messages":[]}`, FPreviousInputMessages, `[]`},
+		{`{"truncation":"auto"}`, FTruncation, `"auto"`},
+		{`{"add_special_tokens":false}`, FAddSpecialTokens, `false`},
+		{`{"add_special_tokens":"yes"}`, FAddSpecialTokens, ``},
+		{`{"truncate_prompt_tokens":-1}`, FTruncatePromptTokens, `-1`},
+		{`{"truncate_prompt_tokens":"8"}`, FTruncatePromptTokens, ``},
+	} {
+		var r Request
+		b := []byte(tc.body)
+		if err := Scan(b, &r); err != nil {
+			t.Errorf("%s: %v", tc.body, err)
+			continue
+		}
+		if got := string(r.Value[tc.f].Bytes(b)); got != tc.want {
+			t.Errorf("%s: %s = %q, want %q", tc.body, tc.f.Name(), got, tc.want)
+		}
+	}
+}

@@ -70,8 +70,10 @@ type Input struct {
 	// Documents is the request's raw "documents" JSON (RAG templates); it overrides a
 	// "documents" key in chat_template_kwargs. nil or null: none.
 	Documents []byte
-	// ReasoningEffort is the request's reasoning_effort ("low", "medium", "high"); when set it
-	// becomes the reasoning_effort variable, overriding chat_template_kwargs.
+	// ReasoningEffort is the request's reasoning_effort ("none", "low", "high", ...); when set it
+	// becomes the reasoning_effort variable, overriding chat_template_kwargs, and unless the
+	// kwargs name enable_thinking, enable_thinking becomes ReasoningEffort != "none" (vLLM's
+	// build_chat_params).
 	ReasoningEffort string
 	// ContinueFinalMessage is the request's continue_final_message: the prompt ends inside the
 	// last message instead of after it (transformers cuts the rendering right after that
@@ -223,6 +225,7 @@ func (t *Template) bind(r *renderer, in *Input) (Value, error) {
 	}
 	// Request kwargs override the special tokens ({**special_tokens_map, **kwargs}).
 	documents := none
+	kwThinking := false // chat_template_kwargs names enable_thinking
 	if len(in.Kwargs) > 0 {
 		kw, err := parseJSONIn(&r.a, in.Kwargs)
 		if err != nil {
@@ -234,6 +237,9 @@ func (t *Template) bind(r *renderer, in *Input) (Value, error) {
 			for i, k := range kw.d.keys {
 				switch k {
 				case "chat_template", "tokenize":
+					if k == "chat_template" && kw.d.vals[i].k == kNone {
+						continue // null: the model's own template, as vLLM merges it
+					}
 					// vLLM refuses these.
 					return undefined, fmt.Errorf("chat: unexpected chat_template_kwargs key %q", k)
 				case "messages", "conversation", "tools":
@@ -246,6 +252,8 @@ func (t *Template) bind(r *renderer, in *Input) (Value, error) {
 				case "documents":
 					documents = kw.d.vals[i]
 					continue
+				case "enable_thinking":
+					kwThinking = true
 				}
 				r.setVar(k, kw.d.vals[i])
 			}
@@ -266,6 +274,9 @@ func (t *Template) bind(r *renderer, in *Input) (Value, error) {
 	}
 	if in.ReasoningEffort != "" && in.ReasoningEffort != "auto" {
 		r.setVar("reasoning_effort", strVal(in.ReasoningEffort))
+		if !kwThinking {
+			r.setVar("enable_thinking", boolVal(in.ReasoningEffort != "none"))
+		}
 	}
 	r.setVar("messages", msgs)
 	r.setVar("tools", tools)

@@ -11,7 +11,8 @@ import (
 // template (vllm/entrypoints/chat_utils.py, parse_chat_messages):
 //   - each message becomes {"role", "content", ...} with the extra keys in vLLM's order:
 //     assistant "tool_calls" (when present and not null), "reasoning" and "reasoning_content"
-//     (from "reasoning"), tool "tool_call_id", then "name";
+//     (from "reasoning", else the deprecated input "reasoning_content"), tool "tool_call_id",
+//     then "name";
 //   - content: a string or a list of text parts; absent/null content is an empty part list.
 //     Format "string" joins the texts with "\n"; "openai" keeps [{"type":"text","text":...}]
 //     (tool messages are flattened back to a string unless a part is not text);
@@ -94,7 +95,12 @@ func convertMessage(a *arena, m Value, format ContentFormat) (Value, error) {
 				d.set("tool_calls", calls)
 			}
 		}
-		if rs, ok := m.d.get("reasoning"); ok && rs.k != kNone {
+		rs, ok := m.d.get("reasoning")
+		if !ok || rs.k == kNone {
+			// vLLM renames the deprecated reasoning_content to reasoning when reasoning is unset.
+			rs, ok = m.d.get("reasoning_content")
+		}
+		if ok && rs.k != kNone {
 			d.set("reasoning", rs)
 			d.set("reasoning_content", rs)
 		}
