@@ -293,7 +293,8 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 		writeHTTPError(w, 400, "invalid_request_error", "malformed request body: "+err.Error())
 		return
 	}
-	st.chat = st.oa.Value[openai.FMessages].Present() || strings.Contains(r.URL.Query().Get("path"), "chat")
+	st.chat = st.oa.Value[openai.FMessages].Present() || st.oa.Value[openai.FInput].Present() ||
+		strings.Contains(r.URL.Query().Get("path"), "chat") || strings.Contains(r.URL.Query().Get("path"), "responses")
 	ex := Explanation{Scores: map[string]int{}, Eligible: map[string]bool{}}
 	var d decision
 	d.ep, d.decode = -1, -1

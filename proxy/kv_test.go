@@ -484,3 +484,24 @@ func TestKVPendingEntries(t *testing.T) {
 		t.Fatalf("after two TTLs: %s", r)
 	}
 }
+
+// POST /v1/responses is keyed as the conversation vLLM renders from it: the first goes
+// by -select, a second with the same conversation follows its pending entries.
+func TestResponsesRouted(t *testing.T) {
+	a, b := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM)
+	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""))
+	s := startProxy(t, cfg)
+	body := `{"model":"qwen3","instructions":"You are a careful assistant who answers in short sentences and cites sources.","input":"` + sharedPrefix + `"}`
+	res, _ := post(t, s.url("/v1/responses"), body)
+	first := res.Header.Get("x-kvgate-endpoint")
+	if res.Header.Get("x-kvgate-route") != "kv-miss:no_worker" || first == "" {
+		t.Fatalf("first: %q %q", first, res.Header.Get("x-kvgate-route"))
+	}
+	res, _ = post(t, s.url("/v1/responses"), body)
+	if res.Header.Get("x-kvgate-endpoint") != first || res.Header.Get("x-kvgate-route") != "prefix-trie" {
+		t.Fatalf("second: %s %s", res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"))
+	}
+	if n := a.count("/v1/responses") + b.count("/v1/responses"); n != 2 {
+		t.Fatalf("engines saw %d /v1/responses requests", n)
+	}
+}

@@ -379,6 +379,16 @@ func (s *Server) routes() {
 	}
 	s.h.POST("/v1/completions", func(ctx context.Context, c *app.RequestContext) { s.handleOpenAI(ctx, c, false) })
 	s.h.POST("/v1/chat/completions", func(ctx context.Context, c *app.RequestContext) { s.handleOpenAI(ctx, c, true) })
+	// vLLM's Responses API: keyed as the conversation the engine renders (fields.go). The
+	// prefill/decode protocols rewrite completions and chat bodies only, so in mode 1 it
+	// passes through to an endpoint by -select.
+	s.h.POST("/v1/responses", func(ctx context.Context, c *app.RequestContext) {
+		if s.cfg.KVMode == KVDisaggregated {
+			s.handlePassThrough(ctx, c)
+			return
+		}
+		s.handleOpenAI(ctx, c, true)
+	})
 	s.h.NoRoute(func(ctx context.Context, c *app.RequestContext) { s.handlePassThrough(ctx, c) })
 	s.h.NoMethod(func(ctx context.Context, c *app.RequestContext) { s.handlePassThrough(ctx, c) })
 }
