@@ -57,8 +57,9 @@ SOAK_TIME ?= 3m
 soak:
 	KVGATE_SOAK=$(SOAK_TIME) KVGATE_SOAK_STREAMS=10000 $(GO) test -count=1 -timeout 30m -run 'TestSoak' -v ./proxy/
 
-# The demo: 4 engine simulators + kvgate on loopback, rr vs KV-Exact on a shared-prefix
-# workload; prints the comparison table and writes the report and plots to bench/out/.
+# The demo: 4 engine simulators + kvgate on loopback; rr, chwbl, the default KV-Exact and the
+# oracle on the shared-prefix and hot-prefix workloads at arrival rates x1, x2, x4; prints the
+# tables and writes the report and the TTFT-versus-load plots to bench/out/.
 demo: fetch build
 	$(BIN) bench -demo -out bench/out
 

@@ -552,7 +552,7 @@ func scrapeFleet(url string) fleetScrape {
 			s.cpu = v
 		case "process_resident_memory_bytes":
 			s.rss = v
-		case "kvgate_inventory_keys":
+		case "kvgate_ingest_inventory_keys":
 			s.entries += v
 		case "kvgate_inventory_memory_bytes":
 			s.invBytes = v
