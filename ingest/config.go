@@ -62,18 +62,6 @@ const (
 	EngineTRTLLM = "trtllm"
 )
 
-// EventEngines lists the engines ingest can follow.
-var EventEngines = []string{EngineVLLM, EngineSGLang, EngineTRTLLM}
-
-// HasEvents reports whether engine publishes KV events kvgate can follow.
-func HasEvents(engine string) bool {
-	switch engine {
-	case EngineVLLM, EngineSGLang, EngineTRTLLM:
-		return true
-	}
-	return false
-}
-
 // Inventory is the part of shard.Inventory ingest writes to.
 type Inventory interface {
 	Add(ep int, keys []uint64) int

@@ -123,38 +123,9 @@ func (m *Manager) Status(i int) EndpointStatus {
 	return e.status()
 }
 
-// Statuses returns every endpoint's snapshot, in configuration order.
-func (m *Manager) Statuses() []EndpointStatus {
-	out := make([]EndpointStatus, len(m.eps))
-	for i, e := range m.eps {
-		out[i] = e.status()
-	}
-	return out
-}
-
 // UsesFastKeys reports whether endpoint i's inventory holds kvgate's fast keys (so the
 // request path must compute the fast chain to score it). Lock-free.
 func (m *Manager) UsesFastKeys(i int) bool {
 	e := m.endpoint(i)
 	return e != nil && e.fast.Load()
-}
-
-// AnyFastKeys reports whether any endpoint uses fast keys.
-func (m *Manager) AnyFastKeys() bool {
-	for _, e := range m.eps {
-		if e.fast.Load() {
-			return true
-		}
-	}
-	return false
-}
-
-// AnyEngineKeys reports whether any endpoint uses the engine's (the rule's contract) keys.
-func (m *Manager) AnyEngineKeys() bool {
-	for _, e := range m.eps {
-		if !e.fast.Load() {
-			return true
-		}
-	}
-	return false
 }

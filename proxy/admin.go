@@ -358,9 +358,6 @@ func (s *Server) readiness() (bool, string) {
 	if !s.ready.Load() {
 		return false, "starting"
 	}
-	if s.kv != nil && !s.kv.loaded() {
-		return false, "tokenizers not loaded"
-	}
 	usable := func(e *endpoint) bool {
 		return e.healthy.Load() && !e.down.Load() && (s.cfg.HealthInterval == 0 || e.checked.Load()) && e.breaker.Ready()
 	}

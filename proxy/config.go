@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -493,7 +494,7 @@ func (c *Config) Validate() error {
 	for a, base := range c.LoRA {
 		found := false
 		for _, t := range c.Tokenizers {
-			found = found || t.Model == base || contains(t.Aliases, base)
+			found = found || t.Model == base || slices.Contains(t.Aliases, base)
 		}
 		if !found {
 			return refuse("-lora", "%s=%s: base model %q has no -tokenizer", a, base, base)
@@ -565,13 +566,4 @@ func (c *Config) Validate() error {
 		return refuse("-shutdown-grace", "must be >= 0")
 	}
 	return nil
-}
-
-func contains(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

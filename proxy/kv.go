@@ -152,7 +152,6 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 
 func (k *kvRouter) start(ctx context.Context) error { return k.mgr.Start(ctx) }
 func (k *kvRouter) close()                          { k.mgr.Close() }
-func (k *kvRouter) loaded() bool                    { return true } // tokenizers load in New
 
 func (k *kvRouter) inventory(i int) (keys int, parity string, connected bool, lastSeq int64) {
 	st := k.mgr.Status(i)

@@ -115,9 +115,6 @@ type Request struct {
 	// ContinueFinalMessage: the prompt ends inside the final (assistant) message.
 	ContinueFinalMessage bool
 	Prompt               PromptKind
-	// ModelEscaped and similar flags say a string span holds backslash escapes, so the
-	// caller must Unquote it before comparing.
-	ModelEscaped bool
 }
 
 // Reset clears r for reuse.
@@ -212,9 +209,6 @@ func (r *Request) set(f Field, body []byte, s, e int) error {
 		}
 		if v[0] != '"' {
 			return ErrType
-		}
-		if f == FModel {
-			r.ModelEscaped = hasEscape(v)
 		}
 	case FStream, FAddGenerationPrompt, FContinueFinalMessage:
 		switch v[0] {
