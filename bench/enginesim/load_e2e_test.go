@@ -1,0 +1,110 @@
+package enginesim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/proxy"
+	"github.com/kvgate/kvgate/tokenize"
+)
+
+// kvgate reads each engine's own load report the way it serves it (vLLM and SGLang
+// Prometheus gauges, trtllm-serve's /prometheus/metrics): with one request running and two
+// waiting at the engine (another client's), kvgate's view of it shows running 1, waiting
+// 2, a fresh report, and one slot learned from "running while requests wait".
+func TestProxyReadsEngineLoad(t *testing.T) {
+	for _, engine := range []string{EngineVLLM, EngineSGLang, EngineTRTLLM} {
+		t.Run(engine, func(t *testing.T) {
+			sp := pdSpec(t, engine, "", "e")
+			sp.MaxBatch, sp.DecodePerToken = 1, 50*time.Millisecond
+			sim := launch(t, sp)
+			spec := fmt.Sprintf("name=e,url=%s,engine=%s", sim.URL(), engine)
+			if a := sim.EventsAddr(); a != "" {
+				spec += ",events=" + a
+			}
+			ep, err := proxy.ParseEndpoint(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, pool := qwen3(t)
+			cfg := proxy.Defaults()
+			cfg.HealthInterval = 0
+			cfg.KVMode = proxy.KVConverged
+			cfg.KVBlockSize = 16
+			cfg.KVHashAlgo = "sha256_cbor"
+			if engine == EngineSGLang {
+				cfg.KVHashAlgo = ""
+			}
+			cfg.KVLoadScrape = 20 * time.Millisecond
+			dir, _ := tokenize.StagedDir("qwen3")
+			cfg.Tokenizers = []proxy.TokenizerSpec{{Model: "qwen3", Dir: dir}}
+			cfg.Endpoints = []proxy.EndpointSpec{ep}
+			srv, err := proxy.New(cfg, proxy.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Tokenizers: pool})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pub, _ := net.Listen("tcp", "127.0.0.1:0")
+			adm, _ := net.Listen("tcp", "127.0.0.1:0")
+			if err := srv.StartWith(context.Background(), pub, adm); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				srv.Shutdown(ctx)
+			})
+			// Three long requests straight to the engine: one runs, two wait.
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			for i := 0; i < 3; i++ {
+				go func(i int) {
+					body := fmt.Sprintf(`{"model":"qwen3","prompt":"another client %d asks a long question","max_tokens":200,"stream":true}`, i)
+					req, _ := http.NewRequestWithContext(ctx, "POST", sim.URL()+"/v1/completions", strings.NewReader(body))
+					req.Header.Set("Content-Type", "application/json")
+					if res, err := http.DefaultClient.Do(req); err == nil {
+						io.Copy(io.Discard, res.Body)
+						res.Body.Close()
+					}
+				}(i)
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			var last string
+			for time.Now().Before(deadline) {
+				res, err := http.Get("http://" + adm.Addr().String() + "/debug/inventory")
+				if err != nil {
+					t.Fatal(err)
+				}
+				var inv struct {
+					Endpoints []struct {
+						Load struct {
+							Slots  int64 `json:"slots"`
+							Engine struct {
+								Fresh            bool
+								Running, Waiting int64
+							} `json:"engine_report"`
+						} `json:"load"`
+					} `json:"endpoints"`
+				}
+				b, _ := io.ReadAll(res.Body)
+				res.Body.Close()
+				last = string(b)
+				if json.Unmarshal(b, &inv) == nil && len(inv.Endpoints) == 1 {
+					l := inv.Endpoints[0].Load
+					if l.Engine.Fresh && l.Engine.Running == 1 && l.Engine.Waiting == 2 && l.Slots == 1 {
+						return
+					}
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			t.Fatalf("kvgate never saw running 1, waiting 2, slots 1:\n%s", last)
+		})
+	}
+}
