@@ -6,6 +6,7 @@ import (
 	"github.com/zeebo/xxh3"
 
 	"github.com/kvgate/kvgate/proxy/openai"
+	"github.com/kvgate/kvgate/proxy/route"
 	"github.com/kvgate/kvgate/shard"
 )
 
@@ -46,28 +47,21 @@ func (s *Server) decide(st *reqState, d *decision, _ bool) {
 	st.meter.sent(st, d.ep)
 }
 
-// decideFallback picks by the rule's selector. key overrides the request-derived
-// CHWBL key (pass-through paths hash their path).
+// decideFallback picks by the rule's selector (-select). key overrides the
+// request-derived CHWBL key (pass-through paths hash their path).
 func (s *Server) decideFallback(st *reqState, d *decision, el shard.Mask, key []byte) {
-	miss := d.route.IsMiss()
+	c := &st.cand
+	*c = route.Candidates{Eligible: el}
 	if s.cfg.Select == SelectCHWBL {
-		var h uint64
 		if key != nil {
-			h = xxh3.Hash(key)
+			c.Key = xxh3.Hash(key)
 		} else {
-			h = s.chwblKey(st)
-		}
-		d.ep = s.ring.Pick(h, el, s.loads, s.cfg.LoadFactor)
-		if !miss {
-			d.route = RouteCHWBL
-		}
-		if d.ep >= 0 {
-			return
+			c.Key = s.chwblKey(st)
 		}
 	}
-	d.ep = s.rr.Pick(el)
-	if !miss && s.cfg.Select == SelectRR {
-		d.route = RouteRR
+	d.ep = s.fallback.Select(c, nil)
+	if !d.route.IsMiss() {
+		d.route = s.fallbackRoute
 	}
 }
 

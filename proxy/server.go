@@ -43,21 +43,24 @@ type endpoint struct {
 // Server is one running rule: the public proxy listener, the admin listener, the
 // endpoints' state and the KV-Exact machinery when enabled.
 type Server struct {
-	cfg       Config
-	log       *slog.Logger
-	eps       []*endpoint
-	names     []string
-	loads     *balance.Loads
-	queues    *route.Queues  // prefill queued, learned rates, engine reports (the cost policy)
-	meter     *decisionMeter // where traffic decisions count (meter.go)
-	rr        *balance.RR
-	ring      *balance.Ring
-	prefRR    *balance.RR   // mode 1 prefill min-load ties
-	decodeSel *route.Decode // mode 1 decode choice
-	client    *client.Client
-	m         *proxyMetrics
-	kv        *kvRouter
-	aff       *affinity
+	cfg    Config
+	log    *slog.Logger
+	eps    []*endpoint
+	names  []string
+	loads  *balance.Loads
+	queues *route.Queues  // prefill queued, learned rates, engine reports (the cost policy)
+	meter  *decisionMeter // where traffic decisions count (meter.go)
+	// fallback is -select (route.RR or route.CHWBL), labelled fallbackRoute.
+	fallback      route.Selector
+	fallbackRoute Route
+	rr            *balance.RR
+	ring          *balance.Ring
+	prefRR        *balance.RR   // mode 1 prefill min-load ties
+	decodeSel     *route.Decode // mode 1 decode choice
+	client        *client.Client
+	m             *proxyMetrics
+	kv            *kvRouter
+	aff           *affinity
 
 	prefillMask, decodeMask shard.Mask
 
@@ -129,6 +132,11 @@ func New(cfg Config, opt Options) (*Server, error) {
 	s.rr, s.prefRR = balance.NewRR(n), balance.NewRR(n)
 	s.decodeSel = &route.Decode{Loads: s.loads, Queues: s.queues}
 	s.ring = balance.NewRing(s.names, weights)
+	s.fallback, s.fallbackRoute = &route.RR{RR: s.rr}, RouteRR
+	if cfg.Select == SelectCHWBL {
+		s.fallback = &route.CHWBL{Ring: s.ring, Loads: s.loads, LoadFactor: cfg.LoadFactor, RR: s.rr}
+		s.fallbackRoute = RouteCHWBL
+	}
 	s.m = newProxyMetrics(s.names)
 	s.meter = &decisionMeter{m: s.m}
 	s.aff = newAffinity(cfg.AffinityTTL, cfg.AffinityMax)

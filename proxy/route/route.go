@@ -23,6 +23,8 @@ type Candidates struct {
 	Tokens, BlockSize int
 	// MinBlocks is the shallowest match that counts as a hit (-kv-min-match-tokens).
 	MinBlocks int32
+	// Key is the request's content key for CHWBL (model + system message or prompt head).
+	Key uint64
 }
 
 // Terms are one endpoint's inputs to a cost decision, as /debug/explain shows them.
@@ -45,9 +47,10 @@ type Observer interface {
 	Endpoint(ep int, t Terms)
 }
 
-// Selector picks one eligible endpoint for a request some endpoint holds a prefix of. It
-// returns -1 when no eligible endpoint is acceptable (the caller falls back to the rule's
-// selector and counts kv-miss:no_worker).
+// Selector picks one eligible endpoint. The KV-Exact policies (Cost, Overlap) read the
+// matched blocks and return -1 when no eligible endpoint is acceptable (the caller falls
+// back to the rule's selector and counts kv-miss:no_worker); the rule's selectors (RR,
+// CHWBL) read only the eligible set and the content key.
 type Selector interface {
 	Select(c *Candidates, obs Observer) int
 	// Name is the policy's -kv-policy value.

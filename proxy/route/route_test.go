@@ -347,3 +347,29 @@ func TestPredictSharesPrefill(t *testing.T) {
 		t.Fatalf("big %+v", big)
 	}
 }
+
+func TestRuleSelectors(t *testing.T) {
+	loads := balance.NewLoads(4)
+	rr := &RR{RR: balance.NewRR(4)}
+	ch := &CHWBL{Ring: balance.NewRing([]string{"a", "b", "c", "d"}, []int{1, 1, 1, 1}), Loads: loads, LoadFactor: 0, RR: balance.NewRR(4)}
+	el := shard.NewMask(4)
+	el.SetAll(4)
+	c := &Candidates{Eligible: el, Key: 0xfeedface}
+	seen := map[int]bool{}
+	for k := 0; k < 8; k++ {
+		seen[rr.Select(c, nil)] = true
+	}
+	if len(seen) != 4 {
+		t.Fatalf("rr visits every endpoint: %v", seen)
+	}
+	first := ch.Select(c, nil)
+	for k := 0; k < 4; k++ {
+		if got := ch.Select(c, nil); got != first {
+			t.Fatalf("chwbl is sticky per key: %d then %d", first, got)
+		}
+	}
+	loads.Inc(first) // over ceil(1 x 2/4) = 1: the next endpoint on the ring takes it
+	if got := ch.Select(c, nil); got == first || got < 0 {
+		t.Fatalf("chwbl over its bound: got %d (first %d)", got, first)
+	}
+}
