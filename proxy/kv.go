@@ -37,6 +37,9 @@ type kvRouter struct {
 	// endpoint holds by the cost policy too (route kv-miss:<reason> all the same); rr
 	// knows nothing of queues. -select chwbl keeps its content affinity for misses.
 	loadOnMiss bool
+	// foldTrie: the cost policy counts what kvgate sent (prefix trie, pending entries) as
+	// held when it predicts uncached tokens.
+	foldTrie bool
 }
 
 type loraAdapter struct{ name, base string }
@@ -99,6 +102,7 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	} else {
 		k.sel = &route.Cost{Loads: s.loads, Queues: s.queues}
 		k.loadOnMiss = cfg.KVMode == KVConverged && cfg.Select == SelectRR
+		k.foldTrie = k.trie != nil
 	}
 	k.fast = hashcore.NewFast(cfg.KVBlockSize)
 	var spec *hashcore.Spec
@@ -347,7 +351,7 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 	s := k.s
 	matched := st.matched
 	copy(matched, st.scores)
-	if k.trie != nil && k.sel.Name() == "cost" {
+	if k.foldTrie {
 		if keys := k.trieKeys(st); len(keys) > 0 {
 			k.trie.score(keys, el, st.scores2, st.scores3, matched)
 		}
