@@ -307,13 +307,7 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 		st.sessKey = append(st.sessKey[:0], sessionKey(nil, st)...)
 		s.decidePD(st, &d)
 	} else {
-		el := s.baseEligible(st, st.eligible, nil)
-		if s.kv != nil {
-			ex.Tokens, ex.Blocks = s.kv.explain(st, el, &d)
-		}
-		if d.ep < 0 {
-			s.decideFallback(st, &d, el, nil)
-		}
+		s.decide(st, &d, false)
 	}
 	for i, e := range s.eps {
 		ex.Eligible[e.spec.Name] = st.eligible.Has(i)
@@ -321,8 +315,8 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 			ex.Scores[e.spec.Name] = int(st.scores[i])
 		}
 	}
-	if s.kv != nil && s.cfg.KVMode == KVDisaggregated {
-		ex.Tokens, ex.Blocks = len(st.tokens), len(st.keys)
+	if s.kv != nil {
+		ex.Tokens, ex.Blocks = len(st.tokens), max(len(st.keys), len(st.fastKeys))
 	}
 	if s.kv != nil && (s.kv.memo != nil || s.kv.chainMemo != nil) {
 		ex.Memo = &explainMemo{Tokens: st.memoUse.Tokens, Segments: st.memoUse.Segments, Blocks: st.memoBlocks}

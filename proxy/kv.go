@@ -162,15 +162,6 @@ func (k *kvRouter) inventory(i int) (keys int, parity string, connected bool, la
 	return k.inv.Count(i), st.Parity, st.Connected, st.LastSeq
 }
 
-func (k *kvRouter) explain(st *reqState, el shard.Mask, d *decision) (tokens, blocks int) {
-	k.route(st, el, d)
-	blocks = len(st.keys)
-	if len(st.fastKeys) > blocks {
-		blocks = len(st.fastKeys)
-	}
-	return len(st.tokens), blocks
-}
-
 // bstr views b as a string without copying; the callee must not keep it.
 func bstr(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
@@ -375,11 +366,11 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 		if k.loadOnMiss {
 			// No endpoint holds enough of the prompt: it prefills in full wherever it
 			// goes, so the least predicted first token is the least queued work.
-			d.ep = k.sel.Select(c, st.observer())
+			d.ep = k.sel.Select(c, st.obs)
 		}
 		return
 	}
-	winner := k.sel.Select(c, st.observer())
+	winner := k.sel.Select(c, st.obs)
 	if winner < 0 {
 		k.miss(st, d, RouteMissNoWorker)
 		return

@@ -1,10 +1,6 @@
 package proxy
 
-import (
-	"time"
-
-	"github.com/kvgate/kvgate/proxy/route"
-)
+import "time"
 
 // decisionMeter is where a routing decision's counters and records go. Traffic decides
 // with the server's meter; /debug/explain decides through the same code with a nil
@@ -59,6 +55,3 @@ func (dm *decisionMeter) sent(st *reqState, ep int) {
 		dm.kv.trieRecord(st, ep)
 	}
 }
-
-// observer is the route.Observer of this decision: nil for traffic.
-func (st *reqState) observer() route.Observer { return st.obs }
