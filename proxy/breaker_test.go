@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"log/slog"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -114,6 +115,8 @@ func TestParseEndpointAndValidate(t *testing.T) {
 		{func(c *Config) { c.KVMode = KVConverged }, "-endpoint"}, // no events=
 		{func(c *Config) { c.Endpoints[0].Role = RolePrefill }, "-kv-mode"},
 		{func(c *Config) { c.LoadFactor = -1 }, "-kv-load-factor"},
+		{func(c *Config) { c.KVFairShare = 0.8 }, "-kv-fair-share"},
+		{func(c *Config) { c.KVFairShare = math.NaN() }, "-kv-fair-share"},
 		{func(c *Config) { c.BreakerFailures = 0 }, "-breaker-failures"},
 		{func(c *Config) { c.MaxBodyBytes = 10 }, "-max-body-bytes"},
 		{func(c *Config) { c.UpstreamTimeout = 0 }, "-upstream-timeout"},

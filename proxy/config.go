@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/hashcore"
+	"github.com/kvgate/kvgate/proxy/route"
 	"github.com/kvgate/kvgate/shard"
 	"github.com/kvgate/kvgate/tokenize"
 )
@@ -271,6 +272,10 @@ type Config struct {
 	// KVPendingTTL: in mode 3, a prompt's blocks count as held by the endpoint kvgate sent
 	// it to for this long, until the engine's own events report them (0: off).
 	KVPendingTTL time.Duration
+	// KVFairShare: the cost policy lets no endpoint take more than this times the mean
+	// share of recent prefill work, except for requests whose cached prefix there is
+	// private (route.Cost); 0 turns the bound off.
+	KVFairShare float64
 	// TokenizeMemoBytes bounds the memo of token IDs between added tokens that lets a
 	// follow-up turn tokenize only its new text (0: off); KVChainMemoBytes bounds the memo
 	// of block-key chain stretches that lets it hash only its new blocks (0: off).
@@ -344,6 +349,7 @@ func Defaults() Config {
 		KVPolicy:             "cost",
 		KVLoadScrape:         50 * time.Millisecond,
 		KVPendingTTL:         2 * time.Second,
+		KVFairShare:          route.DefaultFairShare,
 		TokenizeMemoBytes:    tokenize.DefaultMemoBytes,
 		KVChainMemoBytes:     hashcore.DefaultChainMemoBytes,
 		CHWBLPrefixBytes:     256,
@@ -519,6 +525,9 @@ func (c *Config) Validate() error {
 	}
 	if c.KVChainMemoBytes != 0 && c.KVChainMemoBytes < hashcore.MinChainMemoBytes {
 		return refuse("-kv-chain-memo-bytes", "%d: want 0 (off) or >= %d", c.KVChainMemoBytes, hashcore.MinChainMemoBytes)
+	}
+	if c.KVFairShare != 0 && !(c.KVFairShare >= 1 && c.KVFairShare <= 100) {
+		return refuse("-kv-fair-share", "%v: want 0 (off) or a factor in [1, 100]", c.KVFairShare)
 	}
 	if c.KVPendingTTL < 0 {
 		return refuse("-kv-pending-ttl", "%v: want >= 0 (0: off)", c.KVPendingTTL)

@@ -31,6 +31,7 @@ type kvRouter struct {
 	lora      map[string]loraAdapter
 	trie      *prefixTrie // mode 1 with -pd-prefix-trie-keys > 0; mode 3 with -kv-pending-ttl > 0
 	sel       route.Selector
+	popular   *route.Popularity   // the cost policy's hot-prefix sketch; nil for overlap
 	memo      *tokenize.Memo      // -tokenize-memo-bytes > 0
 	chainMemo *hashcore.ChainMemo // -kv-chain-memo-bytes > 0 and an engine contract
 	// loadOnMiss: mode 3 with the cost policy and -select rr places a keyed prompt no
@@ -100,7 +101,8 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	if cfg.KVPolicy == "overlap" {
 		k.sel = &route.Overlap{Loads: s.loads, LoadFactor: cfg.LoadFactor}
 	} else {
-		k.sel = &route.Cost{Loads: s.loads, Queues: s.queues}
+		k.popular = route.NewPopularity(cfg.KVBlockSize)
+		k.sel = &route.Cost{Loads: s.loads, Queues: s.queues, Popular: k.popular, FairShare: cfg.KVFairShare}
 		k.loadOnMiss = cfg.KVMode == KVConverged && cfg.Select == SelectRR
 		k.foldTrie = k.trie != nil
 	}
@@ -355,8 +357,13 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 	}
 	d.uncached = len(st.tokens)
 	c := &st.cand
+	blocks := st.keys
+	if len(blocks) == 0 {
+		blocks = st.fastKeys
+	}
 	*c = route.Candidates{Eligible: el, Matched: matched, Best: best, Tokens: len(st.tokens),
-		BlockSize: k.blockSize, MinBlocks: max(k.minBlocks, 1)}
+		BlockSize: k.blockSize, MinBlocks: max(k.minBlocks, 1), Blocks: blocks}
+	defer st.meter.prompt(blocks)
 	if best < 0 || matched[best] < k.minBlocks {
 		r := RouteMissNoWorker
 		if best >= 0 {

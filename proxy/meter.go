@@ -55,3 +55,11 @@ func (dm *decisionMeter) sent(st *reqState, ep int) {
 		dm.kv.trieRecord(st, ep)
 	}
 }
+
+// prompt counts a decided prompt's blocks in the hot-prefix sketch, after the decision so
+// a request never counts toward its own prefix's popularity.
+func (dm *decisionMeter) prompt(blocks []uint64) {
+	if dm != nil && dm.kv != nil && dm.kv.popular != nil {
+		dm.kv.popular.Record(blocks, time.Now())
+	}
+}

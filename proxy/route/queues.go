@@ -17,7 +17,19 @@ type Queues struct {
 	pinnedRate float64       // tokens/s from -kv-prefill-rate; 0 learns per endpoint
 	staleAfter time.Duration // an engine report older than this no longer counts
 	slotsFlag  int64         // -kv-engine-slots; 0 learns them from the engine's reports
+
+	// Each endpoint's recent prefill work (epQueue.work) is kept scaled by
+	// e^((t-workT0)/ShareWindow) for the time t it was sent, so that comparing endpoints
+	// needs no decay per read: shares are ratios and the common factor cancels.
+	workMu sync.Mutex
+	workT0 atomic.Int64 // unix nanos the scale counts from
 }
+
+// ShareWindow is the time constant over which an endpoint's share of the fleet's recent
+// prefill work is measured: long against one request (tens of ms to a second), so one
+// long prefill does not swing a share, and short enough that a share from before a drain
+// or a traffic shift is forgotten within minutes.
+const ShareWindow = 60 * time.Second
 
 // PriorRate is the prefill rate an endpoint is assumed to have before kvgate has measured
 // it: an 8B-class model on one current datacenter GPU prefills on the order of 10^4
@@ -48,6 +60,7 @@ type epQueue struct {
 	samples  atomic.Int64  // rate-fit samples taken
 	sends    atomic.Uint64 // requests sent so far
 	prefills atomic.Int64  // requests sent that have not produced a first token
+	work     atomic.Uint64 // float64 bits: prefill seconds sent, scaled (see Queues.workT0)
 
 	mu  sync.Mutex // the fit's sums
 	fit lineFit
@@ -59,6 +72,7 @@ type epQueue struct {
 // Engine reports older than staleAfter decay to kvgate's own accounting.
 func NewQueues(n int, rate float64, slots int, staleAfter time.Duration) *Queues {
 	q := &Queues{eps: make([]epQueue, n), pinnedRate: rate, staleAfter: staleAfter, slotsFlag: int64(slots)}
+	q.workT0.Store(time.Now().UnixNano())
 	r := float64(PriorRate)
 	if rate > 0 {
 		r = rate
@@ -94,8 +108,36 @@ func (q *Queues) Sent(ep, uncached int) Ticket {
 	e := &q.eps[ep]
 	alone := e.queued.Add(int64(uncached)) == int64(uncached)
 	e.prefills.Add(1)
-	return Ticket{alone: alone, send: e.sends.Add(1),
-		prefill: loadF(&e.base) + float64(uncached)/loadF(&e.rate)}
+	rate := loadF(&e.rate)
+	q.addWork(e, float64(uncached)/rate)
+	return Ticket{alone: alone, send: e.sends.Add(1), prefill: loadF(&e.base) + float64(uncached)/rate}
+}
+
+// WorkScale is the factor that work sent at now carries in the endpoints' scaled work.
+func (q *Queues) WorkScale(now time.Time) float64 {
+	return math.Exp(float64(now.UnixNano()-q.workT0.Load()) / float64(ShareWindow))
+}
+
+// Work is ep's recent prefill work, scaled like every endpoint's (only ratios mean
+// anything).
+func (q *Queues) Work(ep int) float64 { return loadF(&q.eps[ep].work) }
+
+// addWork counts sec seconds of prefill compute sent to e now. When the scale grows large
+// every endpoint's work is rescaled to a new origin (every ~hour and a half), under workMu
+// so no add is lost; a reader in that instant may compare two scales once, harmlessly.
+func (q *Queues) addWork(e *epQueue, sec float64) {
+	q.workMu.Lock()
+	now := time.Now()
+	scale := q.WorkScale(now)
+	if scale > 1e40 {
+		for i := range q.eps {
+			storeF(&q.eps[i].work, loadF(&q.eps[i].work)/scale)
+		}
+		q.workT0.Store(now.UnixNano())
+		scale = 1
+	}
+	storeF(&e.work, loadF(&e.work)+sec*scale)
+	q.workMu.Unlock()
 }
 
 // FirstToken records the first response byte of a request Sent to ep, ttft after it was

@@ -25,6 +25,8 @@ type Candidates struct {
 	MinBlocks int32
 	// Key is the request's content key for CHWBL (model + system message or prompt head).
 	Key uint64
+	// Blocks are the prompt's chained block keys (any one chain), for Popularity.
+	Blocks []uint64
 }
 
 // Terms are one endpoint's inputs to a cost decision, as /debug/explain shows them.
@@ -40,6 +42,9 @@ type Terms struct {
 	Delays    float64 `json:"delays_others_ms"`     // Waiting x this prefill: what it costs them
 	Cost      float64 `json:"cost_ms"`              // Predicted + Delays: what the policy minimizes
 	Source    string  `json:"load_source"`          // "engine" (a fresh /metrics report) or "kvgate" (its own accounting)
+	Share     float64 `json:"work_share"`           // its share of the recent prefill work, with this request's
+	OverShare bool    `json:"over_fair_share"`      // the share passes FairShare x the mean
+	Followers int64   `json:"prefix_followers"`     // recent requests that carried its cached prefix
 }
 
 // Observer records a decision's inputs. Traffic passes nil.
