@@ -219,21 +219,44 @@ func TestOverlapArgmaxAndBound(t *testing.T) {
 }
 
 func TestCostSelectAllocatesNothing(t *testing.T) {
-	q := NewQueues(8, 0, 0, time.Second)
-	c := &Cost{Loads: balance.NewLoads(8), Queues: q}
-	cd := candidates(8, []int32{1, 5, 0, 9, 0, 0, 2, 0}, 4096)
+	c, cd := productionCost()
 	if a := testing.AllocsPerRun(1000, func() { c.Select(cd, nil) }); a != 0 {
 		t.Fatalf("Select allocates %.1f per call", a)
 	}
+	if a := testing.AllocsPerRun(1000, func() { c.Popular.Record(cd.Blocks, time.Now()) }); a != 0 {
+		t.Fatalf("Popularity.Record allocates %.1f per call", a)
+	}
+}
+
+// productionCost is the cost policy as kvgate serve builds it (fair share and the
+// followers sketch on) over 8 endpoints, with a 4,096-token prompt.
+func productionCost() (*Cost, *Candidates) {
+	q := NewQueues(8, 0, 0, time.Second)
+	c := &Cost{Loads: balance.NewLoads(8), Queues: q, Popular: NewPopularity(16), FairShare: DefaultFairShare}
+	for i := 0; i < 8; i++ {
+		q.Sent(i, 1000*(i+1))
+	}
+	cd := candidates(8, []int32{1, 5, 0, 9, 0, 0, 2, 0}, 4096)
+	cd.Blocks = chain(1, 200, 256, 2)
+	c.Popular.Record(cd.Blocks, time.Now())
+	return c, cd
 }
 
 func BenchmarkCostSelect(b *testing.B) {
-	q := NewQueues(8, 0, 0, time.Second)
-	c := &Cost{Loads: balance.NewLoads(8), Queues: q}
-	cd := candidates(8, []int32{1, 5, 0, 9, 0, 0, 2, 0}, 4096)
+	c, cd := productionCost()
 	b.ReportAllocs()
 	for b.Loop() {
 		c.Select(cd, nil)
+	}
+}
+
+// BenchmarkPopularityRecord: what counting one 4,096-token prompt's followers costs.
+func BenchmarkPopularityRecord(b *testing.B) {
+	c, cd := productionCost()
+	now := time.Now()
+	b.ReportAllocs()
+	for b.Loop() {
+		c.Popular.Record(cd.Blocks, now)
 	}
 }
 
