@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"unicode/utf8"
+
+	"github.com/kvgate/kvgate/engine"
 )
 
 // DefaultNoneHashSeed is the seed vLLM derives NONE_HASH from for its cryptographic algos
@@ -22,13 +24,17 @@ const MaxStringLen = 64*1024 - 1
 // (vLLM's (identifier, offset) pairs): out of scope, such prompts cannot be keyed.
 var ErrMultimodal = errors.New("hashcore: multimodal extra keys are not supported; the prompt's block keys cannot match the engine's")
 
+// Kvgate names kvgate's own key contract (NewFast) in Spec.Engine. No engine hashes
+// with it: it keys what kvgate re-hashes itself (TensorRT-LLM, -kv-keys rehash).
+const Kvgate engine.Kind = "kvgate"
+
 // Spec names one engine contract and its parameters.
 type Spec struct {
-	Engine    string // "vllm" | "sglang" | "kvgate"
-	Algo      string // vllm: "sha256" (default) | "sha256_cbor" | "xxhash" | "xxhash_cbor"; sglang: "sha256" | "sha256-bigram" (= Bigram); kvgate: "fast"
-	BlockSize int    // tokens per hashed block: SGLang page size; vLLM's hash block size (block_size x decode-context-parallel size; hybrid models: prefix_match_unit or the GCD of group block sizes)
-	Seed      string // the engine's PYTHONHASHSEED value (vLLM only)
-	SeedSet   bool   // false: the engine runs with PYTHONHASHSEED unset
+	Engine    engine.Kind // engine.VLLM | engine.SGLang | Kvgate
+	Algo      string      // vllm: "sha256" (default) | "sha256_cbor" | "xxhash" | "xxhash_cbor"; sglang: "sha256" | "sha256-bigram" (= Bigram); kvgate: "fast"
+	BlockSize int         // tokens per hashed block: SGLang page size; vLLM's hash block size (block_size x decode-context-parallel size; hybrid models: prefix_match_unit or the GCD of group block sizes)
+	Seed      string      // the engine's PYTHONHASHSEED value (vLLM only)
+	SeedSet   bool        // false: the engine runs with PYTHONHASHSEED unset
 	// Bigram (SGLang only): the engine runs EAGLE speculative decoding, whose radix
 	// cache keys pages by token bigrams; BlockSize counts bigrams per page.
 	Bigram bool
@@ -40,7 +46,7 @@ type Spec struct {
 // seeds its first page.
 func New(s Spec) (Chain, error) {
 	switch s.Engine {
-	case "vllm", "sglang", "kvgate":
+	case engine.VLLM, engine.SGLang, Kvgate:
 	case "":
 		return nil, errors.New("hashcore: engine not set (want vllm, sglang or kvgate)")
 	default:
@@ -52,13 +58,13 @@ func New(s Spec) (Chain, error) {
 	if s.BlockSize > MaxBlockSize {
 		return nil, fmt.Errorf("hashcore: block size %d: must be at most %d", s.BlockSize, MaxBlockSize)
 	}
-	if s.Bigram && s.Engine != "sglang" {
+	if s.Bigram && s.Engine != engine.SGLang {
 		return nil, fmt.Errorf("hashcore: %s: bigram page keys are SGLang's (EAGLE); no %s contract hashes bigrams", s.Engine, s.Engine)
 	}
 	switch s.Engine {
-	case "vllm":
+	case engine.VLLM:
 		return newVLLM(s)
-	case "sglang":
+	case engine.SGLang:
 		switch s.Algo {
 		case "", "sha256":
 		case "sha256-bigram": // the chain's name, so -kv-hash-algo can select it too

@@ -15,6 +15,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"github.com/kvgate/kvgate/engine"
 	"github.com/kvgate/kvgate/hashcore"
 )
 
@@ -54,14 +55,6 @@ func ParseKeyMode(s string) (KeyMode, error) {
 	return KeysAuto, fmt.Errorf("ingest: -kv-keys %q: want engine, rehash or auto", s)
 }
 
-// Engine names with an event contract. llama.cpp has none: a KV-Exact rule naming a
-// llama.cpp endpoint is refused by the proxy before it gets here.
-const (
-	EngineVLLM   = "vllm"
-	EngineSGLang = "sglang"
-	EngineTRTLLM = "trtllm"
-)
-
 // Inventory is the part of shard.Inventory ingest writes to.
 type Inventory interface {
 	Add(ep int, keys []uint64) int
@@ -73,13 +66,13 @@ type Inventory interface {
 // EndpointConfig is one engine endpoint to follow.
 type EndpointConfig struct {
 	Name   string
-	Index  int    // slot in the inventory
-	Engine string // "vllm" | "sglang" | "trtllm"
-	Events string // ZeroMQ PUB endpoint, e.g. tcp://127.0.0.1:5557 (rank r uses port+r)
-	Replay string // optional ROUTER replay endpoint (rank r uses port+r)
-	DP     int    // data-parallel ranks, default 1
-	Topic  string // "" accepts every topic
-	URL    string // trtllm: base URL whose POST /kv_cache_events is drained
+	Index  int         // slot in the inventory
+	Engine engine.Kind // one with an event contract: vllm, sglang or trtllm
+	Events string      // ZeroMQ PUB endpoint, e.g. tcp://127.0.0.1:5557 (rank r uses port+r)
+	Replay string      // optional ROUTER replay endpoint (rank r uses port+r)
+	DP     int         // data-parallel ranks, default 1
+	Topic  string      // "" accepts every topic
+	URL    string      // trtllm: base URL whose POST /kv_cache_events is drained
 }
 
 // Media is a set of cache tiers, one bit per Medium.
@@ -209,7 +202,7 @@ func (e *EndpointConfig) validate() error {
 		e.DP = 1
 	}
 	switch e.Engine {
-	case EngineVLLM, EngineSGLang:
+	case engine.VLLM, engine.SGLang:
 		if _, _, err := splitTCP(e.Events); err != nil {
 			return fmt.Errorf("ingest: %s: events endpoint: %w", e.Name, err)
 		}
@@ -218,12 +211,12 @@ func (e *EndpointConfig) validate() error {
 				return fmt.Errorf("ingest: %s: replay endpoint: %w", e.Name, err)
 			}
 		}
-	case EngineTRTLLM:
+	case engine.TRTLLM:
 		u, err := url.Parse(e.URL)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return fmt.Errorf("ingest: %s: trtllm needs an http(s) base URL, got %q", e.Name, e.URL)
 		}
-	case "llamacpp", "llama.cpp":
+	case engine.LlamaCpp, "llama.cpp": // a KV-Exact rule naming llama.cpp is refused by the proxy before it gets here
 		return fmt.Errorf("ingest: %s: llama.cpp publishes no KV events; KV-Exact cannot follow it (use -select chwbl)", e.Name)
 	default:
 		return fmt.Errorf("ingest: %s: engine %q has no event contract (want vllm, sglang or trtllm)", e.Name, e.Engine)

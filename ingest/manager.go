@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"sync"
+
+	"github.com/kvgate/kvgate/engine"
 )
 
 // Manager follows every event-publishing endpoint of a rule: one goroutine per endpoint
@@ -63,7 +65,7 @@ func (m *Manager) Start(ctx context.Context) {
 	ctx, m.cancel = context.WithCancel(ctx)
 	for _, e := range m.eps {
 		switch e.cfg.Engine {
-		case EngineTRTLLM:
+		case engine.TRTLLM:
 			p := newTRTPoller(e)
 			m.wg.Add(1)
 			go func() { defer m.wg.Done(); p.run(ctx) }()

@@ -109,10 +109,10 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	for _, e := range cfg.Endpoints {
 		switch e.Engine {
 		case EngineVLLM:
-			spec = &hashcore.Spec{Engine: "vllm", Algo: cfg.KVHashAlgo, BlockSize: cfg.KVBlockSize,
+			spec = &hashcore.Spec{Engine: e.Engine, Algo: cfg.KVHashAlgo, BlockSize: cfg.KVBlockSize,
 				Seed: cfg.KVHashSeed, SeedSet: cfg.KVHashSeedSet}
 		case EngineSGLang:
-			spec = &hashcore.Spec{Engine: "sglang", Algo: cfg.KVHashAlgo, BlockSize: cfg.KVBlockSize}
+			spec = &hashcore.Spec{Engine: e.Engine, Algo: cfg.KVHashAlgo, BlockSize: cfg.KVBlockSize}
 		default:
 			continue
 		}
@@ -142,7 +142,7 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	}
 	eps := make([]ingest.EndpointConfig, len(cfg.Endpoints))
 	for i, e := range cfg.Endpoints {
-		eps[i] = ingest.EndpointConfig{Name: e.Name, Index: i, Engine: e.Engine.String(),
+		eps[i] = ingest.EndpointConfig{Name: e.Name, Index: i, Engine: e.Engine,
 			Events: e.Events, Replay: e.Replay, DP: e.DP, Topic: e.Topic, URL: e.URL}
 	}
 	mgr, err := k.newEventSource(ingest.Config{Inventory: inv, Chain: k.chain, Spec: spec, Fast: k.fast,
