@@ -28,6 +28,30 @@ var ErrMultimodal = errors.New("hashcore: multimodal extra keys are not supporte
 // with it: it keys what kvgate re-hashes itself (TensorRT-LLM, -kv-keys rehash).
 const Kvgate engine.Kind = "kvgate"
 
+// The contract parameters a ParamError blames: Spec's fields and Extras' strings.
+const (
+	ParamEngine    = "engine"
+	ParamAlgo      = "algo"
+	ParamBlockSize = "block_size"
+	ParamSeed      = "seed"
+	ParamBigram    = "bigram"
+	ParamLoRAName  = "lora_name"
+	ParamCacheSalt = "cache_salt"
+)
+
+// ParamError is a contract parameter kvgate cannot match. Param names it (one of the
+// Param constants), so a caller names its own flag or field without reading Msg.
+type ParamError struct {
+	Param string
+	Msg   string // the whole message, "hashcore: ..."
+}
+
+func (e *ParamError) Error() string { return e.Msg }
+
+func paramError(param, format string, a ...any) error {
+	return &ParamError{Param: param, Msg: fmt.Sprintf(format, a...)}
+}
+
 // Spec names one engine contract and its parameters.
 type Spec struct {
 	Engine    engine.Kind // engine.VLLM | engine.SGLang | Kvgate
@@ -48,18 +72,18 @@ func New(s Spec) (Chain, error) {
 	switch s.Engine {
 	case engine.VLLM, engine.SGLang, Kvgate:
 	case "":
-		return nil, errors.New("hashcore: engine not set (want vllm, sglang or kvgate)")
+		return nil, paramError(ParamEngine, "hashcore: engine not set (want vllm, sglang or kvgate)")
 	default:
-		return nil, fmt.Errorf("hashcore: unknown engine %q (want vllm, sglang or kvgate)", s.Engine)
+		return nil, paramError(ParamEngine, "hashcore: unknown engine %q (want vllm, sglang or kvgate)", s.Engine)
 	}
 	if s.BlockSize < 1 {
-		return nil, fmt.Errorf("hashcore: block size %d: must be at least 1", s.BlockSize)
+		return nil, paramError(ParamBlockSize, "hashcore: block size %d: must be at least 1", s.BlockSize)
 	}
 	if s.BlockSize > MaxBlockSize {
-		return nil, fmt.Errorf("hashcore: block size %d: must be at most %d", s.BlockSize, MaxBlockSize)
+		return nil, paramError(ParamBlockSize, "hashcore: block size %d: must be at most %d", s.BlockSize, MaxBlockSize)
 	}
 	if s.Bigram && s.Engine != engine.SGLang {
-		return nil, fmt.Errorf("hashcore: %s: bigram page keys are SGLang's (EAGLE); no %s contract hashes bigrams", s.Engine, s.Engine)
+		return nil, paramError(ParamBigram, "hashcore: %s: bigram page keys are SGLang's (EAGLE); no %s contract hashes bigrams", s.Engine, s.Engine)
 	}
 	switch s.Engine {
 	case engine.VLLM:
@@ -70,12 +94,12 @@ func New(s Spec) (Chain, error) {
 		case "sha256-bigram": // the chain's name, so -kv-hash-algo can select it too
 			s.Bigram = true
 		default:
-			return nil, fmt.Errorf("hashcore: sglang algo %q: SGLang pages use sha256 (sha256-bigram with EAGLE speculative decoding)", s.Algo)
+			return nil, paramError(ParamAlgo, "hashcore: sglang algo %q: SGLang pages use sha256 (sha256-bigram with EAGLE speculative decoding)", s.Algo)
 		}
 		return &sglangChain{blockSize: s.BlockSize, bigram: s.Bigram}, nil
 	default: // "kvgate"
 		if s.Algo != "" && s.Algo != "fast" {
-			return nil, fmt.Errorf("hashcore: kvgate algo %q: want fast", s.Algo)
+			return nil, paramError(ParamAlgo, "hashcore: kvgate algo %q: want fast", s.Algo)
 		}
 		return NewFast(s.BlockSize), nil
 	}
@@ -96,17 +120,17 @@ func newVLLM(s Spec) (Chain, error) {
 	case "xxhash_cbor":
 		c.xxh = true
 	default:
-		return nil, fmt.Errorf("hashcore: unknown vllm algo %q (want sha256, sha256_cbor, xxhash or xxhash_cbor)", s.Algo)
+		return nil, paramError(ParamAlgo, "hashcore: unknown vllm algo %q (want sha256, sha256_cbor, xxhash or xxhash_cbor)", s.Algo)
 	}
 	c.name = "vllm/" + algo
 	seed := s.Seed
 	if !s.SeedSet {
 		if c.xxh {
-			return nil, fmt.Errorf("hashcore: vllm %s with PYTHONHASHSEED unset: vLLM derives NONE_HASH from a random per-process seed for xxhash algos, so no parity is possible; start the engine with PYTHONHASHSEED set and pass the same value as the seed", algo)
+			return nil, paramError(ParamSeed, "hashcore: vllm %s with PYTHONHASHSEED unset: vLLM derives NONE_HASH from a random per-process seed for xxhash algos, so no parity is possible; start the engine with PYTHONHASHSEED set and pass the same value as the seed", algo)
 		}
 		seed = DefaultNoneHashSeed
 	}
-	if err := checkString("seed", seed); err != nil {
+	if err := checkString(ParamSeed, "seed", seed); err != nil {
 		return nil, err
 	}
 	c.root = c.digestOf(c.encodeSeed(nil, seed))
@@ -119,18 +143,20 @@ func ValidateExtras(ex *Extras) error {
 	if ex == nil {
 		return nil
 	}
-	if err := checkString("LoRA name", ex.LoRAName); err != nil {
+	if err := checkString(ParamLoRAName, "LoRA name", ex.LoRAName); err != nil {
 		return err
 	}
-	return checkString("cache salt", ex.CacheSalt)
+	return checkString(ParamCacheSalt, "cache salt", ex.CacheSalt)
 }
 
-func checkString(what, s string) error {
+// checkString refuses s, the value of param (what in the message), unless kvgate can
+// encode it as CPython does.
+func checkString(param, what, s string) error {
 	if len(s) > MaxStringLen {
-		return fmt.Errorf("hashcore: %s is %d bytes: at most %d are supported", what, len(s), MaxStringLen)
+		return paramError(param, "hashcore: %s is %d bytes: at most %d are supported", what, len(s), MaxStringLen)
 	}
 	if !utf8.ValidString(s) {
-		return fmt.Errorf("hashcore: %s is not valid UTF-8", what)
+		return paramError(param, "hashcore: %s is not valid UTF-8", what)
 	}
 	return nil
 }

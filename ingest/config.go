@@ -191,12 +191,37 @@ func (c *Config) defaults() error {
 	return nil
 }
 
+// The EndpointConfig fields a FieldError blames, spelled as proxy's -endpoint keys.
+const (
+	FieldName   = "name"
+	FieldIndex  = "index"
+	FieldEngine = "engine"
+	FieldEvents = "events"
+	FieldReplay = "replay"
+	FieldURL    = "url"
+)
+
+// FieldError is an endpoint NewManager refuses. Field names the EndpointConfig field to
+// fix (one of the Field constants), so a caller names its own flag or key without
+// reading Msg.
+type FieldError struct {
+	Endpoint string // the endpoint's name ("" when it has none)
+	Field    string
+	Msg      string // the whole message, "ingest: ..."
+}
+
+func (e *FieldError) Error() string { return e.Msg }
+
+func fieldError(endpoint, field, format string, a ...any) error {
+	return &FieldError{Endpoint: endpoint, Field: field, Msg: fmt.Sprintf(format, a...)}
+}
+
 func (e *EndpointConfig) validate() error {
 	if e.Name == "" {
-		return errors.New("ingest: endpoint without a name")
+		return fieldError("", FieldName, "ingest: endpoint without a name")
 	}
 	if e.Index < 0 {
-		return fmt.Errorf("ingest: %s: negative index", e.Name)
+		return fieldError(e.Name, FieldIndex, "ingest: %s: negative index", e.Name)
 	}
 	if e.DP <= 0 {
 		e.DP = 1
@@ -204,22 +229,22 @@ func (e *EndpointConfig) validate() error {
 	switch e.Engine {
 	case engine.VLLM, engine.SGLang:
 		if _, _, err := splitTCP(e.Events); err != nil {
-			return fmt.Errorf("ingest: %s: events endpoint: %w", e.Name, err)
+			return fieldError(e.Name, FieldEvents, "ingest: %s: events endpoint: %v", e.Name, err)
 		}
 		if e.Replay != "" {
 			if _, _, err := splitTCP(e.Replay); err != nil {
-				return fmt.Errorf("ingest: %s: replay endpoint: %w", e.Name, err)
+				return fieldError(e.Name, FieldReplay, "ingest: %s: replay endpoint: %v", e.Name, err)
 			}
 		}
 	case engine.TRTLLM:
 		u, err := url.Parse(e.URL)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("ingest: %s: trtllm needs an http(s) base URL, got %q", e.Name, e.URL)
+			return fieldError(e.Name, FieldURL, "ingest: %s: trtllm needs an http(s) base URL, got %q", e.Name, e.URL)
 		}
 	case engine.LlamaCpp, "llama.cpp": // a KV-Exact rule naming llama.cpp is refused by the proxy before it gets here
-		return fmt.Errorf("ingest: %s: llama.cpp publishes no KV events; KV-Exact cannot follow it (use -select chwbl)", e.Name)
+		return fieldError(e.Name, FieldEngine, "ingest: %s: llama.cpp publishes no KV events; KV-Exact cannot follow it (use -select chwbl)", e.Name)
 	default:
-		return fmt.Errorf("ingest: %s: engine %q has no event contract (want vllm, sglang or trtllm)", e.Name, e.Engine)
+		return fieldError(e.Name, FieldEngine, "ingest: %s: engine %q has no event contract (want vllm, sglang or trtllm)", e.Name, e.Engine)
 	}
 	return nil
 }

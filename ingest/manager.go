@@ -2,7 +2,6 @@ package ingest
 
 import (
 	"context"
-	"fmt"
 	"sync"
 
 	"github.com/kvgate/kvgate/engine"
@@ -35,7 +34,7 @@ func NewManager(cfg Config, eps []EndpointConfig) (*Manager, error) {
 			return nil, err
 		}
 		if names[ec.Name] {
-			return nil, fmt.Errorf("ingest: endpoint name %q used twice", ec.Name)
+			return nil, fieldError(ec.Name, FieldName, "ingest: endpoint name %q used twice", ec.Name)
 		}
 		names[ec.Name] = true
 		maxIdx = max(maxIdx, ec.Index)
@@ -47,7 +46,7 @@ func NewManager(cfg Config, eps []EndpointConfig) (*Manager, error) {
 	m.byIndex = make([]*endpoint, maxIdx+1)
 	for _, e := range m.eps {
 		if m.byIndex[e.cfg.Index] != nil {
-			return nil, fmt.Errorf("ingest: endpoints %q and %q share inventory index %d", m.byIndex[e.cfg.Index].cfg.Name, e.cfg.Name, e.cfg.Index)
+			return nil, fieldError(e.cfg.Name, FieldIndex, "ingest: endpoints %q and %q share inventory index %d", m.byIndex[e.cfg.Index].cfg.Name, e.cfg.Name, e.cfg.Index)
 		}
 		m.byIndex[e.cfg.Index] = e
 	}

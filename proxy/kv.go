@@ -2,8 +2,8 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"strings"
 	"time"
 	"unsafe"
 
@@ -121,13 +121,7 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	if spec != nil {
 		c, err := hashcore.New(*spec)
 		if err != nil {
-			flag := "-kv-hash-algo"
-			if strings.Contains(err.Error(), "PYTHONHASHSEED") || strings.Contains(err.Error(), "seed") {
-				flag = "-kv-hash-seed"
-			} else if strings.Contains(err.Error(), "block size") {
-				flag = "-kv-block-size"
-			}
-			return nil, refuse(flag, "%v", err)
+			return nil, refuse(hashFlag(err), "%v", err)
 		}
 		k.chain = c
 		if cfg.KVChainMemoBytes > 0 {
@@ -152,6 +146,21 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	}
 	k.mgr = mgr
 	return k, nil
+}
+
+// hashFlag is the serve flag to blame for a contract hashcore.New refused: the seed's or
+// the block size's, else the algo's (the engine kind is always vllm or sglang here).
+func hashFlag(err error) string {
+	var pe *hashcore.ParamError
+	if errors.As(err, &pe) {
+		switch pe.Param {
+		case hashcore.ParamSeed:
+			return "-kv-hash-seed"
+		case hashcore.ParamBlockSize:
+			return "-kv-block-size"
+		}
+	}
+	return "-kv-hash-algo"
 }
 
 func (k *kvRouter) start(ctx context.Context) error { return k.mgr.Start(ctx) }

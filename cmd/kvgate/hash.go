@@ -22,6 +22,24 @@ func init() {
 // hashDefaultBlockSize is each engine's default block size (SGLang: --page-size 1).
 var hashDefaultBlockSize = map[engine.Kind]int{engine.VLLM: 16, engine.SGLang: 1, hashcore.Kvgate: 16}
 
+// hashParamFlags is the flag of each contract parameter hashcore can refuse (bigram page
+// keys are asked for through -algo sha256-bigram).
+var hashParamFlags = map[string]string{
+	hashcore.ParamEngine: "-engine", hashcore.ParamAlgo: "-algo", hashcore.ParamBigram: "-algo",
+	hashcore.ParamBlockSize: "-block-size", hashcore.ParamSeed: "-seed",
+	hashcore.ParamLoRAName: "-lora-name", hashcore.ParamCacheSalt: "-cache-salt",
+}
+
+// hashRefused prints a refusal by hashcore.New or ValidateExtras naming the flag to fix.
+func hashRefused(stderr io.Writer, err error) {
+	var pe *hashcore.ParamError
+	if errors.As(err, &pe) && hashParamFlags[pe.Param] != "" {
+		fmt.Fprintf(stderr, "kvgate hash: %s: %v\n", hashParamFlags[pe.Param], err)
+		return
+	}
+	fmt.Fprintf(stderr, "kvgate hash: %v\n", err)
+}
+
 // runHash prints the keys of every full block of a JSON array of token IDs read from
 // stdin, as one JSON object, so operators can check parity against an engine's events.
 func runHash(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -69,14 +87,14 @@ func runHash(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	chain, err := hashcore.New(spec)
 	if err != nil {
-		fmt.Fprintf(stderr, "kvgate hash: %v\n", err)
+		hashRefused(stderr, err)
 		return 2
 	}
 	var ex *hashcore.Extras
 	if *lora != "" || *salt != "" {
 		ex = &hashcore.Extras{LoRAName: *lora, CacheSalt: *salt}
 		if err := hashcore.ValidateExtras(ex); err != nil {
-			fmt.Fprintf(stderr, "kvgate hash: %v\n", err)
+			hashRefused(stderr, err)
 			return 2
 		}
 	}
