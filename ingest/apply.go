@@ -28,9 +28,7 @@ type applier struct {
 
 func newApplier(e *endpoint) *applier {
 	a := &applier{e: e}
-	if e.cfg.Engine == engine.SGLang {
-		a.dec.Flavor = FlavorSGLang
-	}
+	a.dec.Engine = e.cfg.Engine
 	return a
 }
 

@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/engine"
 	"github.com/kvgate/kvgate/hashcore"
-	"github.com/kvgate/kvgate/ingest/enginepub"
 	"github.com/kvgate/kvgate/shard"
 )
 

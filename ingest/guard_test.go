@@ -11,7 +11,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
-	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/bench/enginepub"
 )
 
 // TestSilentPeerDoesNotBlockClose: a peer that accepts TCP but never speaks ZMTP would

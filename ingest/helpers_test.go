@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/shard"
 )
 

@@ -13,8 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/hashcore"
-	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/internal/testfix"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -26,7 +27,7 @@ var (
 
 func qwen3(t *testing.T) (*tokenize.Model, string) {
 	t.Helper()
-	dir := tokenizerDir(t, "qwen3")
+	dir := testfix.TokenizerDir(t, "qwen3")
 	docPoolOnce.Do(func() {
 		docPool = tokenize.NewPool()
 		docPoolErr = docPool.Add("qwen3", dir)

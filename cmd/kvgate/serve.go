@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvgate/kvgate/ingest/plane"
 	"github.com/kvgate/kvgate/proxy"
+	"github.com/kvgate/kvgate/shard"
 )
 
 func init() { register("serve", "run the proxy: one rule from flags", runServe) }
@@ -177,13 +178,11 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 	default:
 		return cfg, "", &proxy.FlagError{Flag: "-kv-mode", Msg: fmt.Sprintf("%q: want off, 3 or 1", kvMode)}
 	}
-	switch kvScore {
-	case "overlap":
-	case "prefix":
-		cfg.KVScorePrefix = true
-	default:
+	score, ok := shard.ParseMode(kvScore)
+	if !ok {
 		return cfg, "", &proxy.FlagError{Flag: "-kv-score", Msg: fmt.Sprintf("%q: want overlap or prefix", kvScore)}
 	}
+	cfg.KVScorePrefix = score == shard.Prefix
 	bare := 0
 	for _, t := range tokenizers {
 		if name, dir, ok := strings.Cut(t, "="); ok {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testfix"
 	"github.com/kvgate/kvgate/proxy"
 )
 
@@ -197,7 +198,7 @@ func TestServeAdminTokenFile(t *testing.T) {
 // typed error blames (the seed's, the algo's), never one guessed from the message.
 func TestServeHashRefusalsNameTheFlag(t *testing.T) {
 	rule := []string{"-endpoint", "url=http://127.0.0.1:1,events=tcp://127.0.0.1:2", "-kv-mode", "3",
-		"-model", "qwen3", "-tokenizer", tokenizerDir(t, "qwen3")}
+		"-model", "qwen3", "-tokenizer", testfix.TokenizerDir(t, "qwen3")}
 	for _, tc := range []struct {
 		args []string
 		flag string

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/engine"
 	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/ingest"
-	"github.com/kvgate/kvgate/ingest/enginepub"
 )
 
 // vllmEndpoints starts n engine publishers and returns their ingest configs.
