@@ -1,7 +1,6 @@
 package hashcore
 
 import (
-	"errors"
 	"fmt"
 	"unicode/utf8"
 
@@ -19,10 +18,6 @@ const MaxBlockSize = 1 << 20
 // MaxStringLen bounds the seed, LoRA name and cache salt in bytes. Longer strings are
 // written outside pickle frames by CPython, a layout kvgate does not reproduce.
 const MaxStringLen = 64*1024 - 1
-
-// ErrMultimodal is the error for requests whose blocks would carry multimodal extra keys
-// (vLLM's (identifier, offset) pairs): out of scope, such prompts cannot be keyed.
-var ErrMultimodal = errors.New("hashcore: multimodal extra keys are not supported; the prompt's block keys cannot match the engine's")
 
 // Kvgate names kvgate's own key contract (NewFast) in Spec.Engine. No engine hashes
 // with it: it keys what kvgate re-hashes itself (TensorRT-LLM, -kv-keys rehash).

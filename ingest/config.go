@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"strings"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -83,31 +82,6 @@ const MediaGPU Media = 1 << MediumGPU
 
 // Has reports whether m holds tier t.
 func (m Media) Has(t Medium) bool { return m&(1<<t) != 0 }
-
-// ParseMedia parses a comma list of tiers (gpu, cpu, storage, external; SGLang's
-// cpu_pinned and disk name cpu and storage).
-func ParseMedia(s string) (Media, error) {
-	var m Media
-	for _, f := range strings.Split(s, ",") {
-		switch strings.ToUpper(strings.TrimSpace(f)) {
-		case "GPU":
-			m |= 1 << MediumGPU
-		case "CPU", "CPU_PINNED":
-			m |= 1 << MediumCPU
-		case "STORAGE", "DISK":
-			m |= 1 << MediumStorage
-		case "EXTERNAL":
-			m |= 1 << MediumExternal
-		case "":
-		default:
-			return 0, fmt.Errorf("ingest: medium %q: want gpu, cpu, storage or external", f)
-		}
-	}
-	if m == 0 {
-		return 0, errors.New("ingest: no medium to route on")
-	}
-	return m, nil
-}
 
 // Config is shared by every endpoint of a rule.
 type Config struct {

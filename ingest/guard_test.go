@@ -98,8 +98,8 @@ func TestConfigErrors(t *testing.T) {
 	if _, err := ParseKeyMode("both"); err == nil {
 		t.Error("ParseKeyMode accepted junk")
 	}
-	if m, err := ParseMedia("gpu, cpu"); err != nil || !m.Has(MediumGPU) || !m.Has(MediumCPU) || m.Has(MediumStorage) {
-		t.Errorf("ParseMedia: %v %v", m, err)
+	if m, err := parseMedia("gpu, cpu"); err != nil || !m.Has(MediumGPU) || !m.Has(MediumCPU) || m.Has(MediumStorage) {
+		t.Errorf("parseMedia: %v %v", m, err)
 	}
 }
 

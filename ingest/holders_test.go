@@ -40,7 +40,7 @@ func TestHoldersPerTierAndGroup(t *testing.T) {
 			logs := &recordingHandler{}
 			cfg := testConfig(inv)
 			cfg.Logger = slog.New(logs)
-			routed, err := ParseMedia(strings.Join(s.Routed, ","))
+			routed, err := parseMedia(strings.Join(s.Routed, ","))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -438,8 +438,8 @@ func (c *Config) Validate() error {
 		if len(c.Tokenizers) == 0 {
 			return refuse("-tokenizer", "KV-Exact needs at least one served model mapped to a tokenizer directory (-model NAME -tokenizer DIR)")
 		}
-		if c.KVBlockSize < 1 || c.KVBlockSize > 1<<20 {
-			return refuse("-kv-block-size", "%d: want 1..1048576 (the engine's block/page size)", c.KVBlockSize)
+		if c.KVBlockSize < 1 || c.KVBlockSize > hashcore.MaxBlockSize {
+			return refuse("-kv-block-size", "%d: want 1..%d (the engine's block/page size)", c.KVBlockSize, hashcore.MaxBlockSize)
 		}
 		if c.KVMinMatchTokens < 0 {
 			return refuse("-kv-min-match-tokens", "must be >= 0")

@@ -23,11 +23,6 @@ import (
 
 func init() { register("serve", "run the proxy: one rule from flags", runServe) }
 
-type serveList []string
-
-func (m *serveList) String() string     { return strings.Join(*m, " ") }
-func (m *serveList) Set(v string) error { *m = append(*m, v); return nil }
-
 // serveFlags parses args into a rule. It is separate from runServe so tests can check
 // refusals without listening.
 func serveFlags(args []string, stderr io.Writer) (proxy.Config, string, error) {
@@ -50,7 +45,7 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 `)
 		fs.PrintDefaults()
 	}
-	var endpoints, models, tokenizers, loras serveList
+	var endpoints, models, tokenizers, loras repeatable
 	var endpointsFile, sel, kvMode, kvScore, logLevel string
 	fs.StringVar(&cfg.Listen, "listen", ":8080", "public listener address (OpenAI API)")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "admin listener address (/metrics, /debug/*, /healthz, /readyz, /admin/*); empty disables it")
