@@ -1,7 +1,7 @@
 // Package engine is kvgate's one vocabulary for the kinds of LLM server it routes to
-// (vLLM, SGLang, TensorRT-LLM, llama.cpp): their names as flags and configs spell them,
-// and which of them publish KV events. The proxy, ingest and hashcore all name engines
-// with it, so a kind is spelled and parsed in one place.
+// (vLLM, SGLang, TensorRT-LLM, llama.cpp) and their names as flags and configs spell
+// them. The proxy, ingest and hashcore all name engines with it, so a kind is spelled
+// and parsed in one place.
 package engine
 
 import "fmt"
@@ -20,10 +20,6 @@ const (
 
 // String returns k's canonical name.
 func (k Kind) String() string { return string(k) }
-
-// Publishes reports whether k publishes KV events kvgate can follow: vLLM and SGLang
-// over ZeroMQ, TensorRT-LLM over its HTTP drain. llama.cpp publishes none.
-func (k Kind) Publishes() bool { return k == VLLM || k == SGLang || k == TRTLLM }
 
 // Parse returns the kind named by s: a canonical name or the alias tensorrt-llm,
 // trt-llm (TensorRT-LLM) or llama.cpp.

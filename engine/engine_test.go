@@ -23,12 +23,3 @@ func TestParse(t *testing.T) {
 		}
 	}
 }
-
-// TestPublishes: llama.cpp is the only kind without a KV event contract.
-func TestPublishes(t *testing.T) {
-	for k, want := range map[Kind]bool{VLLM: true, SGLang: true, TRTLLM: true, LlamaCpp: false, "tgi": false} {
-		if k.Publishes() != want {
-			t.Errorf("%q.Publishes() = %v, want %v", k, !want, want)
-		}
-	}
-}
