@@ -23,8 +23,8 @@ import (
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 
+	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/hashcore"
-	"github.com/kvgate/kvgate/ingest/enginepub"
 	"github.com/kvgate/kvgate/shard"
 )
 

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testfix"
 )
 
 // TestFleetRunner runs the fleet simulator at N=4 with a few thousand entries against a
@@ -17,7 +19,7 @@ import (
 // and plots must be written.
 func TestFleetRunner(t *testing.T) {
 	cfg := FleetConfig{Sizes: []int{4}, Entries: 4096, EventRate: 100, Measure: 1500 * time.Millisecond,
-		Markers: 8, Decisions: 5, Kvgate: buildKvgate(t), Model: "qwen3", Tokenizer: qwen3Dir(t), Seed: 1}
+		Markers: 8, Decisions: 5, Kvgate: buildKvgate(t), Model: "qwen3", Tokenizer: testfix.TokenizerDir(t, "qwen3"), Seed: 1}
 	var progress bytes.Buffer
 	cfg.Progress = &progress
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

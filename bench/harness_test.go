@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/bench/enginesim"
-	"github.com/kvgate/kvgate/tokenize"
+	"github.com/kvgate/kvgate/internal/testfix"
 )
 
 func TestTraceWorkload(t *testing.T) {
@@ -121,20 +121,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// qwen3Dir is the fetched Qwen3 tokenizer; the test fails (never skips) without it.
-func qwen3Dir(t testing.TB) string {
-	dir, err := tokenize.StagedDir("qwen3")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
 // tinyConfig is a shared-prefix workload of a few seconds: 2 system prompts, 8 users,
 // 4 turns, on 4 engines that tokenize with the real Qwen3 tokenizer and chat template,
 // as kvgate does.
 func tinyConfig(t *testing.T, policies ...Policy) Config {
-	dir := qwen3Dir(t)
+	dir := testfix.TokenizerDir(t, "qwen3")
 	enc, err := enginesim.LoadEncoder("qwen3", dir)
 	if err != nil {
 		t.Fatal(err)
@@ -212,7 +203,7 @@ func TestEndToEndReport(t *testing.T) {
 // A short overhead run: direct and kvgate rows for one prompt size, no errors, kvgate's
 // stage histograms read back, nginx reported as skipped when its binary is absent.
 func TestOverheadShape(t *testing.T) {
-	dir := qwen3Dir(t)
+	dir := testfix.TokenizerDir(t, "qwen3")
 	enc, err := enginesim.LoadEncoder("qwen3", dir)
 	if err != nil {
 		t.Fatal(err)

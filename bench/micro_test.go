@@ -5,9 +5,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/ingest"
-	"github.com/kvgate/kvgate/ingest/enginepub"
 	"github.com/kvgate/kvgate/tokenize"
 )
 

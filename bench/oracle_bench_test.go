@@ -6,13 +6,14 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/bench/enginesim"
+	"github.com/kvgate/kvgate/internal/testfix"
 )
 
 // BenchmarkOracleRoute is one oracle decision over 4 engines for a ~1k-token chat with the
 // Qwen3 tokenizer: four probes (each tokenizes and hashes the request) and the admission
 // model. It runs under the oracle's lock, so it bounds the rate the oracle can place at.
 func BenchmarkOracleRoute(b *testing.B) {
-	dir := qwen3Dir(b)
+	dir := testfix.TokenizerDir(b, "qwen3")
 	enc, err := enginesim.LoadEncoder("qwen3", dir)
 	if err != nil {
 		b.Fatal(err)

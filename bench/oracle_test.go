@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/bench/enginesim"
+	"github.com/kvgate/kvgate/internal/testfix"
 )
 
 // tickAdmit is the engine's FCFS admission stepped one millisecond at a time: at each tick
@@ -289,7 +290,7 @@ func TestOracleWaitsForPoolBlocks(t *testing.T) {
 // with the real Qwen3 tokenizer and template; bodies it cannot read that way (cache salt,
 // tools, another model) go to the engines' own probe.
 func TestOracleProbeMatchesEngineProbe(t *testing.T) {
-	enc, err := enginesim.LoadEncoder("qwen3", qwen3Dir(t))
+	enc, err := enginesim.LoadEncoder("qwen3", testfix.TokenizerDir(t, "qwen3"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package hashcore
 
 import (
 	"encoding/hex"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -61,6 +62,45 @@ func TestNewErrors(t *testing.T) {
 		}
 		if !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("New(%+v) error %q does not say %q", tc.spec, err, tc.want)
+		}
+	}
+}
+
+// TestErrorsNameTheParam: every refusal of New and ValidateExtras is a *ParamError
+// blaming the parameter to fix, so callers name their flag without reading the text.
+func TestErrorsNameTheParam(t *testing.T) {
+	long := strings.Repeat("x", MaxStringLen+1)
+	for _, tc := range []struct {
+		spec  Spec
+		param string
+	}{
+		{Spec{Engine: "tgi", BlockSize: 16}, ParamEngine},
+		{Spec{BlockSize: 16}, ParamEngine},
+		{Spec{Engine: "vllm", Algo: "md5", BlockSize: 16}, ParamAlgo},
+		{Spec{Engine: "sglang", Algo: "sha256_cbor", BlockSize: 16}, ParamAlgo},
+		{Spec{Engine: "kvgate", Algo: "sha256", BlockSize: 16}, ParamAlgo},
+		{Spec{Engine: "vllm", Algo: "sha256", BlockSize: 0}, ParamBlockSize},
+		{Spec{Engine: "sglang", BlockSize: MaxBlockSize + 1}, ParamBlockSize},
+		{Spec{Engine: "vllm", Algo: "xxhash", BlockSize: 16}, ParamSeed},
+		{Spec{Engine: "vllm", Algo: "xxhash_cbor", BlockSize: 16}, ParamSeed},
+		{Spec{Engine: "vllm", BlockSize: 16, Seed: "\xff", SeedSet: true}, ParamSeed},
+		{Spec{Engine: "vllm", BlockSize: 16, Seed: long, SeedSet: true}, ParamSeed},
+		{Spec{Engine: "vllm", BlockSize: 16, Bigram: true}, ParamBigram},
+	} {
+		_, err := New(tc.spec)
+		var pe *ParamError
+		if !errors.As(err, &pe) || pe.Param != tc.param || pe.Error() != err.Error() {
+			t.Errorf("New(%+v) = %v (%T); want a *ParamError blaming %s", tc.spec, err, err, tc.param)
+		}
+	}
+	for ex, param := range map[Extras]string{
+		{LoRAName: "\xff"}: ParamLoRAName, {LoRAName: long}: ParamLoRAName,
+		{CacheSalt: "\xfe"}: ParamCacheSalt, {CacheSalt: long}: ParamCacheSalt,
+	} {
+		err := ValidateExtras(&ex)
+		var pe *ParamError
+		if !errors.As(err, &pe) || pe.Param != param {
+			t.Errorf("ValidateExtras(%.20q) = %v; want a *ParamError blaming %s", ex.LoRAName+ex.CacheSalt, err, param)
 		}
 	}
 }

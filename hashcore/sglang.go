@@ -66,7 +66,7 @@ func (c *sglangChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, e
 		return dst, parent
 	}
 	salted := first && ex != nil && ex.CacheSalt != ""
-	if salted && checkString("cache salt", ex.CacheSalt) != nil {
+	if salted && checkString(ParamCacheSalt, "cache salt", ex.CacheSalt) != nil {
 		return dst, parent
 	}
 	dst = slices.Grow(dst, nb)

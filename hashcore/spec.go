@@ -1,9 +1,10 @@
 package hashcore
 
 import (
-	"errors"
 	"fmt"
 	"unicode/utf8"
+
+	"github.com/kvgate/kvgate/engine"
 )
 
 // DefaultNoneHashSeed is the seed vLLM derives NONE_HASH from for its cryptographic algos
@@ -18,17 +19,41 @@ const MaxBlockSize = 1 << 20
 // written outside pickle frames by CPython, a layout kvgate does not reproduce.
 const MaxStringLen = 64*1024 - 1
 
-// ErrMultimodal is the error for requests whose blocks would carry multimodal extra keys
-// (vLLM's (identifier, offset) pairs): out of scope, such prompts cannot be keyed.
-var ErrMultimodal = errors.New("hashcore: multimodal extra keys are not supported; the prompt's block keys cannot match the engine's")
+// Kvgate names kvgate's own key contract (NewFast) in Spec.Engine. No engine hashes
+// with it: it keys what kvgate re-hashes itself (TensorRT-LLM, -kv-keys rehash).
+const Kvgate engine.Kind = "kvgate"
+
+// The contract parameters a ParamError blames: Spec's fields and Extras' strings.
+const (
+	ParamEngine    = "engine"
+	ParamAlgo      = "algo"
+	ParamBlockSize = "block_size"
+	ParamSeed      = "seed"
+	ParamBigram    = "bigram"
+	ParamLoRAName  = "lora_name"
+	ParamCacheSalt = "cache_salt"
+)
+
+// ParamError is a contract parameter kvgate cannot match. Param names it (one of the
+// Param constants), so a caller names its own flag or field without reading Msg.
+type ParamError struct {
+	Param string
+	Msg   string // the whole message, "hashcore: ..."
+}
+
+func (e *ParamError) Error() string { return e.Msg }
+
+func paramError(param, format string, a ...any) error {
+	return &ParamError{Param: param, Msg: fmt.Sprintf(format, a...)}
+}
 
 // Spec names one engine contract and its parameters.
 type Spec struct {
-	Engine    string // "vllm" | "sglang" | "kvgate"
-	Algo      string // vllm: "sha256" (default) | "sha256_cbor" | "xxhash" | "xxhash_cbor"; sglang: "sha256" | "sha256-bigram" (= Bigram); kvgate: "fast"
-	BlockSize int    // tokens per hashed block: SGLang page size; vLLM's hash block size (block_size x decode-context-parallel size; hybrid models: prefix_match_unit or the GCD of group block sizes)
-	Seed      string // the engine's PYTHONHASHSEED value (vLLM only)
-	SeedSet   bool   // false: the engine runs with PYTHONHASHSEED unset
+	Engine    engine.Kind // engine.VLLM | engine.SGLang | Kvgate
+	Algo      string      // vllm: "sha256" (default) | "sha256_cbor" | "xxhash" | "xxhash_cbor"; sglang: "sha256" | "sha256-bigram" (= Bigram); kvgate: "fast"
+	BlockSize int         // tokens per hashed block: SGLang page size; vLLM's hash block size (block_size x decode-context-parallel size; hybrid models: prefix_match_unit or the GCD of group block sizes)
+	Seed      string      // the engine's PYTHONHASHSEED value (vLLM only)
+	SeedSet   bool        // false: the engine runs with PYTHONHASHSEED unset
 	// Bigram (SGLang only): the engine runs EAGLE speculative decoding, whose radix
 	// cache keys pages by token bigrams; BlockSize counts bigrams per page.
 	Bigram bool
@@ -40,36 +65,36 @@ type Spec struct {
 // seeds its first page.
 func New(s Spec) (Chain, error) {
 	switch s.Engine {
-	case "vllm", "sglang", "kvgate":
+	case engine.VLLM, engine.SGLang, Kvgate:
 	case "":
-		return nil, errors.New("hashcore: engine not set (want vllm, sglang or kvgate)")
+		return nil, paramError(ParamEngine, "hashcore: engine not set (want vllm, sglang or kvgate)")
 	default:
-		return nil, fmt.Errorf("hashcore: unknown engine %q (want vllm, sglang or kvgate)", s.Engine)
+		return nil, paramError(ParamEngine, "hashcore: unknown engine %q (want vllm, sglang or kvgate)", s.Engine)
 	}
 	if s.BlockSize < 1 {
-		return nil, fmt.Errorf("hashcore: block size %d: must be at least 1", s.BlockSize)
+		return nil, paramError(ParamBlockSize, "hashcore: block size %d: must be at least 1", s.BlockSize)
 	}
 	if s.BlockSize > MaxBlockSize {
-		return nil, fmt.Errorf("hashcore: block size %d: must be at most %d", s.BlockSize, MaxBlockSize)
+		return nil, paramError(ParamBlockSize, "hashcore: block size %d: must be at most %d", s.BlockSize, MaxBlockSize)
 	}
-	if s.Bigram && s.Engine != "sglang" {
-		return nil, fmt.Errorf("hashcore: %s: bigram page keys are SGLang's (EAGLE); no %s contract hashes bigrams", s.Engine, s.Engine)
+	if s.Bigram && s.Engine != engine.SGLang {
+		return nil, paramError(ParamBigram, "hashcore: %s: bigram page keys are SGLang's (EAGLE); no %s contract hashes bigrams", s.Engine, s.Engine)
 	}
 	switch s.Engine {
-	case "vllm":
+	case engine.VLLM:
 		return newVLLM(s)
-	case "sglang":
+	case engine.SGLang:
 		switch s.Algo {
 		case "", "sha256":
 		case "sha256-bigram": // the chain's name, so -kv-hash-algo can select it too
 			s.Bigram = true
 		default:
-			return nil, fmt.Errorf("hashcore: sglang algo %q: SGLang pages use sha256 (sha256-bigram with EAGLE speculative decoding)", s.Algo)
+			return nil, paramError(ParamAlgo, "hashcore: sglang algo %q: SGLang pages use sha256 (sha256-bigram with EAGLE speculative decoding)", s.Algo)
 		}
 		return &sglangChain{blockSize: s.BlockSize, bigram: s.Bigram}, nil
 	default: // "kvgate"
 		if s.Algo != "" && s.Algo != "fast" {
-			return nil, fmt.Errorf("hashcore: kvgate algo %q: want fast", s.Algo)
+			return nil, paramError(ParamAlgo, "hashcore: kvgate algo %q: want fast", s.Algo)
 		}
 		return NewFast(s.BlockSize), nil
 	}
@@ -90,17 +115,17 @@ func newVLLM(s Spec) (Chain, error) {
 	case "xxhash_cbor":
 		c.xxh = true
 	default:
-		return nil, fmt.Errorf("hashcore: unknown vllm algo %q (want sha256, sha256_cbor, xxhash or xxhash_cbor)", s.Algo)
+		return nil, paramError(ParamAlgo, "hashcore: unknown vllm algo %q (want sha256, sha256_cbor, xxhash or xxhash_cbor)", s.Algo)
 	}
 	c.name = "vllm/" + algo
 	seed := s.Seed
 	if !s.SeedSet {
 		if c.xxh {
-			return nil, fmt.Errorf("hashcore: vllm %s with PYTHONHASHSEED unset: vLLM derives NONE_HASH from a random per-process seed for xxhash algos, so no parity is possible; start the engine with PYTHONHASHSEED set and pass the same value as the seed", algo)
+			return nil, paramError(ParamSeed, "hashcore: vllm %s with PYTHONHASHSEED unset: vLLM derives NONE_HASH from a random per-process seed for xxhash algos, so no parity is possible; start the engine with PYTHONHASHSEED set and pass the same value as the seed", algo)
 		}
 		seed = DefaultNoneHashSeed
 	}
-	if err := checkString("seed", seed); err != nil {
+	if err := checkString(ParamSeed, "seed", seed); err != nil {
 		return nil, err
 	}
 	c.root = c.digestOf(c.encodeSeed(nil, seed))
@@ -113,18 +138,20 @@ func ValidateExtras(ex *Extras) error {
 	if ex == nil {
 		return nil
 	}
-	if err := checkString("LoRA name", ex.LoRAName); err != nil {
+	if err := checkString(ParamLoRAName, "LoRA name", ex.LoRAName); err != nil {
 		return err
 	}
-	return checkString("cache salt", ex.CacheSalt)
+	return checkString(ParamCacheSalt, "cache salt", ex.CacheSalt)
 }
 
-func checkString(what, s string) error {
+// checkString refuses s, the value of param (what in the message), unless kvgate can
+// encode it as CPython does.
+func checkString(param, what, s string) error {
 	if len(s) > MaxStringLen {
-		return fmt.Errorf("hashcore: %s is %d bytes: at most %d are supported", what, len(s), MaxStringLen)
+		return paramError(param, "hashcore: %s is %d bytes: at most %d are supported", what, len(s), MaxStringLen)
 	}
 	if !utf8.ValidString(s) {
-		return fmt.Errorf("hashcore: %s is not valid UTF-8", what)
+		return paramError(param, "hashcore: %s is not valid UTF-8", what)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvgate/kvgate/engine"
 	"github.com/kvgate/kvgate/hashcore"
 )
 
@@ -27,9 +28,7 @@ type applier struct {
 
 func newApplier(e *endpoint) *applier {
 	a := &applier{e: e}
-	if e.cfg.Engine == EngineSGLang {
-		a.dec.Flavor = FlavorSGLang
-	}
+	a.dec.Engine = e.cfg.Engine
 	return a
 }
 
@@ -393,7 +392,7 @@ func (a *applier) diagnose(ev *Event, known int) string {
 		}
 		return "bigram: the rule hashes EAGLE bigram pages but the engine publishes plain pages"
 	}
-	if a.e.cfg.Engine == EngineSGLang {
+	if a.e.cfg.Engine == engine.SGLang {
 		return "SGLang page keys differ: check --page-size and the tokenizer/chat template"
 	}
 	if cfg.Spec == nil || ev.HasParent {

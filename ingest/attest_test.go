@@ -5,8 +5,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/bench/enginepub"
+	"github.com/kvgate/kvgate/engine"
 	"github.com/kvgate/kvgate/hashcore"
-	"github.com/kvgate/kvgate/ingest/enginepub"
 )
 
 type attestEvent struct {
@@ -20,7 +21,7 @@ type attestEvent struct {
 
 type attestStream struct {
 	Name      string        `json:"name"`
-	Engine    string        `json:"engine"`
+	Engine    engine.Kind   `json:"engine"`
 	Algo      string        `json:"algo"`
 	BlockSize int           `json:"block_size"`
 	Seed      string        `json:"seed"`
@@ -99,8 +100,8 @@ func expectedKeys(t testing.TB, fast bool, bs int, streams ...attestStream) []ui
 	return sorted(out)
 }
 
-func ruleChain(t testing.TB, engine, algo string, bs int) (hashcore.Chain, *hashcore.Spec) {
-	spec := &hashcore.Spec{Engine: engine, Algo: algo, BlockSize: bs}
+func ruleChain(t testing.TB, eng engine.Kind, algo string, bs int) (hashcore.Chain, *hashcore.Spec) {
+	spec := &hashcore.Spec{Engine: eng, Algo: algo, BlockSize: bs}
 	c, err := hashcore.New(*spec)
 	if err != nil {
 		t.Fatal(err)
@@ -111,14 +112,14 @@ func ruleChain(t testing.TB, engine, algo string, bs int) (hashcore.Chain, *hash
 // runStreams publishes streams over ZeroMQ to one endpoint and returns its status.
 func runStreams(t *testing.T, cfg Config, layout enginepub.Layout, streams ...attestStream) (*Manager, EndpointStatus) {
 	t.Helper()
-	engine := streams[0].Engine
+	eng := streams[0].Engine
 	addr := freeAddr(t, 1)
 	f := enginepub.Format{Layout: layout}
-	if engine == "sglang" {
+	if eng == "sglang" {
 		f.Flavor = enginepub.SGLang
 	}
 	pub := newPub(t, enginepub.Config{Endpoint: addr, Format: f})
-	m := startManager(t, cfg, EndpointConfig{Name: "e", Engine: engine, Events: addr})
+	m := startManager(t, cfg, EndpointConfig{Name: "e", Engine: eng, Events: addr})
 	waitSubscribed(t, pub)
 	n := 0
 	for _, s := range streams {
@@ -142,7 +143,7 @@ func TestParityAttestation(t *testing.T) {
 	type tc struct {
 		name    string
 		keys    KeyMode
-		engine  string
+		engine  engine.Kind
 		algo    string
 		bs      int
 		layout  enginepub.Layout

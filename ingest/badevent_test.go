@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/kvgate/kvgate/engine"
 )
 
 // recordingHandler keeps every log record's message and attributes.
@@ -161,7 +163,7 @@ func FuzzBadEventIsolation(f *testing.F) {
 		p = append(append(append(p, mid...), last...), 0x00)
 		d := BatchDecoder{}
 		if sglang {
-			d.Flavor = FlavorSGLang
+			d.Engine = engine.SGLang
 		}
 		if err := d.Reset(p); err != nil {
 			t.Fatal(err)

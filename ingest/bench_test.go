@@ -6,8 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/bench/enginepub"
+	"github.com/kvgate/kvgate/engine"
 	"github.com/kvgate/kvgate/hashcore"
-	"github.com/kvgate/kvgate/ingest/enginepub"
 	"github.com/kvgate/kvgate/shard"
 )
 
@@ -224,7 +225,7 @@ func TestDecodeApplyZeroAllocNewPaths(t *testing.T) {
 	}
 	type run struct {
 		name     string
-		engine   string
+		engine   engine.Kind
 		spec     hashcore.Spec
 		keys     KeyMode
 		payloads [][]byte

@@ -10,11 +10,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"strings"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"github.com/kvgate/kvgate/engine"
 	"github.com/kvgate/kvgate/hashcore"
 )
 
@@ -54,14 +54,6 @@ func ParseKeyMode(s string) (KeyMode, error) {
 	return KeysAuto, fmt.Errorf("ingest: -kv-keys %q: want engine, rehash or auto", s)
 }
 
-// Engine names with an event contract. llama.cpp has none: a KV-Exact rule naming a
-// llama.cpp endpoint is refused by the proxy before it gets here.
-const (
-	EngineVLLM   = "vllm"
-	EngineSGLang = "sglang"
-	EngineTRTLLM = "trtllm"
-)
-
 // Inventory is the part of shard.Inventory ingest writes to.
 type Inventory interface {
 	Add(ep int, keys []uint64) int
@@ -73,13 +65,13 @@ type Inventory interface {
 // EndpointConfig is one engine endpoint to follow.
 type EndpointConfig struct {
 	Name   string
-	Index  int    // slot in the inventory
-	Engine string // "vllm" | "sglang" | "trtllm"
-	Events string // ZeroMQ PUB endpoint, e.g. tcp://127.0.0.1:5557 (rank r uses port+r)
-	Replay string // optional ROUTER replay endpoint (rank r uses port+r)
-	DP     int    // data-parallel ranks, default 1
-	Topic  string // "" accepts every topic
-	URL    string // trtllm: base URL whose POST /kv_cache_events is drained
+	Index  int         // slot in the inventory
+	Engine engine.Kind // one with an event contract: vllm, sglang or trtllm
+	Events string      // ZeroMQ PUB endpoint, e.g. tcp://127.0.0.1:5557 (rank r uses port+r)
+	Replay string      // optional ROUTER replay endpoint (rank r uses port+r)
+	DP     int         // data-parallel ranks, default 1
+	Topic  string      // "" accepts every topic
+	URL    string      // trtllm: base URL whose POST /kv_cache_events is drained
 }
 
 // Media is a set of cache tiers, one bit per Medium.
@@ -90,31 +82,6 @@ const MediaGPU Media = 1 << MediumGPU
 
 // Has reports whether m holds tier t.
 func (m Media) Has(t Medium) bool { return m&(1<<t) != 0 }
-
-// ParseMedia parses a comma list of tiers (gpu, cpu, storage, external; SGLang's
-// cpu_pinned and disk name cpu and storage).
-func ParseMedia(s string) (Media, error) {
-	var m Media
-	for _, f := range strings.Split(s, ",") {
-		switch strings.ToUpper(strings.TrimSpace(f)) {
-		case "GPU":
-			m |= 1 << MediumGPU
-		case "CPU", "CPU_PINNED":
-			m |= 1 << MediumCPU
-		case "STORAGE", "DISK":
-			m |= 1 << MediumStorage
-		case "EXTERNAL":
-			m |= 1 << MediumExternal
-		case "":
-		default:
-			return 0, fmt.Errorf("ingest: medium %q: want gpu, cpu, storage or external", f)
-		}
-	}
-	if m == 0 {
-		return 0, errors.New("ingest: no medium to route on")
-	}
-	return m, nil
-}
 
 // Config is shared by every endpoint of a rule.
 type Config struct {
@@ -198,35 +165,60 @@ func (c *Config) defaults() error {
 	return nil
 }
 
+// The EndpointConfig fields a FieldError blames, spelled as proxy's -endpoint keys.
+const (
+	FieldName   = "name"
+	FieldIndex  = "index"
+	FieldEngine = "engine"
+	FieldEvents = "events"
+	FieldReplay = "replay"
+	FieldURL    = "url"
+)
+
+// FieldError is an endpoint NewManager refuses. Field names the EndpointConfig field to
+// fix (one of the Field constants), so a caller names its own flag or key without
+// reading Msg.
+type FieldError struct {
+	Endpoint string // the endpoint's name ("" when it has none)
+	Field    string
+	Msg      string // the whole message, "ingest: ..."
+}
+
+func (e *FieldError) Error() string { return e.Msg }
+
+func fieldError(endpoint, field, format string, a ...any) error {
+	return &FieldError{Endpoint: endpoint, Field: field, Msg: fmt.Sprintf(format, a...)}
+}
+
 func (e *EndpointConfig) validate() error {
 	if e.Name == "" {
-		return errors.New("ingest: endpoint without a name")
+		return fieldError("", FieldName, "ingest: endpoint without a name")
 	}
 	if e.Index < 0 {
-		return fmt.Errorf("ingest: %s: negative index", e.Name)
+		return fieldError(e.Name, FieldIndex, "ingest: %s: negative index", e.Name)
 	}
 	if e.DP <= 0 {
 		e.DP = 1
 	}
 	switch e.Engine {
-	case EngineVLLM, EngineSGLang:
+	case engine.VLLM, engine.SGLang:
 		if _, _, err := splitTCP(e.Events); err != nil {
-			return fmt.Errorf("ingest: %s: events endpoint: %w", e.Name, err)
+			return fieldError(e.Name, FieldEvents, "ingest: %s: events endpoint: %v", e.Name, err)
 		}
 		if e.Replay != "" {
 			if _, _, err := splitTCP(e.Replay); err != nil {
-				return fmt.Errorf("ingest: %s: replay endpoint: %w", e.Name, err)
+				return fieldError(e.Name, FieldReplay, "ingest: %s: replay endpoint: %v", e.Name, err)
 			}
 		}
-	case EngineTRTLLM:
+	case engine.TRTLLM:
 		u, err := url.Parse(e.URL)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("ingest: %s: trtllm needs an http(s) base URL, got %q", e.Name, e.URL)
+			return fieldError(e.Name, FieldURL, "ingest: %s: trtllm needs an http(s) base URL, got %q", e.Name, e.URL)
 		}
-	case "llamacpp", "llama.cpp":
-		return fmt.Errorf("ingest: %s: llama.cpp publishes no KV events; KV-Exact cannot follow it (use -select chwbl)", e.Name)
+	case engine.LlamaCpp, "llama.cpp": // a KV-Exact rule naming llama.cpp is refused by the proxy before it gets here
+		return fieldError(e.Name, FieldEngine, "ingest: %s: llama.cpp publishes no KV events; KV-Exact cannot follow it (use -select chwbl)", e.Name)
 	default:
-		return fmt.Errorf("ingest: %s: engine %q has no event contract (want vllm, sglang or trtllm)", e.Name, e.Engine)
+		return fieldError(e.Name, FieldEngine, "ingest: %s: engine %q has no event contract (want vllm, sglang or trtllm)", e.Name, e.Engine)
 	}
 	return nil
 }

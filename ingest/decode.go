@@ -5,14 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"slices"
-)
 
-// Flavor is the engine family whose wire conventions a decoder applies.
-type Flavor uint8
-
-const (
-	FlavorVLLM Flavor = iota
-	FlavorSGLang
+	"github.com/kvgate/kvgate/engine"
 )
 
 // EventKind is the type of one decoded event.
@@ -112,7 +106,7 @@ var (
 // only itself: Next returns it as EventInvalid and the next event decodes as usual. Only
 // a batch whose structure is broken (truncated, a length past its end) stops the walk.
 type BatchDecoder struct {
-	Flavor Flavor
+	Engine engine.Kind // whose wire conventions apply: engine.SGLang's, else vLLM's
 	r      reader
 	outer  int  // elements in the batch array (map batch: pairs)
 	isMap  bool // the batch is a map
@@ -303,7 +297,7 @@ func (d *BatchDecoder) decodeArray(ev *Event, n int) {
 	}
 	tag := d.r.str()
 	ev.Kind = kindOf(tag)
-	sg := d.Flavor == FlavorSGLang
+	sg := d.Engine == engine.SGLang
 	for i := 0; i < n-1 && d.r.err == nil; i++ {
 		f := fOther
 		switch ev.Kind {
@@ -413,7 +407,7 @@ func (d *BatchDecoder) field(ev *Event, f int) {
 		}
 		m := r.str()
 		ev.Medium = mediumOf(m)
-		if ev.Medium == MediumOther && d.Flavor == FlavorSGLang {
+		if ev.Medium == MediumOther && d.Engine == engine.SGLang {
 			ev.Component = m // perhaps a component type written before medium (see fSGLangTail)
 		}
 	case fLoRAName:
@@ -595,7 +589,7 @@ func (d *BatchDecoder) hash() uint64 {
 			r.fail(errType)
 			return 0
 		}
-		if d.Flavor == FlavorSGLang {
+		if d.Engine == engine.SGLang {
 			return binary.BigEndian.Uint64(b[:8])
 		}
 		return binary.BigEndian.Uint64(b[len(b)-8:])

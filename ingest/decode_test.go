@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+
+	"github.com/kvgate/kvgate/engine"
 )
 
 type goldenEvent struct {
@@ -59,11 +61,11 @@ func loadBatches(t testing.TB) []goldenBatch {
 	return gs
 }
 
-func flavorOf(s string) Flavor {
+func flavorOf(s string) engine.Kind {
 	if s == "sglang" {
-		return FlavorSGLang
+		return engine.SGLang
 	}
-	return FlavorVLLM
+	return engine.VLLM
 }
 
 func u64s(t testing.TB, ss []string) []uint64 {
@@ -91,7 +93,7 @@ func TestDecodeGoldens(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			d := BatchDecoder{Flavor: flavorOf(g.Flavor)}
+			d := BatchDecoder{Engine: flavorOf(g.Flavor)}
 			var ev Event
 			var got []goldenEvent
 			if err := d.Reset(p); err == nil {
@@ -168,7 +170,7 @@ func FuzzDecodeBatch(f *testing.F) {
 	f.Fuzz(func(t *testing.T, p []byte, sglang bool) {
 		d := BatchDecoder{}
 		if sglang {
-			d.Flavor = FlavorSGLang
+			d.Engine = engine.SGLang
 		}
 		var ev Event
 		n := 0

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/kvgate/kvgate/engine"
 )
 
 // Parity states.
@@ -40,7 +42,7 @@ type counters struct {
 // EndpointStatus is a snapshot of one endpoint's ingest state (/debug/inventory).
 type EndpointStatus struct {
 	Name      string
-	Engine    string
+	Engine    engine.Kind
 	Index     int
 	Connected bool  // every rank (or the drain) is connected
 	Ranks     int   // ranks followed
@@ -197,14 +199,14 @@ func newEndpoint(m *Manager, cfg EndpointConfig) *endpoint {
 		}
 	}
 	// TensorRT-LLM events carry no engine key kvgate can reproduce: always re-hash.
-	if cfg.Engine == EngineTRTLLM || e.keys == KeysRehash {
+	if cfg.Engine == engine.TRTLLM || e.keys == KeysRehash {
 		e.fast.Store(true)
 	}
 	return e
 }
 
 func (e *endpoint) ranks() int {
-	if e.cfg.Engine == EngineTRTLLM {
+	if e.cfg.Engine == engine.TRTLLM {
 		return 1
 	}
 	return e.cfg.DP

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/bench/enginepub"
 )
 
 // TestFaultEventFlood: an engine publishing as fast as it can. Whatever the transport

@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"bytes"
+	"errors"
 	"net"
 	"strings"
 	"sync"
@@ -10,7 +11,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
-	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/bench/enginepub"
 )
 
 // TestSilentPeerDoesNotBlockClose: a peer that accepts TCP but never speaks ZMTP would
@@ -97,8 +98,8 @@ func TestConfigErrors(t *testing.T) {
 	if _, err := ParseKeyMode("both"); err == nil {
 		t.Error("ParseKeyMode accepted junk")
 	}
-	if m, err := ParseMedia("gpu, cpu"); err != nil || !m.Has(MediumGPU) || !m.Has(MediumCPU) || m.Has(MediumStorage) {
-		t.Errorf("ParseMedia: %v %v", m, err)
+	if m, err := parseMedia("gpu, cpu"); err != nil || !m.Has(MediumGPU) || !m.Has(MediumCPU) || m.Has(MediumStorage) {
+		t.Errorf("parseMedia: %v %v", m, err)
 	}
 }
 
@@ -129,6 +130,39 @@ func TestMetricsExposed(t *testing.T) {
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("metrics lack %s\n%s", want, out)
+		}
+	}
+}
+
+// TestConfigErrorsNameTheField: each refused endpoint is a *FieldError blaming the field
+// to fix and the endpoint it belongs to.
+func TestConfigErrorsNameTheField(t *testing.T) {
+	inv := newInv(t)
+	for _, c := range []struct {
+		eps   []EndpointConfig
+		name  string
+		field string
+	}{
+		{[]EndpointConfig{{Name: "", Engine: "vllm", Events: "tcp://127.0.0.1:1"}}, "", FieldName},
+		{[]EndpointConfig{{Name: "n", Index: -1, Engine: "vllm", Events: "tcp://127.0.0.1:1"}}, "n", FieldIndex},
+		{[]EndpointConfig{{Name: "l", Engine: "llamacpp", URL: "http://127.0.0.1:1"}}, "l", FieldEngine},
+		{[]EndpointConfig{{Name: "x", Engine: "tgi"}}, "x", FieldEngine},
+		{[]EndpointConfig{{Name: "w", Engine: "vllm", Events: "tcp://*:5557"}}, "w", FieldEvents},
+		{[]EndpointConfig{{Name: "r", Engine: "sglang", Events: "tcp://127.0.0.1:1", Replay: "127.0.0.1:2"}}, "r", FieldReplay},
+		{[]EndpointConfig{{Name: "t", Engine: "trtllm", URL: "ftp://x"}}, "t", FieldURL},
+		{[]EndpointConfig{
+			{Name: "a", Engine: "vllm", Events: "tcp://127.0.0.1:1"},
+			{Name: "a", Index: 1, Engine: "vllm", Events: "tcp://127.0.0.1:2"},
+		}, "a", FieldName},
+		{[]EndpointConfig{
+			{Name: "a", Engine: "vllm", Events: "tcp://127.0.0.1:1"},
+			{Name: "b", Engine: "vllm", Events: "tcp://127.0.0.1:2"},
+		}, "b", FieldIndex},
+	} {
+		_, err := NewManager(testConfig(inv), c.eps)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != c.field || fe.Endpoint != c.name || fe.Error() != err.Error() {
+			t.Errorf("%+v: err %v (%T); want a *FieldError blaming %s of %q", c.eps, err, err, c.field, c.name)
 		}
 	}
 }

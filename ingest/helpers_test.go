@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"runtime"
@@ -10,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/shard"
 )
 
@@ -170,4 +171,29 @@ func leakSummary(s string) string {
 		}
 	}
 	return b.String()
+}
+
+// parseMedia parses a comma list of tiers as the holder goldens name them (gpu, cpu, storage, external; SGLang's
+// cpu_pinned and disk name cpu and storage).
+func parseMedia(s string) (Media, error) {
+	var m Media
+	for _, f := range strings.Split(s, ",") {
+		switch strings.ToUpper(strings.TrimSpace(f)) {
+		case "GPU":
+			m |= 1 << MediumGPU
+		case "CPU", "CPU_PINNED":
+			m |= 1 << MediumCPU
+		case "STORAGE", "DISK":
+			m |= 1 << MediumStorage
+		case "EXTERNAL":
+			m |= 1 << MediumExternal
+		case "":
+		default:
+			return 0, fmt.Errorf("ingest: medium %q: want gpu, cpu, storage or external", f)
+		}
+	}
+	if m == 0 {
+		return 0, errors.New("ingest: no medium to route on")
+	}
+	return m, nil
 }

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/hashcore"
-	"github.com/kvgate/kvgate/ingest/enginepub"
 )
 
 type holderStream struct {
@@ -40,7 +40,7 @@ func TestHoldersPerTierAndGroup(t *testing.T) {
 			logs := &recordingHandler{}
 			cfg := testConfig(inv)
 			cfg.Logger = slog.New(logs)
-			routed, err := ParseMedia(strings.Join(s.Routed, ","))
+			routed, err := parseMedia(strings.Join(s.Routed, ","))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -149,11 +149,11 @@ func TestBlockSizeFindingWARNs(t *testing.T) {
 	if len(w) != 1 || !strings.Contains(w[0], "endpoint=v12") || !strings.Contains(w[0], "engine_block_size=16") || !strings.Contains(w[0], "rule_block_size=12") {
 		t.Fatalf("WARNs %q", w)
 	}
-	var trt []TRTEvent
+	var trt []trtEvent
 	body := `[{"event_id":0,"data":{"type":"stored","parent_hash":null,"blocks":[` +
 		`{"type":"stored_block","block_hash":5,"tokens":[` + strings.Repeat(`{"type":"unique_token","token_id":1,"token_extra_id":0},`, 31) +
 		`{"type":"unique_token","token_id":1,"token_extra_id":0}],"cache_level":0,"priority":35}]},"window_size":4096}]`
-	if trt, err = ParseTRTEvents([]byte(body)); err != nil {
+	if trt, err = parseTRTEvents([]byte(body)); err != nil {
 		t.Fatal(err)
 	}
 	ta := newTRTApplier(m.eps[1])

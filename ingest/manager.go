@@ -2,8 +2,9 @@ package ingest
 
 import (
 	"context"
-	"fmt"
 	"sync"
+
+	"github.com/kvgate/kvgate/engine"
 )
 
 // Manager follows every event-publishing endpoint of a rule: one goroutine per endpoint
@@ -33,7 +34,7 @@ func NewManager(cfg Config, eps []EndpointConfig) (*Manager, error) {
 			return nil, err
 		}
 		if names[ec.Name] {
-			return nil, fmt.Errorf("ingest: endpoint name %q used twice", ec.Name)
+			return nil, fieldError(ec.Name, FieldName, "ingest: endpoint name %q used twice", ec.Name)
 		}
 		names[ec.Name] = true
 		maxIdx = max(maxIdx, ec.Index)
@@ -45,7 +46,7 @@ func NewManager(cfg Config, eps []EndpointConfig) (*Manager, error) {
 	m.byIndex = make([]*endpoint, maxIdx+1)
 	for _, e := range m.eps {
 		if m.byIndex[e.cfg.Index] != nil {
-			return nil, fmt.Errorf("ingest: endpoints %q and %q share inventory index %d", m.byIndex[e.cfg.Index].cfg.Name, e.cfg.Name, e.cfg.Index)
+			return nil, fieldError(e.cfg.Name, FieldIndex, "ingest: endpoints %q and %q share inventory index %d", m.byIndex[e.cfg.Index].cfg.Name, e.cfg.Name, e.cfg.Index)
 		}
 		m.byIndex[e.cfg.Index] = e
 	}
@@ -63,7 +64,7 @@ func (m *Manager) Start(ctx context.Context) {
 	ctx, m.cancel = context.WithCancel(ctx)
 	for _, e := range m.eps {
 		switch e.cfg.Engine {
-		case EngineTRTLLM:
+		case engine.TRTLLM:
 			p := newTRTPoller(e)
 			m.wg.Add(1)
 			go func() { defer m.wg.Done(); p.run(ctx) }()

@@ -61,17 +61,17 @@ type trtData struct {
 	CacheLevel  *trtDiff   `json:"cache_level"`
 }
 
-// TRTEvent is one element of a /kv_cache_events drain.
-type TRTEvent struct {
+// trtEvent is one element of a /kv_cache_events drain.
+type trtEvent struct {
 	EventID         *int64  `json:"event_id"`
 	Data            trtData `json:"data"`
 	WindowSize      *int    `json:"window_size"`
 	AttentionDPRank *int    `json:"attention_dp_rank"`
 }
 
-// ParseTRTEvents parses a drain body: a JSON list of events.
-func ParseTRTEvents(body []byte) ([]TRTEvent, error) {
-	var evs []TRTEvent
+// parseTRTEvents parses a drain body: a JSON list of events.
+func parseTRTEvents(body []byte) ([]trtEvent, error) {
+	var evs []trtEvent
 	d := json.NewDecoder(bytes.NewReader(body))
 	if err := d.Decode(&evs); err != nil {
 		return nil, fmt.Errorf("trtllm: kv_cache_events: %w", err)
@@ -106,7 +106,7 @@ type trtApplier struct {
 func newTRTApplier(e *endpoint) *trtApplier { return &trtApplier{e: e, last: -1} }
 
 // apply applies one drain's events in order.
-func (t *trtApplier) apply(evs []TRTEvent) {
+func (t *trtApplier) apply(evs []trtEvent) {
 	e := t.e
 	e.mu.Lock()
 	for i := range evs {
@@ -134,7 +134,7 @@ func (t *trtApplier) seq(id int64) {
 	t.last = id
 }
 
-func (t *trtApplier) event(ev *TRTEvent) {
+func (t *trtApplier) event(ev *trtEvent) {
 	e := t.e
 	cfg := &e.m.cfg
 	c := &e.c
@@ -297,7 +297,7 @@ func (p *trtPoller) poll(ctx context.Context) (int, error) {
 	if _, err := p.body.ReadFrom(io.LimitReader(resp.Body, maxTRTBody)); err != nil {
 		return 0, err
 	}
-	evs, err := ParseTRTEvents(p.body.Bytes())
+	evs, err := parseTRTEvents(p.body.Bytes())
 	if err != nil {
 		p.e.c.decodeErrors.Inc()
 		return 0, nil // the engine answered: a bad body is not a lost connection

@@ -9,8 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/hashcore"
-	"github.com/kvgate/kvgate/ingest/enginepub"
 )
 
 type trtGolden struct {
@@ -34,7 +34,7 @@ func TestTRTParseGoldens(t *testing.T) {
 	loadJSON(t, "trt.json", &gs)
 	for _, g := range gs {
 		t.Run(g.Name, func(t *testing.T) {
-			evs, err := ParseTRTEvents([]byte(g.Body))
+			evs, err := parseTRTEvents([]byte(g.Body))
 			if g.Error {
 				if err == nil {
 					t.Fatalf("bad body parsed: %+v", evs)
@@ -211,7 +211,7 @@ func FuzzTRTEvents(f *testing.F) {
 	}
 	a := newTRTApplier(m.eps[0])
 	f.Fuzz(func(t *testing.T, body []byte) {
-		evs, err := ParseTRTEvents(body)
+		evs, err := parseTRTEvents(body)
 		if err != nil {
 			return
 		}

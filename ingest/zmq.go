@@ -4,11 +4,11 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"io"
-	"log"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvgate/kvgate/internal/zmqlog"
 )
 
 // zmq4 (pure Go) behaviours this file guards against:
@@ -21,9 +21,7 @@ import (
 //     by itself (WithAutomaticReconnect(false)): we close it and dial a fresh one.
 //   - A socket's reader goroutine can block pushing into its 10-message queue after Close;
 //     closeSocket drains the queue so it can exit.
-//   - zmq4 logs through the std logger on handshake failures: silenced.
-
-var quietLog = log.New(io.Discard, "", 0)
+//   - zmq4 logs through the std logger on handshake failures: silenced (zmqlog.Discard).
 
 var errDialTimeout = errors.New("ingest: dial timed out (no ZMTP handshake)")
 
@@ -35,7 +33,7 @@ type zsock struct {
 func dialZMQ(ctx context.Context, typ zmq4.SocketType, addr, topic string, timeout time.Duration) (*zsock, error) {
 	sctx, cancel := context.WithCancel(ctx)
 	opts := []zmq4.Option{zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(timeout),
-		zmq4.WithLogger(quietLog), zmq4.WithAutomaticReconnect(false)}
+		zmq4.WithLogger(zmqlog.Discard), zmq4.WithAutomaticReconnect(false)}
 	var s zmq4.Socket
 	switch typ {
 	case zmq4.Sub:

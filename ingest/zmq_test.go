@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/shard"
 )
 

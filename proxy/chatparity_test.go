@@ -7,8 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/hashcore"
-	"github.com/kvgate/kvgate/ingest/enginepub"
 )
 
 // chatGolden is one Qwen3 chat case: the request pieces and the token IDs that Jinja2 +

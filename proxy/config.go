@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/engine"
 	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/proxy/route"
 	"github.com/kvgate/kvgate/shard"
@@ -23,19 +24,15 @@ import (
 )
 
 // Engine is the kind of server behind an endpoint; it decides the KV event contract and
-// the P/D two-step protocol.
-type Engine uint8
+// the P/D two-step protocol. The names are package engine's, kept here as aliases.
+type Engine = engine.Kind
 
 const (
-	EngineVLLM Engine = iota
-	EngineSGLang
-	EngineTRTLLM
-	EngineLlamaCpp
+	EngineVLLM     = engine.VLLM
+	EngineSGLang   = engine.SGLang
+	EngineTRTLLM   = engine.TRTLLM
+	EngineLlamaCpp = engine.LlamaCpp
 )
-
-var engineNames = [...]string{"vllm", "sglang", "trtllm", "llamacpp"}
-
-func (e Engine) String() string { return engineNames[e] }
 
 // Role is an endpoint's part in prefill/decode disaggregation.
 type Role uint8
@@ -76,7 +73,7 @@ func (e *EndpointSpec) Host() string { return e.host }
 // name=..,url=http://host:port,engine=vllm|sglang|trtllm|llamacpp,role=both|prefill|decode,
 // events=tcp://..,replay=tcp://..,topic=..,dp=N,weight=W,down=true,bootstrap_port=N.
 func ParseEndpoint(s string) (EndpointSpec, error) {
-	e := EndpointSpec{DP: 1, Weight: 1}
+	e := EndpointSpec{Engine: engine.VLLM, DP: 1, Weight: 1}
 	for _, kv := range strings.Split(s, ",") {
 		kv = strings.TrimSpace(kv)
 		if kv == "" {
@@ -93,7 +90,7 @@ func ParseEndpoint(s string) (EndpointSpec, error) {
 		case "url":
 			e.URL = v
 		case "engine":
-			e.Engine, err = parseEngine(v)
+			e.Engine, err = engine.Parse(v)
 		case "role":
 			switch v {
 			case "both":
@@ -148,21 +145,6 @@ func ParseEndpoint(s string) (EndpointSpec, error) {
 		e.Name = u.Host
 	}
 	return e, nil
-}
-
-func parseEngine(v string) (Engine, error) {
-	for i, n := range engineNames {
-		if v == n {
-			return Engine(i), nil
-		}
-	}
-	if v == "tensorrt-llm" || v == "trt-llm" {
-		return EngineTRTLLM, nil
-	}
-	if v == "llama.cpp" {
-		return EngineLlamaCpp, nil
-	}
-	return 0, fmt.Errorf("engine %q: want vllm, sglang, trtllm or llamacpp", v)
 }
 
 func atoiRange(what, v string, lo, hi int) (int, error) {
@@ -425,16 +407,16 @@ func (c *Config) Validate() error {
 		if prefill == 0 || decode == 0 {
 			return refuse("-kv-mode", "mode 1 (prefill/decode) needs at least one endpoint with role=prefill and one with role=decode (have %d prefill, %d decode)", prefill, decode)
 		}
-		var eng = -1
+		var eng Engine // "": none seen yet
 		for i := range c.Endpoints {
 			e := &c.Endpoints[i]
 			if e.Role == RoleBoth {
 				return refuse("-endpoint", "endpoint %q: -kv-mode 1 needs role=prefill or role=decode on every endpoint", e.Name)
 			}
-			if eng >= 0 && Engine(eng) != e.Engine {
-				return refuse("-endpoint", "endpoint %q: -kv-mode 1 needs one engine kind for the whole P/D pool (%s vs %s)", e.Name, Engine(eng), e.Engine)
+			if eng != "" && eng != e.Engine {
+				return refuse("-endpoint", "endpoint %q: -kv-mode 1 needs one engine kind for the whole P/D pool (%s vs %s)", e.Name, eng, e.Engine)
 			}
-			eng = int(e.Engine)
+			eng = e.Engine
 		}
 	default:
 		if prefill > 0 || decode > 0 {
@@ -462,8 +444,8 @@ func (c *Config) Validate() error {
 		if len(c.Tokenizers) == 0 {
 			return refuse("-tokenizer", "KV-Exact needs at least one served model mapped to a tokenizer directory (-model NAME -tokenizer DIR)")
 		}
-		if c.KVBlockSize < 1 || c.KVBlockSize > 1<<20 {
-			return refuse("-kv-block-size", "%d: want 1..1048576 (the engine's block/page size)", c.KVBlockSize)
+		if c.KVBlockSize < 1 || c.KVBlockSize > hashcore.MaxBlockSize {
+			return refuse("-kv-block-size", "%d: want 1..%d (the engine's block/page size)", c.KVBlockSize, hashcore.MaxBlockSize)
 		}
 		if c.KVMinMatchTokens < 0 {
 			return refuse("-kv-min-match-tokens", "must be >= 0")
@@ -478,15 +460,15 @@ func (c *Config) Validate() error {
 		default:
 			return refuse("-kv-keys", "%q: want auto, engine or rehash", c.KVKeys)
 		}
-		var hashEng = -1
+		var hashEng Engine // "": none seen yet
 		for _, e := range c.Endpoints {
 			if e.Engine == EngineTRTLLM {
 				continue
 			}
-			if hashEng >= 0 && Engine(hashEng) != e.Engine && c.KVKeys != "rehash" {
+			if hashEng != "" && hashEng != e.Engine && c.KVKeys != "rehash" {
 				return refuse("-kv-keys", "vllm and sglang endpoints hash blocks differently; one rule follows one engine contract unless -kv-keys rehash re-hashes every event into kvgate's keys")
 			}
-			hashEng = int(e.Engine)
+			hashEng = e.Engine
 		}
 	}
 	for _, t := range c.Tokenizers {

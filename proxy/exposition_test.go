@@ -13,7 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 
-	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/bench/enginepub"
 )
 
 // scrapeFamilies parses /metrics with the Prometheus text parser (an independent

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/hashcore"
-	"github.com/kvgate/kvgate/ingest/enginepub"
 	"github.com/kvgate/kvgate/proxy/openai"
 	"github.com/kvgate/kvgate/tokenize"
 )

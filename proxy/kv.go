@@ -2,8 +2,8 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"strings"
 	"time"
 	"unsafe"
 
@@ -111,10 +111,10 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	for _, e := range cfg.Endpoints {
 		switch e.Engine {
 		case EngineVLLM:
-			spec = &hashcore.Spec{Engine: "vllm", Algo: cfg.KVHashAlgo, BlockSize: cfg.KVBlockSize,
+			spec = &hashcore.Spec{Engine: e.Engine, Algo: cfg.KVHashAlgo, BlockSize: cfg.KVBlockSize,
 				Seed: cfg.KVHashSeed, SeedSet: cfg.KVHashSeedSet}
 		case EngineSGLang:
-			spec = &hashcore.Spec{Engine: "sglang", Algo: cfg.KVHashAlgo, BlockSize: cfg.KVBlockSize}
+			spec = &hashcore.Spec{Engine: e.Engine, Algo: cfg.KVHashAlgo, BlockSize: cfg.KVBlockSize}
 		default:
 			continue
 		}
@@ -123,13 +123,7 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	if spec != nil {
 		c, err := hashcore.New(*spec)
 		if err != nil {
-			flag := "-kv-hash-algo"
-			if strings.Contains(err.Error(), "PYTHONHASHSEED") || strings.Contains(err.Error(), "seed") {
-				flag = "-kv-hash-seed"
-			} else if strings.Contains(err.Error(), "block size") {
-				flag = "-kv-block-size"
-			}
-			return nil, refuse(flag, "%v", err)
+			return nil, refuse(hashFlag(err), "%v", err)
 		}
 		k.chain = c
 		if cfg.KVChainMemoBytes > 0 {
@@ -144,7 +138,7 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	}
 	eps := make([]ingest.EndpointConfig, len(cfg.Endpoints))
 	for i, e := range cfg.Endpoints {
-		eps[i] = ingest.EndpointConfig{Name: e.Name, Index: i, Engine: e.Engine.String(),
+		eps[i] = ingest.EndpointConfig{Name: e.Name, Index: i, Engine: e.Engine,
 			Events: e.Events, Replay: e.Replay, DP: e.DP, Topic: e.Topic, URL: e.URL}
 	}
 	mgr, err := k.newEventSource(ingest.Config{Inventory: inv, Chain: k.chain, Spec: spec, Fast: k.fast,
@@ -154,6 +148,21 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	}
 	k.mgr = mgr
 	return k, nil
+}
+
+// hashFlag is the serve flag to blame for a contract hashcore.New refused: the seed's or
+// the block size's, else the algo's (the engine kind is always vllm or sglang here).
+func hashFlag(err error) string {
+	var pe *hashcore.ParamError
+	if errors.As(err, &pe) {
+		switch pe.Param {
+		case hashcore.ParamSeed:
+			return "-kv-hash-seed"
+		case hashcore.ParamBlockSize:
+			return "-kv-block-size"
+		}
+	}
+	return "-kv-hash-algo"
 }
 
 func (k *kvRouter) start(ctx context.Context) error { return k.mgr.Start(ctx) }

@@ -12,8 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/hashcore"
-	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/internal/testfix"
 	"github.com/kvgate/kvgate/proxy/route"
 	"github.com/kvgate/kvgate/tokenize"
 )
@@ -21,11 +22,7 @@ import (
 // qwen3Dir is the fetched Qwen3 tokenizer directory; missing files fail the test.
 func qwen3Dir(t testing.TB) string {
 	t.Helper()
-	dir, err := tokenize.StagedDir("qwen3")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return testfix.TokenizerDir(t, "qwen3")
 }
 
 var (

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/bench/enginepub"
 )
 
 // A converged pool mixing vLLM (engine keys) and TensorRT-LLM (drained events

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/bench/enginepub"
 )
 
 func decodeJSON(t *testing.T, s string) map[string]any {

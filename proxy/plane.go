@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/engine"
 	"github.com/kvgate/kvgate/ingest"
 	"github.com/kvgate/kvgate/ingest/plane"
 )
@@ -195,7 +196,7 @@ func armFallback(r *plane.Route, icfg ingest.Config, eps []ingest.EndpointConfig
 	var sub []ingest.EndpointConfig
 	covers := make([]bool, len(eps))
 	for _, e := range eps {
-		if e.Events != "" && e.Engine != ingest.EngineTRTLLM {
+		if e.Events != "" && e.Engine != engine.TRTLLM {
 			sub = append(sub, e)
 			covers[e.Index] = true
 		}

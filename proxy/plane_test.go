@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/internal/natstest"
 )
 

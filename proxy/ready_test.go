@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/bench/enginepub"
 )
 
 func readyz(t *testing.T, s *Server) (int, string) {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/bench/enginepub"
 )
 
 // An engine dies and comes back on the same ports after its subscriber's redial backoff

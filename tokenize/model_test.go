@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testfix"
 )
 
 var (
@@ -23,7 +25,7 @@ func loadModelNamed(t testing.TB, name string) *Model {
 	if m := modelCache[name]; m != nil {
 		return m
 	}
-	m, err := newModel(name, modelDir(t, name), loadNamed(t, name))
+	m, err := newModel(name, testfix.TokenizerDir(t, name), loadNamed(t, name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +57,7 @@ func TestEncodeChatGoldens(t *testing.T) {
 			} `json:"cases"`
 		} `json:"models"`
 	}
-	if err := json.Unmarshal(readGz(t, filepath.Join(repoRoot(t), "testdata", "tokenize", "chat.golden.json.gz")), &g); err != nil {
+	if err := json.Unmarshal(readGz(t, filepath.Join(testfix.RepoRoot(t), "testdata", "tokenize", "chat.golden.json.gz")), &g); err != nil {
 		t.Fatal(err)
 	}
 	if len(g.Models) < 4 {
@@ -63,7 +65,7 @@ func TestEncodeChatGoldens(t *testing.T) {
 	}
 	for name, mg := range g.Models {
 		t.Run(name, func(t *testing.T) {
-			m, err := newModel(name, modelDir(t, name), loadNamed(t, name)) // with a fixed clock
+			m, err := newModel(name, testfix.TokenizerDir(t, name), loadNamed(t, name)) // with a fixed clock
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -125,7 +127,7 @@ func TestEncodePrompt(t *testing.T) {
 
 func TestPool(t *testing.T) {
 	p := NewPool()
-	dir := modelDir(t, "qwen3")
+	dir := testfix.TokenizerDir(t, "qwen3")
 	if err := p.Add("qwen3", dir, "Qwen/Qwen3-8B", "qwen"); err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +192,7 @@ func TestModelWithoutTemplate(t *testing.T) {
 	}
 	// A chat_template.jinja next to tokenizer.json is used.
 	dir := t.TempDir()
-	src := modelDir(t, "llama2")
+	src := testfix.TokenizerDir(t, "llama2")
 	for _, f := range []string{"tokenizer.json", "tokenizer_config.json"} {
 		b, err := os.ReadFile(filepath.Join(src, f))
 		if err != nil {

@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/testfix"
 )
 
 type variantSpec struct {
@@ -67,7 +69,7 @@ func applyVariant(t *testing.T, base []byte, v variantSpec) []byte {
 // TestVariantGoldens checks tokenizer.json variants (testdata/tokenize/variants.json) that use
 // the components the six real files do not, against the HF library (tools/gen-tok-variants.js).
 func TestVariantGoldens(t *testing.T) {
-	root := repoRoot(t)
+	root := testfix.RepoRoot(t)
 	specData, err := os.ReadFile(filepath.Join(root, "testdata", "tokenize", "variants.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -97,7 +99,7 @@ func TestVariantGoldens(t *testing.T) {
 				t.Fatalf("no goldens for variant %s: regenerate with tools/goldens.sh", v.Name)
 			}
 			if bases[v.Base] == nil {
-				b, err := os.ReadFile(filepath.Join(modelDir(t, v.Base), "tokenizer.json"))
+				b, err := os.ReadFile(filepath.Join(testfix.TokenizerDir(t, v.Base), "tokenizer.json"))
 				if err != nil {
 					t.Fatal(err)
 				}

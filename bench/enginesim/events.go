@@ -3,7 +3,7 @@ package enginesim
 import (
 	"sync"
 
-	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/bench/enginepub"
 )
 
 // ZMQSink publishes the pool's events on a ZeroMQ PUB socket (plus replay ROUTER) in an

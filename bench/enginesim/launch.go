@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/hashcore"
-	"github.com/kvgate/kvgate/ingest/enginepub"
 )
 
 // Spec is a simulator described the way its command line describes it; Launch turns it

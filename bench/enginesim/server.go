@@ -14,14 +14,16 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvgate/kvgate/engine"
 	"github.com/kvgate/kvgate/hashcore"
 )
 
-// Engine flavours the simulator can play.
+// Engine flavours the simulator can play: package engine's names, as the strings its
+// flags and Spec carry.
 const (
-	EngineVLLM   = "vllm"
-	EngineSGLang = "sglang"
-	EngineTRTLLM = "trtllm"
+	EngineVLLM   = string(engine.VLLM)
+	EngineSGLang = string(engine.SGLang)
+	EngineTRTLLM = string(engine.TRTLLM)
 )
 
 // P/D roles.

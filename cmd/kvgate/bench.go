@@ -49,7 +49,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	model := fs.String("model", "qwen3", "served model name")
 	tokDir := fs.String("tokenizer", defaultTokenizerDir(), "tokenizer directory for the engines and kvgate; \"words\" = one token per word (no kvgate parity)")
 	kvgateBin := fs.String("kvgate", "", "kvgate binary to run as the router (default: this executable)")
-	var kvArgs multiFlag
+	var kvArgs repeatable
 	fs.Var(&kvArgs, "kvgate-arg", "extra flag passed to kvgate serve (repeatable)")
 	progress := fs.Bool("progress", IsTTY(os.Stderr), "draw a progress bar on stderr")
 	seed := fs.Uint64("seed", 1, "workload seed")
@@ -400,8 +400,3 @@ func writeFile(path string, write func(io.Writer)) error {
 
 // IsTTY reports whether f is a terminal.
 func IsTTY(f *os.File) bool { return bench.IsTerminal(f) }
-
-type multiFlag []string
-
-func (m *multiFlag) String() string     { return strings.Join(*m, " ") }
-func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }

@@ -8,13 +8,15 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/hashcore"
-	"github.com/kvgate/kvgate/ingest/enginepub"
+	"github.com/kvgate/kvgate/internal/testfix"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -26,7 +28,7 @@ var (
 
 func qwen3(t *testing.T) (*tokenize.Model, string) {
 	t.Helper()
-	dir := tokenizerDir(t, "qwen3")
+	dir := testfix.TokenizerDir(t, "qwen3")
 	docPoolOnce.Do(func() {
 		docPool = tokenize.NewPool()
 		docPoolErr = docPool.Add("qwen3", dir)
@@ -179,15 +181,15 @@ func TestDoctorReportsEachDriftedParameter(t *testing.T) {
 	}
 	b := rows(out, "bad")
 	for _, check := range []string{"chat-template", "block-size", "hash-algo", "lora"} {
-		if !contains(b[check], "DRIFT") {
+		if !slices.Contains(b[check], "DRIFT") {
 			t.Errorf("bad %s: %v, want DRIFT\n%s", check, b[check], out)
 		}
 	}
-	if !contains(b["tokenizer"], "ok") {
+	if !slices.Contains(b["tokenizer"], "ok") {
 		t.Errorf("bad tokenizer (its tokenizer is the rule's): %v", b["tokenizer"])
 	}
 	for check, res := range rows(out, "good") {
-		if contains(res, "DRIFT") || contains(res, "ERROR") {
+		if slices.Contains(res, "DRIFT") || slices.Contains(res, "ERROR") {
 			t.Errorf("good %s: %v beside a drifted endpoint\n%s", check, res, out)
 		}
 	}
@@ -200,20 +202,11 @@ func TestDoctorReportsEachDriftedParameter(t *testing.T) {
 // the flag.
 func TestDoctorUnreachableAndBadFlags(t *testing.T) {
 	code, out, _ := runDoctorCLI(t, "-probe-timeout", "2s", "-endpoint", "name=gone,url=http://"+freeAddr(t))
-	if code != 1 || !contains(rows(out, "gone")["models"], "ERROR") {
+	if code != 1 || !slices.Contains(rows(out, "gone")["models"], "ERROR") {
 		t.Errorf("unreachable: exit %d\n%s", code, out)
 	}
 	code, _, stderr := runDoctorCLI(t, "-kv-mode", "7", "-endpoint", "name=a,url=http://127.0.0.1:1")
 	if code != 2 || !strings.Contains(stderr, "-kv-mode") {
 		t.Errorf("bad flag: exit %d %q", code, stderr)
 	}
-}
-
-func contains(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

@@ -11,6 +11,7 @@ import (
 	"io"
 	"strconv"
 
+	"github.com/kvgate/kvgate/engine"
 	"github.com/kvgate/kvgate/hashcore"
 )
 
@@ -19,14 +20,32 @@ func init() {
 }
 
 // hashDefaultBlockSize is each engine's default block size (SGLang: --page-size 1).
-var hashDefaultBlockSize = map[string]int{"vllm": 16, "sglang": 1, "kvgate": 16}
+var hashDefaultBlockSize = map[engine.Kind]int{engine.VLLM: 16, engine.SGLang: 1, hashcore.Kvgate: 16}
+
+// hashParamFlags is the flag of each contract parameter hashcore can refuse (bigram page
+// keys are asked for through -algo sha256-bigram).
+var hashParamFlags = map[string]string{
+	hashcore.ParamEngine: "-engine", hashcore.ParamAlgo: "-algo", hashcore.ParamBigram: "-algo",
+	hashcore.ParamBlockSize: "-block-size", hashcore.ParamSeed: "-seed",
+	hashcore.ParamLoRAName: "-lora-name", hashcore.ParamCacheSalt: "-cache-salt",
+}
+
+// hashRefused prints a refusal by hashcore.New or ValidateExtras naming the flag to fix.
+func hashRefused(stderr io.Writer, err error) {
+	var pe *hashcore.ParamError
+	if errors.As(err, &pe) && hashParamFlags[pe.Param] != "" {
+		fmt.Fprintf(stderr, "kvgate hash: %s: %v\n", hashParamFlags[pe.Param], err)
+		return
+	}
+	fmt.Fprintf(stderr, "kvgate hash: %v\n", err)
+}
 
 // runHash prints the keys of every full block of a JSON array of token IDs read from
 // stdin, as one JSON object, so operators can check parity against an engine's events.
 func runHash(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("hash", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	engine := fs.String("engine", "vllm", "engine contract: vllm, sglang or kvgate (kvgate's own fast key)")
+	engineFlag := fs.String("engine", "vllm", "engine contract: vllm, sglang or kvgate (kvgate's own fast key)")
 	algo := fs.String("algo", "", "vllm --prefix-caching-hash-algo: sha256 (default), sha256_cbor, xxhash, xxhash_cbor; sglang: sha256; kvgate: fast")
 	blockSize := fs.Int("block-size", 0, "tokens per block (SGLang page size); default: the engine's (vllm 16, sglang 1)")
 	seed := fs.String("seed", "", "the engine's PYTHONHASHSEED value; omit when the engine runs without it")
@@ -51,30 +70,31 @@ func runHash(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 
-	spec := hashcore.Spec{Engine: *engine, Algo: *algo, BlockSize: *blockSize, Seed: *seed, SeedSet: set["seed"]}
+	eng := engine.Kind(*engineFlag)
+	spec := hashcore.Spec{Engine: eng, Algo: *algo, BlockSize: *blockSize, Seed: *seed, SeedSet: set["seed"]}
 	if !set["block-size"] {
-		if bs, ok := hashDefaultBlockSize[*engine]; ok {
+		if bs, ok := hashDefaultBlockSize[eng]; ok {
 			spec.BlockSize = bs
 		}
 	}
-	if *engine == "sglang" && (*lora != "" || *salt != "") {
+	if eng == engine.SGLang && (*lora != "" || *salt != "") {
 		fmt.Fprintln(stderr, "kvgate hash: sglang page hashes carry no extra keys: -lora-name and -cache-salt do not apply")
 		return 2
 	}
-	if *engine != "vllm" && set["seed"] {
-		fmt.Fprintf(stderr, "kvgate hash: -seed applies to vllm only: %s block keys have no seed\n", *engine)
+	if eng != engine.VLLM && set["seed"] {
+		fmt.Fprintf(stderr, "kvgate hash: -seed applies to vllm only: %s block keys have no seed\n", eng)
 		return 2
 	}
 	chain, err := hashcore.New(spec)
 	if err != nil {
-		fmt.Fprintf(stderr, "kvgate hash: %v\n", err)
+		hashRefused(stderr, err)
 		return 2
 	}
 	var ex *hashcore.Extras
 	if *lora != "" || *salt != "" {
 		ex = &hashcore.Extras{LoRAName: *lora, CacheSalt: *salt}
 		if err := hashcore.ValidateExtras(ex); err != nil {
-			fmt.Fprintf(stderr, "kvgate hash: %v\n", err)
+			hashRefused(stderr, err)
 			return 2
 		}
 	}

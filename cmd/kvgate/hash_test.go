@@ -166,6 +166,29 @@ func TestHashCommandBadInput(t *testing.T) {
 	}
 }
 
+// TestHashRefusalsNameTheFlag: each contract parameter hashcore refuses is reported with
+// the flag that sets it, taken from the error's typed parameter.
+func TestHashRefusalsNameTheFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"-engine", "tgi"}, "-engine"},
+		{[]string{"-algo", "md5"}, "-algo"},
+		{[]string{"-engine", "sglang", "-algo", "xxhash"}, "-algo"},
+		{[]string{"-block-size", "0"}, "-block-size"},
+		{[]string{"-algo", "xxhash"}, "-seed"},
+		{[]string{"-seed", "\xff"}, "-seed"},
+		{[]string{"-lora-name", "\xff"}, "-lora-name"},
+		{[]string{"-cache-salt", strings.Repeat("s", hashcore.MaxStringLen+1)}, "-cache-salt"},
+	} {
+		code, _, errs := runHashCLI(tc.args, "[1]")
+		if code != 2 || !strings.HasPrefix(errs, "kvgate hash: "+tc.flag+": hashcore: ") {
+			t.Errorf("%v: exit %d, stderr %q; want 2 naming %s", tc.args, code, errs, tc.flag)
+		}
+	}
+}
+
 func TestVersionCommand(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := dispatch([]string{"version"}, strings.NewReader(""), &out, &errb); code != 0 {

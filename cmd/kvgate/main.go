@@ -9,7 +9,14 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strings"
 )
+
+// repeatable is a flag that may be given several times; each use appends its value.
+type repeatable []string
+
+func (r *repeatable) String() string     { return strings.Join(*r, " ") }
+func (r *repeatable) Set(v string) error { *r = append(*r, v); return nil }
 
 // command is one kvgate subcommand. run gets the arguments after the subcommand name
 // and returns the process exit code (0 ok, 1 runtime failure, 2 bad usage or input).

@@ -18,14 +18,10 @@ import (
 
 	"github.com/kvgate/kvgate/ingest/plane"
 	"github.com/kvgate/kvgate/proxy"
+	"github.com/kvgate/kvgate/shard"
 )
 
 func init() { register("serve", "run the proxy: one rule from flags", runServe) }
-
-type serveList []string
-
-func (m *serveList) String() string     { return strings.Join(*m, " ") }
-func (m *serveList) Set(v string) error { *m = append(*m, v); return nil }
 
 // serveFlags parses args into a rule. It is separate from runServe so tests can check
 // refusals without listening.
@@ -49,7 +45,7 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 `)
 		fs.PrintDefaults()
 	}
-	var endpoints, models, tokenizers, loras serveList
+	var endpoints, models, tokenizers, loras repeatable
 	var endpointsFile, sel, kvMode, kvScore, logLevel string
 	fs.StringVar(&cfg.Listen, "listen", ":8080", "public listener address (OpenAI API)")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "admin listener address (/metrics, /debug/*, /healthz, /readyz, /admin/*); empty disables it")
@@ -178,13 +174,11 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 	default:
 		return cfg, "", &proxy.FlagError{Flag: "-kv-mode", Msg: fmt.Sprintf("%q: want off, 3 or 1", kvMode)}
 	}
-	switch kvScore {
-	case "overlap":
-	case "prefix":
-		cfg.KVScorePrefix = true
-	default:
+	score, ok := shard.ParseMode(kvScore)
+	if !ok {
 		return cfg, "", &proxy.FlagError{Flag: "-kv-score", Msg: fmt.Sprintf("%q: want overlap or prefix", kvScore)}
 	}
+	cfg.KVScorePrefix = score == shard.Prefix
 	bare := 0
 	for _, t := range tokenizers {
 		if name, dir, ok := strings.Cut(t, "="); ok {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testfix"
 	"github.com/kvgate/kvgate/proxy"
 )
 
@@ -190,5 +191,27 @@ func TestServeAdminTokenFile(t *testing.T) {
 	os.WriteFile(f, []byte("\n"), 0o600)
 	if _, _, err := serveFlags([]string{"-admin-token-file", f, "-endpoint", ep}, io.Discard); err == nil || !strings.Contains(err.Error(), "empty") {
 		t.Errorf("empty: %v", err)
+	}
+}
+
+// TestServeHashRefusalsNameTheFlag: a contract hashcore refuses names the serve flag its
+// typed error blames (the seed's, the algo's), never one guessed from the message.
+func TestServeHashRefusalsNameTheFlag(t *testing.T) {
+	rule := []string{"-endpoint", "url=http://127.0.0.1:1,events=tcp://127.0.0.1:2", "-kv-mode", "3",
+		"-model", "qwen3", "-tokenizer", testfix.TokenizerDir(t, "qwen3")}
+	for _, tc := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"-kv-hash-algo", "xxhash"}, "-kv-hash-seed"}, // PYTHONHASHSEED unset: no parity
+		{[]string{"-kv-hash-algo", "sha256", "-kv-hash-seed", "\xff"}, "-kv-hash-seed"},
+		{[]string{"-kv-hash-algo", "md5"}, "-kv-hash-algo"},
+		{[]string{"-kv-hash-algo", "sha256-bigram"}, "-kv-hash-algo"}, // SGLang's, not vLLM's
+	} {
+		var stderr bytes.Buffer
+		code := runServe(append(append([]string{}, rule...), tc.args...), nil, io.Discard, &stderr)
+		if code != 2 || !strings.HasPrefix(stderr.String(), "kvgate serve: "+tc.flag+": hashcore: ") {
+			t.Errorf("%v: exit %d, stderr %q; want 2 naming %s", tc.args, code, stderr.String(), tc.flag)
+		}
 	}
 }

@@ -10,17 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/tokenize"
+	"github.com/kvgate/kvgate/internal/testfix"
 )
-
-func tokenizerDir(t *testing.T, name string) string {
-	t.Helper()
-	dir, err := tokenize.StagedDir(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
 
 func readGzJSON(t *testing.T, path string, v any) {
 	t.Helper()
@@ -80,7 +71,7 @@ func TestTokenizeCommand(t *testing.T) {
 		`{"prompt":[1,2,3]}` + "\n" +
 		`{"prompt":["a","b"]}`
 	var out, errOut bytes.Buffer
-	if rc := runTokenize([]string{"-tokenizer", tokenizerDir(t, "llama2")}, strings.NewReader(in), &out, &errOut); rc != 0 {
+	if rc := runTokenize([]string{"-tokenizer", testfix.TokenizerDir(t, "llama2")}, strings.NewReader(in), &out, &errOut); rc != 0 {
 		t.Fatalf("rc %d: %s", rc, errOut.String())
 	}
 	lines := strings.Split(strings.TrimRight(out.String(), "\n"), "\n")
@@ -96,7 +87,7 @@ func TestTokenizeCommand(t *testing.T) {
 
 	// -add-special-tokens applies to {"text"} lines.
 	out.Reset()
-	runTokenize([]string{"-tokenizer", tokenizerDir(t, "llama2"), "-add-special-tokens"}, strings.NewReader(`{"text":"Hello world"}`), &out, &errOut)
+	runTokenize([]string{"-tokenizer", testfix.TokenizerDir(t, "llama2"), "-add-special-tokens"}, strings.NewReader(`{"text":"Hello world"}`), &out, &errOut)
 	if got := strings.TrimSpace(out.String()); got != idsLine(golden.FullSpecial[4]) {
 		t.Errorf("-add-special-tokens: %s, want %s", got, idsLine(golden.FullSpecial[4]))
 	}
@@ -123,7 +114,7 @@ func TestTokenizeCommand(t *testing.T) {
 		n++
 	}
 	out.Reset()
-	if rc := runTokenize([]string{"-tokenizer", tokenizerDir(t, "qwen3")}, strings.NewReader(body.String()), &out, &errOut); rc != 0 {
+	if rc := runTokenize([]string{"-tokenizer", testfix.TokenizerDir(t, "qwen3")}, strings.NewReader(body.String()), &out, &errOut); rc != 0 {
 		t.Fatalf("rc %d: %s", rc, errOut.String())
 	}
 	lines = strings.Split(strings.TrimRight(out.String(), "\n"), "\n")

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/ingest"
+	"github.com/kvgate/kvgate/engine"
 	"github.com/kvgate/kvgate/shard"
 )
 
@@ -109,7 +109,7 @@ func TestConfigRefusals(t *testing.T) {
 // state machine's rules, message by message.
 func offlineRoute(t *testing.T) (*Route, *subEndpoint) {
 	t.Helper()
-	r, err := NewRoute(Config{URL: "nats://127.0.0.1:1"}, newInv(t), []Endpoint{{Name: "a", Index: 0, Engine: ingest.EngineVLLM}})
+	r, err := NewRoute(Config{URL: "nats://127.0.0.1:1"}, newInv(t), []Endpoint{{Name: "a", Index: 0, Engine: engine.VLLM}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,8 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvgate/kvgate/engine"
 )
 
 // Roles.
@@ -95,7 +97,7 @@ type Config struct {
 type Endpoint struct {
 	Name   string
 	Index  int
-	Engine string
+	Engine engine.Kind
 }
 
 func (c *Config) defaults() error {

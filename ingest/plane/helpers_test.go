@@ -13,8 +13,8 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/ingest"
-	"github.com/kvgate/kvgate/ingest/enginepub"
 	"github.com/kvgate/kvgate/internal/natstest"
 	"github.com/kvgate/kvgate/shard"
 )

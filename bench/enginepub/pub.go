@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvgate/kvgate/internal/zmqlog"
 )
 
 // Config describes one engine publisher (one data-parallel rank).
@@ -67,14 +69,14 @@ func New(cfg Config) (*Publisher, error) {
 		p.ring = append(p.ring, replayEntry{seq: p.seq, payload: payload})
 		p.seq++
 	}
-	p.pub = zmq4.NewPub(context.Background(), zmq4.WithLogger(quietLogger()))
+	p.pub = zmq4.NewPub(context.Background(), zmq4.WithLogger(zmqlog.Discard))
 	if err := p.pub.Listen(cfg.Endpoint); err != nil {
 		p.pub.Close()
 		return nil, err
 	}
 	p.addr = boundAddr(cfg.Endpoint, p.pub.Addr())
 	if cfg.Replay != "" {
-		p.router = zmq4.NewRouter(context.Background(), zmq4.WithLogger(quietLogger()))
+		p.router = zmq4.NewRouter(context.Background(), zmq4.WithLogger(zmqlog.Discard))
 		if err := p.router.Listen(cfg.Replay); err != nil {
 			p.router.Close()
 			p.pub.Close()
