@@ -13,6 +13,7 @@ import (
 // allocates nothing in steady state.
 type applier struct {
 	e     *endpoint
+	r     *rankState // the rank whose stream this applier follows
 	dec   BatchDecoder
 	ev    Event
 	ckeys []uint64 // scratch: the rule's key of one block
@@ -25,8 +26,8 @@ type applier struct {
 	ex    hashcore.Extras
 }
 
-func newApplier(e *endpoint) *applier {
-	a := &applier{e: e}
+func newApplier(e *endpoint, r *rankState) *applier {
+	a := &applier{e: e, r: r}
 	if e.cfg.Engine == EngineSGLang {
 		a.dec.Flavor = FlavorSGLang
 	}
@@ -54,7 +55,7 @@ func (a *applier) apply(payload []byte) error {
 		case EventCleared:
 			e.c.cleared.Inc()
 			e.c.clearedByEngine.Inc()
-			e.clearLocked()
+			e.clearLocked(a.r)
 		case EventInvalid:
 			e.badEvent(ev.Bad)
 		default:
@@ -86,19 +87,27 @@ func (e *endpoint) badEvent(reason BadReason) {
 	e.badWarned, e.badSince = now, 0
 }
 
-// clearLocked empties the endpoint's inventory slot and block map (e.mu held).
-func (e *endpoint) clearLocked() {
-	e.m.cfg.Inventory.ClearEndpoint(e.cfg.Index)
-	e.blocks.reset()
-	e.refs.reset()
+// clearLocked empties rank r's inventory slot, block map and holder counts (e.mu held):
+// its engine restarted or cleared its cache; the other ranks keep theirs. The tier
+// counts (distinct hashes per tier, summed over ranks) are recounted from the ranks left.
+func (e *endpoint) clearLocked(r *rankState) {
+	e.m.cfg.Inventory.ClearEndpoint(r.slot)
+	r.blocks.reset()
+	r.refs.reset()
+	var n [numMedia]int64
+	for _, o := range e.rk {
+		if o != r {
+			o.refs.countTiers(&n)
+		}
+	}
 	for i := range e.tiers {
-		e.tiers[i].Store(0)
+		e.tiers[i].Store(n[i])
 	}
 }
 
-func (e *endpoint) clear() {
+func (e *endpoint) clear(r *rankState) {
 	e.mu.Lock()
-	e.clearLocked()
+	e.clearLocked(r)
 	e.mu.Unlock()
 }
 
@@ -163,9 +172,9 @@ func (a *applier) stored(ev *Event) {
 	cfg := &e.m.cfg
 	e.c.stored.Inc()
 	nb := len(ev.Hashes)
-	e.refs.touch(ev.Hashes)
+	a.r.refs.touch(ev.Hashes)
 	for _, h := range ev.Hashes {
-		e.hold(h, ev.Medium)
+		e.hold(a.r, h, ev.Medium)
 	}
 	if !cfg.Routed.Has(ev.Medium) || nb == 0 {
 		return
@@ -180,16 +189,16 @@ func (a *applier) stored(ev *Event) {
 			e.c.unkeyable.Inc()
 			return
 		}
-		added = cfg.Inventory.Add(e.cfg.Index, a.fkeys)
+		added = cfg.Inventory.Add(a.r.slot, a.fkeys)
 	} else {
-		added = cfg.Inventory.Add(e.cfg.Index, ev.Hashes)
+		added = cfg.Inventory.Add(a.r.slot, ev.Hashes)
 	}
 	e.c.keysAdded.Add(added)
 }
 
-// hold counts one more holder of engine hash h on tier m (e.mu held).
-func (e *endpoint) hold(h uint64, m Medium) {
-	fresh, dropped := e.refs.inc(h, m)
+// hold counts one more holder of engine hash h on tier m of rank r (e.mu held).
+func (e *endpoint) hold(r *rankState, h uint64, m Medium) {
+	fresh, dropped := r.refs.inc(h, m)
 	if fresh {
 		e.tiers[m].Add(1)
 	}
@@ -237,7 +246,7 @@ func (a *applier) hashBlocks(ev *Event) bool {
 	hasC, hasF := true, true
 	first := !ev.HasParent
 	if ev.HasParent {
-		p := e.blocks.get(ev.Parent)
+		p := a.r.blocks.get(ev.Parent)
 		if p == nil {
 			e.c.orphans.Inc()
 			hasC, hasF = false, false
@@ -270,7 +279,7 @@ func (a *applier) hashBlocks(ev *Event) bool {
 	ex := a.extras(ev)
 	mismatch := false
 	for i := 0; i < nb; i++ {
-		ent := e.blocks.put(ev.Hashes[i])
+		ent := a.r.blocks.put(ev.Hashes[i])
 		ent.level = 0 // on a routed tier again (see removed)
 		if attest {
 			a.ckeys, pc = cfg.Chain.AppendKeys(a.ckeys[:0], pc, tokens[i*bs:(i+1)*bs+extra], ex, first && i == 0)
@@ -356,26 +365,29 @@ func (a *applier) mismatch(ev *Event, known int) {
 }
 
 // switchToFastLocked replaces the endpoint's engine keys with the fast keys of every
-// block in the block map (e.mu held).
+// block in the block map, on every rank: the key mode is the endpoint's (e.mu held).
 func (a *applier) switchToFastLocked() {
 	e := a.e
 	inv := e.m.cfg.Inventory
 	e.fast.Store(true)
 	e.c.modeSwitches.Inc()
-	inv.ClearEndpoint(e.cfg.Index)
 	buf := a.rm[:0]
-	for i := range e.blocks.ents {
-		b := &e.blocks.ents[i]
-		if b.used && b.hasF && b.level == 0 {
-			buf = append(buf, b.fkey)
-			if len(buf) == 256 {
-				e.c.keysAdded.Add(inv.Add(e.cfg.Index, buf))
-				buf = buf[:0]
+	for _, r := range e.rk {
+		inv.ClearEndpoint(r.slot)
+		for i := range r.blocks.ents {
+			b := &r.blocks.ents[i]
+			if b.used && b.hasF && b.level == 0 {
+				buf = append(buf, b.fkey)
+				if len(buf) == 256 {
+					e.c.keysAdded.Add(inv.Add(r.slot, buf))
+					buf = buf[:0]
+				}
 			}
 		}
-	}
-	if len(buf) > 0 {
-		e.c.keysAdded.Add(inv.Add(e.cfg.Index, buf))
+		if len(buf) > 0 {
+			e.c.keysAdded.Add(inv.Add(r.slot, buf))
+			buf = buf[:0]
+		}
 	}
 	a.rm = buf[:0]
 }
@@ -448,20 +460,21 @@ func (a *applier) removed(ev *Event) {
 	e.c.removed.Inc()
 	fast := e.fast.Load()
 	a.rm = a.rm[:0]
-	e.refs.touch(ev.Hashes)
+	r := a.r
+	r.refs.touch(ev.Hashes)
 	for _, h := range ev.Hashes {
-		known, gone, left := e.refs.dec(h, ev.Medium)
+		known, gone, left := r.refs.dec(h, ev.Medium)
 		if known && gone {
 			e.tiers[ev.Medium].Add(-1)
 		}
 		if !gone || left&cfg.Routed != 0 || !cfg.Routed.Has(ev.Medium) {
 			// Still held where routing looks, or never routed from this tier.
 			if left == 0 {
-				e.blocks.del(h)
+				r.blocks.del(h)
 			}
 			continue
 		}
-		b := e.blocks.get(h)
+		b := r.blocks.get(h)
 		if !fast {
 			a.rm = append(a.rm, h)
 		} else if b != nil && b.hasF {
@@ -469,7 +482,7 @@ func (a *applier) removed(ev *Event) {
 		}
 		switch {
 		case left == 0:
-			e.blocks.del(h)
+			r.blocks.del(h)
 		case b != nil:
 			// Kept for its other tiers' sake (a later chain may name it as parent), but
 			// off the routed ones: a switch to re-hashed keys must not index it.
@@ -477,6 +490,6 @@ func (a *applier) removed(ev *Event) {
 		}
 	}
 	if len(a.rm) > 0 {
-		e.c.keysRemoved.Add(cfg.Inventory.Remove(e.cfg.Index, a.rm))
+		e.c.keysRemoved.Add(cfg.Inventory.Remove(r.slot, a.rm))
 	}
 }

@@ -78,8 +78,11 @@ type EndpointConfig struct {
 	Events string // ZeroMQ PUB endpoint, e.g. tcp://127.0.0.1:5557 (rank r uses port+r)
 	Replay string // optional ROUTER replay endpoint (rank r uses port+r)
 	DP     int    // data-parallel ranks, default 1
-	Topic  string // "" accepts every topic
-	URL    string // trtllm: base URL whose POST /kv_cache_events is drained
+	// RankSlots are the inventory slots of ranks 1..DP-1 (rank 0 is Index): each rank
+	// is its own engine with its own cache, so each keeps its own keys. Needed when DP > 1.
+	RankSlots []int
+	Topic     string // "" accepts every topic
+	URL       string // trtllm: base URL whose POST /kv_cache_events is drained
 }
 
 // Media is a set of cache tiers, one bit per Medium.
@@ -207,6 +210,17 @@ func (e *EndpointConfig) validate() error {
 	}
 	if e.DP <= 0 {
 		e.DP = 1
+	}
+	if e.Engine == EngineTRTLLM && e.DP > 1 {
+		return fmt.Errorf("ingest: %s: dp=%d: TensorRT-LLM publishes one drain per server (attention DP ranks are not followed apart)", e.Name, e.DP)
+	}
+	if e.DP > 1 && len(e.RankSlots) != e.DP-1 {
+		return fmt.Errorf("ingest: %s: dp=%d needs an inventory slot for each of ranks 1..%d, got %d", e.Name, e.DP, e.DP-1, len(e.RankSlots))
+	}
+	for _, s := range e.RankSlots {
+		if s < 0 {
+			return fmt.Errorf("ingest: %s: negative rank slot", e.Name)
+		}
 	}
 	switch e.Engine {
 	case EngineVLLM, EngineSGLang:

@@ -48,8 +48,11 @@ type EndpointStatus struct {
 	LastSeq   int64 // last seq applied, on any rank (TensorRT-LLM: event_id); -1 = none
 	Parity    string
 	Cause     string // the likely cause of a parity mismatch, once diagnosed
-	Keys      int    // keys the endpoint holds in the inventory
-	Rehash    bool   // the inventory holds kvgate's fast keys
+	Keys      int    // keys the endpoint holds in the inventory (every rank's)
+	// RankSlots and RankKeys are each data-parallel rank's inventory slot and the keys
+	// it holds there, in rank order (one entry without data parallelism).
+	RankSlots, RankKeys []int
+	Rehash              bool // the inventory holds kvgate's fast keys
 	// Tiers counts the distinct engine block hashes each tier (GPU, CPU, STORAGE,
 	// EXTERNAL, OTHER) holds, each counted once however many holders (KV cache groups,
 	// duplicate blocks, offload chunks) it has. Only the routed tiers (Config.Routed,
@@ -95,16 +98,36 @@ type endpoint struct {
 	// wake cuts a redial backoff short (Manager.Redial): one token per rank.
 	wake chan struct{}
 
-	// mu serializes applying batches (ranks of one endpoint share the block map).
-	mu           sync.Mutex
-	blocks       blockMap
-	refs         refTable
+	// mu serializes applying batches: the ranks' appliers share the endpoint's counters,
+	// parity state and key mode, and a switch to re-hashed keys rebuilds every rank.
+	mu sync.Mutex
+	// rk is each data-parallel rank's own inventory slot, block map and holder counts:
+	// ranks are separate engines with separate caches, so an eviction or a restart on
+	// one must not touch what another holds.
+	rk           []*rankState
 	engineBS     atomic.Int64 // smallest block size the stores prove
 	sizeMismatch atomic.Bool
 	sizeWarned   int // the last block size WARNed about (e.mu held)
 	// badWarned and badSince rate-limit the undecodable-event WARN (e.mu held).
 	badWarned time.Time
 	badSince  int
+}
+
+// rankState is what one data-parallel rank of an endpoint holds (e.mu guards it).
+type rankState struct {
+	rank   int
+	slot   int // the rank's inventory slot
+	blocks blockMap
+	refs   refTable
+}
+
+// keys is how many keys every rank of e holds together.
+func (e *endpoint) keyCount() int {
+	n := 0
+	for _, r := range e.rk {
+		n += e.m.cfg.Inventory.Count(r.slot)
+	}
+	return n
 }
 
 func metricName(base, ep, extra string) string {
@@ -187,7 +210,7 @@ func newEndpoint(m *Manager, cfg EndpointConfig) *endpoint {
 			return 0
 		})
 		set.GetOrCreateGauge(metricName("kvgate_ingest_inventory_keys", n, ""), func() float64 {
-			return float64(m.cfg.Inventory.Count(cfg.Index))
+			return float64(e.keyCount())
 		})
 		for t := Medium(0); t < numMedia; t++ {
 			t := t
@@ -220,8 +243,12 @@ func (e *endpoint) status() EndpointStatus {
 		Name: e.cfg.Name, Engine: e.cfg.Engine, Index: e.cfg.Index,
 		Connected: e.connected(), Ranks: e.ranks(), RanksUp: int(e.ranksUp.Load()),
 		LastSeq: e.lastSeq.Load(), Parity: parityNames[e.parity.Load()],
-		Keys: e.m.cfg.Inventory.Count(e.cfg.Index), Rehash: e.fast.Load(),
+		Keys: e.keyCount(), Rehash: e.fast.Load(),
 		Tiers: map[string]int64{},
+	}
+	for _, r := range e.rk {
+		s.RankSlots = append(s.RankSlots, r.slot)
+		s.RankKeys = append(s.RankKeys, e.m.cfg.Inventory.Count(r.slot))
 	}
 	if c := e.cause.Load(); c != nil {
 		s.Cause = *c

@@ -52,7 +52,7 @@ func TestHoldersPerTierAndGroup(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			a := newApplier(m.eps[0])
+			a := newApplier(m.eps[0], m.eps[0].rk[0])
 			for _, p := range s.Payloads {
 				b, _ := hex.DecodeString(p)
 				if err := a.apply(b); err != nil {
@@ -137,7 +137,7 @@ func TestBlockSizeFindingWARNs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := newApplier(m.eps[0])
+	a := newApplier(m.eps[0], m.eps[0].rk[0])
 	for _, ev := range ss["vllm-ok"].pubEvents(t) {
 		a.apply(fmtBatch(ev))
 	}
@@ -215,7 +215,7 @@ func TestSwitchSkipsBlocksOffRoutedTiers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := newApplier(m.eps[0])
+	a := newApplier(m.eps[0], m.eps[0].rk[0])
 	root := ok.pubEvents(t)[0].(enginepub.BlockStored) // three blocks from the root
 	a.apply(fmtBatch(root))
 	offloaded := root.Hashes[2]

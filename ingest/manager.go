@@ -26,6 +26,7 @@ func NewManager(cfg Config, eps []EndpointConfig) (*Manager, error) {
 	}
 	m := &Manager{cfg: cfg}
 	names := map[string]bool{}
+	slotOwner := map[int]string{}
 	maxIdx := -1
 	for i := range eps {
 		ec := eps[i]
@@ -38,15 +39,19 @@ func NewManager(cfg Config, eps []EndpointConfig) (*Manager, error) {
 		names[ec.Name] = true
 		maxIdx = max(maxIdx, ec.Index)
 		e := newEndpoint(m, ec)
-		e.blocks = newBlockMap(cfg.BlockMapSize)
-		e.refs = newRefTable(cfg.RefCountSize)
+		slots := append([]int{ec.Index}, ec.RankSlots...)
+		for r, slot := range slots {
+			if prev, ok := slotOwner[slot]; ok {
+				return nil, fmt.Errorf("ingest: %q and %q share inventory slot %d", prev, ec.Name, slot)
+			}
+			slotOwner[slot] = ec.Name
+			e.rk = append(e.rk, &rankState{rank: r, slot: slot,
+				blocks: newBlockMap(cfg.BlockMapSize), refs: newRefTable(cfg.RefCountSize)})
+		}
 		m.eps = append(m.eps, e)
 	}
 	m.byIndex = make([]*endpoint, maxIdx+1)
 	for _, e := range m.eps {
-		if m.byIndex[e.cfg.Index] != nil {
-			return nil, fmt.Errorf("ingest: endpoints %q and %q share inventory index %d", m.byIndex[e.cfg.Index].cfg.Name, e.cfg.Name, e.cfg.Index)
-		}
 		m.byIndex[e.cfg.Index] = e
 	}
 	return m, nil
@@ -68,7 +73,7 @@ func (m *Manager) Start(ctx context.Context) {
 			m.wg.Add(1)
 			go func() { defer m.wg.Done(); p.run(ctx) }()
 		default:
-			for r := 0; r < e.cfg.DP; r++ {
+			for _, r := range e.rk {
 				s := newRankSub(e, r)
 				m.wg.Add(1)
 				go func() { defer m.wg.Done(); s.run(ctx) }()

@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/kvgate/kvgate/ingest/enginepub"
@@ -221,25 +222,69 @@ func TestReplayBootstrapAndReconnect(t *testing.T) {
 	}
 }
 
-// TestDataParallelRanks: rank r publishes on base+r; both feed one inventory slot.
+// TestDataParallelRanks: rank r publishes on base+r into its own inventory slot. A key
+// both ranks hold survives its eviction on one of them; one rank's restart (seq back to 0)
+// and one rank's AllBlocksCleared clear only that rank.
 func TestDataParallelRanks(t *testing.T) {
 	inv := newInv(t)
 	base := freeAddr(t, 2)
 	p0 := newPub(t, enginepub.Config{Endpoint: base, Format: enginepub.Format{DPRank: 0}})
 	p1 := newPub(t, enginepub.Config{Endpoint: rankAddr(base, 1), Format: enginepub.Format{DPRank: 1}})
-	m := startManager(t, testConfig(inv), EndpointConfig{Name: "dp", Index: 3, Engine: "vllm", Events: base, DP: 2})
+	m := startManager(t, testConfig(inv), EndpointConfig{Name: "dp", Index: 3, Engine: "vllm", Events: base, DP: 2, RankSlots: []int{5}})
 	waitSubscribed(t, p0)
 	waitSubscribed(t, p1)
-	p0.Publish(stored(1))
-	p1.Publish(stored(2))
-	waitFor(t, "both ranks", func() bool { return m.Status(3).Keys == 2 })
-	if s := m.Status(3); !s.Connected || s.Ranks != 2 || s.RanksUp != 2 {
+	p0.Publish(stored(1, 7))
+	p1.Publish(stored(2, 7))
+	waitFor(t, "both ranks", func() bool { return m.Status(3).Keys == 4 })
+	if s := m.Status(3); !s.Connected || s.Ranks != 2 || s.RanksUp != 2 ||
+		!slices.Equal(s.RankSlots, []int{3, 5}) || !slices.Equal(s.RankKeys, []int{2, 2}) {
 		t.Fatalf("%+v", s)
 	}
+	if a, b := invKeys(inv, 3), invKeys(inv, 5); !slices.Equal(a, []uint64{1, 7}) || !slices.Equal(b, []uint64{2, 7}) {
+		t.Fatalf("rank slots %v %v", a, b)
+	}
+	// Rank 0 evicts the shared block: rank 1 still holds it.
+	p0.Publish(enginepub.BlockRemoved{Hashes: []uint64{7}})
+	waitFor(t, "rank 0 eviction", func() bool { return slices.Equal(invKeys(inv, 3), []uint64{1}) })
+	if b := invKeys(inv, 5); !slices.Equal(b, []uint64{2, 7}) {
+		t.Fatalf("rank 1 lost keys to rank 0's eviction: %v", b)
+	}
+	// Rank 1 restarts: only its slot is cleared.
+	p1.SetSeq(0)
+	p1.ResetReplay()
+	p1.Publish(stored(9))
+	waitFor(t, "rank 1 restart", func() bool { return m.Status(3).Restarts == 1 && slices.Equal(invKeys(inv, 5), []uint64{9}) })
+	if a := invKeys(inv, 3); !slices.Equal(a, []uint64{1}) {
+		t.Fatalf("rank 0 lost keys to rank 1's restart: %v", a)
+	}
+	// Rank 0's engine clears its cache: rank 1 keeps its keys.
+	p0.Publish(enginepub.AllBlocksCleared{})
+	waitFor(t, "rank 0 cleared", func() bool { return len(invKeys(inv, 3)) == 0 })
+	if b := invKeys(inv, 5); !slices.Equal(b, []uint64{9}) {
+		t.Fatalf("rank 1 lost keys to rank 0's clear: %v", b)
+	}
+	// The tier count is recounted from the ranks left (rank 1's one block).
+	waitFor(t, "GPU tier recounted", func() bool { return m.Status(3).Tiers["GPU"] == 1 })
 	p1.Close()
 	waitFor(t, "rank 1 down", func() bool { return m.Status(3).RanksUp == 1 })
 	if m.Status(3).Connected {
 		t.Fatal("connected with a rank down")
+	}
+}
+
+// TestDataParallelRankSlotsRefused: dp > 1 without a slot per rank, or two ranks on one
+// slot, is refused with a message naming the endpoint.
+func TestDataParallelRankSlotsRefused(t *testing.T) {
+	inv := newInv(t)
+	for _, eps := range [][]EndpointConfig{
+		{{Name: "dp", Index: 0, Engine: "vllm", Events: "tcp://127.0.0.1:1", DP: 2}},
+		{{Name: "dp", Index: 0, Engine: "vllm", Events: "tcp://127.0.0.1:1", DP: 2, RankSlots: []int{0}}},
+		{{Name: "a", Index: 0, Engine: "vllm", Events: "tcp://127.0.0.1:1", DP: 2, RankSlots: []int{1}},
+			{Name: "b", Index: 1, Engine: "vllm", Events: "tcp://127.0.0.1:3"}},
+	} {
+		if _, err := NewManager(testConfig(inv), eps); err == nil || !strings.Contains(err.Error(), "slot") {
+			t.Fatalf("%+v: err %v", eps, err)
+		}
 	}
 }
 
