@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/ingest"
+	"github.com/kvgate/kvgate/proxy/balance"
 	"github.com/kvgate/kvgate/proxy/openai"
 	"github.com/kvgate/kvgate/proxy/route"
 	"github.com/kvgate/kvgate/shard"
@@ -40,6 +41,14 @@ type kvRouter struct {
 	// foldTrie: the cost policy counts what kvgate sent (prefix trie, pending entries) as
 	// held when it predicts uncached tokens.
 	foldTrie bool
+	// ranks places each (endpoint, data-parallel rank) in its own inventory slot; the
+	// inventory, the trie, the scores and the policy all work in slots, and a winning
+	// slot names both the endpoint and the rank to hint (ranks.go).
+	ranks *rankLayout
+	// slotLoads and slotQueues are the policy's per-slot in-flight counts and queues:
+	// the server's own (per endpoint) without data parallelism, per rank with it.
+	slotLoads  *balance.Loads
+	slotQueues *route.Queues
 }
 
 type loraAdapter struct{ name, base string }
@@ -83,24 +92,30 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	for a, base := range cfg.LoRA {
 		k.lora[a] = loraAdapter{name: a, base: base}
 	}
-	inv, err := shard.New(shard.Config{Endpoints: len(cfg.Endpoints), MaxKeysPerEndpoint: cfg.KVMaxKeysPerEndpoint})
+	k.ranks = s.ranks
+	k.slotLoads, k.slotQueues = s.loads, s.queues
+	if k.ranks.ranked {
+		k.slotLoads = balance.NewLoads(k.ranks.slots())
+		k.slotQueues = route.NewQueues(k.ranks.slots(), cfg.KVPrefillRate, cfg.KVEngineSlots, 3*cfg.KVLoadScrape)
+	}
+	inv, err := shard.New(shard.Config{Endpoints: k.ranks.slots(), MaxKeysPerEndpoint: cfg.KVMaxKeysPerEndpoint})
 	if err != nil {
 		return nil, fmt.Errorf("proxy: inventory: %w", err)
 	}
 	k.inv = inv
 	switch {
 	case cfg.KVMode == KVDisaggregated && cfg.PDPrefixTrieKeys > 0:
-		k.trie, err = newPrefixTrie(len(cfg.Endpoints), cfg.PDPrefixTrieKeys, 0)
+		k.trie, err = newPrefixTrie(k.ranks.slots(), cfg.PDPrefixTrieKeys, 0)
 	case cfg.KVMode == KVConverged && cfg.KVPendingTTL > 0 && cfg.KVPolicy == "cost":
-		k.trie, err = newPrefixTrie(len(cfg.Endpoints), cfg.PDPrefixTrieKeys, cfg.KVPendingTTL)
+		k.trie, err = newPrefixTrie(k.ranks.slots(), cfg.PDPrefixTrieKeys, cfg.KVPendingTTL)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("proxy: prefix trie: %w", err)
 	}
 	if cfg.KVPolicy == "overlap" {
-		k.sel = &route.Overlap{Loads: s.loads, LoadFactor: cfg.LoadFactor}
+		k.sel = &route.Overlap{Loads: k.slotLoads, LoadFactor: cfg.LoadFactor}
 	} else {
-		k.sel = &route.Cost{Loads: s.loads, Queues: s.queues}
+		k.sel = &route.Cost{Loads: k.slotLoads, Queues: k.slotQueues}
 		k.loadOnMiss = cfg.KVMode == KVConverged && cfg.Select == SelectRR
 		k.foldTrie = k.trie != nil
 	}
@@ -143,7 +158,7 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	eps := make([]ingest.EndpointConfig, len(cfg.Endpoints))
 	for i, e := range cfg.Endpoints {
 		eps[i] = ingest.EndpointConfig{Name: e.Name, Index: i, Engine: e.Engine.String(),
-			Events: e.Events, Replay: e.Replay, DP: e.DP, Topic: e.Topic, URL: e.URL}
+			Events: e.Events, Replay: e.Replay, DP: e.DP, RankSlots: k.ranks.rankSlots(i), Topic: e.Topic, URL: e.URL}
 	}
 	mgr, err := k.newEventSource(ingest.Config{Inventory: inv, Chain: k.chain, Spec: spec, Fast: k.fast,
 		Keys: keys, Logger: s.log, Metrics: s.m.set}, eps)
@@ -159,14 +174,22 @@ func (k *kvRouter) close()                          { k.mgr.Close() }
 
 func (k *kvRouter) inventory(i int) (keys int, parity string, connected bool, lastSeq int64) {
 	st := k.mgr.Status(i)
-	return k.inv.Count(i), st.Parity, st.Connected, st.LastSeq
+	for r := 0; r < int(k.ranks.dp[i]); r++ {
+		keys += k.inv.Count(k.ranks.slot(i, r))
+	}
+	return keys, st.Parity, st.Connected, st.LastSeq
+}
+
+// pick sets d to the endpoint and rank of inventory slot sl.
+func (k *kvRouter) pick(d *decision, sl int) {
+	d.ep, d.slot, d.rank = int(k.ranks.ep[sl]), sl, k.ranks.rankOf(sl)
 }
 
 // bstr views b as a string without copying; the callee must not keep it.
 func bstr(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 func (k *kvRouter) miss(st *reqState, d *decision, r Route) {
-	d.ep, d.route = -1, r
+	d.ep, d.slot, d.rank, d.route = -1, -1, -1, r
 	st.meter.miss(r)
 }
 
@@ -275,21 +298,21 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 		st.salt = openai.AppendUnquoted(st.salt[:0], salt.Bytes(b))
 		ex.CacheSalt = bstr(st.salt)
 	}
-	// Split the eligible endpoints by the keys their inventory holds.
+	// Split the eligible endpoints' slots by the keys their inventory holds.
 	t1 := time.Now()
 	engMask, fastMask := st.engMask, st.fastMask
 	clear(engMask)
 	clear(fastMask)
 	nEng, nFast := 0, 0
-	for i := range s.eps {
-		if !el.Has(i) {
+	for sl, i := range k.ranks.ep {
+		if !el.Has(int(i)) {
 			continue
 		}
-		if k.chain == nil || k.mgr.UsesFastKeys(i) {
-			fastMask.Set(i)
+		if k.chain == nil || k.mgr.UsesFastKeys(int(i)) {
+			fastMask.Set(sl)
 			nFast++
 		} else {
-			engMask.Set(i)
+			engMask.Set(sl)
 			nEng++
 		}
 	}
@@ -322,9 +345,9 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	}
 	if nFast > 0 {
 		k.inv.Score(st.fastKeys, fastMask, k.mode, st.scores2)
-		for i := range s.eps {
-			if fastMask.Has(i) {
-				st.scores[i] = st.scores2[i]
+		for sl := range k.ranks.ep {
+			if fastMask.Has(sl) {
+				st.scores[sl] = st.scores2[sl]
 			}
 		}
 	}
@@ -338,8 +361,11 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 // has not reported yet (the pending / prefix-trie inventory) count as held for the cost
 // policy's uncached tokens; predicted cached tokens, the parity evidence, count only
 // what the engines reported.
+//
+// Candidates are inventory slots: an endpoint's data-parallel ranks compete as the
+// separate engines they are, and the winner names both.
 func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
-	s := k.s
+	el = k.ranks.expand(el, st.slotEl)
 	matched := st.matched
 	copy(matched, st.scores)
 	if k.foldTrie {
@@ -348,7 +374,7 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 		}
 	}
 	best := -1
-	for i := range s.eps {
+	for i := range matched {
 		if el.Has(i) && matched[i] > 0 && (best < 0 || matched[i] > matched[best]) {
 			best = i
 		}
@@ -366,7 +392,9 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 		if k.loadOnMiss {
 			// No endpoint holds enough of the prompt: it prefills in full wherever it
 			// goes, so the least predicted first token is the least queued work.
-			d.ep = k.sel.Select(c, st.obs)
+			if sl := k.sel.Select(c, st.obs); sl >= 0 {
+				k.pick(d, sl)
+			}
 		}
 		return
 	}
@@ -378,7 +406,7 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 	if winner != best {
 		st.meter.nextBest()
 	}
-	d.ep = winner
+	k.pick(d, winner)
 	d.predicted = int(st.scores[winner]) * k.blockSize
 	if m := matched[winner]; m >= c.MinBlocks {
 		d.uncached = max(len(st.tokens)-int(m)*k.blockSize, 0)
@@ -386,7 +414,7 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 	switch {
 	case st.scores[winner] >= c.MinBlocks:
 		d.route = RouteKVHit
-		st.meter.hit(winner)
+		st.meter.hit(d.ep)
 	case matched[winner] >= c.MinBlocks:
 		d.route = RoutePrefixTrie
 	default:

@@ -21,7 +21,7 @@ import (
 // load (round-robin on ties); decode by minimum load. The prefill pick is recorded in
 // the trie (not for /debug/explain, whose meter is nil).
 func (s *Server) decidePD(st *reqState, d *decision) {
-	d.ep, d.decode, d.predicted, d.route = -1, -1, 0, RouteRR
+	d.ep, d.slot, d.rank, d.decode, d.predicted, d.route = -1, -1, -1, -1, 0, RouteRR
 	elP := s.baseEligible(st, st.eligible, s.prefillMask)
 	elD := s.baseEligible(st, st.scratch, s.decodeMask)
 	if p, dec, ok := s.aff.get(st.sessKey, time.Now()); ok && elP.Has(p) && elD.Has(dec) {
@@ -42,7 +42,8 @@ func (s *Server) decidePD(st *reqState, d *decision) {
 		}
 	}
 	d.decode = s.decodeSel.Select(elD)
-	st.meter.sent(st, d.ep)
+	s.ranks.settle(d)
+	st.meter.sent(st, d.slot)
 }
 
 // sessionKey is the OpenAI `user` field or the X-Conversation-Id header.

@@ -61,6 +61,7 @@ type Server struct {
 	m             *proxyMetrics
 	kv            *kvRouter
 	aff           *affinity
+	ranks         *rankLayout // (endpoint, data-parallel rank) -> inventory slot (ranks.go)
 
 	prefillMask, decodeMask shard.Mask
 
@@ -140,7 +141,9 @@ func New(cfg Config, opt Options) (*Server, error) {
 	s.m = newProxyMetrics(s.names)
 	s.meter = &decisionMeter{m: s.m}
 	s.aff = newAffinity(cfg.AffinityTTL, cfg.AffinityMax)
-	s.pool.New = func() any { return newReqState(n) }
+	s.ranks = newRankLayout(cfg.Endpoints)
+	slots := s.ranks.slots()
+	s.pool.New = func() any { return newReqState(slots) }
 	s.conns = newConnRegistry()
 
 	var err error
@@ -434,6 +437,7 @@ type reqState struct {
 	ex         hashcore.Extras
 	engMask    shard.Mask
 	fastMask   shard.Mask
+	slotEl     shard.Mask // the eligible endpoints' inventory slots (data-parallel ranks)
 	// canRetry: this attempt's 5xx or truncated answer may be dropped for another
 	// endpoint (nothing has reached the client; attempts and an alternative remain).
 	canRetry bool
@@ -459,6 +463,7 @@ func newReqState(n int) *reqState {
 		scratch:  shard.NewMask(n),
 		engMask:  shard.NewMask(n),
 		fastMask: shard.NewMask(n),
+		slotEl:   shard.NewMask(n),
 		relay:    make([]byte, 8<<10), // held per open stream: SSE events are small
 	}
 }
@@ -638,7 +643,7 @@ func (s *Server) serveOne(ctx context.Context, c *app.RequestContext, st *reqSta
 	var lastErr error
 	lastEp := -1
 	for attempt := 0; attempt < maxAttempts; attempt++ {
-		d := decision{ep: -1, decode: -1}
+		d := decision{ep: -1, slot: -1, rank: -1, decode: -1}
 		if openAI {
 			s.decide(st, &d, false)
 			if attempt == 0 {
