@@ -91,7 +91,10 @@ func (e *endpoint) badEvent(reason BadReason) {
 // its engine restarted or cleared its cache; the other ranks keep theirs. The tier
 // counts (distinct hashes per tier, summed over ranks) are recounted from the ranks left.
 func (e *endpoint) clearLocked(r *rankState) {
-	e.m.cfg.Inventory.ClearEndpoint(r.slot)
+	var buf [numMedia + 1]int
+	for _, s := range r.slots(buf[:0]) {
+		e.m.cfg.Inventory.ClearEndpoint(s)
+	}
 	r.blocks.reset()
 	r.refs.reset()
 	var n [numMedia]int64
@@ -176,22 +179,26 @@ func (a *applier) stored(ev *Event) {
 	for _, h := range ev.Hashes {
 		e.hold(a.r, h, ev.Medium)
 	}
-	if !cfg.Routed.Has(ev.Medium) || nb == 0 {
+	slot := a.r.tierSlot[ev.Medium]
+	if slot < 0 || nb == 0 {
 		return
 	}
+	routed := slot == a.r.slot
 	fastKeys := false
 	if cfg.Chain != nil || e.keys != KeysEngine {
-		fastKeys = a.hashBlocks(ev)
+		fastKeys = a.hashBlocks(ev, routed)
 	}
 	var added int
 	if e.fast.Load() {
-		if !fastKeys {
+		// An offload store names blocks the GPU stored before, often without tokens:
+		// their fast keys are in the block map.
+		if !fastKeys && (routed || !a.knownFastKeys(ev.Hashes)) {
 			e.c.unkeyable.Inc()
 			return
 		}
-		added = cfg.Inventory.Add(a.r.slot, a.fkeys)
+		added = cfg.Inventory.Add(slot, a.fkeys)
 	} else {
-		added = cfg.Inventory.Add(a.r.slot, ev.Hashes)
+		added = cfg.Inventory.Add(slot, ev.Hashes)
 	}
 	e.c.keysAdded.Add(added)
 }
@@ -212,10 +219,25 @@ func (e *endpoint) hold(r *rankState, h uint64, m Medium) {
 	}
 }
 
+// knownFastKeys puts the block map's fast key of every hash in a.fkeys; false when one
+// is missing.
+func (a *applier) knownFastKeys(hashes []uint64) bool {
+	a.fkeys = a.fkeys[:0]
+	for _, h := range hashes {
+		b := a.r.blocks.get(h)
+		if b == nil || !b.hasF {
+			return false
+		}
+		a.fkeys = append(a.fkeys, b.fkey)
+	}
+	return true
+}
+
 // hashBlocks re-hashes an event's token_ids: with the rule's contract to attest parity,
-// and with kvgate's fast chain into a.fkeys. It records every block in the block map and
-// reports whether a.fkeys holds a fast key for every block.
-func (a *applier) hashBlocks(ev *Event) bool {
+// and with kvgate's fast chain into a.fkeys. It records every block in the block map
+// (routed: as held on a routed tier) and reports whether a.fkeys holds a fast key for
+// every block.
+func (a *applier) hashBlocks(ev *Event, routed bool) bool {
 	e := a.e
 	cfg := &e.m.cfg
 	nb, bs := len(ev.Hashes), ev.BlockSize
@@ -280,7 +302,9 @@ func (a *applier) hashBlocks(ev *Event) bool {
 	mismatch := false
 	for i := 0; i < nb; i++ {
 		ent := a.r.blocks.put(ev.Hashes[i])
-		ent.level = 0 // on a routed tier again (see removed)
+		if routed {
+			ent.level = 0 // on a routed tier again (see removed)
+		}
 		if attest {
 			a.ckeys, pc = cfg.Chain.AppendKeys(a.ckeys[:0], pc, tokens[i*bs:(i+1)*bs+extra], ex, first && i == 0)
 			if n := len(a.ckeys); n != bs/cfg.Chain.BlockSize() || a.ckeys[n-1] != ev.Hashes[i] {
@@ -373,7 +397,11 @@ func (a *applier) switchToFastLocked() {
 	e.c.modeSwitches.Inc()
 	buf := a.rm[:0]
 	for _, r := range e.rk {
-		inv.ClearEndpoint(r.slot)
+		var sb [numMedia + 1]int
+		for _, s := range r.slots(sb[:0]) {
+			inv.ClearEndpoint(s)
+		}
+		a.refillTiersLocked(r)
 		for i := range r.blocks.ents {
 			b := &r.blocks.ents[i]
 			if b.used && b.hasF && b.level == 0 {
@@ -390,6 +418,29 @@ func (a *applier) switchToFastLocked() {
 		}
 	}
 	a.rm = buf[:0]
+}
+
+// refillTiersLocked indexes, in r's CPU and storage slots, the fast key of every block
+// the holder counts place on those tiers (a switch to re-hashed keys; e.mu held).
+func (a *applier) refillTiersLocked(r *rankState) {
+	inv := a.e.m.cfg.Inventory
+	var one [1]uint64
+	for i := range r.refs.ents {
+		ent := &r.refs.ents[i]
+		if ent.counts == 0 {
+			continue
+		}
+		b := r.blocks.get(ent.key)
+		if b == nil || !b.hasF {
+			continue
+		}
+		for m := Medium(0); m < numMedia; m++ {
+			if s := r.tierSlot[m]; s >= 0 && s != r.slot && ent.count(m) != 0 {
+				one[0] = b.fkey
+				a.e.c.keysAdded.Add(inv.Add(s, one[:]))
+			}
+		}
+	}
 }
 
 // diagnose names the likely cause of a mismatch: block size, else (on a root block, with
@@ -461,14 +512,15 @@ func (a *applier) removed(ev *Event) {
 	fast := e.fast.Load()
 	a.rm = a.rm[:0]
 	r := a.r
+	slot := r.tierSlot[ev.Medium]
 	r.refs.touch(ev.Hashes)
 	for _, h := range ev.Hashes {
 		known, gone, left := r.refs.dec(h, ev.Medium)
 		if known && gone {
 			e.tiers[ev.Medium].Add(-1)
 		}
-		if !gone || left&cfg.Routed != 0 || !cfg.Routed.Has(ev.Medium) {
-			// Still held where routing looks, or never routed from this tier.
+		if !gone || slot < 0 || r.holdsIn(left, slot) {
+			// Still held on a tier indexed in the same slot, or never indexed.
 			if left == 0 {
 				r.blocks.del(h)
 			}
@@ -483,13 +535,13 @@ func (a *applier) removed(ev *Event) {
 		switch {
 		case left == 0:
 			r.blocks.del(h)
-		case b != nil:
+		case b != nil && slot == r.slot:
 			// Kept for its other tiers' sake (a later chain may name it as parent), but
 			// off the routed ones: a switch to re-hashed keys must not index it.
 			b.level = 1
 		}
 	}
 	if len(a.rm) > 0 {
-		e.c.keysRemoved.Add(cfg.Inventory.Remove(r.slot, a.rm))
+		e.c.keysRemoved.Add(cfg.Inventory.Remove(slot, a.rm))
 	}
 }

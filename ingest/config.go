@@ -81,6 +81,12 @@ type EndpointConfig struct {
 	// RankSlots are the inventory slots of ranks 1..DP-1 (rank 0 is Index): each rank
 	// is its own engine with its own cache, so each keeps its own keys. Needed when DP > 1.
 	RankSlots []int
+	// CPUSlots and StorageSlots, when set (one per rank, rank order), index the blocks a
+	// rank holds off the GPU apart from its routed keys: CPU (vLLM "CPU", SGLang
+	// CPU_PINNED) and storage (STORAGE, DISK, EXTERNAL, a connector's own), so routing can
+	// weigh a hit there by what loading it costs. A tier with no slot is not indexed
+	// (unless Config.Routed merges it into the rank's own slot).
+	CPUSlots, StorageSlots []int
 	Topic     string // "" accepts every topic
 	URL       string // trtllm: base URL whose POST /kv_cache_events is drained
 }
@@ -220,6 +226,16 @@ func (e *EndpointConfig) validate() error {
 	for _, s := range e.RankSlots {
 		if s < 0 {
 			return fmt.Errorf("ingest: %s: negative rank slot", e.Name)
+		}
+	}
+	for _, t := range [...][]int{e.CPUSlots, e.StorageSlots} {
+		if len(t) != 0 && len(t) != e.DP {
+			return fmt.Errorf("ingest: %s: %d tier slots for %d ranks", e.Name, len(t), e.DP)
+		}
+		for _, s := range t {
+			if s < 0 {
+				return fmt.Errorf("ingest: %s: negative tier slot", e.Name)
+			}
 		}
 	}
 	switch e.Engine {

@@ -3,6 +3,7 @@ package ingest
 import (
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -116,9 +117,34 @@ type endpoint struct {
 // rankState is what one data-parallel rank of an endpoint holds (e.mu guards it).
 type rankState struct {
 	rank   int
-	slot   int // the rank's inventory slot
+	slot   int // the rank's inventory slot: its routed (GPU) keys
 	blocks blockMap
 	refs   refTable
+	// tierSlot is where a block on each tier is indexed: slot for the routed tiers, the
+	// rank's CPU or storage slot (EndpointConfig.CPUSlots, StorageSlots), or -1: not
+	// indexed (its holders are still counted).
+	tierSlot [numMedia]int
+}
+
+// holdsIn reports whether one of the tiers in left is indexed in slot.
+func (r *rankState) holdsIn(left Media, slot int) bool {
+	for m := Medium(0); m < numMedia; m++ {
+		if left.Has(m) && r.tierSlot[m] == slot {
+			return true
+		}
+	}
+	return false
+}
+
+// slots appends the distinct slots r indexes into (its own first) to dst.
+func (r *rankState) slots(dst []int) []int {
+	dst = append(dst, r.slot)
+	for _, s := range r.tierSlot {
+		if s >= 0 && !slices.Contains(dst, s) {
+			dst = append(dst, s)
+		}
+	}
+	return dst
 }
 
 // keys is how many keys every rank of e holds together.

@@ -3,6 +3,7 @@ package ingest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 )
 
@@ -45,8 +46,26 @@ func NewManager(cfg Config, eps []EndpointConfig) (*Manager, error) {
 				return nil, fmt.Errorf("ingest: %q and %q share inventory slot %d", prev, ec.Name, slot)
 			}
 			slotOwner[slot] = ec.Name
-			e.rk = append(e.rk, &rankState{rank: r, slot: slot,
-				blocks: newBlockMap(cfg.BlockMapSize), refs: newRefTable(cfg.RefCountSize)})
+			rs := &rankState{rank: r, slot: slot,
+				blocks: newBlockMap(cfg.BlockMapSize), refs: newRefTable(cfg.RefCountSize)}
+			for m := Medium(0); m < numMedia; m++ {
+				rs.tierSlot[m] = -1
+				switch {
+				case cfg.Routed.Has(m):
+					rs.tierSlot[m] = slot
+				case m == MediumCPU && len(ec.CPUSlots) > 0:
+					rs.tierSlot[m] = ec.CPUSlots[r]
+				case m != MediumCPU && len(ec.StorageSlots) > 0:
+					rs.tierSlot[m] = ec.StorageSlots[r]
+				}
+			}
+			e.rk = append(e.rk, rs)
+		}
+		for _, ts := range append(slices.Clone(ec.CPUSlots), ec.StorageSlots...) {
+			if prev, ok := slotOwner[ts]; ok {
+				return nil, fmt.Errorf("ingest: %q and %q share inventory slot %d", prev, ec.Name, ts)
+			}
+			slotOwner[ts] = ec.Name
 		}
 		m.eps = append(m.eps, e)
 	}

@@ -346,3 +346,41 @@ func TestGapFilledFromReplay(t *testing.T) {
 		t.Fatalf("inventory %v, want %v", got, sorted(want))
 	}
 }
+
+// TestTierSlots: with CPU and storage slots, vLLM's offload events (medium "CPU",
+// "STORAGE") index each tier in its own slot, next to the GPU keys; a block evicted from
+// the GPU stays in the CPU slot while the CPU holds it, and leaves it with the CPU's
+// removal. Over real ZeroMQ, in vLLM's current map layout.
+func TestTierSlots(t *testing.T) {
+	inv := newInv(t)
+	addr := freeAddr(t, 1)
+	pub := newPub(t, enginepub.Config{Endpoint: addr, Format: enginepub.Format{Layout: enginepub.LayoutMap}})
+	m := startManager(t, testConfig(inv), EndpointConfig{Name: "e", Index: 0, Engine: "vllm", Events: addr,
+		CPUSlots: []int{1}, StorageSlots: []int{2}})
+	waitSubscribed(t, pub)
+	pub.Publish(stored(1, 2, 3))
+	pub.Publish(enginepub.BlockStored{Hashes: []uint64{1, 2}, Medium: "CPU"})
+	pub.Publish(enginepub.BlockStored{Hashes: []uint64{1}, Medium: "STORAGE"})
+	waitFor(t, "tiers", func() bool { return len(invKeys(inv, 2)) == 1 })
+	if g, c, s := invKeys(inv, 0), invKeys(inv, 1), invKeys(inv, 2); !slices.Equal(g, []uint64{1, 2, 3}) ||
+		!slices.Equal(c, []uint64{1, 2}) || !slices.Equal(s, []uint64{1}) {
+		t.Fatalf("gpu %v cpu %v storage %v", g, c, s)
+	}
+	// The GPU evicts 1 and 2: the CPU still holds them.
+	pub.Publish(enginepub.BlockRemoved{Hashes: []uint64{1, 2}})
+	waitFor(t, "gpu eviction", func() bool { return slices.Equal(invKeys(inv, 0), []uint64{3}) })
+	if c := invKeys(inv, 1); !slices.Equal(c, []uint64{1, 2}) {
+		t.Fatalf("cpu slot after the GPU's eviction: %v", c)
+	}
+	pub.Publish(enginepub.BlockRemoved{Hashes: []uint64{2}, Medium: "CPU"})
+	waitFor(t, "cpu eviction", func() bool { return slices.Equal(invKeys(inv, 1), []uint64{1}) })
+	if s := invKeys(inv, 2); !slices.Equal(s, []uint64{1}) {
+		t.Fatalf("storage slot after the CPU's eviction: %v", s)
+	}
+	// A cache reset clears every tier of the rank.
+	pub.Publish(enginepub.AllBlocksCleared{})
+	waitFor(t, "cleared", func() bool { return len(invKeys(inv, 1))+len(invKeys(inv, 2))+len(invKeys(inv, 0)) == 0 })
+	if st := m.Status(0); st.EventsStored != 3 {
+		t.Fatalf("%+v", st)
+	}
+}
