@@ -87,8 +87,8 @@ type EndpointConfig struct {
 	// weigh a hit there by what loading it costs. A tier with no slot is not indexed
 	// (unless Config.Routed merges it into the rank's own slot).
 	CPUSlots, StorageSlots []int
-	Topic     string // "" accepts every topic
-	URL       string // trtllm: base URL whose POST /kv_cache_events is drained
+	Topic                  string // "" accepts every topic
+	URL                    string // trtllm: base URL whose POST /kv_cache_events is drained
 }
 
 // Media is a set of cache tiers, one bit per Medium.
