@@ -328,7 +328,7 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 		ex.Eligible[e.spec.Name] = st.eligible.Has(i)
 	}
 	if s.kv != nil {
-		for sl, i := range s.ranks.ep {
+		for sl, i := range s.ranks.ep[:s.ranks.cands] {
 			name := s.eps[i].spec.Name
 			ex.Scores[name] = max(ex.Scores[name], int(st.scores[sl]))
 			if s.ranks.dp[i] > 1 {

@@ -95,8 +95,8 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	k.ranks = s.ranks
 	k.slotLoads, k.slotQueues = s.loads, s.queues
 	if k.ranks.ranked {
-		k.slotLoads = balance.NewLoads(k.ranks.slots())
-		k.slotQueues = route.NewQueues(k.ranks.slots(), cfg.KVPrefillRate, cfg.KVEngineSlots, 3*cfg.KVLoadScrape)
+		k.slotLoads = balance.NewLoads(k.ranks.cands)
+		k.slotQueues = route.NewQueues(k.ranks.cands, cfg.KVPrefillRate, cfg.KVEngineSlots, 3*cfg.KVLoadScrape)
 	}
 	inv, err := shard.New(shard.Config{Endpoints: k.ranks.slots(), MaxKeysPerEndpoint: cfg.KVMaxKeysPerEndpoint})
 	if err != nil {
@@ -105,9 +105,9 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	k.inv = inv
 	switch {
 	case cfg.KVMode == KVDisaggregated && cfg.PDPrefixTrieKeys > 0:
-		k.trie, err = newPrefixTrie(k.ranks.slots(), cfg.PDPrefixTrieKeys, 0)
+		k.trie, err = newPrefixTrie(k.ranks.cands, cfg.PDPrefixTrieKeys, 0)
 	case cfg.KVMode == KVConverged && cfg.KVPendingTTL > 0 && cfg.KVPolicy == "cost":
-		k.trie, err = newPrefixTrie(k.ranks.slots(), cfg.PDPrefixTrieKeys, cfg.KVPendingTTL)
+		k.trie, err = newPrefixTrie(k.ranks.cands, cfg.PDPrefixTrieKeys, cfg.KVPendingTTL)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("proxy: prefix trie: %w", err)
@@ -157,8 +157,10 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	}
 	eps := make([]ingest.EndpointConfig, len(cfg.Endpoints))
 	for i, e := range cfg.Endpoints {
+		cpuSlots, stoSlots := k.ranks.tierSlots(i)
 		eps[i] = ingest.EndpointConfig{Name: e.Name, Index: i, Engine: e.Engine.String(),
-			Events: e.Events, Replay: e.Replay, DP: e.DP, RankSlots: k.ranks.rankSlots(i), Topic: e.Topic, URL: e.URL}
+			Events: e.Events, Replay: e.Replay, DP: e.DP, RankSlots: k.ranks.rankSlots(i),
+			CPUSlots: cpuSlots, StorageSlots: stoSlots, Topic: e.Topic, URL: e.URL}
 	}
 	mgr, err := k.newEventSource(ingest.Config{Inventory: inv, Chain: k.chain, Spec: spec, Fast: k.fast,
 		Keys: keys, Logger: s.log, Metrics: s.m.set}, eps)
@@ -366,8 +368,14 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 // separate engines they are, and the winner names both.
 func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 	el = k.ranks.expand(el, st.slotEl)
-	matched := st.matched
-	copy(matched, st.scores)
+	n := k.ranks.cands
+	matched := st.matched[:n]
+	copy(matched, st.scores[:n])
+	var cpu, sto []int32
+	if k.ranks.tiered {
+		cpu, sto = st.tierCPU[:n], st.tierSto[:n]
+		k.ranks.foldTiers(st.scores, matched, cpu, sto)
+	}
 	if k.foldTrie {
 		if keys := k.trieKeys(st); len(keys) > 0 {
 			k.trie.score(keys, el, st.scores2, st.scores3, matched)
@@ -382,7 +390,8 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 	d.uncached = len(st.tokens)
 	c := &st.cand
 	*c = route.Candidates{Eligible: el, Matched: matched, Best: best, Tokens: len(st.tokens),
-		BlockSize: k.blockSize, MinBlocks: max(k.minBlocks, 1)}
+		BlockSize: k.blockSize, MinBlocks: max(k.minBlocks, 1),
+		CPU: cpu, Storage: sto, CPUCost: k.s.cfg.KVTierWeightCPU, StorageCost: k.s.cfg.KVTierWeightStorage}
 	if best < 0 || matched[best] < k.minBlocks {
 		r := RouteMissNoWorker
 		if best >= 0 {
@@ -408,11 +417,9 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 	}
 	k.pick(d, winner)
 	d.predicted = int(st.scores[winner]) * k.blockSize
-	if m := matched[winner]; m >= c.MinBlocks {
-		d.uncached = max(len(st.tokens)-int(m)*k.blockSize, 0)
-	}
+	d.uncached = c.Uncached(winner)
 	switch {
-	case st.scores[winner] >= c.MinBlocks:
+	case k.ranks.reported(st.scores, winner) >= c.MinBlocks:
 		d.route = RouteKVHit
 		st.meter.hit(d.ep)
 	case matched[winner] >= c.MinBlocks:

@@ -21,30 +21,51 @@ const hdrDPRank = "X-Data-Parallel-Rank"
 // rank is an engine core with its own KV cache, so KV-Exact scores, queues and routes
 // each rank apart. Rank 0 of endpoint i is slot i, so a rule without data parallelism has
 // slot == endpoint everywhere; ranks 1.. of all endpoints follow, in endpoint order.
+// These cands slots are the candidates. When lower tiers are weighed (-kv-tier-weight-*),
+// each candidate s also has a CPU slot cpu+s and a storage slot sto+s, after them.
 type rankLayout struct {
-	n      int      // endpoints
-	ep     []int32  // slot -> endpoint
-	rank   []int32  // slot -> rank
-	dp     []int32  // endpoint -> ranks
-	extra  []int32  // endpoint -> the slot of its rank 1 (ranks r >= 1 are extra[i]+r-1)
-	labels []string // slot -> its name on /debug/explain: the endpoint's, "name#r" for a rank
-	ranked bool     // some endpoint has more than one rank
+	n        int      // endpoints
+	cands    int      // candidate slots: (endpoint, rank)
+	cpu, sto int      // first CPU / storage tier slot; -1: the tier is not indexed
+	ep       []int32  // slot -> endpoint (tier slots too)
+	rank     []int32  // slot -> rank (tier slots too)
+	dp       []int32  // endpoint -> ranks
+	extra    []int32  // endpoint -> the slot of its rank 1 (ranks r >= 1 are extra[i]+r-1)
+	labels   []string // candidate -> its name on /debug/explain: the endpoint's, "name#r" for a rank
+	ranked   bool     // some endpoint has more than one rank
+	tiered   bool     // a lower tier is indexed
 }
 
-func newRankLayout(eps []EndpointSpec) *rankLayout {
+// newRankLayout lays out eps; cpuTier and storageTier index those tiers in slots of
+// their own.
+func newRankLayout(eps []EndpointSpec, cpuTier, storageTier bool) *rankLayout {
 	n := len(eps)
-	l := &rankLayout{n: n, dp: make([]int32, n), extra: make([]int32, n)}
-	total := n
+	l := &rankLayout{n: n, dp: make([]int32, n), extra: make([]int32, n), cpu: -1, sto: -1}
+	cands := n
 	for i, e := range eps {
 		l.dp[i] = int32(max(e.DP, 1))
-		l.extra[i] = int32(total)
-		total += int(l.dp[i]) - 1
+		l.extra[i] = int32(cands)
+		cands += int(l.dp[i]) - 1
 	}
-	l.ep, l.rank, l.labels = make([]int32, total), make([]int32, total), make([]string, total)
+	l.cands = cands
+	total := cands
+	if cpuTier {
+		l.cpu, total = total, total+cands
+	}
+	if storageTier {
+		l.sto, total = total, total+cands
+	}
+	l.tiered = cpuTier || storageTier
+	l.ep, l.rank, l.labels = make([]int32, total), make([]int32, total), make([]string, cands)
 	for i, e := range eps {
 		for r := int32(0); r < l.dp[i]; r++ {
 			s := l.slot(i, int(r))
 			l.ep[s], l.rank[s] = int32(i), r
+			for _, base := range [...]int{l.cpu, l.sto} {
+				if base >= 0 {
+					l.ep[base+s], l.rank[base+s] = int32(i), r
+				}
+			}
 			l.labels[s] = e.Name
 			if l.dp[i] > 1 {
 				l.ranked = true
@@ -55,8 +76,55 @@ func newRankLayout(eps []EndpointSpec) *rankLayout {
 	return l
 }
 
-// slots is the number of inventory slots.
+// slots is the number of inventory slots (candidates and tier slots).
 func (l *rankLayout) slots() int { return len(l.ep) }
+
+// tierSlots are the CPU and storage slots of endpoint i's ranks, in rank order (nil for
+// a tier not indexed): ingest.EndpointConfig.CPUSlots, StorageSlots.
+func (l *rankLayout) tierSlots(i int) (cpu, sto []int) {
+	for r := 0; r < int(l.dp[i]); r++ {
+		s := l.slot(i, r)
+		if l.cpu >= 0 {
+			cpu = append(cpu, l.cpu+s)
+		}
+		if l.sto >= 0 {
+			sto = append(sto, l.sto+s)
+		}
+	}
+	return cpu, sto
+}
+
+// foldTiers turns per-slot scores into each candidate's match over every tier
+// (matched: the deepest tier's, as an engine loads lower-tier blocks past its GPU ones)
+// and how many of those blocks only the CPU (cpu) or only storage (sto) holds. Engines
+// hold prefixes, so the GPU's blocks come first, then the CPU's beyond them, then
+// storage's.
+func (l *rankLayout) foldTiers(scores, matched, cpu, sto []int32) {
+	for s := 0; s < l.cands; s++ {
+		g, c, d := scores[s], int32(0), int32(0)
+		if l.cpu >= 0 {
+			c = scores[l.cpu+s]
+		}
+		if l.sto >= 0 {
+			d = scores[l.sto+s]
+		}
+		top := max(g, c)
+		cpu[s], sto[s] = top-g, max(d, top)-top
+		matched[s] = max(top, d)
+	}
+}
+
+// reported is candidate s's match on any tier, from the engines' reports alone.
+func (l *rankLayout) reported(scores []int32, s int) int32 {
+	m := scores[s]
+	if l.cpu >= 0 {
+		m = max(m, scores[l.cpu+s])
+	}
+	if l.sto >= 0 {
+		m = max(m, scores[l.sto+s])
+	}
+	return m
+}
 
 // slot is the inventory slot of endpoint i's rank r.
 func (l *rankLayout) slot(i, r int) int {
@@ -81,7 +149,7 @@ func (l *rankLayout) rankSlots(i int) []int {
 // expand fills dst with the slots of the endpoints set in el and returns it; without data
 // parallelism it returns el itself.
 func (l *rankLayout) expand(el, dst shard.Mask) shard.Mask {
-	if !l.ranked {
+	if !l.ranked && !l.tiered {
 		return el
 	}
 	clear(dst)

@@ -141,7 +141,8 @@ func New(cfg Config, opt Options) (*Server, error) {
 	s.m = newProxyMetrics(s.names)
 	s.meter = &decisionMeter{m: s.m}
 	s.aff = newAffinity(cfg.AffinityTTL, cfg.AffinityMax)
-	s.ranks = newRankLayout(cfg.Endpoints)
+	cpuTier, storageTier := cfg.tiersIndexed()
+	s.ranks = newRankLayout(cfg.Endpoints, cpuTier, storageTier)
 	slots := s.ranks.slots()
 	s.pool.New = func() any { return newReqState(slots) }
 	s.conns = newConnRegistry()
@@ -417,6 +418,8 @@ type reqState struct {
 	scores2  []int32
 	scores3  []int32
 	matched  []int32 // blocks held per endpoint as the policy sees them (inventory, then pending)
+	tierCPU  []int32 // of matched, blocks only a lower tier holds (ranks.go foldTiers)
+	tierSto  []int32
 	cand     route.Candidates
 	obs      route.Observer // /debug/explain's recorder; nil for traffic
 	meter    *decisionMeter // the server's for traffic; nil for /debug/explain
@@ -458,6 +461,8 @@ func newReqState(n int) *reqState {
 		scores2:  make([]int32, n),
 		scores3:  make([]int32, n),
 		matched:  make([]int32, n),
+		tierCPU:  make([]int32, n),
+		tierSto:  make([]int32, n),
 		eligible: shard.NewMask(n),
 		excluded: shard.NewMask(n),
 		scratch:  shard.NewMask(n),

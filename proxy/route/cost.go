@@ -14,6 +14,8 @@ import (
 // prefilling there, and the minimum wins. Cache overlap is a credit (fewer
 // uncached tokens), not the whole decision: a short hot prefix no longer pulls every
 // request onto one engine once its queue costs more than the prefill it saves.
+// Blocks only a lower tier holds (host memory, storage) are not free: each token there
+// costs its tier's weight of a prefill (Candidates.Uncached).
 //
 // Ties: two predictions closer than one block's prefill at the faster endpoint's rate are
 // within the model's resolution (it counts whole blocks), so they tie; ties go to the
@@ -42,15 +44,13 @@ func (c *Cost) Select(cd *Candidates, obs Observer) int {
 		if !cd.Eligible.Has(i) {
 			continue
 		}
-		m := cd.Matched[i]
-		cached := int(m) * cd.BlockSize
-		if m < cd.MinBlocks {
-			cached = 0 // too shallow to count as a hit: the engine may well not reuse it
-		}
-		uncached := max(cd.Tokens-cached, 0)
+		uncached := cd.Uncached(i)
 		load := c.Loads.Get(i)
 		t := c.Queues.Predict(i, uncached, load, now)
-		t.Matched = m
+		t.Matched = cd.Matched[i]
+		if cd.CPU != nil {
+			t.CPU, t.Storage = cd.CPU[i], cd.Storage[i]
+		}
 		if obs != nil {
 			obs.Endpoint(i, t)
 		}
