@@ -185,7 +185,7 @@ func (a *applier) stored(ev *Event) {
 	}
 	routed := slot == a.r.slot
 	fastKeys := false
-	if cfg.Chain != nil || e.keys != KeysEngine {
+	if e.ct.Load().chain != nil || e.keys != KeysEngine {
 		fastKeys = a.hashBlocks(ev, routed)
 	}
 	var added int
@@ -239,7 +239,7 @@ func (a *applier) knownFastKeys(hashes []uint64) bool {
 // every block.
 func (a *applier) hashBlocks(ev *Event, routed bool) bool {
 	e := a.e
-	cfg := &e.m.cfg
+	ct := e.ct.Load()
 	nb, bs := len(ev.Hashes), ev.BlockSize
 	a.fkeys = a.fkeys[:0]
 	tokens := ev.Tokens
@@ -254,16 +254,17 @@ func (a *applier) hashBlocks(ev *Event, routed bool) bool {
 	if bs <= 0 || len(tokens) != nb*bs+extra || isCheckpoint(ev) {
 		// Offload events may carry no tokens: nothing to hash. A mamba checkpoint store
 		// names a node's last page hash with only that page's tokens and no parent.
-		if cfg.Chain != nil {
+		if ct.chain != nil {
 			e.c.paritySkipped.Inc()
 		}
 		return false
 	}
-	ruleBS := cfg.Fast.BlockSize()
-	if cfg.Chain != nil {
-		ruleBS = cfg.Chain.BlockSize()
+	// Blocks the endpoint's block size cannot key (SGLang's page 1 under a rule of 16):
+	// adopt the engine's size, unless the endpoint pins its own.
+	if bs%ct.blockSize() != 0 && e.adoptLocked(bs) {
+		ct = e.ct.Load()
 	}
-	e.noteBlockSize(bs, ruleBS)
+	e.noteBlockSize(bs, ct.blockSize())
 	var pc, pf hashcore.Digest
 	hasC, hasF := true, true
 	first := !ev.HasParent
@@ -276,28 +277,28 @@ func (a *applier) hashBlocks(ev *Event, routed bool) bool {
 			pc, hasC, pf, hasF = p.cd, p.hasC, p.fd, p.hasF
 		}
 	} else {
-		if cfg.Chain != nil {
-			pc = cfg.Chain.Root()
+		if ct.chain != nil {
+			pc = ct.chain.Root()
 		}
-		pf = cfg.Fast.Root()
+		pf = ct.fast.Root()
 	}
-	attest := cfg.Chain != nil && hasC && extrasReproducible(ev)
+	attest := ct.chain != nil && hasC && extrasReproducible(ev)
 	// The rule's contract must hash the same kind of page the engine published. A block
 	// k times the rule's (a hybrid model's group with larger blocks) is k of the rule's
 	// blocks: the engine publishes the key of the last (vLLM's BlockHashListWithBlockSize).
 	cause := causeNone
 	switch {
 	case !attest:
-	case bs%cfg.Chain.BlockSize() != 0:
+	case bs%ct.chain.BlockSize() != 0:
 		cause = causeBlockSize
-	case hashcore.HashesBigrams(cfg.Chain) != ev.Bigram:
+	case hashcore.HashesBigrams(ct.chain) != ev.Bigram:
 		cause = causeBigram
 	}
 	if cause != causeNone {
 		attest = false
 	}
 	// Engine mode never switches: fast keys would be wasted work.
-	doFast := hasF && bs%cfg.Fast.BlockSize() == 0 && e.keys != KeysEngine
+	doFast := hasF && bs%ct.fast.BlockSize() == 0 && e.keys != KeysEngine
 	ex := a.extras(ev)
 	mismatch := false
 	for i := 0; i < nb; i++ {
@@ -306,19 +307,24 @@ func (a *applier) hashBlocks(ev *Event, routed bool) bool {
 			ent.level = 0 // on a routed tier again (see removed)
 		}
 		if attest {
-			a.ckeys, pc = cfg.Chain.AppendKeys(a.ckeys[:0], pc, tokens[i*bs:(i+1)*bs+extra], ex, first && i == 0)
-			if n := len(a.ckeys); n != bs/cfg.Chain.BlockSize() || a.ckeys[n-1] != ev.Hashes[i] {
+			a.ckeys, pc = ct.chain.AppendKeys(a.ckeys[:0], pc, tokens[i*bs:(i+1)*bs+extra], ex, first && i == 0)
+			if n := len(a.ckeys); n != bs/ct.chain.BlockSize() || a.ckeys[n-1] != ev.Hashes[i] {
 				mismatch = true
 			}
 			ent.cd, ent.hasC = pc, true
 		}
 		if doFast {
-			a.fone, pf = cfg.Fast.AppendKeys(a.fone[:0], pf, tokens[i*bs:(i+1)*bs], ex, first && i == 0)
-			if n := len(a.fone); n == bs/cfg.Fast.BlockSize() {
+			a.fone, pf = ct.fast.AppendKeys(a.fone[:0], pf, tokens[i*bs:(i+1)*bs], ex, first && i == 0)
+			if n := len(a.fone); n == bs/ct.fast.BlockSize() {
 				ent.fkey, ent.fd, ent.hasF = a.fone[n-1], pf, true
 				a.fkeys = append(a.fkeys, a.fone[n-1])
 			}
 		}
+	}
+	if mismatch && cause == causeNone && bs != ct.blockSize() && a.reproducesAt(ev, bs) && e.adoptLocked(bs) {
+		// The engine hashes whole bs-token blocks (vLLM --block-size 32 under a rule of
+		// 16), not k of the rule's: under its own size the same blocks attest.
+		return a.hashBlocks(ev, routed)
 	}
 	switch {
 	case cause != causeNone || mismatch:
@@ -326,7 +332,7 @@ func (a *applier) hashBlocks(ev *Event, routed bool) bool {
 	case attest:
 		e.c.parityOK.Inc()
 		e.parity.CompareAndSwap(parityUnknown, parityOK)
-	case cfg.Chain != nil:
+	case ct.chain != nil:
 		e.c.paritySkipped.Inc()
 	}
 	return doFast && len(a.fkeys) == nb
@@ -377,11 +383,12 @@ func (a *applier) mismatch(ev *Event, known int) {
 	if e.parity.Swap(parityMismatch) == parityMismatch {
 		return
 	}
+	ct := e.ct.Load()
 	cause := a.diagnose(ev, known)
 	e.cause.Store(&cause)
 	switched := e.keys == KeysAuto && !e.fast.Load()
 	e.m.cfg.Logger.Warn("ingest: engine keys differ from the rule's contract",
-		"endpoint", e.cfg.Name, "contract", e.m.cfg.Chain.Name(), "likely_cause", cause,
+		"endpoint", e.cfg.Name, "contract", ct.chain.Name(), "likely_cause", cause,
 		"switch_to_rehash", switched)
 	if switched {
 		a.switchToFastLocked()
@@ -420,6 +427,23 @@ func (a *applier) switchToFastLocked() {
 	a.rm = buf[:0]
 }
 
+// reproducesAt reports whether the endpoint's contract at block size bs reproduces a
+// root store's first key: the engine hashes bs-token blocks.
+func (a *applier) reproducesAt(ev *Event, bs int) bool {
+	ct := a.e.ct.Load()
+	if ct.spec == nil || ev.HasParent || ev.Bigram || len(ev.Tokens) < bs || len(ev.Hashes) == 0 {
+		return false
+	}
+	s := *ct.spec
+	s.BlockSize = bs
+	c, err := a.e.m.chainFor(s)
+	if err != nil {
+		return false
+	}
+	k := hashcore.Keys(c, nil, ev.Tokens[:bs], a.extras(ev))
+	return len(k) == 1 && k[0] == ev.Hashes[0]
+}
+
 // refillTiersLocked indexes, in r's CPU and storage slots, the fast key of every block
 // the holder counts place on those tiers (a switch to re-hashed keys; e.mu held).
 func (a *applier) refillTiersLocked(r *rankState) {
@@ -446,10 +470,10 @@ func (a *applier) refillTiersLocked(r *rankState) {
 // diagnose names the likely cause of a mismatch: block size, else (on a root block, with
 // the rule's Spec) the algo that does reproduce the engine's key, else the seed.
 func (a *applier) diagnose(ev *Event, known int) string {
-	cfg := &a.e.m.cfg
+	cfg := a.e.ct.Load()
 	switch known {
 	case causeBlockSize:
-		return fmt.Sprintf("block size: the engine publishes %d-token blocks, the rule hashes %d", ev.BlockSize, cfg.Chain.BlockSize())
+		return fmt.Sprintf("block size: the engine publishes %d-token blocks, the rule hashes %d", ev.BlockSize, cfg.chain.BlockSize())
 	case causeBigram:
 		if ev.Bigram {
 			return "bigram: the engine keys EAGLE bigram pages; the rule's contract needs Bigram (SGLang with speculative decoding)"
@@ -459,7 +483,7 @@ func (a *applier) diagnose(ev *Event, known int) string {
 	if a.e.cfg.Engine == EngineSGLang {
 		return "SGLang page keys differ: check --page-size and the tokenizer/chat template"
 	}
-	if cfg.Spec == nil || ev.HasParent {
+	if cfg.spec == nil || ev.HasParent {
 		return "keys differ: check the engine's --prefix-caching-hash-algo, PYTHONHASHSEED, block size, LoRA and tokenizer"
 	}
 	bs := ev.BlockSize
@@ -467,32 +491,32 @@ func (a *applier) diagnose(ev *Event, known int) string {
 	ex := a.extras(ev)
 	// A block of k rule blocks carries the key of its last (see hashBlocks).
 	reproduces := func(k []uint64) bool { return len(k) > 0 && k[len(k)-1] == ev.Hashes[0] }
-	if rbs := cfg.Chain.BlockSize(); bs != rbs {
+	if rbs := cfg.chain.BlockSize(); bs != rbs {
 		// A multiple of the rule's block size passes as a hybrid group's larger blocks;
 		// if the rule's contract at the engine's block size reproduces the key, the engine
 		// simply hashes bigger blocks.
-		s := *cfg.Spec
+		s := *cfg.spec
 		s.BlockSize = bs
 		if c, err := hashcore.New(s); err == nil && reproduces(hashcore.Keys(c, nil, blk, ex)) {
 			return fmt.Sprintf("block size: the engine hashes %d-token blocks, the rule %d (set the rule's block size to %d)", bs, rbs, bs)
 		}
 	}
 	for _, algo := range []string{"sha256", "sha256_cbor", "xxhash", "xxhash_cbor"} {
-		s := *cfg.Spec
+		s := *cfg.spec
 		s.Algo = algo
 		c, err := hashcore.New(s)
 		if err != nil {
 			continue
 		}
 		if reproduces(hashcore.Keys(c, nil, blk, ex)) {
-			if algo == cfg.Spec.Algo || (cfg.Spec.Algo == "" && algo == "sha256") {
+			if algo == cfg.spec.Algo || (cfg.spec.Algo == "" && algo == "sha256") {
 				return "extras: the contract matches on a plain block; check LoRA names and cache salts"
 			}
-			return fmt.Sprintf("algo: the engine hashes with %s, the rule with %s", algo, cfg.Chain.Name())
+			return fmt.Sprintf("algo: the engine hashes with %s, the rule with %s", algo, cfg.chain.Name())
 		}
 	}
 	if ex != nil {
-		s := *cfg.Spec
+		s := *cfg.spec
 		if c, err := hashcore.New(s); err == nil {
 			if reproduces(hashcore.Keys(c, nil, blk, nil)) {
 				return "LoRA: the engine's keys carry no LoRA name"

@@ -87,6 +87,11 @@ type EndpointConfig struct {
 	// weigh a hit there by what loading it costs. A tier with no slot is not indexed
 	// (unless Config.Routed merges it into the rank's own slot).
 	CPUSlots, StorageSlots []int
+	// Spec is the endpoint's own contract (engine, algo, block size, seed); nil: the
+	// rule's (Config.Chain, Config.Spec). FixedBlockSize pins its block size; otherwise
+	// the block size the engine's events prove is adopted (a WARN, Status.BlockSize).
+	Spec           *hashcore.Spec
+	FixedBlockSize bool
 	Topic                  string // "" accepts every topic
 	URL                    string // trtllm: base URL whose POST /kv_cache_events is drained
 }

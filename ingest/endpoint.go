@@ -68,6 +68,12 @@ type EndpointStatus struct {
 	// (a WARN named both sizes).
 	EngineBlockSize   int
 	BlockSizeMismatch bool
+	// BlockSize is the block size kvgate keys the endpoint with: the endpoint's
+	// block_size, else the rule's, unless BlockSizeAdopted: taken from what the engine's
+	// events prove (a WARN said so). Contract names the chain.
+	BlockSize        int
+	BlockSizeAdopted bool
+	Contract         string
 
 	Reconnects, DialFailures, Batches, ReplayedBatches             uint64
 	EventsStored, EventsRemoved, EventsCleared, EventsUnknown      uint64
@@ -89,7 +95,8 @@ type endpoint struct {
 	set  *metrics.Set
 	keys KeyMode
 
-	fast    atomic.Bool  // inventory holds fast keys
+	ct      atomic.Pointer[contract] // the keys its events are attested and re-hashed under
+	fast    atomic.Bool              // inventory holds fast keys
 	parity  atomic.Int32 // parityUnknown/OK/Mismatch
 	cause   atomic.Pointer[string]
 	ranksUp atomic.Int32
@@ -175,7 +182,7 @@ func labelSafe(s string) string {
 
 func newEndpoint(m *Manager, cfg EndpointConfig) *endpoint {
 	e := &endpoint{cfg: cfg, m: m, keys: m.cfg.Keys}
-	if e.keys == KeysAuto && m.cfg.Chain == nil {
+	if e.keys == KeysAuto && m.cfg.Chain == nil && cfg.Spec == nil {
 		e.keys = KeysEngine // no contract to attest against: nothing could trigger a switch
 	}
 	e.lastSeq.Store(-1)
@@ -296,6 +303,12 @@ func (e *endpoint) status() EndpointStatus {
 	s.Orphans, s.Unkeyable = c.orphans.Get(), c.unkeyable.Get()
 	s.RefEvictions = c.refEvictions.Get()
 	s.EngineBlockSize, s.BlockSizeMismatch = int(e.engineBS.Load()), e.sizeMismatch.Load()
+	if ct := e.ct.Load(); ct != nil {
+		s.BlockSize, s.BlockSizeAdopted = ct.blockSize(), ct.adopted
+		if ct.chain != nil {
+			s.Contract = ct.chain.Name()
+		}
+	}
 	s.BadEvents = map[string]uint64{}
 	for r := BadType; r < numBadReasons; r++ {
 		s.BadEvents[r.String()] = c.badEvents[r].Get()

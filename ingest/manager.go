@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+
+	"github.com/kvgate/kvgate/hashcore"
 )
 
 // Manager follows every event-publishing endpoint of a rule: one goroutine per endpoint
@@ -13,6 +15,11 @@ type Manager struct {
 	cfg     Config
 	eps     []*endpoint
 	byIndex []*endpoint
+
+	// chains and fasts share one chain object per distinct contract (contract.go).
+	chainMu sync.Mutex
+	chains  map[hashcore.Spec]hashcore.Chain
+	fasts   map[int]hashcore.Chain
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -25,7 +32,11 @@ func NewManager(cfg Config, eps []EndpointConfig) (*Manager, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	m := &Manager{cfg: cfg}
+	m := &Manager{cfg: cfg, chains: map[hashcore.Spec]hashcore.Chain{}, fasts: map[int]hashcore.Chain{}}
+	if cfg.Chain != nil && cfg.Spec != nil {
+		m.chains[*cfg.Spec] = cfg.Chain
+	}
+	m.fasts[cfg.Fast.BlockSize()] = cfg.Fast
 	names := map[string]bool{}
 	slotOwner := map[int]string{}
 	maxIdx := -1
@@ -40,6 +51,11 @@ func NewManager(cfg Config, eps []EndpointConfig) (*Manager, error) {
 		names[ec.Name] = true
 		maxIdx = max(maxIdx, ec.Index)
 		e := newEndpoint(m, ec)
+		ct, err := m.newContract(&ec)
+		if err != nil {
+			return nil, fmt.Errorf("ingest: %s: %w", ec.Name, err)
+		}
+		e.ct.Store(ct)
 		slots := append([]int{ec.Index}, ec.RankSlots...)
 		for r, slot := range slots {
 			if prev, ok := slotOwner[slot]; ok {

@@ -191,7 +191,12 @@ func (t *trtApplier) event(ev *TRTEvent) {
 func (t *trtApplier) stored(d *trtData) {
 	e := t.e
 	cfg := &e.m.cfg
-	fast := cfg.Fast
+	// A server whose tokens_per_block is not the endpoint's block size: adopt it (the
+	// drain's blocks carry their tokens, one per position), unless pinned.
+	if len(d.Blocks) > 0 && len(d.Blocks[0].Tokens) != e.ct.Load().fast.BlockSize() {
+		e.adoptLocked(len(d.Blocks[0].Tokens))
+	}
+	fast := e.ct.Load().fast
 	pf := fast.Root()
 	first := true
 	if d.ParentHash != nil {
