@@ -92,8 +92,8 @@ type EndpointConfig struct {
 	// the block size the engine's events prove is adopted (a WARN, Status.BlockSize).
 	Spec           *hashcore.Spec
 	FixedBlockSize bool
-	Topic                  string // "" accepts every topic
-	URL                    string // trtllm: base URL whose POST /kv_cache_events is drained
+	Topic          string // "" accepts every topic
+	URL            string // trtllm: base URL whose POST /kv_cache_events is drained
 }
 
 // Media is a set of cache tiers, one bit per Medium.

@@ -97,7 +97,7 @@ type endpoint struct {
 
 	ct      atomic.Pointer[contract] // the keys its events are attested and re-hashed under
 	fast    atomic.Bool              // inventory holds fast keys
-	parity  atomic.Int32 // parityUnknown/OK/Mismatch
+	parity  atomic.Int32             // parityUnknown/OK/Mismatch
 	cause   atomic.Pointer[string]
 	ranksUp atomic.Int32
 	lastSeq atomic.Int64
