@@ -167,6 +167,20 @@ type inventoryEndpoint struct {
 	// Ranks are a data-parallel endpoint's ranks, each its own engine core and cache:
 	// the keys it holds and the policy's view of its queue (absent with one rank).
 	Ranks []rankInventory `json:"ranks,omitempty"`
+	// Keying is the contract and block size kvgate keys the endpoint with, and what its
+	// events prove (absent without KV-Exact).
+	Keying *keyingView `json:"keying,omitempty"`
+}
+
+type keyingView struct {
+	Contract  string `json:"contract,omitempty"`
+	BlockSize int    `json:"block_size"`
+	// Source: "endpoint" (its block_size option), "rule" (-kv-block-size) or "events"
+	// (adopted from what the engine's events prove).
+	Source          string `json:"block_size_source"`
+	EngineBlockSize int    `json:"engine_block_size,omitempty"` // the smallest its stores prove
+	// Mismatch: its events prove blocks the pinned size cannot key (a WARN named both).
+	Mismatch bool `json:"block_size_mismatch"`
 }
 
 type rankInventory struct {
@@ -226,8 +240,21 @@ func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
 				}
 				ie.Scrape = sc
 			}
-			ie.Why = explainReasons(reasons, s.kv.mgr.Status(i).Cause, e.spec.Events)
+			ist := s.kv.mgr.Status(i)
+			ie.Why = explainReasons(reasons, ist.Cause, e.spec.Events)
 			ie.Ranks = s.kv.rankInventory(i)
+			kv := &keyingView{Contract: ist.Contract, BlockSize: ist.BlockSize, Source: "rule",
+				EngineBlockSize: ist.EngineBlockSize, Mismatch: ist.BlockSizeMismatch}
+			switch {
+			case ist.BlockSizeAdopted:
+				kv.Source = "events"
+			case e.spec.BlockSize > 0:
+				kv.Source = "endpoint"
+			}
+			if kv.BlockSize == 0 { // the event plane's route replicas key by the rule
+				kv.BlockSize = s.cfg.KVBlockSize
+			}
+			ie.Keying = kv
 		}
 		if state == StateOff {
 			ie.Why = "KV-Exact does not score this endpoint (-kv-mode off, or a mode-1 decode endpoint)"

@@ -59,6 +59,10 @@ type EndpointSpec struct {
 	Replay string // ZeroMQ replay ROUTER address
 	Topic  string
 	DP     int // data-parallel ranks publishing on consecutive ports
+	// BlockSize is the engine's block size (vLLM --block-size, SGLang --page-size,
+	// TensorRT-LLM tokens_per_block); 0: the rule's -kv-block-size until the engine's
+	// events prove another, which is then adopted (a WARN, /debug/inventory).
+	BlockSize int
 	Weight int // chwbl ring weight
 	Down   bool
 	// BootstrapPort is SGLang's disaggregation bootstrap port on a prefill server.
@@ -112,6 +116,8 @@ func ParseEndpoint(s string) (EndpointSpec, error) {
 			e.Topic = v
 		case "dp":
 			e.DP, err = atoiRange("dp", v, 1, 256)
+		case "block_size":
+			e.BlockSize, err = atoiRange("block_size", v, 1, 4096)
 		case "weight":
 			e.Weight, err = atoiRange("weight", v, 1, 1000)
 		case "bootstrap_port":
@@ -500,16 +506,8 @@ func (c *Config) Validate() error {
 		default:
 			return refuse("-kv-keys", "%q: want auto, engine or rehash", c.KVKeys)
 		}
-		var hashEng = -1
-		for _, e := range c.Endpoints {
-			if e.Engine == EngineTRTLLM {
-				continue
-			}
-			if hashEng >= 0 && Engine(hashEng) != e.Engine && c.KVKeys != "rehash" {
-				return refuse("-kv-keys", "vllm and sglang endpoints hash blocks differently; one rule follows one engine contract unless -kv-keys rehash re-hashes every event into kvgate's keys")
-			}
-			hashEng = int(e.Engine)
-		}
+		// vLLM and SGLang endpoints in one rule are each keyed under their own engine's
+		// contract and block size (proxy/kv.go endpointContract).
 	}
 	for _, t := range c.Tokenizers {
 		if t.Model == "" || t.Dir == "" {

@@ -120,18 +120,15 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 		k.foldTrie = k.trie != nil
 	}
 	k.fast = hashcore.NewFast(cfg.KVBlockSize)
+	// The rule's contract: the first vLLM or SGLang endpoint's at -kv-block-size (the
+	// chain memo's; endpoints of another contract or block size get their own).
 	var spec *hashcore.Spec
 	for _, e := range cfg.Endpoints {
-		switch e.Engine {
-		case EngineVLLM:
-			spec = &hashcore.Spec{Engine: "vllm", Algo: cfg.KVHashAlgo, BlockSize: cfg.KVBlockSize,
-				Seed: cfg.KVHashSeed, SeedSet: cfg.KVHashSeedSet}
-		case EngineSGLang:
-			spec = &hashcore.Spec{Engine: "sglang", Algo: cfg.KVHashAlgo, BlockSize: cfg.KVBlockSize}
-		default:
-			continue
+		if e.Engine == EngineVLLM || e.Engine == EngineSGLang {
+			e.BlockSize = 0
+			spec = endpointContract(cfg, e)
+			break
 		}
-		break
 	}
 	if spec != nil {
 		c, err := hashcore.New(*spec)
@@ -158,9 +155,16 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	eps := make([]ingest.EndpointConfig, len(cfg.Endpoints))
 	for i, e := range cfg.Endpoints {
 		cpuSlots, stoSlots := k.ranks.tierSlots(i)
+		es := endpointContract(cfg, e)
+		if es != nil {
+			if _, err := hashcore.New(*es); err != nil {
+				return nil, refuse("-endpoint", "%s: %v", e.Name, err)
+			}
+		}
 		eps[i] = ingest.EndpointConfig{Name: e.Name, Index: i, Engine: e.Engine.String(),
 			Events: e.Events, Replay: e.Replay, DP: e.DP, RankSlots: k.ranks.rankSlots(i),
-			CPUSlots: cpuSlots, StorageSlots: stoSlots, Topic: e.Topic, URL: e.URL}
+			CPUSlots: cpuSlots, StorageSlots: stoSlots, Topic: e.Topic, URL: e.URL,
+			Spec: es, FixedBlockSize: e.BlockSize > 0}
 	}
 	mgr, err := k.newEventSource(ingest.Config{Inventory: inv, Chain: k.chain, Spec: spec, Fast: k.fast,
 		Keys: keys, Logger: s.log, Metrics: s.m.set}, eps)
@@ -180,6 +184,46 @@ func (k *kvRouter) inventory(i int) (keys int, parity string, connected bool, la
 		keys += k.inv.Count(k.ranks.slot(i, r))
 	}
 	return keys, st.Parity, st.Connected, st.LastSeq
+}
+
+// endpointContract is endpoint e's own contract: its engine's hash at its block_size (the
+// rule's -kv-block-size when unset), so a rule mixing vLLM, SGLang and TensorRT-LLM keys
+// each the way its engine does. nil: the rule's (a TensorRT-LLM endpoint without
+// block_size, whose keys are kvgate's fast chain at the rule's block size).
+func endpointContract(cfg *Config, e EndpointSpec) *hashcore.Spec {
+	bs := cfg.KVBlockSize
+	if e.BlockSize > 0 {
+		bs = e.BlockSize
+	}
+	switch e.Engine {
+	case EngineVLLM:
+		return &hashcore.Spec{Engine: "vllm", Algo: cfg.KVHashAlgo, BlockSize: bs, Seed: cfg.KVHashSeed, SeedSet: cfg.KVHashSeedSet}
+	case EngineSGLang:
+		algo := cfg.KVHashAlgo
+		if algo != "sha256" && algo != "sha256-bigram" {
+			algo = "" // a vLLM algo names the rule's vLLM endpoints' hash, not SGLang's
+		}
+		return &hashcore.Spec{Engine: "sglang", Algo: algo, BlockSize: bs}
+	case EngineTRTLLM:
+		if e.BlockSize > 0 {
+			return &hashcore.Spec{Engine: "kvgate", BlockSize: bs}
+		}
+	}
+	return nil
+}
+
+// chainOf is the chain endpoint i's inventory keys are under: its engine's contract, or
+// kvgate's fast chain when it holds re-hashed keys (TensorRT-LLM, failed parity, -kv-keys
+// rehash), each at the endpoint's block size (ingest.Manager.Contract).
+func (k *kvRouter) chainOf(i int) hashcore.Chain {
+	c, f := k.mgr.Contract(i)
+	if c == nil && f == nil {
+		c, f = k.chain, k.fast
+	}
+	if c == nil || k.mgr.UsesFastKeys(i) {
+		return f
+	}
+	return c
 }
 
 // pick sets d to the endpoint and rank of inventory slot sl.
@@ -305,17 +349,24 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	engMask, fastMask := st.engMask, st.fastMask
 	clear(engMask)
 	clear(fastMask)
-	nEng, nFast := 0, 0
+	nEng, nFast, nOther := 0, 0, 0
+	st.ngroups = 0
 	for sl, i := range k.ranks.ep {
 		if !el.Has(int(i)) {
 			continue
 		}
-		if k.chain == nil || k.mgr.UsesFastKeys(int(i)) {
+		switch c := k.chainOf(int(i)); c {
+		case k.fast:
 			fastMask.Set(sl)
 			nFast++
-		} else {
+		case k.chain:
 			engMask.Set(sl)
 			nEng++
+		default:
+			// An endpoint of another contract or block size (its option, or adopted
+			// from its events): one chain per distinct contract.
+			st.group(c).mask.Set(sl)
+			nOther++
 		}
 	}
 	var exp *hashcore.Extras
@@ -332,9 +383,15 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	if nFast > 0 {
 		st.fastKeys = hashcore.Keys(k.fast, st.fastKeys[:0], st.tokens, exp)
 	}
+	otherKeys := 0
+	for g := range st.groups[:st.ngroups] {
+		grp := &st.groups[g]
+		grp.keys = hashcore.Keys(grp.chain, grp.keys[:0], st.tokens, exp)
+		otherKeys += len(grp.keys)
+	}
 	st.meter.stage(StageHash, t1)
-	if len(st.keys) == 0 && len(st.fastKeys) == 0 {
-		if len(st.tokens) >= k.blockSize && nEng+nFast == 0 {
+	if len(st.keys) == 0 && len(st.fastKeys) == 0 && otherKeys == 0 {
+		if len(st.tokens) >= k.blockSize && nEng+nFast+nOther == 0 {
 			k.miss(st, d, RouteMissNoWorker)
 			return
 		}
@@ -350,6 +407,21 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 		for sl := range k.ranks.ep {
 			if fastMask.Has(sl) {
 				st.scores[sl] = st.scores2[sl]
+			}
+		}
+	}
+	for g := range st.groups[:st.ngroups] {
+		grp := &st.groups[g]
+		if len(grp.keys) == 0 {
+			continue
+		}
+		k.inv.Score(grp.keys, grp.mask, k.mode, st.scores2)
+		// In the rule's blocks, so every candidate's match is in one unit (a finer
+		// page size rounds down to whole rule blocks).
+		bs := grp.chain.BlockSize()
+		for sl := range k.ranks.ep {
+			if grp.mask.Has(sl) {
+				st.scores[sl] = int32(int(st.scores2[sl]) * bs / k.blockSize)
 			}
 		}
 	}

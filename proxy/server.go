@@ -441,6 +441,10 @@ type reqState struct {
 	engMask    shard.Mask
 	fastMask   shard.Mask
 	slotEl     shard.Mask // the eligible endpoints' inventory slots (data-parallel ranks)
+	// groups are the eligible endpoints under neither the rule's contract nor its fast
+	// chain (another block size or engine), one per chain; ngroups are in use. Reused.
+	groups  []keyGroup
+	ngroups int
 	// canRetry: this attempt's 5xx or truncated answer may be dropped for another
 	// endpoint (nothing has reached the client; attempts and an alternative remain).
 	canRetry bool
@@ -452,6 +456,32 @@ type reqState struct {
 	arrived time.Time
 	// cached is the engine's cached-token receipt for this answer (-1: none).
 	cached int64
+}
+
+// keyGroup is one chain some eligible endpoints' keys are under, their slots and the
+// prompt's keys in that chain.
+type keyGroup struct {
+	chain hashcore.Chain
+	mask  shard.Mask
+	keys  []uint64
+}
+
+// group is the request's key group for chain c, taken into use (its mask cleared) the
+// first time c is asked for; group masks and key buffers are reused across requests.
+func (st *reqState) group(c hashcore.Chain) *keyGroup {
+	for g := range st.groups[:st.ngroups] {
+		if st.groups[g].chain == c {
+			return &st.groups[g]
+		}
+	}
+	if st.ngroups == len(st.groups) {
+		st.groups = append(st.groups, keyGroup{mask: shard.NewMask(len(st.scores))})
+	}
+	g := &st.groups[st.ngroups]
+	st.ngroups++
+	g.chain = c
+	clear(g.mask)
+	return g
 }
 
 func newReqState(n int) *reqState {
