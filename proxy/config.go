@@ -59,14 +59,14 @@ type EndpointSpec struct {
 	Replay string // ZeroMQ replay ROUTER address
 	Topic  string
 	DP     int // data-parallel ranks publishing on consecutive ports
-	// BlockSize is the engine's block size (vLLM --block-size, SGLang --page-size,
-	// TensorRT-LLM tokens_per_block); 0: the rule's -kv-block-size until the engine's
-	// events prove another, which is then adopted (a WARN, /debug/inventory).
-	BlockSize int
 	Weight int // chwbl ring weight
 	Down   bool
 	// BootstrapPort is SGLang's disaggregation bootstrap port on a prefill server.
 	BootstrapPort int
+	// BlockSize is the engine's block size (vLLM --block-size, SGLang --page-size,
+	// TensorRT-LLM tokens_per_block); 0: the rule's -kv-block-size until the engine's
+	// events prove another, which is then adopted (a WARN, /debug/inventory).
+	BlockSize int
 
 	host   string // host[:port] from URL
 	scheme string // "http" or "https"
