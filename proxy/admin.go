@@ -365,6 +365,9 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.kv != nil {
 		ex.Tokens, ex.Blocks = len(st.tokens), max(len(st.keys), len(st.fastKeys))
+		for _, g := range st.groups[:st.ngroups] {
+			ex.Blocks = max(ex.Blocks, len(g.keys)*g.chain.BlockSize()/s.cfg.KVBlockSize)
+		}
 	}
 	if s.kv != nil && (s.kv.memo != nil || s.kv.chainMemo != nil) {
 		ex.Memo = &explainMemo{Tokens: st.memoUse.Tokens, Segments: st.memoUse.Segments, Blocks: st.memoBlocks}

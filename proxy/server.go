@@ -511,6 +511,7 @@ func (st *reqState) reset() {
 	clear(st.excluded)
 	st.tail = st.tail[:0]
 	st.memoUse, st.memoBlocks = tokenize.MemoUse{}, 0
+	st.ngroups = 0
 }
 
 func (s *Server) getState() *reqState {
