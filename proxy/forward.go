@@ -187,9 +187,7 @@ func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqStat
 	defer protocol.ReleaseRequest(req)
 	defer protocol.ReleaseResponse(res)
 	s.buildUpstream(c, req, ep, body, nil)
-	if d.rank >= 0 {
-		req.Header.Set(hdrDPRank, strconv.Itoa(d.rank))
-	}
+	hintRank(req, d)
 	s.loads.Inc(d.ep)
 	defer s.loads.Dec(d.ep)
 	if q := s.rankLoads(d); q != nil {

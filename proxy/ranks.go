@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/cloudwego/hertz/pkg/protocol"
+
 	"github.com/kvgate/kvgate/proxy/route"
 
 	"github.com/kvgate/kvgate/shard"
@@ -216,4 +218,12 @@ func (k *kvRouter) rankInventory(i int) []rankInventory {
 		out[r] = rankInventory{Rank: r, Keys: k.inv.Count(sl), InFlight: k.slotLoads.Get(sl), Load: &v}
 	}
 	return out
+}
+
+// hintRank names d's data-parallel rank to the engine (X-Data-Parallel-Rank), when KV
+// routing chose one; otherwise the request goes as the client sent it.
+func hintRank(req *protocol.Request, d *decision) {
+	if d.rank >= 0 {
+		req.Header.Set(hdrDPRank, strconv.Itoa(d.rank))
+	}
 }
