@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/ingest/enginepub"
 	"github.com/kvgate/kvgate/shard"
 )
@@ -382,5 +383,30 @@ func TestTierSlots(t *testing.T) {
 	waitFor(t, "cleared", func() bool { return len(invKeys(inv, 1))+len(invKeys(inv, 2))+len(invKeys(inv, 0)) == 0 })
 	if st := m.Status(0); st.EventsStored != 3 {
 		t.Fatalf("%+v", st)
+	}
+}
+
+// TestTierSlotsRehashed: an endpoint on kvgate's fast keys (-kv-keys rehash) indexes an
+// offload store that carries no tokens (vLLM's CPU offload) under the fast keys its GPU
+// store computed, taken from the block map.
+func TestTierSlotsRehashed(t *testing.T) {
+	inv := newInv(t)
+	addr := freeAddr(t, 1)
+	pub := newPub(t, enginepub.Config{Endpoint: addr})
+	cfg := testConfig(inv)
+	cfg.Keys = KeysRehash
+	startManager(t, cfg, EndpointConfig{Name: "e", Index: 0, Engine: "vllm", Events: addr, CPUSlots: []int{1}})
+	waitSubscribed(t, pub)
+	toks := make([]uint32, 48)
+	for i := range toks {
+		toks[i] = uint32(1000 + i)
+	}
+	pub.Publish(enginepub.BlockStored{Hashes: []uint64{11, 12, 13}, TokenIDs: toks, BlockSize: 16})
+	pub.Publish(enginepub.BlockStored{Hashes: []uint64{11, 12}, BlockSize: 16, Medium: "CPU"})
+	fast := sorted(hashcore.Keys(hashcore.NewFast(16), nil, toks, nil))
+	waitFor(t, "cpu slot", func() bool { return len(invKeys(inv, 1)) == 2 })
+	want := sorted(hashcore.Keys(hashcore.NewFast(16), nil, toks[:32], nil))
+	if g, c := invKeys(inv, 0), invKeys(inv, 1); !slices.Equal(g, fast) || !slices.Equal(c, want) {
+		t.Fatalf("gpu %v (want %v) cpu %v (want %v)", g, fast, c, want)
 	}
 }
