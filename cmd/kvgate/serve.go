@@ -63,7 +63,7 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 	fs.StringVar(&cfg.UpstreamKey, "upstream-key", "", "PEM private key for -upstream-cert (default none)")
 	fs.StringVar(&cfg.APIKeysFile, "api-keys-file", "", "file of public API keys, one a line (# comments), watched for changes: requests without 'Authorization: Bearer <key>' get 401 (default none: no key needed)")
 	fs.BoolVar(&cfg.ForwardAuthorization, "forward-authorization", cfg.ForwardAuthorization, "pass the client's Authorization header to the engine unchanged (false: remove it)")
-	fs.Var(&endpoints, "endpoint", "upstream engine, repeatable: name=..,url=http://host:port,engine=vllm|sglang|trtllm|llamacpp,role=both|prefill|decode,events=tcp://host:5557,replay=tcp://host:5558,topic=..,dp=N,weight=W,down=true,bootstrap_port=N")
+	fs.Var(&endpoints, "endpoint", "upstream engine, repeatable: name=..,url=http://host:port,engine=vllm|sglang|trtllm|llamacpp,role=both|prefill|decode,events=tcp://host:5557,replay=tcp://host:5558,topic=..,dp=N,weight=W,down=true,bootstrap_port=N,block_size=N (dp: data-parallel ranks, events on port+rank, X-Data-Parallel-Rank on routed requests; block_size: the engine's block/page size, pinned; unset it is adopted from the events)")
 	fs.StringVar(&endpointsFile, "endpoints-file", "", "file with one -endpoint value per line (# comments) (default none)")
 	fs.StringVar(&sel, "select", "rr", "selector for non-KV routing and KV misses: rr | chwbl")
 	fs.StringVar(&kvMode, "kv-mode", "off", "KV-Exact routing: off | 3 (converged pool) | 1 (prefill/decode)")
