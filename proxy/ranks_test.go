@@ -1,0 +1,75 @@
+package proxy
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvgate/kvgate/shard"
+)
+
+// The slot layout: rank 0 of endpoint i is slot i, the other ranks follow the endpoints
+// in endpoint order, and each candidate's CPU and storage slots follow those.
+func TestRankLayout(t *testing.T) {
+	eps := []EndpointSpec{{Name: "a", DP: 1}, {Name: "b", DP: 3}, {Name: "c", DP: 2}}
+	l := newRankLayout(eps, true, true)
+	if l.cands != 6 || l.slots() != 18 || l.cpu != 6 || l.sto != 12 || !l.ranked || !l.tiered {
+		t.Fatalf("%+v", l)
+	}
+	want := map[[2]int]int{{0, 0}: 0, {1, 0}: 1, {2, 0}: 2, {1, 1}: 3, {1, 2}: 4, {2, 1}: 5}
+	for er, s := range want {
+		if got := l.slot(er[0], er[1]); got != s || int(l.ep[s]) != er[0] || int(l.rank[s]) != er[1] {
+			t.Errorf("slot(%d,%d) = %d (ep %d rank %d), want %d", er[0], er[1], got, l.ep[s], l.rank[s], s)
+		}
+	}
+	if !slices.Equal(l.rankSlots(1), []int{3, 4}) || l.rankSlots(0) != nil {
+		t.Errorf("rank slots %v %v", l.rankSlots(1), l.rankSlots(0))
+	}
+	if cpu, sto := l.tierSlots(1); !slices.Equal(cpu, []int{7, 9, 10}) || !slices.Equal(sto, []int{13, 15, 16}) {
+		t.Errorf("tier slots %v %v", cpu, sto)
+	}
+	if l.labels[3] != "b#1" || l.labels[0] != "a" || l.rankOf(0) != -1 || l.rankOf(4) != 2 {
+		t.Errorf("labels %v", l.labels)
+	}
+	el := shard.NewMask(18)
+	el.Set(1)
+	got := l.expand(el, shard.NewMask(18))
+	for s := 0; s < 18; s++ {
+		if got.Has(s) != (l.ep[s] == 1) {
+			t.Errorf("expanded mask slot %d: %v", s, got.Has(s))
+		}
+	}
+	// Scores fold GPU, then the CPU past it, then storage past both.
+	scores := make([]int32, 18)
+	scores[1], scores[l.cpu+1], scores[l.sto+1] = 2, 5, 4
+	scores[3], scores[l.sto+3] = 3, 7
+	matched, cpu, sto := make([]int32, 6), make([]int32, 6), make([]int32, 6)
+	l.foldTiers(scores, matched, cpu, sto)
+	if matched[1] != 5 || cpu[1] != 3 || sto[1] != 0 || matched[3] != 7 || cpu[3] != 0 || sto[3] != 4 {
+		t.Errorf("fold: matched %v cpu %v sto %v", matched, cpu, sto)
+	}
+	if plain := newRankLayout(eps[:1], false, false); plain.ranked || plain.tiered || plain.expand(el, nil)[0] != el[0] {
+		t.Errorf("a rule without ranks or tiers: %+v", plain)
+	}
+}
+
+func TestEndpointBlockSizeOption(t *testing.T) {
+	e, err := ParseEndpoint("name=s,url=http://127.0.0.1:1,engine=sglang,block_size=1,dp=2")
+	if err != nil || e.BlockSize != 1 || e.DP != 2 {
+		t.Fatalf("%+v %v", e, err)
+	}
+	for _, bad := range []string{"block_size=0", "block_size=x", "block_size=5000"} {
+		if _, err := ParseEndpoint("name=s,url=http://127.0.0.1:1," + bad); err == nil || !strings.Contains(err.Error(), "block_size") {
+			t.Errorf("%s: %v", bad, err)
+		}
+	}
+	cfg := Defaults()
+	cfg.Endpoints = []EndpointSpec{e}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.KVTierWeightCPU = 1.5
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "-kv-tier-weight-cpu") {
+		t.Errorf("weight 1.5: %v", err)
+	}
+}
