@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/proxy/openai"
 	"github.com/kvgate/kvgate/shard"
 )
 
@@ -71,5 +72,37 @@ func TestEndpointBlockSizeOption(t *testing.T) {
 	cfg.KVTierWeightCPU = 1.5
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "-kv-tier-weight-cpu") {
 		t.Errorf("weight 1.5: %v", err)
+	}
+}
+
+// BenchmarkRouteKeyGroups is a whole decision (parse to select) for a ~4k-token chat
+// prompt over 8 endpoints, as endpoints of other block sizes join the rule: all at 16
+// (one chain), one vLLM endpoint at 32 (a second chain), one SGLang endpoint at page
+// size 1 (a key per token), and one endpoint with 4 data-parallel ranks.
+func BenchmarkRouteKeyGroups(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		edit func(*Config)
+	}{
+		{"one-contract", func(*Config) {}},
+		{"plus-vllm-32", func(cfg *Config) { cfg.Endpoints[2].BlockSize = 32 }},
+		{"plus-sglang-page-1", func(cfg *Config) {
+			cfg.Endpoints[2].Engine, cfg.Endpoints[2].BlockSize = EngineSGLang, 1
+		}},
+		{"plus-dp-4", func(cfg *Config) { cfg.Endpoints[2].DP = 4 }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			s, st := benchServerWith(b, chatBody4k(), func(cfg *Config) {
+				cfg.TokenizeMemoBytes, cfg.KVChainMemoBytes = 0, 0
+				c.edit(cfg)
+			})
+			var d decision
+			b.ReportAllocs()
+			for b.Loop() {
+				openai.Scan(st.body, &st.oa)
+				s.decide(st, &d, false)
+			}
+			b.ReportMetric(float64(st.ngroups+1), "chains")
+		})
 	}
 }
