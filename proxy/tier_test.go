@@ -75,6 +75,7 @@ func TestKVTierWeights(t *testing.T) {
 		// a: the prompt past its n blocks, plus n-2 CPU blocks at 0.06 of a prefill each.
 		wantA := len(toks) - n*blockSize + int(math.Round(float64((n-2)*blockSize)*DefaultTierWeightCPU))
 		if ta.Matched != int32(n) || ta.CPU != int32(n-2) || ta.Storage != 0 || ta.Uncached != wantA ||
+			ta.GPUTokens != 2*blockSize || ta.CPUTokens != (n-2)*blockSize || tb.GPUTokens != 4*blockSize ||
 			tb.Matched != 4 || tb.CPU != 0 || tb.Uncached != len(toks)-4*blockSize || ex.Endpoint != "a" {
 			t.Fatalf("explain (want a uncached %d): %s", wantA, body)
 		}

@@ -51,6 +51,8 @@ func (c *Cost) Select(cd *Candidates, obs Observer) int {
 		if cd.CPU != nil {
 			t.CPU, t.Storage = cd.CPU[i], cd.Storage[i]
 		}
+		t.GPUTokens = int(t.Matched-t.CPU-t.Storage) * cd.BlockSize
+		t.CPUTokens, t.StorageTokens = int(t.CPU)*cd.BlockSize, int(t.Storage)*cd.BlockSize
 		if obs != nil {
 			obs.Endpoint(i, t)
 		}

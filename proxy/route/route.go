@@ -50,19 +50,23 @@ func (c *Candidates) Uncached(i int) int {
 
 // Terms are one endpoint's inputs to a cost decision, as /debug/explain shows them.
 type Terms struct {
-	Matched   int32   `json:"matched_blocks"`           // blocks of the prompt the endpoint holds (any tier)
-	CPU       int32   `json:"cpu_blocks,omitempty"`     // of those, held only in host memory
-	Storage   int32   `json:"storage_blocks,omitempty"` // held only on disk or a remote store
-	Uncached  int     `json:"uncached_tokens"`          // prompt tokens it would have to prefill
-	Queued    int64   `json:"queued_prefill_tokens"`    // sent by kvgate, no first token yet
-	Ahead     int64   `json:"ahead"`                    // requests predicted to wait for a batch slot ahead
-	InFlight  int64   `json:"in_flight"`                // requests kvgate has in flight there
-	Rate      float64 `json:"prefill_tokens_per_s"`     // learned or pinned
-	Predicted float64 `json:"predicted_ttft_ms"`
-	Waiting   int64   `json:"awaiting_first_token"` // requests kvgate sent there with no first byte yet
-	Delays    float64 `json:"delays_others_ms"`     // Waiting x this prefill: what it costs them
-	Cost      float64 `json:"cost_ms"`              // Predicted + Delays: what the policy minimizes
-	Source    string  `json:"load_source"`          // "engine" (a fresh /metrics report) or "kvgate" (its own accounting)
+	Matched int32 `json:"matched_blocks"`           // blocks of the prompt the endpoint holds (any tier)
+	CPU     int32 `json:"cpu_blocks,omitempty"`     // of those, held only in host memory
+	Storage int32 `json:"storage_blocks,omitempty"` // held only on disk or a remote store
+	// The prompt tokens of the match each tier serves (the GPU's come first).
+	GPUTokens     int     `json:"gpu_tokens"`
+	CPUTokens     int     `json:"cpu_tokens,omitempty"`
+	StorageTokens int     `json:"storage_tokens,omitempty"`
+	Uncached      int     `json:"uncached_tokens"`       // prompt tokens it would have to prefill
+	Queued        int64   `json:"queued_prefill_tokens"` // sent by kvgate, no first token yet
+	Ahead         int64   `json:"ahead"`                 // requests predicted to wait for a batch slot ahead
+	InFlight      int64   `json:"in_flight"`             // requests kvgate has in flight there
+	Rate          float64 `json:"prefill_tokens_per_s"`  // learned or pinned
+	Predicted     float64 `json:"predicted_ttft_ms"`
+	Waiting       int64   `json:"awaiting_first_token"` // requests kvgate sent there with no first byte yet
+	Delays        float64 `json:"delays_others_ms"`     // Waiting x this prefill: what it costs them
+	Cost          float64 `json:"cost_ms"`              // Predicted + Delays: what the policy minimizes
+	Source        string  `json:"load_source"`          // "engine" (a fresh /metrics report) or "kvgate" (its own accounting)
 }
 
 // Observer records a decision's inputs. Traffic passes nil.
