@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -104,5 +106,27 @@ func BenchmarkRouteKeyGroups(b *testing.B) {
 			}
 			b.ReportMetric(float64(st.ngroups+1), "chains")
 		})
+	}
+}
+
+// A fleet too wide for tier slots routes on GPU blocks, with a WARN; one whose ranks
+// alone exceed the inventory is refused naming -endpoint.
+func TestWideFleetSlots(t *testing.T) {
+	specs := make([]string, 400)
+	for i := range specs {
+		specs[i] = fmt.Sprintf("name=e%d,url=http://127.0.0.1:%d,engine=vllm,events=tcp://127.0.0.1:%d", i, 20000+i, 30000+i)
+	}
+	cfg := kvConfig(t, KVConverged, specs...)
+	var logs strings.Builder
+	s, err := New(cfg, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Tokenizers: sharedPool(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.ranks.tiered || s.kv.inv.Endpoints() != 400 || !strings.Contains(logs.String(), "lower-tier blocks are not indexed") {
+		t.Fatalf("tiered %v, inventory %d slots, log %s", s.ranks.tiered, s.kv.inv.Endpoints(), logs.String())
+	}
+	cfg.Endpoints[0].DP = 700
+	if _, err := New(cfg, Options{Logger: quietLog, Tokenizers: sharedPool(t)}); err == nil || !strings.Contains(err.Error(), "-endpoint") {
+		t.Fatalf("1,099 candidates: %v", err)
 	}
 }

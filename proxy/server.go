@@ -143,6 +143,15 @@ func New(cfg Config, opt Options) (*Server, error) {
 	s.aff = newAffinity(cfg.AffinityTTL, cfg.AffinityMax)
 	cpuTier, storageTier := cfg.tiersIndexed()
 	s.ranks = newRankLayout(cfg.Endpoints, cpuTier, storageTier)
+	if cfg.KVMode != KVOff && s.ranks.slots() > shard.MaxEndpoints && s.ranks.tiered {
+		// Each tier doubles the inventory's slots; a fleet this wide routes on GPU blocks.
+		log.Warn("lower-tier blocks are not indexed: the rule's endpoints and ranks leave no inventory slots for them (-kv-tier-weight-cpu and -kv-tier-weight-storage have no effect)",
+			"candidates", s.ranks.cands, "max_slots", shard.MaxEndpoints)
+		s.ranks = newRankLayout(cfg.Endpoints, false, false)
+	}
+	if cfg.KVMode != KVOff && s.ranks.slots() > shard.MaxEndpoints {
+		return nil, refuse("-endpoint", "%d endpoints with their data-parallel ranks make %d candidates; the inventory holds at most %d", n, s.ranks.slots(), shard.MaxEndpoints)
+	}
 	slots := s.ranks.slots()
 	s.pool.New = func() any { return newReqState(slots) }
 	s.conns = newConnRegistry()
