@@ -450,7 +450,8 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 	}
 	if k.foldTrie {
 		if keys := k.trieKeys(st); len(keys) > 0 {
-			k.trie.score(keys, el, st.scores2, st.scores3, matched)
+			// Candidate-length scratch: past it lie tier slots' scores.
+			k.trie.score(keys, el, st.scores2[:n], st.scores3[:n], matched)
 		}
 	}
 	best := -1

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/proxy/openai"
 	"github.com/kvgate/kvgate/shard"
 )
@@ -128,5 +129,34 @@ func TestWideFleetSlots(t *testing.T) {
 	cfg.Endpoints[0].DP = 700
 	if _, err := New(cfg, Options{Logger: quietLog, Tokenizers: sharedPool(t)}); err == nil || !strings.Contains(err.Error(), "-endpoint") {
 		t.Fatalf("1,099 candidates: %v", err)
+	}
+}
+
+// The trie (what kvgate sent where, mode 3's pending entries) scores candidates only:
+// scratch left by scoring the tier slots must not reach it. Regression: with re-hashed
+// keys, a CPU copy of the prompt on one endpoint and the pending trie on, the second
+// decision panicked indexing a tier slot.
+func TestTrieIgnoresTierSlots(t *testing.T) {
+	s, st := benchServerWith(t, chatBody4k(), func(cfg *Config) {
+		cfg.TokenizeMemoBytes, cfg.KVChainMemoBytes = 0, 0
+		cfg.KVKeys = "rehash"
+	})
+	if s.kv.trie == nil || !s.ranks.tiered {
+		t.Fatal("want the pending trie and tier slots")
+	}
+	st.body = append(st.body[:0], complPrompt(sharedPrefix)...)
+	st.chat = false
+	toks := engineTokens(t, sharedPrefix)
+	fast := hashcore.Keys(s.kv.fast, nil, toks, nil)
+	s.kv.inv.Add(s.ranks.cpu+4, fast[:2]) // the trie will hold more: it is asked
+	var d decision
+	for i := 0; i < 3; i++ {
+		if err := openai.Scan(st.body, &st.oa); err != nil {
+			t.Fatal(err)
+		}
+		s.decide(st, &d, false)
+		if d.ep != 4 || d.slot != 4 || d.route != RouteKVHit {
+			t.Fatalf("decision %d: ep %d slot %d route %v", i, d.ep, d.slot, d.route)
+		}
 	}
 }

@@ -217,7 +217,8 @@ func (k *kvRouter) trieRoute(st *reqState, el shard.Mask, d *decision) {
 		return
 	}
 	el = k.ranks.expand(el, st.slotEl)
-	best := k.trie.best(keys, el, st.scores2, st.scores3)
+	n := k.ranks.cands // the trie knows candidates; tier slots' scratch lies past them
+	best := k.trie.best(keys, el, st.scores2[:n], st.scores3[:n])
 	if best < 0 || st.scores2[best] == 0 {
 		return
 	}
