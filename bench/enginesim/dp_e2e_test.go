@@ -155,6 +155,37 @@ func (g *dpRig) rankKeys(t *testing.T) []int {
 	return out
 }
 
+// ranksReportFresh says whether /debug/inventory shows a fresh engine report for every
+// rank of the endpoint.
+func (g *dpRig) ranksReportFresh(t *testing.T) bool {
+	t.Helper()
+	res, err := http.Get(g.adm + "/debug/inventory")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var inv struct {
+		Endpoints []struct {
+			Ranks []struct {
+				Load struct {
+					Engine struct {
+						Fresh bool `json:"fresh"`
+					} `json:"engine_report"`
+				} `json:"load"`
+			} `json:"ranks"`
+		} `json:"endpoints"`
+	}
+	if err := json.NewDecoder(res.Body).Decode(&inv); err != nil || len(inv.Endpoints) != 1 || len(inv.Endpoints[0].Ranks) != 2 {
+		t.Fatalf("inventory: %v", err)
+	}
+	for _, r := range inv.Endpoints[0].Ranks {
+		if !r.Load.Engine.Fresh {
+			return false
+		}
+	}
+	return true
+}
+
 func (g *dpRig) waitKeys(t *testing.T, what string, ok func(k []int) bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -197,6 +228,15 @@ func TestDataParallelRanksEndToEnd(t *testing.T) {
 		if served, route := g.send(t, a, -1); served != "1" || route != "kv-hit" {
 			t.Fatalf("follow-up %d of A: served by rank %s, route %s; want rank 1, kv-hit", i, served, route)
 		}
+	}
+
+	// Each rank's load comes from its own engine="r" gauges on the front's /metrics.
+	deadline := time.Now().Add(10 * time.Second)
+	for !g.ranksReportFresh(t) {
+		if time.Now().After(deadline) {
+			t.Fatal("no fresh per-rank engine report on /debug/inventory")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 
 	// /debug/explain names the rank and scores each.
