@@ -303,8 +303,11 @@ func (a *applier) hashBlocks(ev *Event, routed bool) bool {
 	mismatch := false
 	for i := 0; i < nb; i++ {
 		ent := a.r.blocks.put(ev.Hashes[i])
-		if routed {
+		switch {
+		case routed:
 			ent.level = 0 // on a routed tier again (see removed)
+		case !ent.hasC && !ent.hasF:
+			ent.level = 1 // new, and only off the routed tiers: a re-hash switch skips it
 		}
 		if attest {
 			a.ckeys, pc = ct.chain.AppendKeys(a.ckeys[:0], pc, tokens[i*bs:(i+1)*bs+extra], ex, first && i == 0)
