@@ -285,7 +285,8 @@ type Config struct {
 	KVPendingTTL time.Duration
 	// TokenizeMemoBytes bounds the memo of token IDs between added tokens that lets a
 	// follow-up turn tokenize only its new text (0: off); KVChainMemoBytes bounds the memo
-	// of block-key chain stretches that lets it hash only its new blocks (0: off).
+	// of block-key chain stretches that lets it hash only its new blocks (0: off), one
+	// memo per contract the endpoints are keyed under (another block size or engine).
 	TokenizeMemoBytes int64
 	KVChainMemoBytes  int64
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -49,6 +50,31 @@ type kvRouter struct {
 	// the server's own (per endpoint) without data parallelism, per rank with it.
 	slotLoads  *balance.Loads
 	slotQueues *route.Queues
+	// groupMemos are the chain memos of the other contracts endpoints are keyed under
+	// (hashcore.Chain -> *groupMemo), made on first use, each bounded by
+	// -kv-chain-memo-bytes like the rule's.
+	groupMemos sync.Map
+}
+
+// groupMemo holds a key group's chain memo; nil m: the chain is not memoized (kvgate's
+// fast keys, cheaper to hash than to look up; or memos are off).
+type groupMemo struct{ m *hashcore.ChainMemo }
+
+// groupKeys appends the prompt's keys under key group chain c to dst, through c's memo.
+func (k *kvRouter) groupKeys(c hashcore.Chain, dst []uint64, tokens []uint32, ex *hashcore.Extras) []uint64 {
+	v, ok := k.groupMemos.Load(c)
+	if !ok {
+		gm := &groupMemo{}
+		if b := k.s.cfg.KVChainMemoBytes; b > 0 && c.Name() != "kvgate/fast" {
+			gm.m, _ = hashcore.NewChainMemo(c, b) // b was validated at start
+		}
+		v, _ = k.groupMemos.LoadOrStore(c, gm)
+	}
+	if m := v.(*groupMemo).m; m != nil {
+		dst, _ = m.AppendKeysHit(dst, tokens, ex)
+		return dst
+	}
+	return hashcore.Keys(c, dst, tokens, ex)
 }
 
 type loraAdapter struct{ name, base string }
@@ -386,7 +412,7 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	otherKeys := 0
 	for g := range st.groups[:st.ngroups] {
 		grp := &st.groups[g]
-		grp.keys = hashcore.Keys(grp.chain, grp.keys[:0], st.tokens, exp)
+		grp.keys = k.groupKeys(grp.chain, grp.keys[:0], st.tokens, exp)
 		otherKeys += len(grp.keys)
 	}
 	st.meter.stage(StageHash, t1)

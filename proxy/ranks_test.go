@@ -160,3 +160,33 @@ func TestTrieIgnoresTierSlots(t *testing.T) {
 		}
 	}
 }
+
+// A key group of another contract (an SGLang endpoint at page size 1) hashes a follow-up
+// through its own chain memo: the second decision takes the prompt's keys from it, and
+// they are the keys the contract computes.
+func TestKeyGroupMemo(t *testing.T) {
+	s, st := benchServerWith(t, chatBody4k(), func(cfg *Config) {
+		cfg.Endpoints[2].Engine, cfg.Endpoints[2].BlockSize = EngineSGLang, 1
+	})
+	var d decision
+	for i := 0; i < 2; i++ {
+		if err := openai.Scan(st.body, &st.oa); err != nil {
+			t.Fatal(err)
+		}
+		s.decide(st, &d, false)
+	}
+	if st.ngroups != 1 {
+		t.Fatalf("%d key groups, want the SGLang endpoint's", st.ngroups)
+	}
+	g := st.groups[0]
+	v, ok := s.kv.groupMemos.Load(g.chain)
+	if !ok || v.(*groupMemo).m == nil {
+		t.Fatal("no memo for the SGLang group")
+	}
+	if hits := v.(*groupMemo).m.Stats().Hits; hits < uint64(len(st.tokens))/2 {
+		t.Fatalf("memo hits %d for a %d-token follow-up", hits, len(st.tokens))
+	}
+	if want := hashcore.Keys(g.chain, nil, st.tokens, nil); !slices.Equal(g.keys, want) {
+		t.Fatalf("memoized keys differ from the contract's (%d vs %d)", len(g.keys), len(want))
+	}
+}
