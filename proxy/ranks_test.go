@@ -10,6 +10,7 @@ import (
 	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/proxy/openai"
 	"github.com/kvgate/kvgate/shard"
+	"github.com/kvgate/kvgate/tokenize"
 )
 
 // The slot layout: rank 0 of endpoint i is slot i, the other ranks follow the endpoints
@@ -93,6 +94,12 @@ func BenchmarkRouteKeyGroups(b *testing.B) {
 			cfg.Endpoints[2].Engine, cfg.Endpoints[2].BlockSize = EngineSGLang, 1
 		}},
 		{"plus-dp-4", func(cfg *Config) { cfg.Endpoints[2].DP = 4 }},
+		// The same prompt again with the memos on: a follow-up's keys come from each
+		// group's chain memo.
+		{"plus-sglang-page-1-memos", func(cfg *Config) {
+			cfg.TokenizeMemoBytes, cfg.KVChainMemoBytes = tokenize.DefaultMemoBytes, hashcore.DefaultChainMemoBytes
+			cfg.Endpoints[2].Engine, cfg.Endpoints[2].BlockSize = EngineSGLang, 1
+		}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			s, st := benchServerWith(b, chatBody4k(), func(cfg *Config) {
@@ -100,6 +107,8 @@ func BenchmarkRouteKeyGroups(b *testing.B) {
 				c.edit(cfg)
 			})
 			var d decision
+			openai.Scan(st.body, &st.oa)
+			s.decide(st, &d, false) // warm: pooled buffers, a group's memo made on first use
 			b.ReportAllocs()
 			for b.Loop() {
 				openai.Scan(st.body, &st.oa)
