@@ -7,7 +7,6 @@ import (
 	"github.com/cloudwego/hertz/pkg/protocol"
 
 	"github.com/kvgate/kvgate/proxy/route"
-
 	"github.com/kvgate/kvgate/shard"
 )
 
@@ -23,10 +22,9 @@ const hdrDPRank = "X-Data-Parallel-Rank"
 // rank is an engine core with its own KV cache, so KV-Exact scores, queues and routes
 // each rank apart. Rank 0 of endpoint i is slot i, so a rule without data parallelism has
 // slot == endpoint everywhere; ranks 1.. of all endpoints follow, in endpoint order.
-// These cands slots are the candidates. When lower tiers are weighed (-kv-tier-weight-*),
+// These cands slots are the routing candidates. When lower tiers are weighed (-kv-tier-weight-*),
 // each candidate s also has a CPU slot cpu+s and a storage slot sto+s, after them.
 type rankLayout struct {
-	n        int      // endpoints
 	cands    int      // candidate slots: (endpoint, rank)
 	cpu, sto int      // first CPU / storage tier slot; -1: the tier is not indexed
 	ep       []int32  // slot -> endpoint (tier slots too)
@@ -42,7 +40,7 @@ type rankLayout struct {
 // their own.
 func newRankLayout(eps []EndpointSpec, cpuTier, storageTier bool) *rankLayout {
 	n := len(eps)
-	l := &rankLayout{n: n, dp: make([]int32, n), extra: make([]int32, n), cpu: -1, sto: -1}
+	l := &rankLayout{dp: make([]int32, n), extra: make([]int32, n), cpu: -1, sto: -1}
 	cands := n
 	for i, e := range eps {
 		l.dp[i] = int32(max(e.DP, 1))
