@@ -11,12 +11,14 @@ import (
 	"time"
 )
 
-// DP is a data-parallel vLLM: one OpenAI API server in front of n engine cores, each a
-// whole Sim with its own KV pool, scheduler, event PUB socket (rank r on the base port
-// plus r, with data_parallel_rank r in its batches) and load (engine="r" on /metrics).
-// A request naming a rank in X-Data-Parallel-Rank goes to that core; one without goes to
-// the least loaded (running + waiting, rotating on ties), as vLLM's DP load balancer does
-// (docs/CONTRACTS.md, "Data-parallel ranks").
+// DP is a data-parallel engine: one OpenAI API server in front of n engine cores (vLLM
+// --data-parallel-size, SGLang --dp-size), each a whole Sim with its own KV pool,
+// scheduler and event PUB socket (rank r on the base port plus r, with its rank in its
+// batches). vLLM's /metrics shows each core's load (engine="r"); SGLang's here shows the
+// cores' sum (no per-rank label kvgate reads). A request naming a rank in
+// X-Data-Parallel-Rank goes to that core; one without goes to the least loaded (running
+// + waiting, rotating on ties), as vLLM's DP load balancer does (docs/CONTRACTS.md,
+// "Data-parallel ranks").
 type DP struct {
 	Ranks []*Sim
 	ln    net.Listener
@@ -37,8 +39,8 @@ func LaunchDP(sp Spec, n int) (*DP, error) {
 	if n < 1 || n > 256 {
 		return nil, fmt.Errorf("enginesim: -dp %d: want 1..256", n)
 	}
-	if e := sp.Engine; e != "" && e != EngineVLLM {
-		return nil, fmt.Errorf("enginesim: -dp simulates vLLM's data-parallel API server; engine %q has none here", e)
+	if e := sp.Engine; e != "" && e != EngineVLLM && e != EngineSGLang {
+		return nil, fmt.Errorf("enginesim: -dp simulates vLLM's and SGLang's data-parallel servers; engine %q has none here", e)
 	}
 	listen := sp.Listen
 	if listen == "" {
@@ -136,6 +138,14 @@ func (d *DP) Handler() http.Handler {
 			ls[i] = s.loadSnapshot()
 		}
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		if d.Ranks[0].cfg.Engine == EngineSGLang {
+			sum := ls[0]
+			for _, l := range ls[1:] {
+				sum.add(&l)
+			}
+			w.Write(d.Ranks[0].appendSGLangMetrics(nil, &sum))
+			return
+		}
 		w.Write(appendVLLMCores(nil, d.Ranks, ls))
 	})
 	mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, r *http.Request) {

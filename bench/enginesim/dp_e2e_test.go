@@ -49,18 +49,18 @@ type dpRig struct {
 	chain    hashcore.Chain
 }
 
-// startDP runs a two-core data-parallel vLLM sim (small KV pools: a few prompts evict
+// startDP runs a two-core data-parallel engine sim (small KV pools: a few prompts evict
 // older ones) behind kvgate declaring it dp=2.
-func startDP(t *testing.T) *dpRig {
+func startDP(t *testing.T, engine string) *dpRig {
 	t.Helper()
-	sp := pdSpec(t, EngineVLLM, "", "e")
+	sp := pdSpec(t, engine, "", "e")
 	sp.Events, sp.NumBlocks = consecutivePorts(t, 2), 40
 	d, err := LaunchDP(sp, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
-	ep, err := proxy.ParseEndpoint(fmt.Sprintf("name=e,url=%s,engine=vllm,events=%s,dp=2", d.URL(), sp.Events))
+	ep, err := proxy.ParseEndpoint(fmt.Sprintf("name=e,url=%s,engine=%s,events=%s,dp=2", d.URL(), engine, sp.Events))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,8 +156,8 @@ func (g *dpRig) rankKeys(t *testing.T) []int {
 }
 
 // ranksReportFresh says whether /debug/inventory shows a fresh engine report for every
-// rank of the endpoint.
-func (g *dpRig) ranksReportFresh(t *testing.T) bool {
+// rank of the endpoint (any: for some rank).
+func (g *dpRig) ranksReportFresh(t *testing.T, anyRank bool) bool {
 	t.Helper()
 	res, err := http.Get(g.adm + "/debug/inventory")
 	if err != nil {
@@ -179,11 +179,11 @@ func (g *dpRig) ranksReportFresh(t *testing.T) bool {
 		t.Fatalf("inventory: %v", err)
 	}
 	for _, r := range inv.Endpoints[0].Ranks {
-		if !r.Load.Engine.Fresh {
-			return false
+		if r.Load.Engine.Fresh == anyRank {
+			return anyRank
 		}
 	}
-	return true
+	return !anyRank
 }
 
 func (g *dpRig) waitKeys(t *testing.T, what string, ok func(k []int) bool) {
@@ -214,8 +214,17 @@ func (g *dpRig) keys(t *testing.T, prompt string) []uint64 {
 // apart, routes a prompt to the rank that holds its prefix and says so in
 // X-Data-Parallel-Rank (the sim serves the rank the header names), an eviction on rank 0
 // leaves rank 1's copy routable, and a restart of rank 1 clears only rank 1.
+//
+// vLLM's /metrics gives each rank's load (engine="r"); SGLang's here sums the cores, so
+// its ranks' loads stay kvgate's own accounting.
 func TestDataParallelRanksEndToEnd(t *testing.T) {
-	g := startDP(t)
+	for _, engine := range []string{EngineVLLM, EngineSGLang} {
+		t.Run(engine, func(t *testing.T) { testDataParallelRanks(t, engine) })
+	}
+}
+
+func testDataParallelRanks(t *testing.T, engine string) {
+	g := startDP(t, engine)
 	a, b := dpPrompt("alpha"), dpPrompt("bravo")
 	nA := len(g.keys(t, a))
 
@@ -230,13 +239,19 @@ func TestDataParallelRanksEndToEnd(t *testing.T) {
 		}
 	}
 
-	// Each rank's load comes from its own engine="r" gauges on the front's /metrics.
+	// vLLM: each rank's load comes from its own engine="r" gauges on the front's /metrics.
 	deadline := time.Now().Add(10 * time.Second)
-	for !g.ranksReportFresh(t) {
+	for engine == EngineVLLM && !g.ranksReportFresh(t, false) {
 		if time.Now().After(deadline) {
 			t.Fatal("no fresh per-rank engine report on /debug/inventory")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if engine == EngineSGLang {
+		time.Sleep(100 * time.Millisecond) // scrapes every 20 ms: a summed report must not reach a rank
+		if g.ranksReportFresh(t, true) {
+			t.Fatal("a rank took the endpoint's summed SGLang report as its own")
+		}
 	}
 
 	// /debug/explain names the rank and scores each.

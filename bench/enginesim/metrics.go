@@ -79,6 +79,22 @@ type loadSnapshot struct {
 	reqOK                        uint64
 }
 
+// add sums o into l: what a server in front of several cores reports as one engine.
+func (l *loadSnapshot) add(o *loadSnapshot) {
+	l.running += o.running
+	l.waiting += o.waiting
+	l.prefilling += o.prefilling
+	l.pool.Blocks += o.pool.Blocks
+	l.pool.Free += o.pool.Free
+	l.pool.Cached += o.pool.Cached
+	l.pool.QueryTokens += o.pool.QueryTokens
+	l.pool.HitTokens += o.pool.HitTokens
+	l.promptTok += o.promptTok
+	l.cachedTok += o.cachedTok
+	l.genTok += o.genTok
+	l.reqOK += o.reqOK
+}
+
 func (s *Sim) loadSnapshot() loadSnapshot {
 	run, wait := s.sched.load()
 	l := loadSnapshot{running: run, waiting: wait, prefilling: int(s.prefilling.Load()), pool: s.pool.Stats(),

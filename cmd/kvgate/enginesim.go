@@ -48,7 +48,7 @@ func runEngineSim(args []string, stdin io.Reader, stdout, stderr io.Writer) int 
 	fs.StringVar(&sp.Topic, "kv-topic", "", "event topic")
 	fs.StringVar(&sp.Layout, "event-layout", "array", "vLLM event encoding: array (tagged arrays) or map (v0.26+ tagged maps)")
 	fs.IntVar(&sp.ReplayBuffer, "kv-replay-buffer", 10000, "batches kept for replay")
-	dp := fs.Int("dp", 1, "vllm: data-parallel engine cores behind one API server, each with its own KV cache, events on -kv-events port+rank and engine=\"rank\" metrics; X-Data-Parallel-Rank picks the core")
+	dp := fs.Int("dp", 1, "vllm, sglang: data-parallel engine cores behind one API server, each with its own KV cache and events on -kv-events port+rank (vLLM: engine=\"rank\" metrics); X-Data-Parallel-Rank picks the core")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: kvgate engine-sim [flags]
 
@@ -129,7 +129,7 @@ func runEngineSimDP(sp enginesim.Spec, n int, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "engine-sim: -dp: %v\n", err)
 		return 2
 	}
-	fmt.Fprintf(stdout, "engine-sim %s (vllm, %d data-parallel cores) on %s", sp.Name, n, d.URL())
+	fmt.Fprintf(stdout, "engine-sim %s (%s, %d data-parallel cores) on %s", sp.Name, d.Ranks[0].Config().Engine, n, d.URL())
 	for r, s := range d.Ranks {
 		if a := s.EventsAddr(); a != "" {
 			fmt.Fprintf(stdout, ", rank %d events %s", r, a)
