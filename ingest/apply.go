@@ -14,6 +14,7 @@ import (
 // allocates nothing in steady state.
 type applier struct {
 	e     *endpoint
+	r     *rankState // the rank whose stream this applier follows
 	dec   BatchDecoder
 	ev    Event
 	ckeys []uint64 // scratch: the rule's key of one block
@@ -26,8 +27,8 @@ type applier struct {
 	ex    hashcore.Extras
 }
 
-func newApplier(e *endpoint) *applier {
-	a := &applier{e: e}
+func newApplier(e *endpoint, r *rankState) *applier {
+	a := &applier{e: e, r: r}
 	a.dec.Engine = e.cfg.Engine
 	return a
 }
@@ -53,7 +54,7 @@ func (a *applier) apply(payload []byte) error {
 		case EventCleared:
 			e.c.cleared.Inc()
 			e.c.clearedByEngine.Inc()
-			e.clearLocked()
+			e.clearLocked(a.r)
 		case EventInvalid:
 			e.badEvent(ev.Bad)
 		default:
@@ -85,19 +86,30 @@ func (e *endpoint) badEvent(reason BadReason) {
 	e.badWarned, e.badSince = now, 0
 }
 
-// clearLocked empties the endpoint's inventory slot and block map (e.mu held).
-func (e *endpoint) clearLocked() {
-	e.m.cfg.Inventory.ClearEndpoint(e.cfg.Index)
-	e.blocks.reset()
-	e.refs.reset()
+// clearLocked empties rank r's inventory slot, block map and holder counts (e.mu held):
+// its engine restarted or cleared its cache; the other ranks keep theirs. The tier
+// counts (distinct hashes per tier, summed over ranks) are recounted from the ranks left.
+func (e *endpoint) clearLocked(r *rankState) {
+	var buf [numMedia + 1]int
+	for _, s := range r.slots(buf[:0]) {
+		e.m.cfg.Inventory.ClearEndpoint(s)
+	}
+	r.blocks.reset()
+	r.refs.reset()
+	var n [numMedia]int64
+	for _, o := range e.rk {
+		if o != r {
+			o.refs.countTiers(&n)
+		}
+	}
 	for i := range e.tiers {
-		e.tiers[i].Store(0)
+		e.tiers[i].Store(n[i])
 	}
 }
 
-func (e *endpoint) clear() {
+func (e *endpoint) clear(r *rankState) {
 	e.mu.Lock()
-	e.clearLocked()
+	e.clearLocked(r)
 	e.mu.Unlock()
 }
 
@@ -162,33 +174,37 @@ func (a *applier) stored(ev *Event) {
 	cfg := &e.m.cfg
 	e.c.stored.Inc()
 	nb := len(ev.Hashes)
-	e.refs.touch(ev.Hashes)
+	a.r.refs.touch(ev.Hashes)
 	for _, h := range ev.Hashes {
-		e.hold(h, ev.Medium)
+		e.hold(a.r, h, ev.Medium)
 	}
-	if !cfg.Routed.Has(ev.Medium) || nb == 0 {
+	slot := a.r.tierSlot[ev.Medium]
+	if slot < 0 || nb == 0 {
 		return
 	}
+	routed := slot == a.r.slot
 	fastKeys := false
-	if cfg.Chain != nil || e.keys != KeysEngine {
-		fastKeys = a.hashBlocks(ev)
+	if e.ct.Load().chain != nil || e.keys != KeysEngine {
+		fastKeys = a.hashBlocks(ev, routed)
 	}
 	var added int
 	if e.fast.Load() {
-		if !fastKeys {
+		// An offload store names blocks the GPU stored before, often without tokens:
+		// their fast keys are in the block map.
+		if !fastKeys && (routed || !a.knownFastKeys(ev.Hashes)) {
 			e.c.unkeyable.Inc()
 			return
 		}
-		added = cfg.Inventory.Add(e.cfg.Index, a.fkeys)
+		added = cfg.Inventory.Add(slot, a.fkeys)
 	} else {
-		added = cfg.Inventory.Add(e.cfg.Index, ev.Hashes)
+		added = cfg.Inventory.Add(slot, ev.Hashes)
 	}
 	e.c.keysAdded.Add(added)
 }
 
-// hold counts one more holder of engine hash h on tier m (e.mu held).
-func (e *endpoint) hold(h uint64, m Medium) {
-	fresh, dropped := e.refs.inc(h, m)
+// hold counts one more holder of engine hash h on tier m of rank r (e.mu held).
+func (e *endpoint) hold(r *rankState, h uint64, m Medium) {
+	fresh, dropped := r.refs.inc(h, m)
 	if fresh {
 		e.tiers[m].Add(1)
 	}
@@ -202,12 +218,27 @@ func (e *endpoint) hold(h uint64, m Medium) {
 	}
 }
 
+// knownFastKeys puts the block map's fast key of every hash in a.fkeys; false when one
+// is missing.
+func (a *applier) knownFastKeys(hashes []uint64) bool {
+	a.fkeys = a.fkeys[:0]
+	for _, h := range hashes {
+		b := a.r.blocks.get(h)
+		if b == nil || !b.hasF {
+			return false
+		}
+		a.fkeys = append(a.fkeys, b.fkey)
+	}
+	return true
+}
+
 // hashBlocks re-hashes an event's token_ids: with the rule's contract to attest parity,
-// and with kvgate's fast chain into a.fkeys. It records every block in the block map and
-// reports whether a.fkeys holds a fast key for every block.
-func (a *applier) hashBlocks(ev *Event) bool {
+// and with kvgate's fast chain into a.fkeys. It records every block in the block map
+// (routed: as held on a routed tier) and reports whether a.fkeys holds a fast key for
+// every block.
+func (a *applier) hashBlocks(ev *Event, routed bool) bool {
 	e := a.e
-	cfg := &e.m.cfg
+	ct := e.ct.Load()
 	nb, bs := len(ev.Hashes), ev.BlockSize
 	a.fkeys = a.fkeys[:0]
 	tokens := ev.Tokens
@@ -222,21 +253,22 @@ func (a *applier) hashBlocks(ev *Event) bool {
 	if bs <= 0 || len(tokens) != nb*bs+extra || isCheckpoint(ev) {
 		// Offload events may carry no tokens: nothing to hash. A mamba checkpoint store
 		// names a node's last page hash with only that page's tokens and no parent.
-		if cfg.Chain != nil {
+		if ct.chain != nil {
 			e.c.paritySkipped.Inc()
 		}
 		return false
 	}
-	ruleBS := cfg.Fast.BlockSize()
-	if cfg.Chain != nil {
-		ruleBS = cfg.Chain.BlockSize()
+	// Blocks the endpoint's block size cannot key (SGLang's page 1 under a rule of 16):
+	// adopt the engine's size, unless the endpoint pins its own.
+	if bs%ct.blockSize() != 0 && e.adoptLocked(bs) {
+		ct = e.ct.Load()
 	}
-	e.noteBlockSize(bs, ruleBS)
+	e.noteBlockSize(bs, ct.blockSize())
 	var pc, pf hashcore.Digest
 	hasC, hasF := true, true
 	first := !ev.HasParent
 	if ev.HasParent {
-		p := e.blocks.get(ev.Parent)
+		p := a.r.blocks.get(ev.Parent)
 		if p == nil {
 			e.c.orphans.Inc()
 			hasC, hasF = false, false
@@ -244,47 +276,57 @@ func (a *applier) hashBlocks(ev *Event) bool {
 			pc, hasC, pf, hasF = p.cd, p.hasC, p.fd, p.hasF
 		}
 	} else {
-		if cfg.Chain != nil {
-			pc = cfg.Chain.Root()
+		if ct.chain != nil {
+			pc = ct.chain.Root()
 		}
-		pf = cfg.Fast.Root()
+		pf = ct.fast.Root()
 	}
-	attest := cfg.Chain != nil && hasC && extrasReproducible(ev)
+	attest := ct.chain != nil && hasC && extrasReproducible(ev)
 	// The rule's contract must hash the same kind of page the engine published. A block
 	// k times the rule's (a hybrid model's group with larger blocks) is k of the rule's
 	// blocks: the engine publishes the key of the last (vLLM's BlockHashListWithBlockSize).
 	cause := causeNone
 	switch {
 	case !attest:
-	case bs%cfg.Chain.BlockSize() != 0:
+	case bs%ct.chain.BlockSize() != 0:
 		cause = causeBlockSize
-	case hashcore.HashesBigrams(cfg.Chain) != ev.Bigram:
+	case hashcore.HashesBigrams(ct.chain) != ev.Bigram:
 		cause = causeBigram
 	}
 	if cause != causeNone {
 		attest = false
 	}
 	// Engine mode never switches: fast keys would be wasted work.
-	doFast := hasF && bs%cfg.Fast.BlockSize() == 0 && e.keys != KeysEngine
+	doFast := hasF && bs%ct.fast.BlockSize() == 0 && e.keys != KeysEngine
 	ex := a.extras(ev)
 	mismatch := false
 	for i := 0; i < nb; i++ {
-		ent := e.blocks.put(ev.Hashes[i])
-		ent.level = 0 // on a routed tier again (see removed)
+		ent := a.r.blocks.put(ev.Hashes[i])
+		switch {
+		case routed:
+			ent.level = 0 // on a routed tier again (see removed)
+		case !ent.hasC && !ent.hasF:
+			ent.level = 1 // new, and only off the routed tiers: a re-hash switch skips it
+		}
 		if attest {
-			a.ckeys, pc = cfg.Chain.AppendKeys(a.ckeys[:0], pc, tokens[i*bs:(i+1)*bs+extra], ex, first && i == 0)
-			if n := len(a.ckeys); n != bs/cfg.Chain.BlockSize() || a.ckeys[n-1] != ev.Hashes[i] {
+			a.ckeys, pc = ct.chain.AppendKeys(a.ckeys[:0], pc, tokens[i*bs:(i+1)*bs+extra], ex, first && i == 0)
+			if n := len(a.ckeys); n != bs/ct.chain.BlockSize() || a.ckeys[n-1] != ev.Hashes[i] {
 				mismatch = true
 			}
 			ent.cd, ent.hasC = pc, true
 		}
 		if doFast {
-			a.fone, pf = cfg.Fast.AppendKeys(a.fone[:0], pf, tokens[i*bs:(i+1)*bs], ex, first && i == 0)
-			if n := len(a.fone); n == bs/cfg.Fast.BlockSize() {
+			a.fone, pf = ct.fast.AppendKeys(a.fone[:0], pf, tokens[i*bs:(i+1)*bs], ex, first && i == 0)
+			if n := len(a.fone); n == bs/ct.fast.BlockSize() {
 				ent.fkey, ent.fd, ent.hasF = a.fone[n-1], pf, true
 				a.fkeys = append(a.fkeys, a.fone[n-1])
 			}
 		}
+	}
+	if mismatch && cause == causeNone && bs != ct.blockSize() && a.reproducesAt(ev, bs) && e.adoptLocked(bs) {
+		// The engine hashes whole bs-token blocks (vLLM --block-size 32 under a rule of
+		// 16), not k of the rule's: under its own size the same blocks attest.
+		return a.hashBlocks(ev, routed)
 	}
 	switch {
 	case cause != causeNone || mismatch:
@@ -292,7 +334,7 @@ func (a *applier) hashBlocks(ev *Event) bool {
 	case attest:
 		e.c.parityOK.Inc()
 		e.parity.CompareAndSwap(parityUnknown, parityOK)
-	case cfg.Chain != nil:
+	case ct.chain != nil:
 		e.c.paritySkipped.Inc()
 	}
 	return doFast && len(a.fkeys) == nb
@@ -343,11 +385,12 @@ func (a *applier) mismatch(ev *Event, known int) {
 	if e.parity.Swap(parityMismatch) == parityMismatch {
 		return
 	}
+	ct := e.ct.Load()
 	cause := a.diagnose(ev, known)
 	e.cause.Store(&cause)
 	switched := e.keys == KeysAuto && !e.fast.Load()
 	e.m.cfg.Logger.Warn("ingest: engine keys differ from the rule's contract",
-		"endpoint", e.cfg.Name, "contract", e.m.cfg.Chain.Name(), "likely_cause", cause,
+		"endpoint", e.cfg.Name, "contract", ct.chain.Name(), "likely_cause", cause,
 		"switch_to_rehash", switched)
 	if switched {
 		a.switchToFastLocked()
@@ -355,37 +398,84 @@ func (a *applier) mismatch(ev *Event, known int) {
 }
 
 // switchToFastLocked replaces the endpoint's engine keys with the fast keys of every
-// block in the block map (e.mu held).
+// block in the block map, on every rank: the key mode is the endpoint's (e.mu held).
 func (a *applier) switchToFastLocked() {
 	e := a.e
 	inv := e.m.cfg.Inventory
 	e.fast.Store(true)
 	e.c.modeSwitches.Inc()
-	inv.ClearEndpoint(e.cfg.Index)
 	buf := a.rm[:0]
-	for i := range e.blocks.ents {
-		b := &e.blocks.ents[i]
-		if b.used && b.hasF && b.level == 0 {
-			buf = append(buf, b.fkey)
-			if len(buf) == 256 {
-				e.c.keysAdded.Add(inv.Add(e.cfg.Index, buf))
-				buf = buf[:0]
+	for _, r := range e.rk {
+		var sb [numMedia + 1]int
+		for _, s := range r.slots(sb[:0]) {
+			inv.ClearEndpoint(s)
+		}
+		a.refillTiersLocked(r)
+		for i := range r.blocks.ents {
+			b := &r.blocks.ents[i]
+			if b.used && b.hasF && b.level == 0 {
+				buf = append(buf, b.fkey)
+				if len(buf) == 256 {
+					e.c.keysAdded.Add(inv.Add(r.slot, buf))
+					buf = buf[:0]
+				}
+			}
+		}
+		if len(buf) > 0 {
+			e.c.keysAdded.Add(inv.Add(r.slot, buf))
+			buf = buf[:0]
+		}
+	}
+	a.rm = buf[:0]
+}
+
+// reproducesAt reports whether the endpoint's contract at block size bs reproduces a
+// root store's first key: the engine hashes bs-token blocks.
+func (a *applier) reproducesAt(ev *Event, bs int) bool {
+	ct := a.e.ct.Load()
+	if ct.spec == nil || ev.HasParent || ev.Bigram || len(ev.Tokens) < bs || len(ev.Hashes) == 0 {
+		return false
+	}
+	s := *ct.spec
+	s.BlockSize = bs
+	c, err := a.e.m.chainFor(s)
+	if err != nil {
+		return false
+	}
+	k := hashcore.Keys(c, nil, ev.Tokens[:bs], a.extras(ev))
+	return len(k) == 1 && k[0] == ev.Hashes[0]
+}
+
+// refillTiersLocked indexes, in r's CPU and storage slots, the fast key of every block
+// the holder counts place on those tiers (a switch to re-hashed keys; e.mu held).
+func (a *applier) refillTiersLocked(r *rankState) {
+	inv := a.e.m.cfg.Inventory
+	var one [1]uint64
+	for i := range r.refs.ents {
+		ent := &r.refs.ents[i]
+		if ent.counts == 0 {
+			continue
+		}
+		b := r.blocks.get(ent.key)
+		if b == nil || !b.hasF {
+			continue
+		}
+		for m := Medium(0); m < numMedia; m++ {
+			if s := r.tierSlot[m]; s >= 0 && s != r.slot && ent.count(m) != 0 {
+				one[0] = b.fkey
+				a.e.c.keysAdded.Add(inv.Add(s, one[:]))
 			}
 		}
 	}
-	if len(buf) > 0 {
-		e.c.keysAdded.Add(inv.Add(e.cfg.Index, buf))
-	}
-	a.rm = buf[:0]
 }
 
 // diagnose names the likely cause of a mismatch: block size, else (on a root block, with
 // the rule's Spec) the algo that does reproduce the engine's key, else the seed.
 func (a *applier) diagnose(ev *Event, known int) string {
-	cfg := &a.e.m.cfg
+	cfg := a.e.ct.Load()
 	switch known {
 	case causeBlockSize:
-		return fmt.Sprintf("block size: the engine publishes %d-token blocks, the rule hashes %d", ev.BlockSize, cfg.Chain.BlockSize())
+		return fmt.Sprintf("block size: the engine publishes %d-token blocks, the rule hashes %d", ev.BlockSize, cfg.chain.BlockSize())
 	case causeBigram:
 		if ev.Bigram {
 			return "bigram: the engine keys EAGLE bigram pages; the rule's contract needs Bigram (SGLang with speculative decoding)"
@@ -395,7 +485,7 @@ func (a *applier) diagnose(ev *Event, known int) string {
 	if a.e.cfg.Engine == engine.SGLang {
 		return "SGLang page keys differ: check --page-size and the tokenizer/chat template"
 	}
-	if cfg.Spec == nil || ev.HasParent {
+	if cfg.spec == nil || ev.HasParent {
 		return "keys differ: check the engine's --prefix-caching-hash-algo, PYTHONHASHSEED, block size, LoRA and tokenizer"
 	}
 	bs := ev.BlockSize
@@ -403,32 +493,32 @@ func (a *applier) diagnose(ev *Event, known int) string {
 	ex := a.extras(ev)
 	// A block of k rule blocks carries the key of its last (see hashBlocks).
 	reproduces := func(k []uint64) bool { return len(k) > 0 && k[len(k)-1] == ev.Hashes[0] }
-	if rbs := cfg.Chain.BlockSize(); bs != rbs {
+	if rbs := cfg.chain.BlockSize(); bs != rbs {
 		// A multiple of the rule's block size passes as a hybrid group's larger blocks;
 		// if the rule's contract at the engine's block size reproduces the key, the engine
 		// simply hashes bigger blocks.
-		s := *cfg.Spec
+		s := *cfg.spec
 		s.BlockSize = bs
 		if c, err := hashcore.New(s); err == nil && reproduces(hashcore.Keys(c, nil, blk, ex)) {
 			return fmt.Sprintf("block size: the engine hashes %d-token blocks, the rule %d (set the rule's block size to %d)", bs, rbs, bs)
 		}
 	}
 	for _, algo := range []string{"sha256", "sha256_cbor", "xxhash", "xxhash_cbor"} {
-		s := *cfg.Spec
+		s := *cfg.spec
 		s.Algo = algo
 		c, err := hashcore.New(s)
 		if err != nil {
 			continue
 		}
 		if reproduces(hashcore.Keys(c, nil, blk, ex)) {
-			if algo == cfg.Spec.Algo || (cfg.Spec.Algo == "" && algo == "sha256") {
+			if algo == cfg.spec.Algo || (cfg.spec.Algo == "" && algo == "sha256") {
 				return "extras: the contract matches on a plain block; check LoRA names and cache salts"
 			}
-			return fmt.Sprintf("algo: the engine hashes with %s, the rule with %s", algo, cfg.Chain.Name())
+			return fmt.Sprintf("algo: the engine hashes with %s, the rule with %s", algo, cfg.chain.Name())
 		}
 	}
 	if ex != nil {
-		s := *cfg.Spec
+		s := *cfg.spec
 		if c, err := hashcore.New(s); err == nil {
 			if reproduces(hashcore.Keys(c, nil, blk, nil)) {
 				return "LoRA: the engine's keys carry no LoRA name"
@@ -447,20 +537,22 @@ func (a *applier) removed(ev *Event) {
 	e.c.removed.Inc()
 	fast := e.fast.Load()
 	a.rm = a.rm[:0]
-	e.refs.touch(ev.Hashes)
+	r := a.r
+	slot := r.tierSlot[ev.Medium]
+	r.refs.touch(ev.Hashes)
 	for _, h := range ev.Hashes {
-		known, gone, left := e.refs.dec(h, ev.Medium)
+		known, gone, left := r.refs.dec(h, ev.Medium)
 		if known && gone {
 			e.tiers[ev.Medium].Add(-1)
 		}
-		if !gone || left&cfg.Routed != 0 || !cfg.Routed.Has(ev.Medium) {
-			// Still held where routing looks, or never routed from this tier.
+		if !gone || slot < 0 || r.holdsIn(left, slot) {
+			// Still held on a tier indexed in the same slot, or never indexed.
 			if left == 0 {
-				e.blocks.del(h)
+				r.blocks.del(h)
 			}
 			continue
 		}
-		b := e.blocks.get(h)
+		b := r.blocks.get(h)
 		if !fast {
 			a.rm = append(a.rm, h)
 		} else if b != nil && b.hasF {
@@ -468,14 +560,14 @@ func (a *applier) removed(ev *Event) {
 		}
 		switch {
 		case left == 0:
-			e.blocks.del(h)
-		case b != nil:
+			r.blocks.del(h)
+		case b != nil && slot == r.slot:
 			// Kept for its other tiers' sake (a later chain may name it as parent), but
 			// off the routed ones: a switch to re-hashed keys must not index it.
 			b.level = 1
 		}
 	}
 	if len(a.rm) > 0 {
-		e.c.keysRemoved.Add(cfg.Inventory.Remove(e.cfg.Index, a.rm))
+		e.c.keysRemoved.Add(cfg.Inventory.Remove(slot, a.rm))
 	}
 }

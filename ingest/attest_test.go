@@ -110,7 +110,7 @@ func ruleChain(t testing.TB, eng engine.Kind, algo string, bs int) (hashcore.Cha
 }
 
 // runStreams publishes streams over ZeroMQ to one endpoint and returns its status.
-func runStreams(t *testing.T, cfg Config, layout enginepub.Layout, streams ...attestStream) (*Manager, EndpointStatus) {
+func runStreams(t *testing.T, cfg Config, layout enginepub.Layout, pin bool, streams ...attestStream) (*Manager, EndpointStatus) {
 	t.Helper()
 	eng := streams[0].Engine
 	addr := freeAddr(t, 1)
@@ -119,7 +119,7 @@ func runStreams(t *testing.T, cfg Config, layout enginepub.Layout, streams ...at
 		f.Flavor = enginepub.SGLang
 	}
 	pub := newPub(t, enginepub.Config{Endpoint: addr, Format: f})
-	m := startManager(t, cfg, EndpointConfig{Name: "e", Engine: eng, Events: addr})
+	m := startManager(t, cfg, EndpointConfig{Name: "e", Engine: eng, Events: addr, FixedBlockSize: pin})
 	waitSubscribed(t, pub)
 	n := 0
 	for _, s := range streams {
@@ -152,6 +152,7 @@ func TestParityAttestation(t *testing.T) {
 		rehash  bool
 		cause   string
 		want    []uint64 // nil: computed from streams
+		pinned  bool     // the endpoint pins the rule's block size (no adoption)
 	}
 	cases := []tc{
 		{name: "vllm-ok-auto", keys: KeysAuto, engine: "vllm", algo: "sha256_cbor", bs: 16, streams: []attestStream{ok}, parity: "ok"},
@@ -167,9 +168,14 @@ func TestParityAttestation(t *testing.T) {
 		// diagnosis names the engine's block size. The engine's 16-token blocks are two
 		// of kvgate's 8-token fast blocks: after the switch each is indexed under the
 		// fast key of its last 8 tokens, which a prompt's fast chain computes too.
-		{name: "vllm-blocksize-auto", keys: KeysAuto, engine: "vllm", algo: "sha256_cbor", bs: 8, streams: []attestStream{ok}, parity: "mismatch", rehash: true, cause: "block size: the engine hashes 16-token blocks, the rule 8"},
+		{name: "vllm-blocksize-pinned", keys: KeysAuto, engine: "vllm", algo: "sha256_cbor", bs: 8, pinned: true, streams: []attestStream{ok}, parity: "mismatch", rehash: true, cause: "block size: the engine hashes 16-token blocks, the rule 8"},
 		// 16-token engine blocks under a 32-token rule cannot be keyed at all.
-		{name: "vllm-blocksize-smaller", keys: KeysAuto, engine: "vllm", algo: "sha256_cbor", bs: 32, streams: []attestStream{ok}, parity: "mismatch", rehash: true, cause: "block size: the engine publishes 16-token blocks, the rule hashes 32", want: []uint64{}},
+		{name: "vllm-blocksize-smaller-pinned", keys: KeysAuto, engine: "vllm", algo: "sha256_cbor", bs: 32, pinned: true, streams: []attestStream{ok}, parity: "mismatch", rehash: true, cause: "block size: the engine publishes 16-token blocks, the rule hashes 32", want: []uint64{}},
+		// Unpinned, the endpoint adopts the 16-token blocks its events prove, from a rule
+		// of 8 (the engine hashes whole 16-token blocks) or of 32 (not a multiple): parity
+		// holds under the adopted size and the engine's keys are indexed.
+		{name: "vllm-blocksize-adopted", keys: KeysAuto, engine: "vllm", algo: "sha256_cbor", bs: 8, streams: []attestStream{ok}, parity: "ok"},
+		{name: "vllm-blocksize-smaller-adopted", keys: KeysAuto, engine: "vllm", algo: "sha256_cbor", bs: 32, streams: []attestStream{ok}, parity: "ok"},
 		{name: "sglang-ok", keys: KeysAuto, engine: "sglang", algo: "sha256", bs: 4, streams: []attestStream{sg}, parity: "ok"},
 	}
 	for _, c := range cases {
@@ -178,7 +184,10 @@ func TestParityAttestation(t *testing.T) {
 			cfg := testConfig(inv)
 			cfg.Keys = c.keys
 			cfg.Chain, cfg.Spec = ruleChain(t, c.engine, c.algo, c.bs)
-			m, st := runStreams(t, cfg, c.layout, c.streams...)
+			m, st := runStreams(t, cfg, c.layout, c.pinned, c.streams...)
+			if !c.pinned && c.bs != 16 && c.engine == "vllm" && (st.BlockSize != 16 || !st.BlockSizeAdopted) {
+				t.Fatalf("block size %d adopted %v, want 16 adopted: %+v", st.BlockSize, st.BlockSizeAdopted, st)
+			}
 			if st.Parity != c.parity || st.Rehash != c.rehash || m.UsesFastKeys(0) != c.rehash {
 				t.Fatalf("parity %s rehash %v, want %s %v: %+v", st.Parity, st.Rehash, c.parity, c.rehash, st)
 			}
@@ -215,7 +224,7 @@ func TestAttestationOrphan(t *testing.T) {
 	cfg := testConfig(inv)
 	cfg.Keys = KeysAuto
 	cfg.Chain, cfg.Spec = ruleChain(t, "vllm", "sha256_cbor", 16)
-	_, st := runStreams(t, cfg, enginepub.LayoutArray, s)
+	_, st := runStreams(t, cfg, enginepub.LayoutArray, false, s)
 	if st.Parity != "unknown" || st.Orphans != 1 || st.ParitySkipped != 1 || st.Keys != len(s.Events[0].Hashes) {
 		t.Fatalf("%+v", st)
 	}

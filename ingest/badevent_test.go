@@ -81,7 +81,7 @@ func TestBadEventCostsOnlyItself(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	av, as := newApplier(m.eps[0]), newApplier(m.eps[1])
+	av, as := newApplier(m.eps[0], m.eps[0].rk[0]), newApplier(m.eps[1], m.eps[1].rk[0])
 
 	// vLLM: stored [1], 4 bad events, removed [1]; then a store of [9] alone.
 	if err := av.apply(goldenPayload(t, "bad-event-mid-batch-vllm")); err != nil {

@@ -67,7 +67,7 @@ func benchApplier(tb testing.TB, keys KeyMode, chain hashcore.Chain, inv Invento
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return newApplier(m.eps[0])
+	return newApplier(m.eps[0], m.eps[0].rk[0])
 }
 
 func vllmChain(tb testing.TB) hashcore.Chain {
@@ -264,7 +264,7 @@ func TestDecodeApplyZeroAllocNewPaths(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a := newApplier(m.eps[0])
+		a := newApplier(m.eps[0], m.eps[0].rk[0])
 		all := func() {
 			for _, p := range r.payloads {
 				a.apply(p)

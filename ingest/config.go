@@ -70,8 +70,22 @@ type EndpointConfig struct {
 	Events string      // ZeroMQ PUB endpoint, e.g. tcp://127.0.0.1:5557 (rank r uses port+r)
 	Replay string      // optional ROUTER replay endpoint (rank r uses port+r)
 	DP     int         // data-parallel ranks, default 1
-	Topic  string      // "" accepts every topic
-	URL    string      // trtllm: base URL whose POST /kv_cache_events is drained
+	// RankSlots are the inventory slots of ranks 1..DP-1 (rank 0 is Index): each rank
+	// is its own engine with its own cache, so each keeps its own keys. Needed when DP > 1.
+	RankSlots []int
+	// CPUSlots and StorageSlots, when set (one per rank, rank order), index the blocks a
+	// rank holds off the GPU apart from its routed keys: CPU (vLLM "CPU", SGLang
+	// CPU_PINNED) and storage (STORAGE, DISK, EXTERNAL, a connector's own), so routing can
+	// weigh a hit there by what loading it costs. A tier with no slot is not indexed
+	// (unless Config.Routed merges it into the rank's own slot).
+	CPUSlots, StorageSlots []int
+	// Spec is the endpoint's own contract (engine, algo, block size, seed); nil: the
+	// rule's (Config.Chain, Config.Spec). FixedBlockSize pins its block size; otherwise
+	// the block size the engine's events prove is adopted (a WARN, Status.BlockSize).
+	Spec           *hashcore.Spec
+	FixedBlockSize bool
+	Topic          string // "" accepts every topic
+	URL            string // trtllm: base URL whose POST /kv_cache_events is drained
 }
 
 // Media is a set of cache tiers, one bit per Medium.
@@ -199,6 +213,27 @@ func (e *EndpointConfig) validate() error {
 	}
 	if e.DP <= 0 {
 		e.DP = 1
+	}
+	if e.Engine == engine.TRTLLM && e.DP > 1 {
+		return fmt.Errorf("ingest: %s: dp=%d: TensorRT-LLM publishes one drain per server (attention DP ranks are not followed apart)", e.Name, e.DP)
+	}
+	if e.DP > 1 && len(e.RankSlots) != e.DP-1 {
+		return fmt.Errorf("ingest: %s: dp=%d needs an inventory slot for each of ranks 1..%d, got %d", e.Name, e.DP, e.DP-1, len(e.RankSlots))
+	}
+	for _, s := range e.RankSlots {
+		if s < 0 {
+			return fmt.Errorf("ingest: %s: negative rank slot", e.Name)
+		}
+	}
+	for _, t := range [...][]int{e.CPUSlots, e.StorageSlots} {
+		if len(t) != 0 && len(t) != e.DP {
+			return fmt.Errorf("ingest: %s: %d tier slots for %d ranks", e.Name, len(t), e.DP)
+		}
+		for _, s := range t {
+			if s < 0 {
+				return fmt.Errorf("ingest: %s: negative tier slot", e.Name)
+			}
+		}
 	}
 	switch e.Engine {
 	case engine.VLLM, engine.SGLang:

@@ -3,6 +3,7 @@ package ingest
 import (
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,8 +51,11 @@ type EndpointStatus struct {
 	LastSeq   int64 // last seq applied, on any rank (TensorRT-LLM: event_id); -1 = none
 	Parity    string
 	Cause     string // the likely cause of a parity mismatch, once diagnosed
-	Keys      int    // keys the endpoint holds in the inventory
-	Rehash    bool   // the inventory holds kvgate's fast keys
+	Keys      int    // keys the endpoint holds in the inventory (every rank's)
+	// RankSlots and RankKeys are each data-parallel rank's inventory slot and the keys
+	// it holds there, in rank order (one entry without data parallelism).
+	RankSlots, RankKeys []int
+	Rehash              bool // the inventory holds kvgate's fast keys
 	// Tiers counts the distinct engine block hashes each tier (GPU, CPU, STORAGE,
 	// EXTERNAL, OTHER) holds, each counted once however many holders (KV cache groups,
 	// duplicate blocks, offload chunks) it has. Only the routed tiers (Config.Routed,
@@ -66,6 +70,12 @@ type EndpointStatus struct {
 	// (a WARN named both sizes).
 	EngineBlockSize   int
 	BlockSizeMismatch bool
+	// BlockSize is the block size kvgate keys the endpoint with: the endpoint's
+	// block_size, else the rule's, unless BlockSizeAdopted: taken from what the engine's
+	// events prove (a WARN said so). Contract names the chain.
+	BlockSize        int
+	BlockSizeAdopted bool
+	Contract         string
 
 	Reconnects, DialFailures, Batches, ReplayedBatches             uint64
 	EventsStored, EventsRemoved, EventsCleared, EventsUnknown      uint64
@@ -87,8 +97,9 @@ type endpoint struct {
 	set  *metrics.Set
 	keys KeyMode
 
-	fast    atomic.Bool  // inventory holds fast keys
-	parity  atomic.Int32 // parityUnknown/OK/Mismatch
+	ct      atomic.Pointer[contract] // the keys its events are attested and re-hashed under
+	fast    atomic.Bool              // inventory holds fast keys
+	parity  atomic.Int32             // parityUnknown/OK/Mismatch
 	cause   atomic.Pointer[string]
 	ranksUp atomic.Int32
 	lastSeq atomic.Int64
@@ -97,16 +108,61 @@ type endpoint struct {
 	// wake cuts a redial backoff short (Manager.Redial): one token per rank.
 	wake chan struct{}
 
-	// mu serializes applying batches (ranks of one endpoint share the block map).
-	mu           sync.Mutex
-	blocks       blockMap
-	refs         refTable
+	// mu serializes applying batches: the ranks' appliers share the endpoint's counters,
+	// parity state and key mode, and a switch to re-hashed keys rebuilds every rank.
+	mu sync.Mutex
+	// rk is each data-parallel rank's own inventory slot, block map and holder counts:
+	// ranks are separate engines with separate caches, so an eviction or a restart on
+	// one must not touch what another holds.
+	rk           []*rankState
 	engineBS     atomic.Int64 // smallest block size the stores prove
 	sizeMismatch atomic.Bool
 	sizeWarned   int // the last block size WARNed about (e.mu held)
 	// badWarned and badSince rate-limit the undecodable-event WARN (e.mu held).
 	badWarned time.Time
 	badSince  int
+}
+
+// rankState is what one data-parallel rank of an endpoint holds (e.mu guards it).
+type rankState struct {
+	rank   int
+	slot   int // the rank's inventory slot: its routed (GPU) keys
+	blocks blockMap
+	refs   refTable
+	// tierSlot is where a block on each tier is indexed: slot for the routed tiers, the
+	// rank's CPU or storage slot (EndpointConfig.CPUSlots, StorageSlots), or -1: not
+	// indexed (its holders are still counted).
+	tierSlot [numMedia]int
+}
+
+// holdsIn reports whether one of the tiers in left is indexed in slot.
+func (r *rankState) holdsIn(left Media, slot int) bool {
+	for m := Medium(0); m < numMedia; m++ {
+		if left.Has(m) && r.tierSlot[m] == slot {
+			return true
+		}
+	}
+	return false
+}
+
+// slots appends the distinct slots r indexes into (its own first) to dst.
+func (r *rankState) slots(dst []int) []int {
+	dst = append(dst, r.slot)
+	for _, s := range r.tierSlot {
+		if s >= 0 && !slices.Contains(dst, s) {
+			dst = append(dst, s)
+		}
+	}
+	return dst
+}
+
+// keys is how many keys every rank of e holds together.
+func (e *endpoint) keyCount() int {
+	n := 0
+	for _, r := range e.rk {
+		n += e.m.cfg.Inventory.Count(r.slot)
+	}
+	return n
 }
 
 func metricName(base, ep, extra string) string {
@@ -128,7 +184,7 @@ func labelSafe(s string) string {
 
 func newEndpoint(m *Manager, cfg EndpointConfig) *endpoint {
 	e := &endpoint{cfg: cfg, m: m, keys: m.cfg.Keys}
-	if e.keys == KeysAuto && m.cfg.Chain == nil {
+	if e.keys == KeysAuto && m.cfg.Chain == nil && cfg.Spec == nil {
 		e.keys = KeysEngine // no contract to attest against: nothing could trigger a switch
 	}
 	e.lastSeq.Store(-1)
@@ -189,7 +245,7 @@ func newEndpoint(m *Manager, cfg EndpointConfig) *endpoint {
 			return 0
 		})
 		set.GetOrCreateGauge(metricName("kvgate_ingest_inventory_keys", n, ""), func() float64 {
-			return float64(m.cfg.Inventory.Count(cfg.Index))
+			return float64(e.keyCount())
 		})
 		for t := Medium(0); t < numMedia; t++ {
 			t := t
@@ -222,8 +278,12 @@ func (e *endpoint) status() EndpointStatus {
 		Name: e.cfg.Name, Engine: e.cfg.Engine, Index: e.cfg.Index,
 		Connected: e.connected(), Ranks: e.ranks(), RanksUp: int(e.ranksUp.Load()),
 		LastSeq: e.lastSeq.Load(), Parity: parityNames[e.parity.Load()],
-		Keys: e.m.cfg.Inventory.Count(e.cfg.Index), Rehash: e.fast.Load(),
+		Keys: e.keyCount(), Rehash: e.fast.Load(),
 		Tiers: map[string]int64{},
+	}
+	for _, r := range e.rk {
+		s.RankSlots = append(s.RankSlots, r.slot)
+		s.RankKeys = append(s.RankKeys, e.m.cfg.Inventory.Count(r.slot))
 	}
 	if c := e.cause.Load(); c != nil {
 		s.Cause = *c
@@ -245,6 +305,12 @@ func (e *endpoint) status() EndpointStatus {
 	s.Orphans, s.Unkeyable = c.orphans.Get(), c.unkeyable.Get()
 	s.RefEvictions = c.refEvictions.Get()
 	s.EngineBlockSize, s.BlockSizeMismatch = int(e.engineBS.Load()), e.sizeMismatch.Load()
+	if ct := e.ct.Load(); ct != nil {
+		s.BlockSize, s.BlockSizeAdopted = ct.blockSize(), ct.adopted
+		if ct.chain != nil {
+			s.Contract = ct.chain.Name()
+		}
+	}
 	s.BadEvents = map[string]uint64{}
 	for r := BadType; r < numBadReasons; r++ {
 		s.BadEvents[r.String()] = c.badEvents[r].Get()

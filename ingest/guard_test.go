@@ -87,7 +87,7 @@ func TestConfigErrors(t *testing.T) {
 		{Name: "a", Engine: "vllm", Events: "tcp://127.0.0.1:1"},
 		{Name: "b", Engine: "vllm", Events: "tcp://127.0.0.1:2"},
 	})
-	if err == nil || !strings.Contains(err.Error(), "share inventory index") {
+	if err == nil || !strings.Contains(err.Error(), "share inventory slot") {
 		t.Errorf("shared index: %v", err)
 	}
 	for in, want := range map[string]KeyMode{"": KeysAuto, "auto": KeysAuto, "engine": KeysEngine, "rehash": KeysRehash} {

@@ -52,7 +52,7 @@ func TestHoldersPerTierAndGroup(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			a := newApplier(m.eps[0])
+			a := newApplier(m.eps[0], m.eps[0].rk[0])
 			for _, p := range s.Payloads {
 				b, _ := hex.DecodeString(p)
 				if err := a.apply(b); err != nil {
@@ -131,13 +131,13 @@ func TestBlockSizeFindingWARNs(t *testing.T) {
 	cfg.Keys = KeysAuto
 	cfg.Chain, cfg.Spec = ruleChain(t, "vllm", "sha256_cbor", 12)
 	m, err := NewManager(cfg, []EndpointConfig{
-		{Name: "v12", Index: 0, Engine: "vllm", Events: "tcp://127.0.0.1:1"},
-		{Name: "trt", Index: 1, Engine: "trtllm", URL: "http://127.0.0.1:1"},
+		{Name: "v12", Index: 0, Engine: "vllm", Events: "tcp://127.0.0.1:1", FixedBlockSize: true},
+		{Name: "trt", Index: 1, Engine: "trtllm", URL: "http://127.0.0.1:1", FixedBlockSize: true},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := newApplier(m.eps[0])
+	a := newApplier(m.eps[0], m.eps[0].rk[0])
 	for _, ev := range ss["vllm-ok"].pubEvents(t) {
 		a.apply(fmtBatch(ev))
 	}
@@ -164,6 +164,58 @@ func TestBlockSizeFindingWARNs(t *testing.T) {
 	}
 	if w := logs.matching("endpoint=trt"); len(w) != 1 || !strings.Contains(w[0], "engine_block_size=32") {
 		t.Fatalf("trt WARNs %q", w)
+	}
+}
+
+// TestBlockSizeAdopted: the same endpoints unpinned adopt the block size their events
+// prove (a WARN each, Status.BlockSize, BlockSizeAdopted): the vLLM endpoint attests its
+// 16-token blocks under a 12-token rule, and the TensorRT-LLM endpoint keys its 32-token
+// blocks with a 32-token fast chain instead of none.
+func TestBlockSizeAdopted(t *testing.T) {
+	ss := loadStreams(t)
+	inv := newInv(t)
+	logs := &recordingHandler{}
+	cfg := testConfig(inv)
+	cfg.Logger = slog.New(logs)
+	cfg.Keys = KeysAuto
+	cfg.Chain, cfg.Spec = ruleChain(t, "vllm", "sha256_cbor", 12)
+	m, err := NewManager(cfg, []EndpointConfig{
+		{Name: "v12", Index: 0, Engine: "vllm", Events: "tcp://127.0.0.1:1"},
+		{Name: "trt", Index: 1, Engine: "trtllm", URL: "http://127.0.0.1:1"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newApplier(m.eps[0], m.eps[0].rk[0])
+	for _, ev := range ss["vllm-ok"].pubEvents(t) {
+		a.apply(fmtBatch(ev))
+	}
+	st := m.Status(0)
+	if st.BlockSize != 16 || !st.BlockSizeAdopted || st.BlockSizeMismatch || st.Parity != "ok" || st.Rehash || st.Keys == 0 {
+		t.Fatalf("vllm status %+v", st)
+	}
+	if c, f := m.Contract(0); c == nil || c.BlockSize() != 16 || f.BlockSize() != 16 || c == cfg.Chain {
+		t.Fatalf("contract %v %v", c, f)
+	}
+	if w := logs.matching("adopted the engine's block size"); len(w) != 1 || !strings.Contains(w[0], "endpoint=v12") ||
+		!strings.Contains(w[0], "engine_block_size=16") || !strings.Contains(w[0], "rule_block_size=12") {
+		t.Fatalf("WARNs %q", w)
+	}
+	body := `[{"event_id":0,"data":{"type":"stored","parent_hash":null,"blocks":[` +
+		`{"type":"stored_block","block_hash":5,"tokens":[` + strings.Repeat(`{"type":"unique_token","token_id":1,"token_extra_id":0},`, 31) +
+		`{"type":"unique_token","token_id":1,"token_extra_id":0}],"cache_level":0,"priority":35}]},"window_size":4096}]`
+	trt, err := parseTRTEvents([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	newTRTApplier(m.eps[1]).apply(trt)
+	if st := m.Status(1); st.BlockSize != 32 || !st.BlockSizeAdopted || st.BlockSizeMismatch || st.Unkeyable != 0 || st.Keys != 1 {
+		t.Fatalf("trt status %+v", st)
+	}
+	_, f := m.Contract(1)
+	want := hashcore.Keys(f, nil, slices.Repeat([]uint32{1}, 32), nil)
+	if got := invKeys(inv, 1); !slices.Equal(got, want) {
+		t.Fatalf("trt keys %v, want the 32-token fast key %v", got, want)
 	}
 }
 
@@ -215,7 +267,7 @@ func TestSwitchSkipsBlocksOffRoutedTiers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := newApplier(m.eps[0])
+	a := newApplier(m.eps[0], m.eps[0].rk[0])
 	root := ok.pubEvents(t)[0].(enginepub.BlockStored) // three blocks from the root
 	a.apply(fmtBatch(root))
 	offloaded := root.Hashes[2]

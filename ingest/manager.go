@@ -2,9 +2,12 @@ package ingest
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/kvgate/kvgate/engine"
+	"github.com/kvgate/kvgate/hashcore"
 )
 
 // Manager follows every event-publishing endpoint of a rule: one goroutine per endpoint
@@ -13,6 +16,11 @@ type Manager struct {
 	cfg     Config
 	eps     []*endpoint
 	byIndex []*endpoint
+
+	// chains and fasts share one chain object per distinct contract (contract.go).
+	chainMu sync.Mutex
+	chains  map[hashcore.Spec]hashcore.Chain
+	fasts   map[int]hashcore.Chain
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -25,8 +33,13 @@ func NewManager(cfg Config, eps []EndpointConfig) (*Manager, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	m := &Manager{cfg: cfg}
+	m := &Manager{cfg: cfg, chains: map[hashcore.Spec]hashcore.Chain{}, fasts: map[int]hashcore.Chain{}}
+	if cfg.Chain != nil && cfg.Spec != nil {
+		m.chains[*cfg.Spec] = cfg.Chain
+	}
+	m.fasts[cfg.Fast.BlockSize()] = cfg.Fast
 	names := map[string]bool{}
+	slotOwner := map[int]string{}
 	maxIdx := -1
 	for i := range eps {
 		ec := eps[i]
@@ -39,15 +52,42 @@ func NewManager(cfg Config, eps []EndpointConfig) (*Manager, error) {
 		names[ec.Name] = true
 		maxIdx = max(maxIdx, ec.Index)
 		e := newEndpoint(m, ec)
-		e.blocks = newBlockMap(cfg.BlockMapSize)
-		e.refs = newRefTable(cfg.RefCountSize)
+		ct, err := m.newContract(&ec)
+		if err != nil {
+			return nil, fmt.Errorf("ingest: %s: %w", ec.Name, err)
+		}
+		e.ct.Store(ct)
+		slots := append([]int{ec.Index}, ec.RankSlots...)
+		for r, slot := range slots {
+			if prev, ok := slotOwner[slot]; ok {
+				return nil, fieldError(ec.Name, FieldIndex, "ingest: %q and %q share inventory slot %d", prev, ec.Name, slot)
+			}
+			slotOwner[slot] = ec.Name
+			rs := &rankState{rank: r, slot: slot,
+				blocks: newBlockMap(cfg.BlockMapSize), refs: newRefTable(cfg.RefCountSize)}
+			for m := Medium(0); m < numMedia; m++ {
+				rs.tierSlot[m] = -1
+				switch {
+				case cfg.Routed.Has(m):
+					rs.tierSlot[m] = slot
+				case m == MediumCPU && len(ec.CPUSlots) > 0:
+					rs.tierSlot[m] = ec.CPUSlots[r]
+				case m != MediumCPU && len(ec.StorageSlots) > 0:
+					rs.tierSlot[m] = ec.StorageSlots[r]
+				}
+			}
+			e.rk = append(e.rk, rs)
+		}
+		for _, ts := range append(slices.Clone(ec.CPUSlots), ec.StorageSlots...) {
+			if prev, ok := slotOwner[ts]; ok {
+				return nil, fieldError(ec.Name, FieldIndex, "ingest: %q and %q share inventory slot %d", prev, ec.Name, ts)
+			}
+			slotOwner[ts] = ec.Name
+		}
 		m.eps = append(m.eps, e)
 	}
 	m.byIndex = make([]*endpoint, maxIdx+1)
 	for _, e := range m.eps {
-		if m.byIndex[e.cfg.Index] != nil {
-			return nil, fieldError(e.cfg.Name, FieldIndex, "ingest: endpoints %q and %q share inventory index %d", m.byIndex[e.cfg.Index].cfg.Name, e.cfg.Name, e.cfg.Index)
-		}
 		m.byIndex[e.cfg.Index] = e
 	}
 	return m, nil
@@ -69,7 +109,7 @@ func (m *Manager) Start(ctx context.Context) {
 			m.wg.Add(1)
 			go func() { defer m.wg.Done(); p.run(ctx) }()
 		default:
-			for r := 0; r < e.cfg.DP; r++ {
+			for _, r := range e.rk {
 				s := newRankSub(e, r)
 				m.wg.Add(1)
 				go func() { defer m.wg.Done(); s.run(ctx) }()

@@ -135,3 +135,17 @@ func (t *refTable) touch(keys []uint64) {
 }
 
 func (t *refTable) reset() { clear(t.ents) }
+
+// countTiers adds, per tier, the hashes the table holds there to n.
+func (t *refTable) countTiers(n *[numMedia]int64) {
+	for i := range t.ents {
+		if t.ents[i].counts == 0 {
+			continue
+		}
+		for m := Medium(0); m < numMedia; m++ {
+			if t.ents[i].count(m) != 0 {
+				n[m]++
+			}
+		}
+	}
+}

@@ -46,7 +46,7 @@ func TestSGLangSaltedAndBigramAttestation(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				a := newApplier(m.eps[0])
+				a := newApplier(m.eps[0], m.eps[0].rk[0])
 				for _, p := range s.Payloads {
 					b, _ := hex.DecodeString(p)
 					if err := a.apply(b); err != nil {

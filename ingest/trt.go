@@ -124,12 +124,12 @@ func (t *trtApplier) seq(id int64) {
 	case t.last < 0 || id == t.last+1:
 	case id <= t.last:
 		c.restarts.Inc()
-		e.clearLocked()
+		e.clearLocked(e.rk[0])
 	case id-t.last-1 <= int64(e.m.cfg.SeqWindow):
 		c.gapsKept.Inc()
 	default:
 		c.gapsCleared.Inc()
-		e.clearLocked()
+		e.clearLocked(e.rk[0])
 	}
 	t.last = id
 }
@@ -144,7 +144,7 @@ func (t *trtApplier) event(ev *trtEvent) {
 	case "created":
 		c.cleared.Inc()
 		c.clearedByEngine.Inc()
-		e.clearLocked()
+		e.clearLocked(e.rk[0])
 	case "stored":
 		c.stored.Inc()
 		t.stored(d)
@@ -152,7 +152,7 @@ func (t *trtApplier) event(ev *trtEvent) {
 		c.removed.Inc()
 		t.keys = t.keys[:0]
 		for _, h := range d.BlockHashes {
-			b := e.blocks.get(uint64(h))
+			b := e.rk[0].blocks.get(uint64(h))
 			if b == nil {
 				continue
 			}
@@ -161,14 +161,14 @@ func (t *trtApplier) event(ev *trtEvent) {
 			if b.hasF && cfg.Routed.Has(m) {
 				t.keys = append(t.keys, b.fkey)
 			}
-			e.blocks.del(uint64(h))
+			e.rk[0].blocks.del(uint64(h))
 		}
-		c.keysRemoved.Add(cfg.Inventory.Remove(e.cfg.Index, t.keys))
+		c.keysRemoved.Add(cfg.Inventory.Remove(e.rk[0].slot, t.keys))
 	case "updated":
 		if d.BlockHash == nil || d.CacheLevel == nil || d.CacheLevel.New == nil {
 			return // priority-only updates do not change what is cached where
 		}
-		b := e.blocks.get(uint64(*d.BlockHash))
+		b := e.rk[0].blocks.get(uint64(*d.BlockHash))
 		if b == nil || !b.hasF {
 			return
 		}
@@ -179,9 +179,9 @@ func (t *trtApplier) event(ev *trtEvent) {
 		t.one = append(t.one[:0], b.fkey)
 		switch {
 		case cfg.Routed.Has(from) && !cfg.Routed.Has(to):
-			c.keysRemoved.Add(cfg.Inventory.Remove(e.cfg.Index, t.one))
+			c.keysRemoved.Add(cfg.Inventory.Remove(e.rk[0].slot, t.one))
 		case !cfg.Routed.Has(from) && cfg.Routed.Has(to):
-			c.keysAdded.Add(cfg.Inventory.Add(e.cfg.Index, t.one))
+			c.keysAdded.Add(cfg.Inventory.Add(e.rk[0].slot, t.one))
 		}
 	default:
 		c.unknown.Inc()
@@ -191,11 +191,16 @@ func (t *trtApplier) event(ev *trtEvent) {
 func (t *trtApplier) stored(d *trtData) {
 	e := t.e
 	cfg := &e.m.cfg
-	fast := cfg.Fast
+	// A server whose tokens_per_block is not the endpoint's block size: adopt it (the
+	// drain's blocks carry their tokens, one per position), unless pinned.
+	if len(d.Blocks) > 0 && len(d.Blocks[0].Tokens) != e.ct.Load().fast.BlockSize() {
+		e.adoptLocked(len(d.Blocks[0].Tokens))
+	}
+	fast := e.ct.Load().fast
 	pf := fast.Root()
 	first := true
 	if d.ParentHash != nil {
-		p := e.blocks.get(uint64(*d.ParentHash))
+		p := e.rk[0].blocks.get(uint64(*d.ParentHash))
 		if p == nil || !p.hasF {
 			e.c.orphans.Inc()
 			return
@@ -226,7 +231,7 @@ func (t *trtApplier) stored(d *trtData) {
 		if blk.CacheLevel != nil {
 			level = *blk.CacheLevel
 		}
-		b := e.blocks.put(uint64(blk.BlockHash))
+		b := e.rk[0].blocks.put(uint64(blk.BlockHash))
 		b.fkey, b.fd, b.hasF, b.level = t.one[0], dig, true, int8(min(max(level, 0), 100))
 		t.tokens = tokens
 		m := trtMedium(level)
@@ -235,7 +240,7 @@ func (t *trtApplier) stored(d *trtData) {
 			t.keys = append(t.keys, t.one[0])
 		}
 	}
-	e.c.keysAdded.Add(cfg.Inventory.Add(e.cfg.Index, t.keys))
+	e.c.keysAdded.Add(cfg.Inventory.Add(e.rk[0].slot, t.keys))
 }
 
 // trtPoller drains one trtllm-serve endpoint.

@@ -99,10 +99,10 @@ type rankSub struct {
 	dupUntil int64
 }
 
-func newRankSub(e *endpoint, rank int) *rankSub {
-	s := &rankSub{e: e, rank: rank, addr: rankAddr(e.cfg.Events, rank), a: newApplier(e), last: -1, dupUntil: -1}
+func newRankSub(e *endpoint, r *rankState) *rankSub {
+	s := &rankSub{e: e, rank: r.rank, addr: rankAddr(e.cfg.Events, r.rank), a: newApplier(e, r), last: -1, dupUntil: -1}
 	if e.cfg.Replay != "" {
-		s.replayAddr = rankAddr(e.cfg.Replay, rank)
+		s.replayAddr = rankAddr(e.cfg.Replay, r.rank)
 	}
 	return s
 }
@@ -231,16 +231,16 @@ func (s *rankSub) accept(seq int64, replayed bool) bool {
 			return false
 		}
 		c.restarts.Inc()
-		e.m.cfg.Logger.Info("ingest: seq went backwards (engine restart): clearing endpoint",
+		e.m.cfg.Logger.Info("ingest: seq went backwards (engine restart): clearing this rank",
 			"endpoint", e.cfg.Name, "rank", s.rank, "last", s.last, "seq", seq)
-		e.clear()
+		e.clear(s.a.r)
 	case seq-s.last-1 <= win:
 		c.gapsKept.Inc()
 	default:
 		c.gapsCleared.Inc()
-		e.m.cfg.Logger.Info("ingest: seq gap beyond window: clearing endpoint",
+		e.m.cfg.Logger.Info("ingest: seq gap beyond window: clearing this rank",
 			"endpoint", e.cfg.Name, "rank", s.rank, "last", s.last, "seq", seq)
-		e.clear()
+		e.clear(s.a.r)
 	}
 	s.last = seq
 	if seq > s.dupUntil {

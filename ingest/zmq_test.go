@@ -4,9 +4,11 @@ import (
 	"encoding/hex"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/kvgate/kvgate/bench/enginepub"
+	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/shard"
 )
 
@@ -221,25 +223,69 @@ func TestReplayBootstrapAndReconnect(t *testing.T) {
 	}
 }
 
-// TestDataParallelRanks: rank r publishes on base+r; both feed one inventory slot.
+// TestDataParallelRanks: rank r publishes on base+r into its own inventory slot. A key
+// both ranks hold survives its eviction on one of them; one rank's restart (seq back to 0)
+// and one rank's AllBlocksCleared clear only that rank.
 func TestDataParallelRanks(t *testing.T) {
 	inv := newInv(t)
 	base := freeAddr(t, 2)
 	p0 := newPub(t, enginepub.Config{Endpoint: base, Format: enginepub.Format{DPRank: 0}})
 	p1 := newPub(t, enginepub.Config{Endpoint: rankAddr(base, 1), Format: enginepub.Format{DPRank: 1}})
-	m := startManager(t, testConfig(inv), EndpointConfig{Name: "dp", Index: 3, Engine: "vllm", Events: base, DP: 2})
+	m := startManager(t, testConfig(inv), EndpointConfig{Name: "dp", Index: 3, Engine: "vllm", Events: base, DP: 2, RankSlots: []int{5}})
 	waitSubscribed(t, p0)
 	waitSubscribed(t, p1)
-	p0.Publish(stored(1))
-	p1.Publish(stored(2))
-	waitFor(t, "both ranks", func() bool { return m.Status(3).Keys == 2 })
-	if s := m.Status(3); !s.Connected || s.Ranks != 2 || s.RanksUp != 2 {
+	p0.Publish(stored(1, 7))
+	p1.Publish(stored(2, 7))
+	waitFor(t, "both ranks", func() bool { return m.Status(3).Keys == 4 })
+	if s := m.Status(3); !s.Connected || s.Ranks != 2 || s.RanksUp != 2 ||
+		!slices.Equal(s.RankSlots, []int{3, 5}) || !slices.Equal(s.RankKeys, []int{2, 2}) {
 		t.Fatalf("%+v", s)
 	}
+	if a, b := invKeys(inv, 3), invKeys(inv, 5); !slices.Equal(a, []uint64{1, 7}) || !slices.Equal(b, []uint64{2, 7}) {
+		t.Fatalf("rank slots %v %v", a, b)
+	}
+	// Rank 0 evicts the shared block: rank 1 still holds it.
+	p0.Publish(enginepub.BlockRemoved{Hashes: []uint64{7}})
+	waitFor(t, "rank 0 eviction", func() bool { return slices.Equal(invKeys(inv, 3), []uint64{1}) })
+	if b := invKeys(inv, 5); !slices.Equal(b, []uint64{2, 7}) {
+		t.Fatalf("rank 1 lost keys to rank 0's eviction: %v", b)
+	}
+	// Rank 1 restarts: only its slot is cleared.
+	p1.SetSeq(0)
+	p1.ResetReplay()
+	p1.Publish(stored(9))
+	waitFor(t, "rank 1 restart", func() bool { return m.Status(3).Restarts == 1 && slices.Equal(invKeys(inv, 5), []uint64{9}) })
+	if a := invKeys(inv, 3); !slices.Equal(a, []uint64{1}) {
+		t.Fatalf("rank 0 lost keys to rank 1's restart: %v", a)
+	}
+	// Rank 0's engine clears its cache: rank 1 keeps its keys.
+	p0.Publish(enginepub.AllBlocksCleared{})
+	waitFor(t, "rank 0 cleared", func() bool { return len(invKeys(inv, 3)) == 0 })
+	if b := invKeys(inv, 5); !slices.Equal(b, []uint64{9}) {
+		t.Fatalf("rank 1 lost keys to rank 0's clear: %v", b)
+	}
+	// The tier count is recounted from the ranks left (rank 1's one block).
+	waitFor(t, "GPU tier recounted", func() bool { return m.Status(3).Tiers["GPU"] == 1 })
 	p1.Close()
 	waitFor(t, "rank 1 down", func() bool { return m.Status(3).RanksUp == 1 })
 	if m.Status(3).Connected {
 		t.Fatal("connected with a rank down")
+	}
+}
+
+// TestDataParallelRankSlotsRefused: dp > 1 without a slot per rank, or two ranks on one
+// slot, is refused with a message naming the endpoint.
+func TestDataParallelRankSlotsRefused(t *testing.T) {
+	inv := newInv(t)
+	for _, eps := range [][]EndpointConfig{
+		{{Name: "dp", Index: 0, Engine: "vllm", Events: "tcp://127.0.0.1:1", DP: 2}},
+		{{Name: "dp", Index: 0, Engine: "vllm", Events: "tcp://127.0.0.1:1", DP: 2, RankSlots: []int{0}}},
+		{{Name: "a", Index: 0, Engine: "vllm", Events: "tcp://127.0.0.1:1", DP: 2, RankSlots: []int{1}},
+			{Name: "b", Index: 1, Engine: "vllm", Events: "tcp://127.0.0.1:3"}},
+	} {
+		if _, err := NewManager(testConfig(inv), eps); err == nil || !strings.Contains(err.Error(), "slot") {
+			t.Fatalf("%+v: err %v", eps, err)
+		}
 	}
 }
 
@@ -299,5 +345,68 @@ func TestGapFilledFromReplay(t *testing.T) {
 	}
 	if got := invKeys(inv, 0); !slices.Equal(got, sorted(want)) {
 		t.Fatalf("inventory %v, want %v", got, sorted(want))
+	}
+}
+
+// TestTierSlots: with CPU and storage slots, vLLM's offload events (medium "CPU",
+// "STORAGE") index each tier in its own slot, next to the GPU keys; a block evicted from
+// the GPU stays in the CPU slot while the CPU holds it, and leaves it with the CPU's
+// removal. Over real ZeroMQ, in vLLM's current map layout.
+func TestTierSlots(t *testing.T) {
+	inv := newInv(t)
+	addr := freeAddr(t, 1)
+	pub := newPub(t, enginepub.Config{Endpoint: addr, Format: enginepub.Format{Layout: enginepub.LayoutMap}})
+	m := startManager(t, testConfig(inv), EndpointConfig{Name: "e", Index: 0, Engine: "vllm", Events: addr,
+		CPUSlots: []int{1}, StorageSlots: []int{2}})
+	waitSubscribed(t, pub)
+	pub.Publish(stored(1, 2, 3))
+	pub.Publish(enginepub.BlockStored{Hashes: []uint64{1, 2}, Medium: "CPU"})
+	pub.Publish(enginepub.BlockStored{Hashes: []uint64{1}, Medium: "STORAGE"})
+	waitFor(t, "tiers", func() bool { return len(invKeys(inv, 2)) == 1 })
+	if g, c, s := invKeys(inv, 0), invKeys(inv, 1), invKeys(inv, 2); !slices.Equal(g, []uint64{1, 2, 3}) ||
+		!slices.Equal(c, []uint64{1, 2}) || !slices.Equal(s, []uint64{1}) {
+		t.Fatalf("gpu %v cpu %v storage %v", g, c, s)
+	}
+	// The GPU evicts 1 and 2: the CPU still holds them.
+	pub.Publish(enginepub.BlockRemoved{Hashes: []uint64{1, 2}})
+	waitFor(t, "gpu eviction", func() bool { return slices.Equal(invKeys(inv, 0), []uint64{3}) })
+	if c := invKeys(inv, 1); !slices.Equal(c, []uint64{1, 2}) {
+		t.Fatalf("cpu slot after the GPU's eviction: %v", c)
+	}
+	pub.Publish(enginepub.BlockRemoved{Hashes: []uint64{2}, Medium: "CPU"})
+	waitFor(t, "cpu eviction", func() bool { return slices.Equal(invKeys(inv, 1), []uint64{1}) })
+	if s := invKeys(inv, 2); !slices.Equal(s, []uint64{1}) {
+		t.Fatalf("storage slot after the CPU's eviction: %v", s)
+	}
+	// A cache reset clears every tier of the rank.
+	pub.Publish(enginepub.AllBlocksCleared{})
+	waitFor(t, "cleared", func() bool { return len(invKeys(inv, 1))+len(invKeys(inv, 2))+len(invKeys(inv, 0)) == 0 })
+	if st := m.Status(0); st.EventsStored != 3 {
+		t.Fatalf("%+v", st)
+	}
+}
+
+// TestTierSlotsRehashed: an endpoint on kvgate's fast keys (-kv-keys rehash) indexes an
+// offload store that carries no tokens (vLLM's CPU offload) under the fast keys its GPU
+// store computed, taken from the block map.
+func TestTierSlotsRehashed(t *testing.T) {
+	inv := newInv(t)
+	addr := freeAddr(t, 1)
+	pub := newPub(t, enginepub.Config{Endpoint: addr})
+	cfg := testConfig(inv)
+	cfg.Keys = KeysRehash
+	startManager(t, cfg, EndpointConfig{Name: "e", Index: 0, Engine: "vllm", Events: addr, CPUSlots: []int{1}})
+	waitSubscribed(t, pub)
+	toks := make([]uint32, 48)
+	for i := range toks {
+		toks[i] = uint32(1000 + i)
+	}
+	pub.Publish(enginepub.BlockStored{Hashes: []uint64{11, 12, 13}, TokenIDs: toks, BlockSize: 16})
+	pub.Publish(enginepub.BlockStored{Hashes: []uint64{11, 12}, BlockSize: 16, Medium: "CPU"})
+	fast := sorted(hashcore.Keys(hashcore.NewFast(16), nil, toks, nil))
+	waitFor(t, "cpu slot", func() bool { return len(invKeys(inv, 1)) == 2 })
+	want := sorted(hashcore.Keys(hashcore.NewFast(16), nil, toks[:32], nil))
+	if g, c := invKeys(inv, 0), invKeys(inv, 1); !slices.Equal(g, fast) || !slices.Equal(c, want) {
+		t.Fatalf("gpu %v (want %v) cpu %v (want %v)", g, fast, c, want)
 	}
 }

@@ -164,6 +164,30 @@ type inventoryEndpoint struct {
 	Load *route.EndpointView `json:"load,omitempty"`
 	// Scrape is how reading the engine's /metrics goes (absent when -kv-load-scrape is 0).
 	Scrape *scrapeView `json:"scrape,omitempty"`
+	// Ranks are a data-parallel endpoint's ranks, each its own engine core and cache:
+	// the keys it holds and the policy's view of its queue (absent with one rank).
+	Ranks []rankInventory `json:"ranks,omitempty"`
+	// Keying is the contract and block size kvgate keys the endpoint with, and what its
+	// events prove (absent without KV-Exact).
+	Keying *keyingView `json:"keying,omitempty"`
+}
+
+type keyingView struct {
+	Contract  string `json:"contract,omitempty"`
+	BlockSize int    `json:"block_size"`
+	// Source: "endpoint" (its block_size option), "rule" (-kv-block-size) or "events"
+	// (adopted from what the engine's events prove).
+	Source          string `json:"block_size_source"`
+	EngineBlockSize int    `json:"engine_block_size,omitempty"` // the smallest its stores prove
+	// Mismatch: its events prove blocks the pinned size cannot key (a WARN named both).
+	Mismatch bool `json:"block_size_mismatch"`
+}
+
+type rankInventory struct {
+	Rank     int                 `json:"rank"`
+	Keys     int                 `json:"keys"`
+	InFlight int64               `json:"in_flight"`
+	Load     *route.EndpointView `json:"load,omitempty"`
 }
 
 type scrapeView struct {
@@ -216,7 +240,21 @@ func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
 				}
 				ie.Scrape = sc
 			}
-			ie.Why = explainReasons(reasons, s.kv.mgr.Status(i).Cause, e.spec.Events)
+			ist := s.kv.mgr.Status(i)
+			ie.Why = explainReasons(reasons, ist.Cause, e.spec.Events)
+			ie.Ranks = s.kv.rankInventory(i)
+			kv := &keyingView{Contract: ist.Contract, BlockSize: ist.BlockSize, Source: "rule",
+				EngineBlockSize: ist.EngineBlockSize, Mismatch: ist.BlockSizeMismatch}
+			switch {
+			case ist.BlockSizeAdopted:
+				kv.Source = "events"
+			case e.spec.BlockSize > 0:
+				kv.Source = "endpoint"
+			}
+			if kv.BlockSize == 0 { // the event plane's route replicas key by the rule
+				kv.BlockSize = s.cfg.KVBlockSize
+			}
+			ie.Keying = kv
 		}
 		if state == StateOff {
 			ie.Why = "KV-Exact does not score this endpoint (-kv-mode off, or a mode-1 decode endpoint)"
@@ -248,8 +286,12 @@ type Explanation struct {
 	Scores   map[string]int  `json:"scores"`
 	Eligible map[string]bool `json:"eligible"`
 	Endpoint string          `json:"endpoint"`
-	Route    string          `json:"route"`
-	Decode   string          `json:"decode,omitempty"`
+	// Rank is the data-parallel rank the request goes to (X-Data-Parallel-Rank), absent
+	// when the endpoint has one rank or its own balancer picks. Scores and Terms name a
+	// data-parallel endpoint's ranks "name#rank"; its plain name scores its best rank.
+	Rank   *int   `json:"rank,omitempty"`
+	Route  string `json:"route"`
+	Decode string `json:"decode,omitempty"`
 	// Policy is -kv-policy; Terms are each endpoint's inputs to it (cost: queued,
 	// uncached, rate, predicted ms), recorded by the decision traffic runs.
 	Policy string                 `json:"policy,omitempty"`
@@ -298,7 +340,7 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	ex := Explanation{Scores: map[string]int{}, Eligible: map[string]bool{}}
 	var d decision
 	d.ep, d.decode = -1, -1
-	obs := &explainTerms{names: s.names, terms: map[string]route.Terms{}}
+	obs := &explainTerms{names: s.ranks.labels, terms: map[string]route.Terms{}}
 	st.obs, st.meter = obs, nil // the traffic path, recording instead of counting
 	if s.kv != nil {
 		ex.Policy, ex.Terms = s.kv.sel.Name(), obs.terms
@@ -311,12 +353,21 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	}
 	for i, e := range s.eps {
 		ex.Eligible[e.spec.Name] = st.eligible.Has(i)
-		if s.kv != nil {
-			ex.Scores[e.spec.Name] = int(st.scores[i])
+	}
+	if s.kv != nil {
+		for sl, i := range s.ranks.ep[:s.ranks.cands] {
+			name := s.eps[i].spec.Name
+			ex.Scores[name] = max(ex.Scores[name], int(st.scores[sl]))
+			if s.ranks.dp[i] > 1 {
+				ex.Scores[s.ranks.labels[sl]] = int(st.scores[sl])
+			}
 		}
 	}
 	if s.kv != nil {
 		ex.Tokens, ex.Blocks = len(st.tokens), max(len(st.keys), len(st.fastKeys))
+		for _, g := range st.groups[:st.ngroups] {
+			ex.Blocks = max(ex.Blocks, len(g.keys)*g.chain.BlockSize()/s.cfg.KVBlockSize)
+		}
 	}
 	if s.kv != nil && (s.kv.memo != nil || s.kv.chainMemo != nil) {
 		ex.Memo = &explainMemo{Tokens: st.memoUse.Tokens, Segments: st.memoUse.Segments, Blocks: st.memoBlocks}
@@ -324,6 +375,10 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	ex.Route = d.route.String()
 	if d.ep >= 0 {
 		ex.Endpoint = s.eps[d.ep].spec.Name
+	}
+	if d.rank >= 0 {
+		r := d.rank
+		ex.Rank = &r
 	}
 	if d.decode >= 0 {
 		ex.Decode = s.eps[d.decode].spec.Name

@@ -8,6 +8,7 @@ package proxy
 import (
 	"testing"
 
+	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/proxy/openai"
 	"github.com/kvgate/kvgate/tokenize"
 )
@@ -50,5 +51,40 @@ func TestRoutingZeroAlloc(t *testing.T) {
 	route()
 	if n := testing.AllocsPerRun(20, route); n != 0 {
 		t.Errorf("completions routing allocates %v per request (route %v)", n, d.route)
+	}
+}
+
+// Data-parallel ranks (candidates per rank) and an endpoint of another block size (a
+// key group of its own) allocate nothing either, once warm.
+func TestRoutingZeroAllocRanksAndGroups(t *testing.T) {
+	s, st := benchServerWith(t, chatBody4k(), func(cfg *Config) {
+		cfg.TokenizeMemoBytes, cfg.KVChainMemoBytes = 0, 0
+		cfg.Endpoints[1].DP = 2
+		cfg.Endpoints[2].BlockSize = 32
+	})
+	toks := engineTokens(t, sharedPrefix)
+	keys := hashcore.Keys(s.kv.chain, nil, toks, nil)
+	rank1 := s.ranks.slot(1, 1)
+	s.kv.inv.Add(rank1, keys)
+	c32, _ := s.kv.mgr.Contract(2)
+	if c32 == nil || c32.BlockSize() != 32 {
+		t.Fatalf("endpoint 2's contract %v", c32)
+	}
+	s.kv.inv.Add(2, hashcore.Keys(c32, nil, toks, nil)[:1])
+	var d decision
+	st.body = append(st.body[:0], complPrompt(sharedPrefix)...)
+	st.chat = false
+	route := func() {
+		if err := openai.Scan(st.body, &st.oa); err != nil {
+			t.Fatal(err)
+		}
+		s.decide(st, &d, false)
+	}
+	route()
+	if d.ep != 1 || d.rank != 1 || d.slot != rank1 || d.route != RouteKVHit || st.ngroups != 1 || st.scores[2] != 2 {
+		t.Fatalf("decision ep=%d rank=%d slot=%d route=%v groups=%d score(e2)=%d", d.ep, d.rank, d.slot, d.route, st.ngroups, st.scores[2])
+	}
+	if n := testing.AllocsPerRun(20, route); n != 0 {
+		t.Errorf("routing over ranks and key groups allocates %v per request", n)
 	}
 }

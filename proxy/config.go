@@ -61,6 +61,10 @@ type EndpointSpec struct {
 	Down   bool
 	// BootstrapPort is SGLang's disaggregation bootstrap port on a prefill server.
 	BootstrapPort int
+	// BlockSize is the engine's block size (vLLM --block-size, SGLang --page-size,
+	// TensorRT-LLM tokens_per_block); 0: the rule's -kv-block-size until the engine's
+	// events prove another, which is then adopted (a WARN, /debug/inventory).
+	BlockSize int
 
 	host   string // host[:port] from URL
 	scheme string // "http" or "https"
@@ -110,6 +114,8 @@ func ParseEndpoint(s string) (EndpointSpec, error) {
 			e.Topic = v
 		case "dp":
 			e.DP, err = atoiRange("dp", v, 1, 256)
+		case "block_size":
+			e.BlockSize, err = atoiRange("block_size", v, 1, 4096)
 		case "weight":
 			e.Weight, err = atoiRange("weight", v, 1, 1000)
 		case "bootstrap_port":
@@ -251,6 +257,12 @@ type Config struct {
 	// KVLoadScrape is how often each engine's /metrics is read for its running and
 	// waiting requests and KV usage (0: never; kvgate's own accounting only).
 	KVLoadScrape time.Duration
+	// KVTierWeightCPU and KVTierWeightStorage are what a prompt token cached only in host
+	// memory, or only on disk / a remote store, costs the cost policy as a fraction of an
+	// uncached token's prefill: the engine loads it over a link instead of computing it.
+	// 1 means the tier saves nothing: it is not indexed at all. Defaults:
+	// DefaultTierWeightCPU, DefaultTierWeightStorage.
+	KVTierWeightCPU, KVTierWeightStorage float64
 	// KVPendingTTL: in mode 3, a prompt's blocks count as held by the endpoint kvgate sent
 	// it to for this long, until the engine's own events report them (0: off).
 	KVPendingTTL time.Duration
@@ -260,7 +272,8 @@ type Config struct {
 	KVFairShare float64
 	// TokenizeMemoBytes bounds the memo of token IDs between added tokens that lets a
 	// follow-up turn tokenize only its new text (0: off); KVChainMemoBytes bounds the memo
-	// of block-key chain stretches that lets it hash only its new blocks (0: off).
+	// of block-key chain stretches that lets it hash only its new blocks (0: off), one
+	// memo per contract the endpoints are keyed under (another block size or engine).
 	TokenizeMemoBytes int64
 	KVChainMemoBytes  int64
 
@@ -316,6 +329,26 @@ type Config struct {
 	Plane PlaneConfig
 }
 
+// DefaultTierWeightCPU and DefaultTierWeightStorage are the tier weights' defaults (the
+// rule: prefill rate x KV bytes per token / link bandwidth; README, "Tier weights"): an
+// 8B-class model keeps ~144 KiB of KV per token (Qwen3-8B: 36 layers x 8 KV heads x 128
+// x 2 (K, V) x 2 bytes) and prefills ~10^4 tokens/s on one GPU (route.PriorRate). PCIe
+// Gen4 x16 moves ~25 GB/s host to device: ~170k tokens/s, so loading a token costs
+// 10^4/1.7x10^5 = 0.06 of prefilling it. NVMe-class storage reads ~6 GB/s: ~40k
+// tokens/s, 0.25.
+const (
+	DefaultTierWeightCPU     = 0.06
+	DefaultTierWeightStorage = 0.25
+)
+
+// tiersIndexed says which lower tiers the rule indexes (a weight under 1, KV-Exact on).
+func (c *Config) tiersIndexed() (cpu, storage bool) {
+	if c.KVMode == KVOff {
+		return false, false
+	}
+	return c.KVTierWeightCPU < 1, c.KVTierWeightStorage < 1
+}
+
 // Defaults returns a Config with every documented default filled in.
 func Defaults() Config {
 	return Config{
@@ -330,6 +363,8 @@ func Defaults() Config {
 		LoadFactor:           1,
 		KVPolicy:             "cost",
 		KVLoadScrape:         50 * time.Millisecond,
+		KVTierWeightCPU:      DefaultTierWeightCPU,
+		KVTierWeightStorage:  DefaultTierWeightStorage,
 		KVPendingTTL:         2 * time.Second,
 		KVFairShare:          route.DefaultFairShare,
 		TokenizeMemoBytes:    tokenize.DefaultMemoBytes,
@@ -460,16 +495,8 @@ func (c *Config) Validate() error {
 		default:
 			return refuse("-kv-keys", "%q: want auto, engine or rehash", c.KVKeys)
 		}
-		var hashEng Engine // "": none seen yet
-		for _, e := range c.Endpoints {
-			if e.Engine == EngineTRTLLM {
-				continue
-			}
-			if hashEng != "" && hashEng != e.Engine && c.KVKeys != "rehash" {
-				return refuse("-kv-keys", "vllm and sglang endpoints hash blocks differently; one rule follows one engine contract unless -kv-keys rehash re-hashes every event into kvgate's keys")
-			}
-			hashEng = e.Engine
-		}
+		// vLLM and SGLang endpoints in one rule are each keyed under their own engine's
+		// contract and block size (proxy/kv.go endpointContract).
 	}
 	for _, t := range c.Tokenizers {
 		if t.Model == "" || t.Dir == "" {
@@ -498,6 +525,14 @@ func (c *Config) Validate() error {
 	}
 	if c.KVEngineSlots < 0 {
 		return refuse("-kv-engine-slots", "%d: want >= 0 (0: learn from the engines)", c.KVEngineSlots)
+	}
+	for _, w := range [...]struct {
+		flag string
+		v    float64
+	}{{"-kv-tier-weight-cpu", c.KVTierWeightCPU}, {"-kv-tier-weight-storage", c.KVTierWeightStorage}} {
+		if !(w.v >= 0 && w.v <= 1) {
+			return refuse(w.flag, "%v: want a fraction of an uncached token's prefill in [0, 1] (1: the tier is not indexed)", w.v)
+		}
 	}
 	if c.KVLoadScrape < 0 {
 		return refuse("-kv-load-scrape", "%v: want >= 0 (0: off)", c.KVLoadScrape)

@@ -19,17 +19,22 @@ import (
 	"github.com/cloudwego/hertz/pkg/protocol"
 	"github.com/cloudwego/hertz/pkg/protocol/http1/resp"
 
+	"github.com/kvgate/kvgate/proxy/balance"
 	"github.com/kvgate/kvgate/proxy/openai"
 	"github.com/kvgate/kvgate/proxy/route"
 )
 
 // decision is where one request goes and why.
 type decision struct {
-	ep        int
-	route     Route
-	predicted int // predicted cached prompt tokens (hit blocks x block size)
-	decode    int // mode 1: the decode endpoint
-	prefill   int // mode 1 decode leg: the prefill endpoint + 1 (0: none)
+	ep int
+	// slot is the inventory slot (endpoint and data-parallel rank) the request goes to,
+	// -1 when no rank was chosen (the engine's own DP balancer picks one); rank is the
+	// rank hinted to the engine (X-Data-Parallel-Rank), -1 for none (ranks.go).
+	slot, rank int
+	route      Route
+	predicted  int // predicted cached prompt tokens (hit blocks x block size)
+	decode     int // mode 1: the decode endpoint
+	prefill    int // mode 1 decode leg: the prefill endpoint + 1 (0: none)
 
 	prefillName string
 
@@ -39,6 +44,7 @@ type decision struct {
 	sentAt   time.Time
 	firstAt  time.Time
 	ticket   route.Ticket
+	rticket  route.Ticket // the slot's, when the policy queues per rank
 	firstDue bool
 }
 
@@ -181,8 +187,13 @@ func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqStat
 	defer protocol.ReleaseRequest(req)
 	defer protocol.ReleaseResponse(res)
 	s.buildUpstream(c, req, ep, body, nil)
+	hintRank(req, d)
 	s.loads.Inc(d.ep)
 	defer s.loads.Dec(d.ep)
+	if q := s.rankLoads(d); q != nil {
+		q.Inc(d.slot)
+		defer q.Dec(d.slot)
+	}
 	s.sent(d)
 	defer s.finished(d)
 	err := s.do(ctx, ep.spec.host, req, res)
@@ -251,6 +262,26 @@ func (s *Server) brokeOff(i int) { s.m.upstream[ErrMidStream][i].Inc() }
 func (s *Server) sent(d *decision) {
 	d.sentAt, d.firstAt, d.firstDue = time.Now(), time.Time{}, true
 	d.ticket = s.queues.Sent(d.ep, d.uncached)
+	if q := s.rankQueues(d); q != nil {
+		d.rticket = q.Sent(d.slot, d.uncached)
+	}
+}
+
+// rankQueues is where the cost policy queues d per data-parallel rank (nil: without data
+// parallelism the server's own queues are the policy's).
+func (s *Server) rankQueues(d *decision) *route.Queues {
+	if s.kv == nil || !s.ranks.ranked || d.slot < 0 {
+		return nil
+	}
+	return s.kv.slotQueues
+}
+
+// rankLoads is rankQueues' counterpart for in-flight counts.
+func (s *Server) rankLoads(d *decision) *balance.Loads {
+	if s.kv == nil || !s.ranks.ranked || d.slot < 0 {
+		return nil
+	}
+	return s.kv.slotLoads
 }
 
 // firstToken records the first byte of d's answer: its prefill is done.
@@ -259,6 +290,9 @@ func (s *Server) firstToken(d *decision) {
 		d.firstDue = false
 		d.firstAt = time.Now()
 		s.queues.FirstToken(d.ep, d.uncached, d.firstAt.Sub(d.sentAt), d.ticket)
+		if q := s.rankQueues(d); q != nil {
+			q.FirstToken(d.slot, d.uncached, d.firstAt.Sub(d.sentAt), d.rticket)
+		}
 	}
 }
 
@@ -268,9 +302,15 @@ func (s *Server) finished(d *decision) {
 	if d.firstDue {
 		d.firstDue = false
 		s.queues.Unsent(d.ep, d.uncached)
+		if q := s.rankQueues(d); q != nil {
+			q.Unsent(d.slot, d.uncached)
+		}
 	}
 	now := time.Now()
 	s.queues.Finished(d.ep, d.ticket, now.Sub(d.sentAt), now.Sub(d.firstAt), !d.firstAt.IsZero())
+	if q := s.rankQueues(d); q != nil {
+		q.Finished(d.slot, d.rticket, now.Sub(d.sentAt), now.Sub(d.firstAt), !d.firstAt.IsZero())
+	}
 }
 
 // setDecisionHeaders adds the evidence headers a user reads to see each decision.

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 	"unsafe"
 
 	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/ingest"
+	"github.com/kvgate/kvgate/proxy/balance"
 	"github.com/kvgate/kvgate/proxy/openai"
 	"github.com/kvgate/kvgate/proxy/route"
 	"github.com/kvgate/kvgate/shard"
@@ -41,6 +43,39 @@ type kvRouter struct {
 	// foldTrie: the cost policy counts what kvgate sent (prefix trie, pending entries) as
 	// held when it predicts uncached tokens.
 	foldTrie bool
+	// ranks places each (endpoint, data-parallel rank) in its own inventory slot; the
+	// inventory, the trie, the scores and the policy all work in slots, and a winning
+	// slot names both the endpoint and the rank to hint (ranks.go).
+	ranks *rankLayout
+	// slotLoads and slotQueues are the policy's per-slot in-flight counts and queues:
+	// the server's own (per endpoint) without data parallelism, per rank with it.
+	slotLoads  *balance.Loads
+	slotQueues *route.Queues
+	// groupMemos are the chain memos of the other contracts endpoints are keyed under
+	// (hashcore.Chain -> *groupMemo), made on first use, each bounded by
+	// -kv-chain-memo-bytes like the rule's.
+	groupMemos sync.Map
+}
+
+// groupMemo holds a key group's chain memo; nil m: the chain is not memoized (kvgate's
+// fast keys, cheaper to hash than to look up; or memos are off).
+type groupMemo struct{ m *hashcore.ChainMemo }
+
+// groupKeys appends the prompt's keys under key group chain c to dst, through c's memo.
+func (k *kvRouter) groupKeys(c hashcore.Chain, dst []uint64, tokens []uint32, ex *hashcore.Extras) []uint64 {
+	v, ok := k.groupMemos.Load(c)
+	if !ok {
+		gm := &groupMemo{}
+		if b := k.s.cfg.KVChainMemoBytes; b > 0 && c.Name() != "kvgate/fast" {
+			gm.m, _ = hashcore.NewChainMemo(c, b) // b was validated at start
+		}
+		v, _ = k.groupMemos.LoadOrStore(c, gm)
+	}
+	if m := v.(*groupMemo).m; m != nil {
+		dst, _ = m.AppendKeysHit(dst, tokens, ex)
+		return dst
+	}
+	return hashcore.Keys(c, dst, tokens, ex)
 }
 
 type loraAdapter struct{ name, base string }
@@ -84,41 +119,44 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	for a, base := range cfg.LoRA {
 		k.lora[a] = loraAdapter{name: a, base: base}
 	}
-	inv, err := shard.New(shard.Config{Endpoints: len(cfg.Endpoints), MaxKeysPerEndpoint: cfg.KVMaxKeysPerEndpoint})
+	k.ranks = s.ranks
+	k.slotLoads, k.slotQueues = s.loads, s.queues
+	if k.ranks.ranked {
+		k.slotLoads = balance.NewLoads(k.ranks.cands)
+		k.slotQueues = route.NewQueues(k.ranks.cands, cfg.KVPrefillRate, cfg.KVEngineSlots, 3*cfg.KVLoadScrape)
+	}
+	inv, err := shard.New(shard.Config{Endpoints: k.ranks.slots(), MaxKeysPerEndpoint: cfg.KVMaxKeysPerEndpoint})
 	if err != nil {
 		return nil, fmt.Errorf("proxy: inventory: %w", err)
 	}
 	k.inv = inv
 	switch {
 	case cfg.KVMode == KVDisaggregated && cfg.PDPrefixTrieKeys > 0:
-		k.trie, err = newPrefixTrie(len(cfg.Endpoints), cfg.PDPrefixTrieKeys, 0)
+		k.trie, err = newPrefixTrie(k.ranks.cands, cfg.PDPrefixTrieKeys, 0)
 	case cfg.KVMode == KVConverged && cfg.KVPendingTTL > 0 && cfg.KVPolicy == "cost":
-		k.trie, err = newPrefixTrie(len(cfg.Endpoints), cfg.PDPrefixTrieKeys, cfg.KVPendingTTL)
+		k.trie, err = newPrefixTrie(k.ranks.cands, cfg.PDPrefixTrieKeys, cfg.KVPendingTTL)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("proxy: prefix trie: %w", err)
 	}
 	if cfg.KVPolicy == "overlap" {
-		k.sel = &route.Overlap{Loads: s.loads, LoadFactor: cfg.LoadFactor}
+		k.sel = &route.Overlap{Loads: k.slotLoads, LoadFactor: cfg.LoadFactor}
 	} else {
 		k.popular = route.NewPopularity(cfg.KVBlockSize)
-		k.sel = &route.Cost{Loads: s.loads, Queues: s.queues, Popular: k.popular, FairShare: cfg.KVFairShare}
+		k.sel = &route.Cost{Loads: k.slotLoads, Queues: k.slotQueues, Popular: k.popular, FairShare: cfg.KVFairShare}
 		k.loadOnMiss = cfg.KVMode == KVConverged && cfg.Select == SelectRR
 		k.foldTrie = k.trie != nil
 	}
 	k.fast = hashcore.NewFast(cfg.KVBlockSize)
+	// The rule's contract: the first vLLM or SGLang endpoint's at -kv-block-size (the
+	// chain memo's; endpoints of another contract or block size get their own).
 	var spec *hashcore.Spec
 	for _, e := range cfg.Endpoints {
-		switch e.Engine {
-		case EngineVLLM:
-			spec = &hashcore.Spec{Engine: e.Engine, Algo: cfg.KVHashAlgo, BlockSize: cfg.KVBlockSize,
-				Seed: cfg.KVHashSeed, SeedSet: cfg.KVHashSeedSet}
-		case EngineSGLang:
-			spec = &hashcore.Spec{Engine: e.Engine, Algo: cfg.KVHashAlgo, BlockSize: cfg.KVBlockSize}
-		default:
-			continue
+		if e.Engine == EngineVLLM || e.Engine == EngineSGLang {
+			e.BlockSize = 0
+			spec = endpointContract(cfg, e)
+			break
 		}
-		break
 	}
 	if spec != nil {
 		c, err := hashcore.New(*spec)
@@ -138,8 +176,17 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	}
 	eps := make([]ingest.EndpointConfig, len(cfg.Endpoints))
 	for i, e := range cfg.Endpoints {
+		cpuSlots, stoSlots := k.ranks.tierSlots(i)
+		es := endpointContract(cfg, e)
+		if es != nil {
+			if _, err := hashcore.New(*es); err != nil {
+				return nil, refuse("-endpoint", "%s: %v", e.Name, err)
+			}
+		}
 		eps[i] = ingest.EndpointConfig{Name: e.Name, Index: i, Engine: e.Engine,
-			Events: e.Events, Replay: e.Replay, DP: e.DP, Topic: e.Topic, URL: e.URL}
+			Events: e.Events, Replay: e.Replay, DP: e.DP, RankSlots: k.ranks.rankSlots(i),
+			CPUSlots: cpuSlots, StorageSlots: stoSlots, Topic: e.Topic, URL: e.URL,
+			Spec: es, FixedBlockSize: e.BlockSize > 0}
 	}
 	mgr, err := k.newEventSource(ingest.Config{Inventory: inv, Chain: k.chain, Spec: spec, Fast: k.fast,
 		Keys: keys, Logger: s.log, Metrics: s.m.set}, eps)
@@ -170,14 +217,62 @@ func (k *kvRouter) close()                          { k.mgr.Close() }
 
 func (k *kvRouter) inventory(i int) (keys int, parity string, connected bool, lastSeq int64) {
 	st := k.mgr.Status(i)
-	return k.inv.Count(i), st.Parity, st.Connected, st.LastSeq
+	for r := 0; r < int(k.ranks.dp[i]); r++ {
+		keys += k.inv.Count(k.ranks.slot(i, r))
+	}
+	return keys, st.Parity, st.Connected, st.LastSeq
+}
+
+// endpointContract is endpoint e's own contract: its engine's hash at its block_size (the
+// rule's -kv-block-size when unset), so a rule mixing vLLM, SGLang and TensorRT-LLM keys
+// each the way its engine does. nil: the rule's (a TensorRT-LLM endpoint without
+// block_size, whose keys are kvgate's fast chain at the rule's block size).
+func endpointContract(cfg *Config, e EndpointSpec) *hashcore.Spec {
+	bs := cfg.KVBlockSize
+	if e.BlockSize > 0 {
+		bs = e.BlockSize
+	}
+	switch e.Engine {
+	case EngineVLLM:
+		return &hashcore.Spec{Engine: "vllm", Algo: cfg.KVHashAlgo, BlockSize: bs, Seed: cfg.KVHashSeed, SeedSet: cfg.KVHashSeedSet}
+	case EngineSGLang:
+		algo := cfg.KVHashAlgo
+		if algo != "sha256" && algo != "sha256-bigram" {
+			algo = "" // a vLLM algo names the rule's vLLM endpoints' hash, not SGLang's
+		}
+		return &hashcore.Spec{Engine: "sglang", Algo: algo, BlockSize: bs}
+	case EngineTRTLLM:
+		if e.BlockSize > 0 {
+			return &hashcore.Spec{Engine: "kvgate", BlockSize: bs}
+		}
+	}
+	return nil
+}
+
+// chainOf is the chain endpoint i's inventory keys are under: its engine's contract, or
+// kvgate's fast chain when it holds re-hashed keys (TensorRT-LLM, failed parity, -kv-keys
+// rehash), each at the endpoint's block size (ingest.Manager.Contract).
+func (k *kvRouter) chainOf(i int) hashcore.Chain {
+	c, f := k.mgr.Contract(i)
+	if c == nil && f == nil {
+		c, f = k.chain, k.fast
+	}
+	if c == nil || k.mgr.UsesFastKeys(i) {
+		return f
+	}
+	return c
+}
+
+// pick sets d to the endpoint and rank of inventory slot sl.
+func (k *kvRouter) pick(d *decision, sl int) {
+	d.ep, d.slot, d.rank = int(k.ranks.ep[sl]), sl, k.ranks.rankOf(sl)
 }
 
 // bstr views b as a string without copying; the callee must not keep it.
 func bstr(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 func (k *kvRouter) miss(st *reqState, d *decision, r Route) {
-	d.ep, d.route = -1, r
+	d.ep, d.slot, d.rank, d.route = -1, -1, -1, r
 	st.meter.miss(r)
 }
 
@@ -286,22 +381,29 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 		st.salt = openai.AppendUnquoted(st.salt[:0], salt.Bytes(b))
 		ex.CacheSalt = bstr(st.salt)
 	}
-	// Split the eligible endpoints by the keys their inventory holds.
+	// Split the eligible endpoints' slots by the keys their inventory holds.
 	t1 := time.Now()
 	engMask, fastMask := st.engMask, st.fastMask
 	clear(engMask)
 	clear(fastMask)
-	nEng, nFast := 0, 0
-	for i := range s.eps {
-		if !el.Has(i) {
+	nEng, nFast, nOther := 0, 0, 0
+	st.ngroups = 0
+	for sl, i := range k.ranks.ep {
+		if !el.Has(int(i)) {
 			continue
 		}
-		if k.chain == nil || k.mgr.UsesFastKeys(i) {
-			fastMask.Set(i)
+		switch c := k.chainOf(int(i)); c {
+		case k.fast:
+			fastMask.Set(sl)
 			nFast++
-		} else {
-			engMask.Set(i)
+		case k.chain:
+			engMask.Set(sl)
 			nEng++
+		default:
+			// An endpoint of another contract or block size (its option, or adopted
+			// from its events): one chain per distinct contract.
+			st.group(c).mask.Set(sl)
+			nOther++
 		}
 	}
 	var exp *hashcore.Extras
@@ -318,9 +420,15 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	if nFast > 0 {
 		st.fastKeys = hashcore.Keys(k.fast, st.fastKeys[:0], st.tokens, exp)
 	}
+	otherKeys := 0
+	for g := range st.groups[:st.ngroups] {
+		grp := &st.groups[g]
+		grp.keys = k.groupKeys(grp.chain, grp.keys[:0], st.tokens, exp)
+		otherKeys += len(grp.keys)
+	}
 	st.meter.stage(StageHash, t1)
-	if len(st.keys) == 0 && len(st.fastKeys) == 0 {
-		if len(st.tokens) >= k.blockSize && nEng+nFast == 0 {
+	if len(st.keys) == 0 && len(st.fastKeys) == 0 && otherKeys == 0 {
+		if len(st.tokens) >= k.blockSize && nEng+nFast+nOther == 0 {
 			k.miss(st, d, RouteMissNoWorker)
 			return
 		}
@@ -333,9 +441,24 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	}
 	if nFast > 0 {
 		k.inv.Score(st.fastKeys, fastMask, k.mode, st.scores2)
-		for i := range s.eps {
-			if fastMask.Has(i) {
-				st.scores[i] = st.scores2[i]
+		for sl := range k.ranks.ep {
+			if fastMask.Has(sl) {
+				st.scores[sl] = st.scores2[sl]
+			}
+		}
+	}
+	for g := range st.groups[:st.ngroups] {
+		grp := &st.groups[g]
+		if len(grp.keys) == 0 {
+			continue
+		}
+		k.inv.Score(grp.keys, grp.mask, k.mode, st.scores2)
+		// In the rule's blocks, so every candidate's match is in one unit (a finer
+		// page size rounds down to whole rule blocks).
+		bs := grp.chain.BlockSize()
+		for sl := range k.ranks.ep {
+			if grp.mask.Has(sl) {
+				st.scores[sl] = int32(int(st.scores2[sl]) * bs / k.blockSize)
 			}
 		}
 	}
@@ -349,17 +472,27 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 // has not reported yet (the pending / prefix-trie inventory) count as held for the cost
 // policy's uncached tokens; predicted cached tokens, the parity evidence, count only
 // what the engines reported.
+//
+// Candidates are inventory slots: an endpoint's data-parallel ranks compete as the
+// separate engines they are, and the winner names both.
 func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
-	s := k.s
-	matched := st.matched
-	copy(matched, st.scores)
+	el = k.ranks.expand(el, st.slotEl)
+	n := k.ranks.cands
+	matched := st.matched[:n]
+	copy(matched, st.scores[:n])
+	var cpu, sto []int32
+	if k.ranks.tiered {
+		cpu, sto = st.tierCPU[:n], st.tierSto[:n]
+		k.ranks.foldTiers(st.scores, matched, cpu, sto)
+	}
 	if k.foldTrie {
 		if keys := k.trieKeys(st); len(keys) > 0 {
-			k.trie.score(keys, el, st.scores2, st.scores3, matched)
+			// Candidate-length scratch: past it lie tier slots' scores.
+			k.trie.score(keys, el, st.scores2[:n], st.scores3[:n], matched)
 		}
 	}
 	best := -1
-	for i := range s.eps {
+	for i := range matched {
 		if el.Has(i) && matched[i] > 0 && (best < 0 || matched[i] > matched[best]) {
 			best = i
 		}
@@ -371,7 +504,8 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 		blocks = st.fastKeys
 	}
 	*c = route.Candidates{Eligible: el, Matched: matched, Best: best, Tokens: len(st.tokens),
-		BlockSize: k.blockSize, MinBlocks: max(k.minBlocks, 1), Blocks: blocks}
+		BlockSize: k.blockSize, MinBlocks: max(k.minBlocks, 1), Blocks: blocks,
+		CPU: cpu, Storage: sto, CPUCost: k.s.cfg.KVTierWeightCPU, StorageCost: k.s.cfg.KVTierWeightStorage}
 	defer st.meter.prompt(blocks)
 	if best < 0 || matched[best] < k.minBlocks {
 		r := RouteMissNoWorker
@@ -382,7 +516,9 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 		if k.loadOnMiss {
 			// No endpoint holds enough of the prompt: it prefills in full wherever it
 			// goes, so the least predicted first token is the least queued work.
-			d.ep = k.sel.Select(c, st.obs)
+			if sl := k.sel.Select(c, st.obs); sl >= 0 {
+				k.pick(d, sl)
+			}
 		}
 		return
 	}
@@ -394,15 +530,13 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 	if winner != best {
 		st.meter.nextBest()
 	}
-	d.ep = winner
+	k.pick(d, winner)
 	d.predicted = int(st.scores[winner]) * k.blockSize
-	if m := matched[winner]; m >= c.MinBlocks {
-		d.uncached = max(len(st.tokens)-int(m)*k.blockSize, 0)
-	}
+	d.uncached = c.Uncached(winner)
 	switch {
-	case st.scores[winner] >= c.MinBlocks:
+	case k.ranks.reported(st.scores, winner) >= c.MinBlocks:
 		d.route = RouteKVHit
-		st.meter.hit(winner)
+		st.meter.hit(d.ep)
 	case matched[winner] >= c.MinBlocks:
 		d.route = RoutePrefixTrie
 	default:

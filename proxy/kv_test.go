@@ -174,7 +174,8 @@ func TestKVExactMode3(t *testing.T) {
 	}
 
 	// /debug/explain shows the scores and sends nothing.
-	before := len(b.requests())
+	// (Counted by path: the load scraper reads /metrics meanwhile.)
+	before := b.count("/v1/completions")
 	res, body = post(t, s.admURL("/debug/explain"), complPrompt(sharedPrefix))
 	var ex Explanation
 	if err := json.Unmarshal([]byte(body), &ex); err != nil {
@@ -183,7 +184,7 @@ func TestKVExactMode3(t *testing.T) {
 	if ex.Endpoint != "b" || ex.Route != "kv-hit" || ex.Scores["b"] != 8 || ex.Scores["c"] != 3 || ex.Scores["a"] != 0 || ex.Tokens != len(toks) || ex.Blocks != len(toks)/blockSize {
 		t.Errorf("explain %+v (tokens %d)", ex, len(toks))
 	}
-	if len(b.requests()) != before {
+	if b.count("/v1/completions") != before {
 		t.Error("explain reached an engine")
 	}
 	// /debug/inventory: keys, parity (attested from token_ids), connection.

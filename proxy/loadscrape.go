@@ -61,7 +61,7 @@ func (s *Server) scrapeLoop() {
 func (s *Server) scrapeOne(i int, e *endpoint) {
 	defer e.scrape.inFlight.Store(false)
 	t0 := time.Now()
-	r, err := s.readReport(e)
+	r, ranks, err := s.readReport(e)
 	e.scrape.duration.Store(int64(time.Since(t0)))
 	if err != nil {
 		e.scrape.failed.Add(1)
@@ -78,11 +78,16 @@ func (s *Server) scrapeOne(i int, e *endpoint) {
 		s.log.Info("engine /metrics readable again", "endpoint", e.spec.Name)
 	}
 	s.queues.Observe(i, r, s.loads.Get(i), time.Now())
+	if s.kv != nil {
+		s.kv.observeRanks(i, r, ranks)
+	}
 }
 
 var errNoLoad = errors.New("no running or waiting request gauge in the body")
 
-func (s *Server) readReport(e *endpoint) (route.Report, error) {
+// readReport reads e's load; ranks is one report per data-parallel rank when e has
+// several and its body labels each (route.ParseRankReports), else nil.
+func (s *Server) readReport(e *endpoint) (r route.Report, ranks []route.Report, err error) {
 	req := protocol.AcquireRequest()
 	res := protocol.AcquireResponse()
 	defer protocol.ReleaseRequest(req)
@@ -100,22 +105,25 @@ func (s *Server) readReport(e *endpoint) (route.Report, error) {
 	ctx, cancel := context.WithTimeout(s.ctx, timeout)
 	defer cancel()
 	if err := s.client.DoTimeout(ctx, req, res, timeout); err != nil {
-		return route.Report{}, err
+		return route.Report{}, nil, err
 	}
 	defer res.CloseBodyStream() //nolint:errcheck
 	if code := res.StatusCode(); trtProm && code == 404 {
 		e.scrape.jsonOnly.Store(true)
-		return route.Report{}, errors.New("no /prometheus/metrics (return_perf_metrics off): reading the JSON /metrics from now on")
+		return route.Report{}, nil, errors.New("no /prometheus/metrics (return_perf_metrics off): reading the JSON /metrics from now on")
 	} else if code != 200 {
-		return route.Report{}, errors.New("status " + strconv.Itoa(code))
+		return route.Report{}, nil, errors.New("status " + strconv.Itoa(code))
 	}
 	body, err := io.ReadAll(io.LimitReader(res.BodyStream(), maxMetricsBody))
 	if err != nil {
-		return route.Report{}, err
+		return route.Report{}, nil, err
 	}
 	r, ok := route.ParseReport(body)
 	if !ok {
-		return route.Report{}, errNoLoad
+		return route.Report{}, nil, errNoLoad
 	}
-	return r, nil
+	if e.spec.DP > 1 {
+		ranks, _ = route.ParseRankReports(body, e.spec.DP)
+	}
+	return r, ranks, nil
 }

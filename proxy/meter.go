@@ -48,11 +48,13 @@ func (dm *decisionMeter) affinity() {
 	}
 }
 
-// sent remembers that the request's prompt went to ep (the prefix trie, or mode 3's
-// pending entries), so requests sharing its prefix follow it before the engine reports it.
-func (dm *decisionMeter) sent(st *reqState, ep int) {
-	if dm != nil && dm.trie != nil && ep >= 0 {
-		dm.kv.trieRecord(st, ep)
+// sent remembers that the request's prompt went to inventory slot sl (an endpoint, or
+// one data-parallel rank of it) in the prefix trie or mode 3's pending entries, so
+// requests sharing its prefix follow it before the engine reports it. sl < 0: no rank
+// was chosen, nothing to remember.
+func (dm *decisionMeter) sent(st *reqState, sl int) {
+	if dm != nil && dm.trie != nil && sl >= 0 {
+		dm.kv.trieRecord(st, sl)
 	}
 }
 

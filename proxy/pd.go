@@ -21,7 +21,7 @@ import (
 // load (round-robin on ties); decode by minimum load. The prefill pick is recorded in
 // the trie (not for /debug/explain, whose meter is nil).
 func (s *Server) decidePD(st *reqState, d *decision) {
-	d.ep, d.decode, d.predicted, d.route = -1, -1, 0, RouteRR
+	d.ep, d.slot, d.rank, d.decode, d.predicted, d.route = -1, -1, -1, -1, 0, RouteRR
 	elP := s.baseEligible(st, st.eligible, s.prefillMask)
 	elD := s.baseEligible(st, st.scratch, s.decodeMask)
 	if p, dec, ok := s.aff.get(st.sessKey, time.Now()); ok && elP.Has(p) && elD.Has(dec) {
@@ -42,7 +42,8 @@ func (s *Server) decidePD(st *reqState, d *decision) {
 		}
 	}
 	d.decode = s.decodeSel.Select(elD)
-	st.meter.sent(st, d.ep)
+	s.ranks.settle(d)
+	st.meter.sent(st, d.slot)
 }
 
 // sessionKey is the OpenAI `user` field or the X-Conversation-Id header.
@@ -104,14 +105,6 @@ func (s *Server) servePD(ctx context.Context, c *app.RequestContext, st *reqStat
 	}
 	s.m.noHealthy.Inc()
 	writeError(c, 503, "service_unavailable", "no healthy prefill and decode endpoints are available for this request")
-}
-
-// exchange sends body to endpoint i and reads the whole answer into dst, without
-// writing to the client. kind is meaningful when err != nil.
-func (s *Server) exchange(ctx context.Context, c *app.RequestContext, i int, body, dst []byte) (status int, resp []byte, kind UpstreamError, err error) {
-	req := s.prepareLeg(c, i, body)
-	defer protocol.ReleaseRequest(req)
-	return s.doLeg(ctx, i, req, dst)
 }
 
 // prepareLeg builds a leg's upstream request; it reads c, so it runs on the handler's
@@ -207,7 +200,10 @@ func (s *Server) decodeLeg(ctx context.Context, c *app.RequestContext, st *reqSt
 // what the P/D step returns (a retry, or the client already answered).
 func (s *Server) prefillLeg(ctx context.Context, c *app.RequestContext, st *reqState, d *decision) (resp []byte, out outcome, failed int, ok bool) {
 	s.sent(d)
-	status, resp, kind, err := s.exchange(ctx, c, d.ep, st.legA, st.legResp)
+	req := s.prepareLeg(c, d.ep, st.legA)
+	hintRank(req, d)
+	status, resp, kind, err := s.doLeg(ctx, d.ep, req, st.legResp)
+	protocol.ReleaseRequest(req)
 	st.legResp = resp
 	if err == nil && status == 200 {
 		s.firstToken(d) // the prefill leg answers once its one token exists
@@ -280,6 +276,7 @@ func (s *Server) pdSGLang(ctx context.Context, c *app.RequestContext, st *reqSta
 	}
 	done := make(chan result, 1)
 	preq := s.prepareLeg(c, d.ep, st.legA) // SetBody copies: legA may be reused
+	hintRank(preq, d)
 	go func() {
 		defer protocol.ReleaseRequest(preq)
 		_, _, kind, err := s.doLeg(ctx, d.ep, preq, nil)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/engine"
+	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/ingest"
 	"github.com/kvgate/kvgate/ingest/plane"
 )
@@ -84,6 +85,9 @@ type eventSource interface {
 	Close() error
 	Status(i int) ingest.EndpointStatus
 	UsesFastKeys(i int) bool
+	// Contract is the chains endpoint i's keys are under (its engine's, kvgate's fast
+	// one at its block size); nil, nil: the rule's.
+	Contract(i int) (engine, fast hashcore.Chain)
 	// Redial cuts endpoint i's reconnect backoff short (its health just came back).
 	Redial(i int)
 }
@@ -117,6 +121,10 @@ type routeSource struct{ *plane.Route }
 
 // Redial: a route replica follows no engine; the plane reconnects on its own.
 func (p routeSource) Redial(int) {}
+
+// Contract: a route replica keys every endpoint under the rule's contract (the plane
+// carries no adopted block sizes).
+func (p routeSource) Contract(int) (engine, fast hashcore.Chain) { return nil, nil }
 
 func (p routeSource) Start(ctx context.Context) error {
 	if err := p.Route.Start(ctx); err != nil {

@@ -34,7 +34,7 @@ func (s *Server) baseEligible(st *reqState, m shard.Mask, role shard.Mask) shard
 // remembered as pending entries (-kv-pending-ttl), hit or miss: the first request of a new
 // prefix goes by -select, and the burst behind it follows.
 func (s *Server) decide(st *reqState, d *decision, _ bool) {
-	d.ep, d.decode, d.predicted = -1, -1, 0
+	d.ep, d.slot, d.rank, d.decode, d.predicted = -1, -1, -1, -1, 0
 	el := s.baseEligible(st, st.eligible, nil)
 	if s.kv != nil {
 		s.kv.route(st, el, d)
@@ -44,7 +44,8 @@ func (s *Server) decide(st *reqState, d *decision, _ bool) {
 		s.decideFallback(st, d, el, nil)
 		st.meter.stage(StageSelect, t0)
 	}
-	st.meter.sent(st, d.ep)
+	s.ranks.settle(d)
+	st.meter.sent(st, d.slot)
 }
 
 // decideFallback picks by the rule's selector (-select). key overrides the

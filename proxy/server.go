@@ -61,6 +61,7 @@ type Server struct {
 	m             *proxyMetrics
 	kv            *kvRouter
 	aff           *affinity
+	ranks         *rankLayout // (endpoint, data-parallel rank) -> inventory slot (ranks.go)
 
 	prefillMask, decodeMask shard.Mask
 
@@ -140,7 +141,19 @@ func New(cfg Config, opt Options) (*Server, error) {
 	s.m = newProxyMetrics(s.names)
 	s.meter = &decisionMeter{m: s.m}
 	s.aff = newAffinity(cfg.AffinityTTL, cfg.AffinityMax)
-	s.pool.New = func() any { return newReqState(n) }
+	cpuTier, storageTier := cfg.tiersIndexed()
+	s.ranks = newRankLayout(cfg.Endpoints, cpuTier, storageTier)
+	if cfg.KVMode != KVOff && s.ranks.slots() > shard.MaxEndpoints && s.ranks.tiered {
+		// Each tier doubles the inventory's slots; a fleet this wide routes on GPU blocks.
+		log.Warn("lower-tier blocks are not indexed: the rule's endpoints and ranks leave no inventory slots for them (-kv-tier-weight-cpu and -kv-tier-weight-storage have no effect)",
+			"candidates", s.ranks.cands, "max_slots", shard.MaxEndpoints)
+		s.ranks = newRankLayout(cfg.Endpoints, false, false)
+	}
+	if cfg.KVMode != KVOff && s.ranks.slots() > shard.MaxEndpoints {
+		return nil, refuse("-endpoint", "%d endpoints with their data-parallel ranks make %d candidates; the inventory holds at most %d", n, s.ranks.slots(), shard.MaxEndpoints)
+	}
+	slots := s.ranks.slots()
+	s.pool.New = func() any { return newReqState(slots) }
 	s.conns = newConnRegistry()
 
 	var err error
@@ -414,6 +427,8 @@ type reqState struct {
 	scores2  []int32
 	scores3  []int32
 	matched  []int32 // blocks held per endpoint as the policy sees them (inventory, then pending)
+	tierCPU  []int32 // of matched, blocks only a lower tier holds (ranks.go foldTiers)
+	tierSto  []int32
 	cand     route.Candidates
 	obs      route.Observer // /debug/explain's recorder; nil for traffic
 	meter    *decisionMeter // the server's for traffic; nil for /debug/explain
@@ -434,6 +449,11 @@ type reqState struct {
 	ex         hashcore.Extras
 	engMask    shard.Mask
 	fastMask   shard.Mask
+	slotEl     shard.Mask // the eligible endpoints' inventory slots (data-parallel ranks)
+	// groups are the eligible endpoints under neither the rule's contract nor its fast
+	// chain (another block size or engine), one per chain; ngroups are in use. Reused.
+	groups  []keyGroup
+	ngroups int
 	// canRetry: this attempt's 5xx or truncated answer may be dropped for another
 	// endpoint (nothing has reached the client; attempts and an alternative remain).
 	canRetry bool
@@ -447,6 +467,32 @@ type reqState struct {
 	cached int64
 }
 
+// keyGroup is one chain some eligible endpoints' keys are under, their slots and the
+// prompt's keys in that chain.
+type keyGroup struct {
+	chain hashcore.Chain
+	mask  shard.Mask
+	keys  []uint64
+}
+
+// group is the request's key group for chain c, taken into use (its mask cleared) the
+// first time c is asked for; group masks and key buffers are reused across requests.
+func (st *reqState) group(c hashcore.Chain) *keyGroup {
+	for g := range st.groups[:st.ngroups] {
+		if st.groups[g].chain == c {
+			return &st.groups[g]
+		}
+	}
+	if st.ngroups == len(st.groups) {
+		st.groups = append(st.groups, keyGroup{mask: shard.NewMask(len(st.scores))})
+	}
+	g := &st.groups[st.ngroups]
+	st.ngroups++
+	g.chain = c
+	clear(g.mask)
+	return g
+}
+
 func newReqState(n int) *reqState {
 	return &reqState{
 		body:     make([]byte, 0, 16<<10),
@@ -454,11 +500,14 @@ func newReqState(n int) *reqState {
 		scores2:  make([]int32, n),
 		scores3:  make([]int32, n),
 		matched:  make([]int32, n),
+		tierCPU:  make([]int32, n),
+		tierSto:  make([]int32, n),
 		eligible: shard.NewMask(n),
 		excluded: shard.NewMask(n),
 		scratch:  shard.NewMask(n),
 		engMask:  shard.NewMask(n),
 		fastMask: shard.NewMask(n),
+		slotEl:   shard.NewMask(n),
 		relay:    make([]byte, 8<<10), // held per open stream: SSE events are small
 	}
 }
@@ -471,6 +520,7 @@ func (st *reqState) reset() {
 	clear(st.excluded)
 	st.tail = st.tail[:0]
 	st.memoUse, st.memoBlocks = tokenize.MemoUse{}, 0
+	st.ngroups = 0
 }
 
 func (s *Server) getState() *reqState {
@@ -638,7 +688,7 @@ func (s *Server) serveOne(ctx context.Context, c *app.RequestContext, st *reqSta
 	var lastErr error
 	lastEp := -1
 	for attempt := 0; attempt < maxAttempts; attempt++ {
-		d := decision{ep: -1, decode: -1}
+		d := decision{ep: -1, slot: -1, rank: -1, decode: -1}
 		if openAI {
 			s.decide(st, &d, false)
 			if attempt == 0 {

@@ -305,8 +305,12 @@ func (s *Server) logRule() {
 		args := []any{"endpoint", e.spec.Name, "url", e.spec.URL, "engine", e.spec.Engine.String(),
 			"role", e.spec.Role.String(), "routing", s.states.initialState(i).String()}
 		if s.kv != nil && s.states.scored(i) {
+			bs := cfg.KVBlockSize
+			if e.spec.BlockSize > 0 {
+				bs = e.spec.BlockSize
+			}
 			args = append(args, "events", e.spec.Events, "contract", s.contractOf(i),
-				"block_size", cfg.KVBlockSize, "keys", cfg.KVKeys)
+				"block_size", bs, "keys", cfg.KVKeys)
 		}
 		s.log.Info("kvgate endpoint", args...)
 	}
@@ -319,6 +323,9 @@ func (s *Server) contractOf(i int) string {
 		return "kvgate/fast (events' token_ids re-hashed)"
 	}
 	c := s.kv.chain.Name()
+	if ec, _ := s.kv.mgr.Contract(i); ec != nil {
+		c = ec.Name() // its own (engine, block size), adopted ones included
+	}
 	if e.spec.Engine == EngineVLLM {
 		if s.cfg.KVHashSeedSet {
 			c += " PYTHONHASHSEED=" + s.cfg.KVHashSeed

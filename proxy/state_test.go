@@ -117,7 +117,9 @@ func TestRoutingStatePerEndpoint(t *testing.T) {
 	big := newKVEngine(t, "big", enginepub.VLLM)
 	lost := newFakeEngine(t, "lost")
 	lostSpec := "name=lost,url=" + lost.url() + ",engine=vllm,events=tcp://" + deadAddr(t)
-	cfg := kvConfig(t, KVConverged, good.spec(0, "vllm", ""), drift.spec(1, "vllm", ""), big.spec(2, "vllm", ""), lostSpec)
+	// big pins the rule's block size (block_size=16): unpinned it would adopt the 32 its
+	// events prove (bench/enginesim TestBlockSizePerEndpoint).
+	cfg := kvConfig(t, KVConverged, good.spec(0, "vllm", ""), drift.spec(1, "vllm", ""), big.spec(2, "vllm", ",block_size=16"), lostSpec)
 	s, lb := startLogged(t, cfg, fastStates)
 
 	if l := lb.lines("kvgate rule", "kv_mode=\"3 (converged pool)\"", "qwen3"); len(l) != 1 {

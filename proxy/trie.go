@@ -216,17 +216,19 @@ func (k *kvRouter) trieRoute(st *reqState, el shard.Mask, d *decision) {
 	if len(keys) == 0 {
 		return
 	}
-	s := k.s
-	best := k.trie.best(keys, el, st.scores2, st.scores3)
+	el = k.ranks.expand(el, st.slotEl)
+	n := k.ranks.cands // the trie knows candidates; tier slots' scratch lies past them
+	best := k.trie.best(keys, el, st.scores2[:n], st.scores3[:n])
 	if best < 0 || st.scores2[best] == 0 {
 		return
 	}
-	if st.scores2[best] < k.minBlocks || !s.loads.Under(best, s.loads.Bound(el, s.cfg.LoadFactor)) {
+	if st.scores2[best] < k.minBlocks || !k.slotLoads.Under(best, k.slotLoads.Bound(el, k.s.cfg.LoadFactor)) {
 		return
 	}
 	// predicted stays 0: the trie is kvgate's memory, not an engine's report, and must
 	// not feed the predicted-versus-delivered parity evidence.
-	d.ep, d.route = best, RoutePrefixTrie
+	k.pick(d, best)
+	d.route = RoutePrefixTrie
 }
 
 // trieRecord remembers that the request's prompt went to endpoint ep, past the blocks
@@ -234,7 +236,7 @@ func (k *kvRouter) trieRoute(st *reqState, el shard.Mask, d *decision) {
 // chained blocks holds, as a rule, its first n), so a conversation's next turn adds only
 // its new blocks.
 // Mode 1's trie records whole prompts: its tier scores the leading run (best).
-func (k *kvRouter) trieRecord(st *reqState, ep int) {
+func (k *kvRouter) trieRecord(st *reqState, ep int) { // ep: the inventory slot
 	keys := k.trieKeys(st)
 	from := 0
 	if k.trie.ttl > 0 {

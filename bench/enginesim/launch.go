@@ -43,6 +43,9 @@ type Spec struct {
 	Events, Replay, Topic string
 	Layout                string // array (default) | map
 	ReplayBuffer          int
+	// DPRank is this engine core's data-parallel rank (LaunchDP sets it): its events'
+	// data_parallel_rank and its metrics' engine label.
+	DPRank int
 }
 
 // Launch builds the chain and event sink for sp, then starts serving HTTP.
@@ -79,7 +82,7 @@ func Launch(sp Spec) (*Sim, error) {
 	cfg := Config{Name: sp.Name, Engine: engine, Model: sp.Model, LoRAs: sp.LoRAs, Encoder: enc, Chain: chain,
 		Role: sp.Role, NumBlocks: sp.NumBlocks, MaxBatch: sp.MaxBatch, DefaultMaxTokens: sp.DefaultMaxTokens,
 		PrefillBase: sp.PrefillBase, PrefillPerToken: sp.PrefillPerToken, DecodePerToken: sp.DecodePerToken,
-		PrefillShared: sp.PrefillShared, BootstrapTimeout: sp.BootstrapTimeout}
+		PrefillShared: sp.PrefillShared, BootstrapTimeout: sp.BootstrapTimeout, EngineIndex: sp.DPRank}
 	listen := sp.Listen
 	if listen == "" {
 		listen = "127.0.0.1:0"
@@ -96,7 +99,7 @@ func Launch(sp Spec) (*Sim, error) {
 	case engine == EngineTRTLLM:
 		cfg.TRT = &TRTSink{Q: &enginepub.TRTQueue{}}
 	case sp.Events != "":
-		f := enginepub.Format{Flavor: enginepub.VLLM}
+		f := enginepub.Format{Flavor: enginepub.VLLM, DPRank: sp.DPRank}
 		switch sp.Layout {
 		case "", "array":
 		case "map":
@@ -105,7 +108,7 @@ func Launch(sp Spec) (*Sim, error) {
 			return nil, fmt.Errorf("enginesim: event layout %q: want array or map", sp.Layout)
 		}
 		if engine == EngineSGLang {
-			f = enginepub.Format{Flavor: enginepub.SGLang}
+			f = enginepub.Format{Flavor: enginepub.SGLang, DPRank: sp.DPRank}
 		}
 		z, err := NewZMQSink(enginepub.Config{Endpoint: sp.Events, Replay: sp.Replay, Topic: sp.Topic, Format: f,
 			ReplayBuffer: sp.ReplayBuffer, ReplayTopicFrame: engine == EngineVLLM})

@@ -79,6 +79,22 @@ type loadSnapshot struct {
 	reqOK                        uint64
 }
 
+// add sums o into l: what a server in front of several cores reports as one engine.
+func (l *loadSnapshot) add(o *loadSnapshot) {
+	l.running += o.running
+	l.waiting += o.waiting
+	l.prefilling += o.prefilling
+	l.pool.Blocks += o.pool.Blocks
+	l.pool.Free += o.pool.Free
+	l.pool.Cached += o.pool.Cached
+	l.pool.QueryTokens += o.pool.QueryTokens
+	l.pool.HitTokens += o.pool.HitTokens
+	l.promptTok += o.promptTok
+	l.cachedTok += o.cachedTok
+	l.genTok += o.genTok
+	l.reqOK += o.reqOK
+}
+
 func (s *Sim) loadSnapshot() loadSnapshot {
 	run, wait := s.sched.load()
 	l := loadSnapshot{running: run, waiting: wait, prefilling: int(s.prefilling.Load()), pool: s.pool.Stats(),
@@ -117,18 +133,29 @@ func (s *Sim) serveMetrics(w http.ResponseWriter, r *http.Request) {
 // appendVLLMMetrics: vLLM v1's PrometheusStatLogger, labels model_name and engine (the
 // engine core index; one core here).
 func (s *Sim) appendVLLMMetrics(b []byte, l *loadSnapshot) []byte {
+	return appendVLLMCores(b, []*Sim{s}, []loadSnapshot{*l})
+}
+
+// appendVLLMCores writes each family once with one sample per engine core: the API server
+// of a data-parallel vLLM exposes every core's gauges under its index (engine="r").
+func appendVLLMCores(b []byte, cores []*Sim, ls []loadSnapshot) []byte {
 	p := promText{b: b}
-	p.labels = "model_name=" + string(labelValue(nil, s.cfg.Model)) + `,engine="0"`
-	p.gauge("vllm:num_requests_running", "Number of requests in model execution batches.", float64(l.running))
-	p.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", float64(l.waiting))
-	p.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", l.usage())
-	p.counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", l.pool.QueryTokens)
-	p.counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", l.pool.HitTokens)
-	p.counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", l.promptTok)
-	p.counter("vllm:generation_tokens_total", "Number of generation tokens processed.", l.genTok)
+	each := func(name, typ, help, extra string, v func(l *loadSnapshot) float64) {
+		p.family(name, typ, help)
+		for i, c := range cores {
+			p.labels = "model_name=" + string(labelValue(nil, c.cfg.Model)) + `,engine="` + strconv.Itoa(c.cfg.EngineIndex) + `"`
+			p.sample(name, extra, v(&ls[i]))
+		}
+	}
+	each("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", "", func(l *loadSnapshot) float64 { return float64(l.running) })
+	each("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", "", func(l *loadSnapshot) float64 { return float64(l.waiting) })
+	each("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", "", func(l *loadSnapshot) float64 { return l.usage() })
+	each("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.", "", func(l *loadSnapshot) float64 { return float64(l.pool.QueryTokens) })
+	each("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.", "", func(l *loadSnapshot) float64 { return float64(l.pool.HitTokens) })
+	each("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", "", func(l *loadSnapshot) float64 { return float64(l.promptTok) })
+	each("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", "", func(l *loadSnapshot) float64 { return float64(l.genTok) })
 	// Every simulated request stops at max_tokens: finished_reason is always "length".
-	p.family("vllm:request_success_total", "counter", "Count of successfully processed requests.")
-	p.sample("vllm:request_success_total", `finished_reason="length"`, float64(l.reqOK))
+	each("vllm:request_success_total", "counter", "Count of successfully processed requests.", `finished_reason="length"`, func(l *loadSnapshot) float64 { return float64(l.reqOK) })
 	return p.b
 }
 

@@ -284,6 +284,17 @@ func (p *Pool) Reset() {
 	p.flush()
 }
 
+// forget drops every cached key without an event: what a restarted engine process
+// holds (it publishes nothing about the cache it lost).
+func (p *Pool) forget() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := range p.blocks {
+		p.blocks[i].hashed = false
+	}
+	clear(p.index)
+}
+
 func (p *Pool) flush() {
 	if p.sink != nil && len(p.evs) > 0 {
 		p.sink.Publish(p.evs)

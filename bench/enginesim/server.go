@@ -65,6 +65,10 @@ type Config struct {
 	// BootstrapTimeout bounds a decode's wait for its prefill's KV (default 30s).
 	BootstrapTimeout time.Duration
 
+	// EngineIndex is the engine core's index in a data-parallel engine (its rank): the
+	// engine label on its vLLM metrics. 0 without data parallelism.
+	EngineIndex int
+
 	// Sink receives cache events (nil = none). NewEventSink builds one for vLLM/SGLang.
 	Sink Sink
 	// TRT, when set (trtllm engine), queues events for POST /kv_cache_events.

@@ -48,6 +48,7 @@ func runEngineSim(args []string, stdin io.Reader, stdout, stderr io.Writer) int 
 	fs.StringVar(&sp.Topic, "kv-topic", "", "event topic")
 	fs.StringVar(&sp.Layout, "event-layout", "array", "vLLM event encoding: array (tagged arrays) or map (v0.26+ tagged maps)")
 	fs.IntVar(&sp.ReplayBuffer, "kv-replay-buffer", 10000, "batches kept for replay")
+	dp := fs.Int("dp", 1, "vllm, sglang: data-parallel engine cores behind one API server, each with its own KV cache and events on -kv-events port+rank (vLLM: engine=\"rank\" metrics); X-Data-Parallel-Rank picks the core")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: kvgate engine-sim [flags]
 
@@ -92,6 +93,9 @@ produces, and a latency model in which cached tokens are cheaper than uncached o
 		fmt.Fprintln(stderr, "engine-sim: -tokenize-drift needs -tokenizer")
 		return 2
 	}
+	if *dp != 1 {
+		return runEngineSimDP(sp, *dp, stdout, stderr)
+	}
 	sim, err := enginesim.Launch(sp)
 	if err != nil {
 		fmt.Fprintf(stderr, "engine-sim: %v\n", err)
@@ -118,6 +122,30 @@ produces, and a latency model in which cached tokens are cheaper than uncached o
 	return 0
 }
 
+// runEngineSimDP serves a data-parallel vLLM of n cores until interrupted.
+func runEngineSimDP(sp enginesim.Spec, n int, stdout, stderr io.Writer) int {
+	d, err := enginesim.LaunchDP(sp, n)
+	if err != nil {
+		fmt.Fprintf(stderr, "engine-sim: -dp: %v\n", err)
+		return 2
+	}
+	fmt.Fprintf(stdout, "engine-sim %s (%s, %d data-parallel cores) on %s", sp.Name, d.Ranks[0].Config().Engine, n, d.URL())
+	for r, s := range d.Ranks {
+		if a := s.EventsAddr(); a != "" {
+			fmt.Fprintf(stdout, ", rank %d events %s", r, a)
+		}
+	}
+	fmt.Fprintln(stdout)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	<-ctx.Done()
+	if err := d.Close(); err != nil {
+		fmt.Fprintf(stderr, "engine-sim: close: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
 // flagGroup is a titled run of flags in -h output.
 type flagGroup struct {
 	title string
@@ -127,7 +155,7 @@ type flagGroup struct {
 // engineSimFlagGroups orders engine-sim's -h by the part of the engine a flag sets. Every
 // flag is in exactly one group (TestEngineSimHelpGroupsEveryFlag).
 var engineSimFlagGroups = []flagGroup{
-	{"Engine (API, model, tokenizer)", []string{"listen", "name", "engine", "model", "lora", "tokenizer", "tokenize-drift", "max-tokens"}},
+	{"Engine (API, model, tokenizer)", []string{"listen", "name", "engine", "model", "lora", "tokenizer", "tokenize-drift", "max-tokens", "dp"}},
 	{"Cache (KV pool and block keys)", []string{"num-blocks", "block-size", "prefix-caching-hash-algo", "hash-seed"}},
 	{"Latency (scheduler and timing model)", []string{"max-batch", "prefill-base", "prefill-per-token", "prefill-shared", "decode-per-token"}},
 	{"P/D (prefill/decode disaggregation)", []string{"role", "disaggregation-bootstrap-port", "bootstrap-timeout"}},

@@ -14,6 +14,8 @@ import (
 // prefilling there, and the minimum wins. Cache overlap is a credit (fewer
 // uncached tokens), not the whole decision: a short hot prefix no longer pulls every
 // request onto one engine once its queue costs more than the prefill it saves.
+// Blocks only a lower tier holds (host memory, storage) are not free: each token there
+// costs its tier's weight of a prefill (Candidates.Uncached).
 //
 // Fair share: an endpoint may take no more than FairShare times the mean share of the
 // recent prefill work (Queues.Work, the last ShareWindow or so) among the eligible
@@ -99,15 +101,19 @@ func (c *Cost) Select(cd *Candidates, obs Observer) int {
 		if !cd.Eligible.Has(i) {
 			continue
 		}
-		m := cd.Matched[i]
-		cached := int(m) * cd.BlockSize
-		if m < cd.MinBlocks {
-			cached = 0 // too shallow to count as a hit: the engine may well not reuse it
+		uncached := cd.Uncached(i)
+		cached := 0 // tokens the endpoint holds on any tier, when deep enough to count
+		if m := cd.Matched[i]; m >= cd.MinBlocks {
+			cached = int(m) * cd.BlockSize
 		}
-		uncached := max(cd.Tokens-cached, 0)
 		load := c.Loads.Get(i)
 		t := c.Queues.Predict(i, uncached, load, now)
-		t.Matched = m
+		t.Matched = cd.Matched[i]
+		if cd.CPU != nil {
+			t.CPU, t.Storage = cd.CPU[i], cd.Storage[i]
+		}
+		t.GPUTokens = int(t.Matched-t.CPU-t.Storage) * cd.BlockSize
+		t.CPUTokens, t.StorageTokens = int(t.CPU)*cd.BlockSize, int(t.Storage)*cd.BlockSize
 		if scale > 0 {
 			w := float64(uncached) / t.Rate * scale
 			if after := total + w; after > 0 {

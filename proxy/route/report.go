@@ -131,3 +131,90 @@ func parseTRT(b []byte) (r Report, ok bool) {
 	}
 	return r, ok
 }
+
+// ParseRankReports reads one report per data-parallel rank from an engine's Prometheus
+// /metrics: vLLM's API server in front of n engine cores labels every scheduler gauge
+// with its core's index (`engine="0"` ... `engine="n-1"`; docs/CONTRACTS.md,
+// "Data-parallel ranks"). ok is false unless every rank in [0, n) has a running or
+// waiting sample: a body without per-core labels (one engine, another engine kind, a
+// proxy that sums them) says nothing about any single rank, and each rank's load then
+// comes from kvgate's own accounting.
+func ParseRankReports(body []byte, n int) (rs []Report, ok bool) {
+	if n <= 0 {
+		return nil, false
+	}
+	rs = make([]Report, n)
+	seen := make([]bool, n)
+	for i := range rs {
+		rs[i].KVUsage = -1
+	}
+	b := bytes.TrimSpace(body)
+	for len(b) > 0 {
+		line := b
+		if nl := bytes.IndexByte(b, '\n'); nl >= 0 {
+			line, b = b[:nl], b[nl+1:]
+		} else {
+			b = nil
+		}
+		line = bytes.TrimSpace(line)
+		if len(line) == 0 || line[0] == '#' {
+			continue
+		}
+		name, val, good := sample(line)
+		if !good {
+			continue
+		}
+		run, wait, kv := in(name, runningNames[:]), in(name, waitingNames[:]), in(name, kvUsageNames[:])
+		if !run && !wait && !kv {
+			continue
+		}
+		r, isRank := engineLabel(line)
+		if !isRank || r < 0 || r >= n {
+			continue
+		}
+		switch {
+		case run:
+			rs[r].Running += int64(val)
+			seen[r] = true
+		case wait:
+			rs[r].Waiting += int64(val)
+			seen[r] = true
+		default:
+			rs[r].KVUsage = max(rs[r].KVUsage, val)
+		}
+	}
+	for _, s := range seen {
+		if !s {
+			return nil, false
+		}
+	}
+	return rs, true
+}
+
+// engineLabel reads the integer value of a sample's engine label.
+func engineLabel(line []byte) (int, bool) {
+	open := bytes.IndexByte(line, '{')
+	close := bytes.LastIndexByte(line, '}')
+	if open < 0 || close < open {
+		return 0, false
+	}
+	labels := line[open+1 : close]
+	for len(labels) > 0 {
+		eq := bytes.IndexByte(labels, '=')
+		if eq < 0 || eq+1 >= len(labels) || labels[eq+1] != '"' {
+			return 0, false
+		}
+		key := bytes.TrimSpace(labels[:eq])
+		rest := labels[eq+2:]
+		end := bytes.IndexByte(rest, '"') // engine indexes and model names need no escapes
+		if end < 0 {
+			return 0, false
+		}
+		if string(key) == "engine" {
+			v, err := strconv.Atoi(string(rest[:end]))
+			return v, err == nil
+		}
+		labels = bytes.TrimLeft(rest[end+1:], ", ")
+	}
+	return 0, false
+}
