@@ -4,52 +4,68 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // Manager follows every event-publishing endpoint of a rule: one goroutine per endpoint
 // and data-parallel rank, each isolated from the others.
 type Manager struct {
-	cfg     Config
-	eps     []*endpoint
-	byIndex []*endpoint
+	cfg Config
+	// byIndex is read lock-free on the request path (UsesFastKeys); endpoints come and
+	// go at runtime (AddEndpoint, RemoveEndpoint) by storing into their slot.
+	byIndex []atomic.Pointer[endpoint]
 
-	mu      sync.Mutex
+	mu      sync.Mutex // eps, ctx, started
+	eps     []*endpoint
+	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	started bool
 }
 
 // NewManager validates the endpoints and prepares their state; nothing runs until Start.
+// Config.Slots sets how many inventory indices endpoints may use (AddEndpoint included);
+// 0 sizes it to the given endpoints.
 func NewManager(cfg Config, eps []EndpointConfig) (*Manager, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
 	m := &Manager{cfg: cfg}
-	names := map[string]bool{}
-	maxIdx := -1
+	slots := cfg.Slots
 	for i := range eps {
-		ec := eps[i]
-		if err := ec.validate(); err != nil {
+		slots = max(slots, eps[i].Index+1)
+	}
+	m.byIndex = make([]atomic.Pointer[endpoint], slots)
+	for i := range eps {
+		if err := m.add(eps[i]); err != nil {
 			return nil, err
 		}
-		if names[ec.Name] {
-			return nil, fmt.Errorf("ingest: endpoint name %q used twice", ec.Name)
-		}
-		names[ec.Name] = true
-		maxIdx = max(maxIdx, ec.Index)
-		e := newEndpoint(m, ec)
-		e.blocks = newBlockMap(cfg.BlockMapSize)
-		e.refs = newRefTable(cfg.RefCountSize)
-		m.eps = append(m.eps, e)
-	}
-	m.byIndex = make([]*endpoint, maxIdx+1)
-	for _, e := range m.eps {
-		if m.byIndex[e.cfg.Index] != nil {
-			return nil, fmt.Errorf("ingest: endpoints %q and %q share inventory index %d", m.byIndex[e.cfg.Index].cfg.Name, e.cfg.Name, e.cfg.Index)
-		}
-		m.byIndex[e.cfg.Index] = e
 	}
 	return m, nil
+}
+
+// add validates ec and takes its slot (m.mu held, or before the Manager is shared).
+func (m *Manager) add(ec EndpointConfig) error {
+	if err := ec.validate(); err != nil {
+		return err
+	}
+	if ec.Index >= len(m.byIndex) {
+		return fmt.Errorf("ingest: endpoint %q: inventory index %d beyond the %d slots", ec.Name, ec.Index, len(m.byIndex))
+	}
+	for _, o := range m.eps {
+		if o.cfg.Name == ec.Name {
+			return fmt.Errorf("ingest: endpoint name %q used twice", ec.Name)
+		}
+		if o.cfg.Index == ec.Index {
+			return fmt.Errorf("ingest: endpoints %q and %q share inventory index %d", o.cfg.Name, ec.Name, ec.Index)
+		}
+	}
+	e := newEndpoint(m, ec)
+	e.blocks = newBlockMap(m.cfg.BlockMapSize)
+	e.refs = newRefTable(m.cfg.RefCountSize)
+	m.eps = append(m.eps, e)
+	m.byIndex[ec.Index].Store(e)
+	return nil
 }
 
 // Start launches the subscribers and pollers. It does not block; a second call is a no-op.
@@ -60,21 +76,74 @@ func (m *Manager) Start(ctx context.Context) {
 		return
 	}
 	m.started = true
-	ctx, m.cancel = context.WithCancel(ctx)
+	m.ctx, m.cancel = context.WithCancel(ctx)
 	for _, e := range m.eps {
-		switch e.cfg.Engine {
-		case EngineTRTLLM:
-			p := newTRTPoller(e)
-			m.wg.Add(1)
-			go func() { defer m.wg.Done(); p.run(ctx) }()
-		default:
-			for r := 0; r < e.cfg.DP; r++ {
-				s := newRankSub(e, r)
-				m.wg.Add(1)
-				go func() { defer m.wg.Done(); s.run(ctx) }()
-			}
+		m.launch(e)
+	}
+}
+
+// launch runs e's subscribers (one per rank) or its TensorRT-LLM drain under its own
+// context, so RemoveEndpoint stops them alone (m.mu held, m.ctx set).
+func (m *Manager) launch(e *endpoint) {
+	ctx, cancel := context.WithCancel(m.ctx)
+	e.stop = cancel
+	run := func(f func(context.Context)) {
+		m.wg.Add(1)
+		e.wg.Add(1)
+		go func() { defer m.wg.Done(); defer e.wg.Done(); f(ctx) }()
+	}
+	switch e.cfg.Engine {
+	case EngineTRTLLM:
+		run(newTRTPoller(e).run)
+	default:
+		for r := 0; r < e.cfg.DP; r++ {
+			run(newRankSub(e, r).run)
 		}
 	}
+}
+
+// AddEndpoint follows one more endpoint at runtime (its inventory index must be free);
+// after Start its subscribers run at once.
+func (m *Manager) AddEndpoint(ec EndpointConfig) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.add(ec); err != nil {
+		return err
+	}
+	if m.started {
+		m.launch(m.eps[len(m.eps)-1])
+	}
+	return nil
+}
+
+// RemoveEndpoint stops following the endpoint at inventory index i: it leaves the
+// Manager and the metrics set at once (its name may be added again right away) and its
+// subscribers are told to stop; wait returns once they ended, after which the caller
+// clears its keys from the inventory (no subscriber can re-add them then). Unknown i:
+// wait returns at once.
+func (m *Manager) RemoveEndpoint(i int) (wait func()) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.endpoint(i)
+	if e == nil {
+		return func() {}
+	}
+	m.byIndex[i].Store(nil)
+	for j, o := range m.eps {
+		if o == e {
+			m.eps = append(m.eps[:j], m.eps[j+1:]...)
+			break
+		}
+	}
+	if m.cfg.Metrics != nil {
+		for _, name := range e.series {
+			m.cfg.Metrics.UnregisterMetric(name)
+		}
+	}
+	if e.stop != nil {
+		e.stop()
+	}
+	return e.wg.Wait
 }
 
 // Close stops every subscriber and waits for them.
@@ -93,7 +162,7 @@ func (m *Manager) endpoint(i int) *endpoint {
 	if i < 0 || i >= len(m.byIndex) {
 		return nil
 	}
-	return m.byIndex[i]
+	return m.byIndex[i].Load()
 }
 
 // Redial cuts endpoint i's redial backoff short: a subscriber (or TensorRT-LLM drain)

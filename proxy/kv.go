@@ -83,16 +83,17 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	for a, base := range cfg.LoRA {
 		k.lora[a] = loraAdapter{name: a, base: base}
 	}
-	inv, err := shard.New(shard.Config{Endpoints: len(cfg.Endpoints), MaxKeysPerEndpoint: cfg.KVMaxKeysPerEndpoint})
+	slots := len(s.roster().eps) // the slot table: endpoints added at runtime take free slots
+	inv, err := shard.New(shard.Config{Endpoints: slots, MaxKeysPerEndpoint: cfg.KVMaxKeysPerEndpoint})
 	if err != nil {
 		return nil, fmt.Errorf("proxy: inventory: %w", err)
 	}
 	k.inv = inv
 	switch {
 	case cfg.KVMode == KVDisaggregated && cfg.PDPrefixTrieKeys > 0:
-		k.trie, err = newPrefixTrie(len(cfg.Endpoints), cfg.PDPrefixTrieKeys, 0)
+		k.trie, err = newPrefixTrie(slots, cfg.PDPrefixTrieKeys, 0)
 	case cfg.KVMode == KVConverged && cfg.KVPendingTTL > 0 && cfg.KVPolicy == "cost":
-		k.trie, err = newPrefixTrie(len(cfg.Endpoints), cfg.PDPrefixTrieKeys, cfg.KVPendingTTL)
+		k.trie, err = newPrefixTrie(slots, cfg.PDPrefixTrieKeys, cfg.KVPendingTTL)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("proxy: prefix trie: %w", err)
@@ -142,16 +143,21 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	}
 	eps := make([]ingest.EndpointConfig, len(cfg.Endpoints))
 	for i, e := range cfg.Endpoints {
-		eps[i] = ingest.EndpointConfig{Name: e.Name, Index: i, Engine: e.Engine.String(),
-			Events: e.Events, Replay: e.Replay, DP: e.DP, Topic: e.Topic, URL: e.URL}
+		eps[i] = ingestEndpoint(e, i)
 	}
-	mgr, err := k.newEventSource(ingest.Config{Inventory: inv, Chain: k.chain, Spec: spec, Fast: k.fast,
-		Keys: keys, Logger: s.log, Metrics: s.m.set}, eps)
+	mgr, err := k.newEventSource(ingest.Config{Inventory: inv, Slots: slots, Chain: k.chain, Spec: spec, Fast: k.fast,
+		Keys: keys, Logger: s.log, Metrics: s.m.set, TLS: s.upTLS}, eps)
 	if err != nil {
 		return nil, err
 	}
 	k.mgr = mgr
 	return k, nil
+}
+
+// ingestEndpoint is what ingest follows of endpoint e in slot i.
+func ingestEndpoint(e EndpointSpec, i int) ingest.EndpointConfig {
+	return ingest.EndpointConfig{Name: e.Name, Index: i, Engine: e.Engine.String(),
+		Events: e.Events, Replay: e.Replay, DP: e.DP, Topic: e.Topic, URL: e.URL}
 }
 
 func (k *kvRouter) start(ctx context.Context) error { return k.mgr.Start(ctx) }
@@ -281,7 +287,7 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	clear(engMask)
 	clear(fastMask)
 	nEng, nFast := 0, 0
-	for i := range s.eps {
+	for i := range s.roster().eps {
 		if !el.Has(i) {
 			continue
 		}
@@ -322,7 +328,7 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	}
 	if nFast > 0 {
 		k.inv.Score(st.fastKeys, fastMask, k.mode, st.scores2)
-		for i := range s.eps {
+		for i := range s.roster().eps {
 			if fastMask.Has(i) {
 				st.scores[i] = st.scores2[i]
 			}
@@ -348,7 +354,7 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 		}
 	}
 	best := -1
-	for i := range s.eps {
+	for i := range s.roster().eps {
 		if el.Has(i) && matched[i] > 0 && (best < 0 || matched[i] > matched[best]) {
 			best = i
 		}

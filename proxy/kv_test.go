@@ -357,7 +357,9 @@ func TestKVCostEngineReports(t *testing.T) {
 	a.store(t, c, toks, 6)
 	b.store(t, c, toks, 2)
 	waitFor(t, "events", func() bool { return s.kv.inv.Count(0) == 6 && s.kv.inv.Count(1) == 2 })
-	waitFor(t, "scrapes", func() bool { return s.eps[0].scrape.ok.Load() > 0 && s.eps[1].scrape.failed.Load() > 0 })
+	waitFor(t, "scrapes", func() bool {
+		return s.roster().eps[0].scrape.ok.Load() > 0 && s.roster().eps[1].scrape.failed.Load() > 0
+	})
 	s.queues.Finished(0, route.Ticket{}, time.Second, 0, false) // a request holds a for 1 s: 21 ahead over 4 slots wait ~5 s
 	res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
 	if res.Header.Get("x-kvgate-endpoint") != "b" || res.Header.Get("x-kvgate-route") != "kv-hit" {

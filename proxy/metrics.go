@@ -216,33 +216,30 @@ func (m *proxyMetrics) newAnswerSeries(ep int, route Route) *answerSeries {
 	return m.answered[route][ep].Load() // another request made it first (same series)
 }
 
+// newProxyMetrics creates the series; names has one entry per slot, "" for a vacant
+// one (its series come with the endpoint that takes it: relabel).
 func newProxyMetrics(names []string) *proxyMetrics {
 	s := metrics.NewSet()
-	m := &proxyMetrics{set: s, names: names}
-	for r := range m.answered {
-		m.answered[r] = make([]atomic.Pointer[answerSeries], len(names))
-	}
 	n := len(names)
-	per := func(name, extra string) []*metrics.Counter {
-		out := make([]*metrics.Counter, n)
-		for i, ep := range names {
-			out[i] = s.NewCounter(name + `{endpoint=` + strconv.Quote(ep) + extra + `}`)
-		}
-		return out
+	m := &proxyMetrics{set: s, names: make([]string, n)}
+	for r := range m.answered {
+		m.answered[r] = make([]atomic.Pointer[answerSeries], n)
 	}
 	for r := Route(0); r < numRoutes; r++ {
-		m.routed[r] = per("kvgate_requests_total", `,route=`+strconv.Quote(r.String()))
+		m.routed[r] = make([]*metrics.Counter, n)
 		if r.IsMiss() {
 			m.misses[r] = s.NewCounter(`kvgate_kv_misses_total{reason=` + strconv.Quote(r.String()[len("kv-miss:"):]) + `}`)
 		}
 	}
-	m.hits = per("kvgate_kv_hits_total", "")
-	m.predicted = per("kvgate_predicted_cached_tokens_total", "")
-	m.delivered = per("kvgate_delivered_cached_tokens_total", "")
-	m.receipts = per("kvgate_delivery_receipts_total", "")
-	m.promptToks = per("kvgate_delivered_prompt_tokens_total", "")
-	for k := UpstreamError(0); k < numUpstreamErrors; k++ {
-		m.upstream[k] = per("kvgate_upstream_errors_total", `,kind=`+strconv.Quote(upstreamErrNames[k]))
+	m.hits, m.predicted, m.delivered = make([]*metrics.Counter, n), make([]*metrics.Counter, n), make([]*metrics.Counter, n)
+	m.receipts, m.promptToks = make([]*metrics.Counter, n), make([]*metrics.Counter, n)
+	for k := range m.upstream {
+		m.upstream[k] = make([]*metrics.Counter, n)
+	}
+	for i, name := range names {
+		if name != "" {
+			m.relabel(i, name)
+		}
 	}
 	for b := BadInput(0); b < numBadInputs; b++ {
 		m.bad[b] = s.NewCounter(`kvgate_bad_requests_total{reason=` + strconv.Quote(badNames[b]) + `}`)
@@ -259,6 +256,65 @@ func newProxyMetrics(names []string) *proxyMetrics {
 	m.clientGone = s.NewCounter("kvgate_client_disconnects_total")
 	m.unauthorized = s.NewCounter("kvgate_unauthorized_total")
 	return m
+}
+
+// slotSeries are the per-endpoint series names of slot i under name, in the order
+// relabel fills them.
+func slotSeries(name string) []string {
+	ep := `endpoint=` + strconv.Quote(name)
+	out := make([]string, 0, int(numRoutes)+5+int(numUpstreamErrors))
+	for r := Route(0); r < numRoutes; r++ {
+		out = append(out, `kvgate_requests_total{`+ep+`,route=`+strconv.Quote(r.String())+`}`)
+	}
+	for _, f := range [...]string{"kvgate_kv_hits_total", "kvgate_predicted_cached_tokens_total",
+		"kvgate_delivered_cached_tokens_total", "kvgate_delivery_receipts_total", "kvgate_delivered_prompt_tokens_total"} {
+		out = append(out, f+`{`+ep+`}`)
+	}
+	for k := UpstreamError(0); k < numUpstreamErrors; k++ {
+		out = append(out, `kvgate_upstream_errors_total{`+ep+`,kind=`+strconv.Quote(upstreamErrNames[k])+`}`)
+	}
+	return out
+}
+
+// relabel gives slot i the series of the endpoint named name. The fleet calls it on a
+// vacant slot before publishing the roster that puts the endpoint there, so every
+// request that can pick slot i sees these counters (the roster's atomic swap orders
+// them). A name already counted (a changed endpoint, re-added under its name while its
+// old slot drains) continues its series.
+func (m *proxyMetrics) relabel(i int, name string) {
+	names := slotSeries(name)
+	c := func(j int) *metrics.Counter { return m.set.GetOrCreateCounter(names[j]) }
+	for r := Route(0); r < numRoutes; r++ {
+		m.routed[r][i] = c(int(r))
+	}
+	o := int(numRoutes)
+	m.hits[i], m.predicted[i], m.delivered[i], m.receipts[i], m.promptToks[i] = c(o), c(o+1), c(o+2), c(o+3), c(o+4)
+	for k := UpstreamError(0); k < numUpstreamErrors; k++ {
+		m.upstream[k][i] = c(o + 5 + int(k))
+	}
+	for r := range m.answered {
+		m.answered[r][i].Store(nil)
+	}
+	m.names[i] = name
+}
+
+// unregister drops the series of an endpoint that left the fleet (no slot holds its
+// name any more), so DNS churn cannot grow /metrics without bound.
+func (m *proxyMetrics) unregister(i int, name string) {
+	for _, s := range slotSeries(name) {
+		m.set.UnregisterMetric(s)
+	}
+	for r := range m.answered {
+		a := m.answered[r][i].Load()
+		if a == nil {
+			continue
+		}
+		m.set.UnregisterMetric(`kvgate_request_duration_seconds{` + a.labels + `}`)
+		m.set.UnregisterMetric(`kvgate_ttft_seconds{` + a.labels + `}`)
+		for ci := range a.codes {
+			m.set.UnregisterMetric(`kvgate_responses_total{` + a.labels + `,code="` + codeLabel(ci) + `"}`)
+		}
+	}
 }
 
 // sentTo is how many requests kvgate has forwarded to endpoint i, over every route.

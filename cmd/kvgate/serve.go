@@ -63,8 +63,11 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 	fs.StringVar(&cfg.UpstreamKey, "upstream-key", "", "PEM private key for -upstream-cert (default none)")
 	fs.StringVar(&cfg.APIKeysFile, "api-keys-file", "", "file of public API keys, one a line (# comments), watched for changes: requests without 'Authorization: Bearer <key>' get 401 (default none: no key needed)")
 	fs.BoolVar(&cfg.ForwardAuthorization, "forward-authorization", cfg.ForwardAuthorization, "pass the client's Authorization header to the engine unchanged (false: remove it)")
-	fs.Var(&endpoints, "endpoint", "upstream engine, repeatable: name=..,url=http://host:port,engine=vllm|sglang|trtllm|llamacpp,role=both|prefill|decode,events=tcp://host:5557,replay=tcp://host:5558,topic=..,dp=N,weight=W,down=true,bootstrap_port=N")
-	fs.StringVar(&endpointsFile, "endpoints-file", "", "file with one -endpoint value per line (# comments) (default none)")
+	fs.Var(&endpoints, "endpoint", "upstream engine, repeatable: name=..,url=http://host:port,engine=vllm|sglang|trtllm|llamacpp,role=both|prefill|decode,events=tcp://host:5557,replay=tcp://host:5558,topic=..,dp=N,weight=W,down=true,bootstrap_port=N,discover=dns")
+	fs.StringVar(&endpointsFile, "endpoints-file", "", "file with one -endpoint value per line (# comments), polled every -endpoints-watch: a changed file adds, removes and changes endpoints without a restart (unchanged ones keep their inventory); a file that does not parse or validate is refused whole with a WARN naming the line (default none)")
+	fs.DurationVar(&cfg.EndpointsWatch, "endpoints-watch", cfg.EndpointsWatch, "how often -endpoints-file is polled (mtime, size and content hash: works on every filesystem and on Kubernetes ConfigMap symlink swaps); 0: read at start and on SIGHUP only")
+	fs.IntVar(&cfg.MaxEndpoints, "max-endpoints", 0, "slots for endpoints, draining ones included: how large the fleet may grow at runtime (default 0: the initial count rounded up to 8, 16, 32 or 64, which costs no inventory memory)")
+	fs.DurationVar(&cfg.DNSInterval, "dns-interval", cfg.DNSInterval, "how often discover=dns endpoints (an -endpoint with discover=dns: its URL's host is a DNS name whose A/AAAA records are the endpoints, e.g. a Kubernetes headless Service) are looked up again; a failed lookup keeps the last answer (0: at start and on reloads only)")
 	fs.StringVar(&sel, "select", "rr", "selector for non-KV routing and KV misses: rr | chwbl")
 	fs.StringVar(&kvMode, "kv-mode", "off", "KV-Exact routing: off | 3 (converged pool) | 1 (prefill/decode)")
 	fs.IntVar(&cfg.KVBlockSize, "kv-block-size", cfg.KVBlockSize, "engine block size in tokens (SGLang: page size)")
@@ -157,6 +160,7 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 		if err != nil {
 			return cfg, "", &proxy.FlagError{Flag: "-endpoints-file", Msg: err.Error()}
 		}
+		cfg.EndpointsFile, cfg.StaticEndpoints = endpointsFile, len(cfg.Endpoints)
 		cfg.Endpoints = append(cfg.Endpoints, eps...)
 	}
 	switch sel {
