@@ -237,7 +237,9 @@ func TestFleetFileReloadUnderTraffic(t *testing.T) {
 	waitFor(t, "b drained and freed", func() bool { return s.vacant(ib) })
 	bDone := b.Stats().Requests
 	waitForT(t, "c served and its events arrived", func() bool { return c.Stats().Requests > 0 && s.kv.inv.Count(ic) > 0 },
-		func() string { return fmt.Sprintf("c: %+v keys %d status %+v", c.Stats(), s.kv.inv.Count(ic), s.kv.mgr.Status(ic)) })
+		func() string {
+			return fmt.Sprintf("c: %+v keys %d status %+v", c.Stats(), s.kv.inv.Count(ic), s.kv.mgr.Status(ic))
+		})
 	time.Sleep(300 * time.Millisecond)
 	tr.check(t, 20)
 
