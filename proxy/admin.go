@@ -35,13 +35,10 @@ func (s *Server) adminHandler() http.Handler {
 	mux.HandleFunc("POST /admin/endpoints/{name}/{op}", s.serveAdminState)
 	mux.HandleFunc("POST /admin/endpoints", s.serveAdminAdd)
 	mux.HandleFunc("DELETE /admin/endpoints/{name}", s.serveAdminRemove)
-	if s.cfg.AdminToken == "" {
-		return mux
-	}
-	want := []byte("Bearer " + s.cfg.AdminToken)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/healthz" && r.URL.Path != "/readyz" &&
-			subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+		want := *s.adminAuth.Load() // "Bearer <token>"; "" when no token is set (SIGHUP may set one)
+		if want != "" && r.URL.Path != "/healthz" && r.URL.Path != "/readyz" &&
+			subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte(want)) != 1 {
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}

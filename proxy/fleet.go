@@ -454,6 +454,8 @@ func (f *fleetCtl) drain(e *endpoint, waitEvents func()) {
 		"slot", e.idx, "drained_in", time.Since(t0).Round(time.Millisecond))
 }
 
+func sha256Sum(b []byte) [sha256.Size]byte { return sha256.Sum256(b) }
+
 // parseEndpointsFile parses an endpoints file's bytes: the endpoints and each one's line.
 // A bad line or a name given twice is an error naming the file and line.
 func parseEndpointsFile(path string, b []byte) ([]EndpointSpec, map[string]int, error) {

@@ -367,7 +367,7 @@ func (s *Server) relayResponse(ctx context.Context, c *app.RequestContext, st *r
 		ttft = first.Sub(st.arrived)
 	}
 	s.m.observeRequest(d.ep, d.route, status, end.Sub(st.arrived), ttft)
-	if s.cfg.AccessLog {
+	if s.accessLogOn.Load() {
 		s.accessLog(c, st, d, status, end.Sub(st.arrived), ttft)
 	}
 	return true

@@ -86,8 +86,11 @@ type Server struct {
 	pool      sync.Pool // *reqState
 	gapWarned []atomic.Int64
 	states    *stateWatcher
-	certs     *certSource // -tls-cert/-tls-key; nil: plain HTTP
-	apiKeys   *apiKeys    // -api-keys-file; nil: no key needed
+	// accessLogOn and adminAuth ("Bearer <token>", "" for none) change on SIGHUP (reload.go).
+	accessLogOn atomic.Bool
+	adminAuth   atomic.Pointer[string]
+	certs       *certSource // -tls-cert/-tls-key; nil: plain HTTP
+	apiKeys     *apiKeys    // -api-keys-file; nil: no key needed
 }
 
 // Options are runtime hooks that are not part of the rule.
@@ -116,6 +119,8 @@ func New(cfg Config, opt Options) (*Server, error) {
 		log = slog.Default()
 	}
 	s := &Server{cfg: cfg, log: log}
+	s.accessLogOn.Store(cfg.AccessLog)
+	s.setAdminToken(cfg.AdminToken)
 	s.fleet = newFleetCtl(s, opt.Resolver)
 	initial, err := s.fleet.initial()
 	if err != nil {
