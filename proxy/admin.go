@@ -130,6 +130,10 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	f.gauge("kvgate_affinity_sessions", uint64(s.aff.len()))
+	fv := s.fleet.view()
+	f.gauge("kvgate_fleet_slots_free", uint64(fv.Free))
+	f.gauge("kvgate_fleet_endpoints_draining", uint64(fv.Draining))
+	f.gauge("kvgate_fleet_change_refused", b2u(fv.LastRefused != ""))
 	ready, _ := s.readiness()
 	f.gauge("kvgate_ready", b2u(ready))
 	metrics.WriteProcessMetrics(&buf)
@@ -201,8 +205,9 @@ func deliveryNote(receipts, predicted, delivered uint64) string {
 
 func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
 	out := struct {
+		Fleet     fleetView           `json:"fleet"`
 		Endpoints []inventoryEndpoint `json:"endpoints"`
-	}{Endpoints: []inventoryEndpoint{}}
+	}{Fleet: s.fleet.view(), Endpoints: []inventoryEndpoint{}}
 	for i, e := range s.roster().eps {
 		if e.vacant {
 			continue

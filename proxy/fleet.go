@@ -115,6 +115,49 @@ type fleetCtl struct {
 	// none, every endpoint re-hashed); a change cannot bring in another.
 	contract    Engine
 	hasContract bool
+	// refused is the last refused change's reason ("" once a change applies after it):
+	// the running fleet differs from its sources until fixed (/debug/inventory).
+	refused   string
+	refusedAt time.Time
+}
+
+// fleetView is /debug/inventory's "fleet": the slot table and the last refused change.
+type fleetView struct {
+	Slots       int    `json:"slots"`
+	Free        int    `json:"free_slots"`
+	Draining    int    `json:"draining"`
+	LastRefused string `json:"last_refused,omitempty"`
+	RefusedAt   string `json:"refused_at,omitempty"`
+}
+
+func (f *fleetCtl) view() fleetView {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	v := fleetView{Slots: f.cap, Free: len(f.free), LastRefused: f.refused}
+	if f.refused != "" {
+		v.RefusedAt = f.refusedAt.UTC().Format(time.RFC3339)
+	}
+	for _, e := range f.s.roster().eps {
+		if !e.vacant && e.retired.Load() {
+			v.Draining++
+		}
+	}
+	return v
+}
+
+// count books one change attempt by its source and result; one that changed nothing
+// (a DNS answer as before) clears a refusal but is not counted.
+func (f *fleetCtl) count(why string, changed bool, err error) {
+	result := "applied"
+	if err != nil {
+		result = "refused"
+		f.refused, f.refusedAt = why+": "+err.Error(), time.Now()
+	} else {
+		f.refused = ""
+	}
+	if err != nil || changed {
+		f.s.m.set.GetOrCreateCounter(`kvgate_fleet_changes_total{by="` + why + `",result="` + result + `"}`).Inc()
+	}
 }
 
 func newFleetCtl(s *Server, r *net.Resolver) *fleetCtl {
@@ -237,9 +280,11 @@ type fleetChange struct {
 
 // change validates the fleet ch describes and, if it holds, moves the running one to it.
 // On refusal nothing changed and the error says why.
-func (f *fleetCtl) change(ch fleetChange) error {
+func (f *fleetCtl) change(ch fleetChange) (err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	changed := false
+	defer func() { f.count(ch.why, changed, err) }()
 	static, file, admin := f.static, f.file, f.admin
 	if ch.setStatic {
 		static = ch.static
@@ -298,6 +343,7 @@ func (f *fleetCtl) change(ch fleetChange) error {
 	if len(add) == 0 && len(remove) == 0 {
 		return nil
 	}
+	changed = true
 	next := cur.clone()
 	waits := make([]func(), len(remove))
 	for j, e := range remove {
@@ -526,7 +572,8 @@ func (s *Server) ReloadEndpointsFile(force bool) error {
 		return nil
 	}
 	eps, lines, err := parseEndpointsFile(path, b)
-	if err == nil {
+	parsed := err == nil
+	if parsed {
 		err = f.change(fleetChange{why: "-endpoints-file", file: eps, setFile: true, lines: lines, sum: sum, resolve: true})
 		if err != nil {
 			err = fmt.Errorf("%s: %w", fileLineOf(path, lines, err), err)
@@ -535,6 +582,11 @@ func (s *Server) ReloadEndpointsFile(force bool) error {
 	if err != nil {
 		f.mu.Lock()
 		f.sum = sum // warn once per content, not every poll
+		if parsed {
+			f.refused = "-endpoints-file: " + err.Error() // change counted it; say where
+		} else {
+			f.count("-endpoints-file", false, err)
+		}
 		f.mu.Unlock()
 		s.log.Warn("-endpoints-file reload refused: keeping the running endpoints", "file", path, "err", err)
 	}

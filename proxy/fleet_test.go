@@ -308,10 +308,21 @@ func TestFleetReloadRefusedWhole(t *testing.T) {
 	}
 	// The validation error names the line of the endpoint it is about.
 	writeAtomic(t, file, good+"name=f,url=http://127.0.0.1:1,replay=tcp://127.0.0.1:2\n")
-	waitFor(t, "refusal naming line 3", func() bool { return len(lb.lines("reload refused", file+":3")) > 0 })
+	waitFor(t, "refusal naming line 3", func() bool { return len(lb.lines("reload refused", file+":3", "replay= without events=")) > 0 })
+	// The refusal is visible until a change applies: a gauge and /debug/inventory.
+	_, m := get(t, s.admURL("/metrics"))
+	_, inv := get(t, s.admURL("/debug/inventory"))
+	if !strings.Contains(m, "kvgate_fleet_change_refused 1") || !strings.Contains(m, `kvgate_fleet_changes_total{by="-endpoints-file",result="refused"} 6`) ||
+		!strings.Contains(inv, `"last_refused": "-endpoints-file: `+file+`:3`) {
+		t.Errorf("refusal not visible:\n%s\n%s", m, inv)
+	}
 	// Fixed: applied.
 	writeAtomic(t, file, "name=b,url="+b.url()+"\n")
 	waitFor(t, "the good file applied", func() bool { return s.liveNames() == "b" })
+	if _, m := get(t, s.admURL("/metrics")); !strings.Contains(m, "kvgate_fleet_change_refused 0") ||
+		!strings.Contains(m, `kvgate_fleet_changes_total{by="-endpoints-file",result="applied"} 1`) {
+		t.Errorf("after the fix:\n%s", m)
+	}
 }
 
 // POST and DELETE /admin/endpoints change the fleet through the same path as a reload;
