@@ -429,6 +429,12 @@ func TestKVCostReplicasAgree(t *testing.T) {
 		replicas = append(replicas, startProxy(t, cfg))
 	}
 	toks := engineTokens(t, sharedPrefix)
+	// store waits for one subscriber: both replicas must follow both engines first, or
+	// the later one never sees the events (ZeroMQ drops what a PUB sends before).
+	for _, s := range replicas {
+		waitFor(t, "subscribed", func() bool { return s.kv.mgr.Status(0).Connected && s.kv.mgr.Status(1).Connected })
+	}
+	time.Sleep(100 * time.Millisecond) // the subscriptions reach the PUB sockets
 	a.store(t, c, toks, 6)
 	b.store(t, c, toks, 2)
 	for _, s := range replicas {
