@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/bench/enginesim"
+	"github.com/kvgate/kvgate/ingest/enginepub"
 )
 
 // simEncoder is the engine simulators' tokenizer (the same qwen3 files kvgate loads).
@@ -637,4 +638,54 @@ func startWith(t *testing.T, cfg Config, opt Options) *Server {
 		s.Shutdown(ctx)
 	})
 	return s
+}
+
+// Slots are reused only once freed: with -max-endpoints 2 a third endpoint is refused
+// while b drains; once b's slot is freed (keys cleared, series gone) c takes it and
+// starts with nothing of b's: no keys, no hits, a fresh queue.
+func TestFleetSlotReuse(t *testing.T) {
+	c := vllmChain(t)
+	a, b, d := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM), newKVEngine(t, "c", enginepub.VLLM)
+	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""))
+	cfg.MaxEndpoints = 2
+	cfg.KVPendingTTL = 0 // what kvgate sent is not counted as held: only the engines' events
+	s := startProxy(t, cfg)
+	toks := engineTokens(t, sharedPrefix)
+	b.store(t, c, toks, 5)
+	waitFor(t, "b's keys", func() bool { return s.kv.inv.Count(1) == 5 })
+	if res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix)); res.Header.Get("x-kvgate-endpoint") != "b" {
+		t.Fatalf("b's prefix went to %s", res.Header.Get("x-kvgate-endpoint"))
+	}
+	if res, body := post(t, s.admURL("/admin/endpoints"), d.spec(0, "vllm", "")); res.StatusCode != 400 || !strings.Contains(body, "free slots") {
+		t.Fatalf("add beyond -max-endpoints: %d %s", res.StatusCode, body)
+	}
+	if err := s.RemoveEndpoint("b"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "b freed", func() bool { return s.vacant(1) })
+	if n := s.kv.inv.Count(1); n != 0 {
+		t.Fatalf("freed slot holds %d keys", n)
+	}
+	if err := s.AddEndpoint(d.spec(0, "vllm", "")); err != nil {
+		t.Fatal(err)
+	}
+	if i := s.slotOf("c"); i != 1 {
+		t.Fatalf("c took slot %d, want the freed 1", i)
+	}
+	if s.m.hits[1].Get() != 0 || s.m.names[1] != "c" || s.queues.View(1, time.Now()).RateSamples != 0 {
+		t.Errorf("c inherited b's state: hits %d name %s", s.m.hits[1].Get(), s.m.names[1])
+	}
+	res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+	if res.StatusCode != 200 || res.Header.Get("x-kvgate-route") == "kv-hit" {
+		t.Errorf("b's prefix after b left: %d %s %s", res.StatusCode, res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"))
+	}
+	d.store(t, c, toks, 3)
+	waitFor(t, "c's keys in slot 1", func() bool { return s.kv.inv.Count(1) == 3 })
+	if res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix)); res.Header.Get("x-kvgate-endpoint") != "c" {
+		t.Errorf("c's prefix went to %s", res.Header.Get("x-kvgate-endpoint"))
+	}
+	_, m := get(t, s.admURL("/metrics"))
+	if strings.Contains(m, `endpoint="b"`) {
+		t.Error("/metrics still names b")
+	}
 }
