@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -688,4 +689,80 @@ func TestFleetSlotReuse(t *testing.T) {
 	if strings.Contains(m, `endpoint="b"`) {
 		t.Error("/metrics still names b")
 	}
+}
+
+// A removed endpoint's in-flight stream runs to its end: the endpoint shows as draining
+// and takes no new request meanwhile; its slot is freed only after the stream ended.
+func TestFleetRemovalDrainsInFlight(t *testing.T) {
+	a, b := newFakeEngine(t, "a"), newFakeEngine(t, "b")
+	release := make(chan struct{})
+	b.handle = func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+		if !strings.Contains(string(body), `"stream":true`) {
+			return false
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		io.WriteString(w, "data: {\"n\":0}\n\n")
+		fl.Flush()
+		<-release
+		for i := 1; i < 5; i++ {
+			fmt.Fprintf(w, "data: {\"n\":%d}\n\n", i)
+			fl.Flush()
+		}
+		io.WriteString(w, "data: [DONE]\n\n")
+		return true
+	}
+	s := startProxy(t, testConfig(b.url(), a.url()))
+	ib := s.slotOf("e0")
+	done := make(chan string, 1)
+	started := make(chan struct{})
+	go func() {
+		res, err := httpc.Post(s.url("/v1/completions"), "application/json", strings.NewReader(`{"model":"m","prompt":"x","stream":true}`))
+		if err != nil {
+			close(started)
+			done <- err.Error()
+			return
+		}
+		defer res.Body.Close()
+		r := bufio.NewReader(res.Body)
+		var got strings.Builder
+		for first := true; ; first = false {
+			line, err := r.ReadString('\n')
+			got.WriteString(line)
+			if first {
+				close(started)
+			}
+			if err != nil {
+				break
+			}
+		}
+		done <- got.String()
+	}()
+	<-started
+	if s.loads.Get(ib) != 1 {
+		t.Fatalf("the stream is not on e0: in flight %d", s.loads.Get(ib))
+	}
+	if err := s.RemoveEndpoint("e0"); err != nil {
+		t.Fatal(err)
+	}
+	_, inv := get(t, s.admURL("/debug/inventory"))
+	if !strings.Contains(inv, `"draining": true`) || !strings.Contains(inv, `"draining": 1`) {
+		t.Errorf("e0 not shown draining:\n%s", inv)
+	}
+	n := b.count("/v1/completions")
+	for range 4 {
+		if res, body := post(t, s.url("/v1/completions"), `{"model":"m","prompt":"y"}`); res.StatusCode != 200 || res.Header.Get("x-kvgate-endpoint") != "e1" {
+			t.Fatalf("while e0 drains: %d %s %s", res.StatusCode, res.Header.Get("x-kvgate-endpoint"), body)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	if s.vacant(ib) || b.count("/v1/completions") != n {
+		t.Fatalf("e0 freed (%v) or sent new requests (%d) while its stream runs", s.vacant(ib), b.count("/v1/completions")-n)
+	}
+	close(release)
+	got := <-done
+	if strings.Count(got, "data: ") != 6 || !strings.Contains(got, "[DONE]") {
+		t.Errorf("the draining stream was cut: %q", got)
+	}
+	waitFor(t, "e0 freed after its stream", func() bool { return s.vacant(ib) })
 }
