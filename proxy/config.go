@@ -67,7 +67,8 @@ type EndpointSpec struct {
 	// whose A/AAAA records are the endpoints, each named NAME@ADDRESS with the URL's
 	// port and every other option; events= and replay= on the same host follow each
 	// address. It is looked up again every -dns-interval (a Kubernetes headless Service
-	// works unchanged).
+	// works unchanged). An https:// template's endpoints are dialed and verified by
+	// address, so their certificates need the pods' IP SANs.
 	Discover bool
 
 	host   string // host[:port] from URL
