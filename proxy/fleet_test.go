@@ -766,3 +766,22 @@ func TestFleetRemovalDrainsInFlight(t *testing.T) {
 	}
 	waitFor(t, "e0 freed after its stream", func() bool { return s.vacant(ib) })
 }
+
+// A discover=dns template's endpoint at an address: the URL's and the event sockets'
+// host (when it is the template's name) become the address, port and options stay.
+func TestDiscoverEndpointAt(t *testing.T) {
+	tpl, err := ParseEndpoint("name=pool,url=https://vllm.ns.svc:8443,engine=sglang,events=tcp://vllm.ns.svc:5557,replay=tcp://other:5558,weight=3,discover=dns")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := tpl.at(netip.MustParseAddr("fd00::7"))
+	if e.Name != "pool@fd00::7" || e.URL != "https://[fd00::7]:8443" || e.Host() != "[fd00::7]:8443" ||
+		e.Events != "tcp://[fd00::7]:5557" || e.Replay != "tcp://other:5558" || e.Weight != 3 || e.Engine != EngineSGLang || e.Discover {
+		t.Errorf("%+v", e)
+	}
+	for _, bad := range []string{"name=p,url=http://10.0.0.1:80,discover=dns", "name=p,url=http://x:80,discover=srv"} {
+		if _, err := ParseEndpoint(bad); err == nil {
+			t.Errorf("%s parsed", bad)
+		}
+	}
+}

@@ -120,3 +120,47 @@ func TestServeSIGHUPReloadsConfig(t *testing.T) {
 		t.Fatalf("no exit\n%s", c.log())
 	}
 }
+
+// -endpoints-file is watched in a real kvgate process: a rewrite swaps the file's
+// endpoints while the -endpoint flag's stays.
+func TestServeEndpointsFileWatched(t *testing.T) {
+	a, _ := countingEngine(t)
+	b, nb := countingEngine(t)
+	c, nc := countingEngine(t)
+	pub, adm := freeAddr(t), freeAddr(t)
+	file := filepath.Join(t.TempDir(), "endpoints")
+	if err := os.WriteFile(file, []byte("name=b,url="+b.URL+" # the file's\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ch := startChild(t, "serve", "-listen", pub, "-admin-listen", adm, "-health-interval", "0", "-shutdown-delay", "0s",
+		"-endpoint", "name=a,url="+a.URL, "-endpoints-file", file, "-endpoints-watch", "50ms")
+	waitStatus(t, "http://"+adm+"/readyz", 200, 20*time.Second)
+	if err := os.WriteFile(file+".new", []byte("name=c,url="+c.URL+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(file+".new", file); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(ch.log(), "slot freed") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no reload:\n%s", ch.log())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(ch.log(), "added=c removed=b") {
+		t.Errorf("log:\n%s", ch.log())
+	}
+	nb0 := nb.Load()
+	for range 4 {
+		res, err := http.Post("http://"+pub+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"x"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+	}
+	if nc.Load() == 0 || nb.Load() != nb0 {
+		t.Errorf("after the rewrite: c %d requests, b %d more", nc.Load(), nb.Load()-nb0)
+	}
+}
