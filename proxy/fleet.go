@@ -651,6 +651,24 @@ func (f *fleetCtl) hasDiscovery() bool {
 	return false
 }
 
+// Endpoints are the fleet's endpoints, discover=dns templates expanded, indexed by slot
+// (IngestStatus(i), Contract(i)); a vacant or draining slot is a zero spec.
+func (s *Server) Endpoints() []EndpointSpec {
+	ros := s.roster()
+	out := make([]EndpointSpec, 0, len(ros.eps))
+	for _, e := range ros.eps {
+		sp := EndpointSpec{}
+		if !e.retired.Load() {
+			sp = e.spec
+		}
+		out = append(out, sp)
+	}
+	for len(out) > 0 && out[len(out)-1].Name == "" {
+		out = out[:len(out)-1]
+	}
+	return out
+}
+
 // AddEndpoint adds one endpoint (the -endpoint syntax; discover=dns allowed) through the
 // same path as a reload.
 func (s *Server) AddEndpoint(spec string) error {
