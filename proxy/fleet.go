@@ -546,14 +546,14 @@ func (s *Server) watchEndpointsFile(every time.Duration) {
 			return
 		case <-t.C:
 		}
-		s.ReloadEndpointsFile(false) //nolint:errcheck // WARNed
+		s.reloadEndpointsFile() //nolint:errcheck // WARNed
 	}
 }
 
-// ReloadEndpointsFile reads -endpoints-file and applies it when it changed (force: even
-// if not). A file that does not parse or validate is refused whole, with a WARN naming
-// the file and line; the running fleet stays.
-func (s *Server) ReloadEndpointsFile(force bool) error {
+// reloadEndpointsFile reads -endpoints-file and applies it when its content changed. A
+// file that does not parse or validate is refused whole, with a WARN naming the file and
+// line; the running fleet stays.
+func (s *Server) reloadEndpointsFile() error {
 	f := s.fleet
 	path := s.cfg.EndpointsFile
 	if path == "" {
@@ -568,7 +568,7 @@ func (s *Server) ReloadEndpointsFile(force bool) error {
 	f.mu.Lock()
 	same := sum == f.sum
 	f.mu.Unlock()
-	if same && !force {
+	if same {
 		return nil
 	}
 	eps, lines, err := parseEndpointsFile(path, b)
