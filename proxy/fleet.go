@@ -40,6 +40,9 @@ import (
 type roster struct {
 	eps                     []*endpoint
 	prefillMask, decodeMask shard.Mask
+	// slots are the occupied slots (draining ones included), so the request path's
+	// eligibility loop costs the fleet's size, not -max-endpoints.
+	slots []int
 }
 
 func (s *Server) roster() *roster { return s.ros.Load() }
@@ -48,14 +51,16 @@ func (r *roster) clone() *roster {
 	return &roster{eps: slices.Clone(r.eps)}
 }
 
-// setRoles recomputes the mode-1 role masks.
+// setRoles recomputes the occupied slots and the mode-1 role masks.
 func (r *roster) setRoles() {
 	n := len(r.eps)
 	r.prefillMask, r.decodeMask = shard.NewMask(n), shard.NewMask(n)
+	r.slots = r.slots[:0]
 	for i, e := range r.eps {
 		if e.vacant {
 			continue
 		}
+		r.slots = append(r.slots, i)
 		switch e.spec.Role {
 		case RolePrefill:
 			r.prefillMask.Set(i)

@@ -15,7 +15,9 @@ import (
 // open; restricted to role when role is non-nil.
 func (s *Server) baseEligible(st *reqState, m shard.Mask, role shard.Mask) shard.Mask {
 	clear(m)
-	for i, e := range s.roster().eps {
+	ros := s.roster()
+	for _, i := range ros.slots {
+		e := ros.eps[i]
 		if st.excluded.Has(i) || e.retired.Load() || e.down.Load() || !e.healthy.Load() {
 			continue
 		}
