@@ -291,7 +291,7 @@ func TestFleetReloadRefusedWhole(t *testing.T) {
 	for _, tc := range []struct{ content, want string }{
 		{good + "name=c,url=ftp://x\n", file + ":3:"},
 		{"name=a,url=" + a.url() + "\n\n# comment\nname=a,url=" + b.url() + "\n", "used twice (first on line 1)"},
-		{good + "name=d,url=http://nowhere.test:80,discover=dns\n", "nowhere.test"},
+		{good + "name=d,url=http://nowhere.test:80,discover=dns\n", file + `:3: endpoint`},
 		{good + "name=e,url=http://127.0.0.1:1,role=prefill\n", "need -kv-mode 1"},
 		{"name=a,url=" + a.url() + ",weight=0\n", file + ":1:"},
 	} {
