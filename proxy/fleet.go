@@ -464,6 +464,11 @@ func (f *fleetCtl) rebuildRing(r *roster) {
 // drainPoll is how often a retired endpoint's in-flight count is read.
 const drainPoll = 20 * time.Millisecond
 
+// slotGrace is the least time between an endpoint's retirement and its slot's reuse: a
+// decision that read the fleet before the retirement may still book counters of that
+// slot (routing a 1 MiB prompt takes ~100 ms) before forward sees it retired.
+const slotGrace = time.Second
+
 // drain waits for a retired endpoint's in-flight requests to complete, then frees its
 // subscriber, its inventory keys and its slot. A request that picked it just before it
 // retired sees the retirement after counting itself in flight and goes elsewhere
@@ -471,7 +476,7 @@ const drainPoll = 20 * time.Millisecond
 func (f *fleetCtl) drain(e *endpoint, waitEvents func()) {
 	s := f.s
 	t0 := time.Now()
-	for s.loads.Get(e.idx) > 0 {
+	for s.loads.Get(e.idx) > 0 || time.Since(t0) < slotGrace {
 		select {
 		case <-s.ctx.Done():
 			return
