@@ -673,8 +673,8 @@ func TestFleetSlotReuse(t *testing.T) {
 	if i := s.slotOf("c"); i != 1 {
 		t.Fatalf("c took slot %d, want the freed 1", i)
 	}
-	if s.m.hits[1].Get() != 0 || s.m.names[1] != "c" || s.queues.View(1, time.Now()).RateSamples != 0 {
-		t.Errorf("c inherited b's state: hits %d name %s", s.m.hits[1].Get(), s.m.names[1])
+	if s.m.hits[1].Get() != 0 || s.m.name(1) != "c" || s.queues.View(1, time.Now()).RateSamples != 0 {
+		t.Errorf("c inherited b's state: hits %d name %s", s.m.hits[1].Get(), s.m.name(1))
 	}
 	res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
 	if res.StatusCode != 200 || res.Header.Get("x-kvgate-route") == "kv-hit" {

@@ -113,13 +113,13 @@ var upstreamErrNames = [numUpstreamErrors]string{"connect", "timeout", "5xx", "m
 // proxyMetrics pre-creates every series so the request path only bumps counters.
 type proxyMetrics struct {
 	set        *metrics.Set
-	routed     [numRoutes][]*metrics.Counter // {endpoint, route}
-	hits       []*metrics.Counter
-	predicted  []*metrics.Counter // predicted cached tokens on hits
-	delivered  []*metrics.Counter // engine-reported cached tokens
-	receipts   []*metrics.Counter // responses that carried usage.prompt_tokens_details
-	promptToks []*metrics.Counter
-	upstream   [numUpstreamErrors][]*metrics.Counter
+	routed     [numRoutes][]slotCounter // {endpoint, route}
+	hits       []slotCounter
+	predicted  []slotCounter // predicted cached tokens on hits
+	delivered  []slotCounter // engine-reported cached tokens
+	receipts   []slotCounter // responses that carried usage.prompt_tokens_details
+	promptToks []slotCounter
+	upstream   [numUpstreamErrors][]slotCounter
 	misses     [numRoutes]*metrics.Counter
 	bad        [numBadInputs]*metrics.Counter
 	stage      [numStages]*metrics.PrometheusHistogram
@@ -133,7 +133,7 @@ type proxyMetrics struct {
 	// unauthorized: public requests refused 401 for a missing or unknown API key.
 	unauthorized *metrics.Counter
 
-	names []string
+	names []atomic.Pointer[string] // each slot's endpoint name (relabel)
 	// answered is created on first use per {route, endpoint}: with 1024 endpoints the
 	// full cross product of histograms would be most of /metrics and never seen.
 	answered [numRoutes][]atomic.Pointer[answerSeries]
@@ -205,7 +205,7 @@ func (m *proxyMetrics) observeRequest(ep int, route Route, status int, dur, ttft
 }
 
 func (m *proxyMetrics) newAnswerSeries(ep int, route Route) *answerSeries {
-	lbl := `endpoint=` + strconv.Quote(m.names[ep]) + `,route=` + strconv.Quote(route.String())
+	lbl := `endpoint=` + strconv.Quote(m.name(ep)) + `,route=` + strconv.Quote(route.String())
 	a := &answerSeries{labels: lbl,
 		dur:  m.set.GetOrCreatePrometheusHistogramExt(`kvgate_request_duration_seconds{`+lbl+`}`, requestBuckets),
 		ttft: m.set.GetOrCreatePrometheusHistogramExt(`kvgate_ttft_seconds{`+lbl+`}`, requestBuckets),
@@ -221,20 +221,20 @@ func (m *proxyMetrics) newAnswerSeries(ep int, route Route) *answerSeries {
 func newProxyMetrics(names []string) *proxyMetrics {
 	s := metrics.NewSet()
 	n := len(names)
-	m := &proxyMetrics{set: s, names: make([]string, n)}
+	m := &proxyMetrics{set: s, names: make([]atomic.Pointer[string], n)}
 	for r := range m.answered {
 		m.answered[r] = make([]atomic.Pointer[answerSeries], n)
 	}
 	for r := Route(0); r < numRoutes; r++ {
-		m.routed[r] = make([]*metrics.Counter, n)
+		m.routed[r] = make([]slotCounter, n)
 		if r.IsMiss() {
 			m.misses[r] = s.NewCounter(`kvgate_kv_misses_total{reason=` + strconv.Quote(r.String()[len("kv-miss:"):]) + `}`)
 		}
 	}
-	m.hits, m.predicted, m.delivered = make([]*metrics.Counter, n), make([]*metrics.Counter, n), make([]*metrics.Counter, n)
-	m.receipts, m.promptToks = make([]*metrics.Counter, n), make([]*metrics.Counter, n)
+	m.hits, m.predicted, m.delivered = make([]slotCounter, n), make([]slotCounter, n), make([]slotCounter, n)
+	m.receipts, m.promptToks = make([]slotCounter, n), make([]slotCounter, n)
 	for k := range m.upstream {
-		m.upstream[k] = make([]*metrics.Counter, n)
+		m.upstream[k] = make([]slotCounter, n)
 	}
 	for i, name := range names {
 		if name != "" {
@@ -256,6 +256,40 @@ func newProxyMetrics(names []string) *proxyMetrics {
 	m.clientGone = s.NewCounter("kvgate_client_disconnects_total")
 	m.unauthorized = s.NewCounter("kvgate_unauthorized_total")
 	return m
+}
+
+// slotCounter is one slot's counter of a per-endpoint family. The slot's endpoint can
+// change (relabel), so the counter is read through an atomic pointer: a reader holding
+// an older fleet snapshot sees the old endpoint's counter or the new one, never a torn
+// write. Inc, Add and Get keep the call sites those of a *metrics.Counter; a vacant
+// slot's counter is nil and counts nothing.
+type slotCounter struct{ p atomic.Pointer[metrics.Counter] }
+
+func (c *slotCounter) Inc() {
+	if m := c.p.Load(); m != nil {
+		m.Inc()
+	}
+}
+
+func (c *slotCounter) Add(n int) {
+	if m := c.p.Load(); m != nil {
+		m.Add(n)
+	}
+}
+
+func (c *slotCounter) Get() uint64 {
+	if m := c.p.Load(); m != nil {
+		return m.Get()
+	}
+	return 0
+}
+
+// name is slot ep's endpoint name ("" while vacant).
+func (m *proxyMetrics) name(ep int) string {
+	if p := m.names[ep].Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // slotSeries are the per-endpoint series names of slot i under name, in the order
@@ -283,19 +317,21 @@ func slotSeries(name string) []string {
 // old slot drains) continues its series.
 func (m *proxyMetrics) relabel(i int, name string) {
 	names := slotSeries(name)
-	c := func(j int) *metrics.Counter { return m.set.GetOrCreateCounter(names[j]) }
+	c := func(sc *slotCounter, j int) { sc.p.Store(m.set.GetOrCreateCounter(names[j])) }
 	for r := Route(0); r < numRoutes; r++ {
-		m.routed[r][i] = c(int(r))
+		c(&m.routed[r][i], int(r))
 	}
 	o := int(numRoutes)
-	m.hits[i], m.predicted[i], m.delivered[i], m.receipts[i], m.promptToks[i] = c(o), c(o+1), c(o+2), c(o+3), c(o+4)
+	for j, sc := range [...]*slotCounter{&m.hits[i], &m.predicted[i], &m.delivered[i], &m.receipts[i], &m.promptToks[i]} {
+		c(sc, o+j)
+	}
 	for k := UpstreamError(0); k < numUpstreamErrors; k++ {
-		m.upstream[k][i] = c(o + 5 + int(k))
+		c(&m.upstream[k][i], o+5+int(k))
 	}
 	for r := range m.answered {
 		m.answered[r][i].Store(nil)
 	}
-	m.names[i] = name
+	m.names[i].Store(&name)
 }
 
 // unregister drops the series of an endpoint that left the fleet (no slot holds its
