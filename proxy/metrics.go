@@ -263,7 +263,9 @@ func newProxyMetrics(names []string) *proxyMetrics {
 // an older fleet snapshot sees the old endpoint's counter or the new one, never a torn
 // write. Inc, Add and Get keep the call sites those of a *metrics.Counter; a vacant
 // slot's counter is nil and counts nothing.
-type slotCounter struct{ p atomic.Pointer[metrics.Counter] }
+type slotCounter struct {
+	p atomic.Pointer[metrics.Counter]
+}
 
 func (c *slotCounter) Inc() {
 	if m := c.p.Load(); m != nil {
