@@ -148,6 +148,7 @@ func (tr *traffic) end() {
 func (tr *traffic) check(t *testing.T, min int64) {
 	t.Helper()
 	tr.end()
+	t.Logf("traffic: %d requests, %d failed", tr.sent.Load(), tr.failed.Load())
 	if tr.failed.Load() > 0 || tr.sent.Load() < min {
 		t.Errorf("traffic: %d of %d requests failed (want 0 of >= %d): %v", tr.failed.Load(), tr.sent.Load(), min, tr.failures)
 	}
