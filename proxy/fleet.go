@@ -40,8 +40,8 @@ import (
 type roster struct {
 	eps                     []*endpoint
 	prefillMask, decodeMask shard.Mask
-	// slots are the occupied slots (draining ones included), so the request path's
-	// eligibility loop costs the fleet's size, not -max-endpoints.
+	// slots are the slots of endpoints in the fleet (not draining, not vacant), so the
+	// request path's eligibility loop costs the fleet's size, not -max-endpoints.
 	slots []int
 }
 
@@ -51,13 +51,14 @@ func (r *roster) clone() *roster {
 	return &roster{eps: slices.Clone(r.eps)}
 }
 
-// setRoles recomputes the occupied slots and the mode-1 role masks.
+// setRoles recomputes the fleet's slots and the mode-1 role masks (callers retire
+// endpoints before).
 func (r *roster) setRoles() {
 	n := len(r.eps)
 	r.prefillMask, r.decodeMask = shard.NewMask(n), shard.NewMask(n)
 	r.slots = r.slots[:0]
 	for i, e := range r.eps {
-		if e.vacant {
+		if e.retired.Load() { // vacant, or draining: no new request takes it in any role
 			continue
 		}
 		r.slots = append(r.slots, i)

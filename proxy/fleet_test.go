@@ -786,3 +786,40 @@ func TestDiscoverEndpointAt(t *testing.T) {
 		}
 	}
 }
+
+// Mode 1 takes fleet changes too: a prefill endpoint added at runtime is in the prefill
+// role set (and a removed one leaves it), while a change that would leave no prefill
+// endpoint is refused whole.
+func TestFleetPDRoles(t *testing.T) {
+	p1, p2, dec := newKVEngine(t, "p1", enginepub.VLLM), newKVEngine(t, "p2", enginepub.VLLM), newKVEngine(t, "d1", enginepub.VLLM)
+	prefill := func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"p","choices":[{"index":0,"text":"x","finish_reason":"length"}],"kv_transfer_params":`+vllmKTP+`}`)
+		return true
+	}
+	p1.handle, p2.handle = prefill, prefill
+	s := startProxy(t, kvConfig(t, KVDisaggregated, p1.spec(0, "vllm", ",role=prefill"), dec.spec(1, "vllm", ",role=decode")))
+	if err := s.RemoveEndpoint("p1"); err == nil || !strings.Contains(err.Error(), "role=prefill") {
+		t.Fatalf("removing the only prefill endpoint: %v", err)
+	}
+	if err := s.AddEndpoint(p2.spec(0, "vllm", ",role=prefill")); err != nil {
+		t.Fatal(err)
+	}
+	i2 := s.slotOf("p2")
+	if !s.roster().prefillMask.Has(i2) || s.roster().decodeMask.Has(i2) {
+		t.Fatal("p2 not in the prefill role set")
+	}
+	if err := s.RemoveEndpoint("p1"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		body := fmt.Sprintf(`{"model":"qwen3","messages":[{"role":"user","content":"hello %d"}],"max_tokens":5}`, i)
+		res, out := post(t, s.url("/v1/chat/completions"), body)
+		if res.StatusCode != 200 || res.Header.Get("x-kvgate-prefill") != "p2" || res.Header.Get("x-kvgate-endpoint") != "d1" {
+			t.Fatalf("after the swap: %d prefill=%s decode=%s %s", res.StatusCode, res.Header.Get("x-kvgate-prefill"), res.Header.Get("x-kvgate-endpoint"), out)
+		}
+	}
+	if s.roster().prefillMask.Has(0) {
+		t.Error("p1's slot still in the prefill role set")
+	}
+}
