@@ -131,7 +131,7 @@ func New(cfg Config, opt Options) (*Server, error) {
 	s.fleet.cap = n
 	names := make([]string, n)
 	weights := make([]int, n)
-	ros := &roster{eps: make([]*endpoint, n), prefillMask: shard.NewMask(n), decodeMask: shard.NewMask(n)}
+	ros := &roster{eps: make([]*endpoint, n)}
 	for i := range n {
 		if i >= len(initial) {
 			ros.eps[i] = s.vacantEndpoint(i)
