@@ -6,6 +6,7 @@
 package ingest
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -100,6 +101,9 @@ func (m Media) Has(t Medium) bool { return m&(1<<t) != 0 }
 // Config is shared by every endpoint of a rule.
 type Config struct {
 	Inventory Inventory // normally a *shard.Inventory
+	// Slots is how many inventory indices endpoints may take, those added at runtime
+	// (Manager.AddEndpoint) included; 0: the largest given index + 1.
+	Slots int
 	// Chain is the rule's contract: used to attest parity and, in engine/auto mode, the
 	// keys the request path computes. nil disables attestation (parity stays unknown).
 	Chain hashcore.Chain
@@ -130,6 +134,9 @@ type Config struct {
 	// TensorRT-LLM drain polling: BusyPoll after a non-empty drain, growing to IdlePoll.
 	BusyPoll, IdlePoll time.Duration // defaults 5ms, 50ms
 	HTTPTimeout        time.Duration // one drain request (default 2s)
+	// TLS verifies https:// TensorRT-LLM endpoints' drains (CA bundle, client
+	// certificate): the proxy passes the one its HTTP forwarder uses. nil: system roots.
+	TLS *tls.Config
 
 	Logger  *slog.Logger
 	Metrics *metrics.Set // nil = no exported metrics (counters still feed Status)

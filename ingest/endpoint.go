@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"slices"
@@ -107,6 +108,11 @@ type endpoint struct {
 
 	// wake cuts a redial backoff short (Manager.Redial): one token per rank.
 	wake chan struct{}
+	// stop ends this endpoint's subscribers alone and wg waits for them
+	// (Manager.RemoveEndpoint); series are its metric names, unregistered then.
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+	series []string
 
 	// mu serializes applying batches: the ranks' appliers share the endpoint's counters,
 	// parity state and key mode, and a switch to re-hashed keys rebuilds every rank.
@@ -196,7 +202,13 @@ func newEndpoint(m *Manager, cfg EndpointConfig) *endpoint {
 	e.set = set
 	n := labelSafe(cfg.Name)
 	ctr := func(base, extra string) *metrics.Counter {
-		return set.GetOrCreateCounter(metricName(base, n, extra))
+		name := metricName(base, n, extra)
+		e.series = append(e.series, name)
+		return set.GetOrCreateCounter(name)
+	}
+	gauge := func(name string, f func() float64) {
+		e.series = append(e.series, name)
+		set.GetOrCreateGauge(name, f)
 	}
 	e.c = counters{
 		reconnects:      ctr("kvgate_ingest_reconnects_total", ""),
@@ -229,27 +241,27 @@ func newEndpoint(m *Manager, cfg EndpointConfig) *endpoint {
 		e.c.badEvents[r] = ctr("kvgate_ingest_bad_events_total", `reason="`+r.String()+`"`)
 	}
 	if m.cfg.Metrics != nil {
-		set.GetOrCreateGauge(metricName("kvgate_ingest_connected", n, ""), func() float64 {
+		gauge(metricName("kvgate_ingest_connected", n, ""), func() float64 {
 			if e.connected() {
 				return 1
 			}
 			return 0
 		})
-		set.GetOrCreateGauge(metricName("kvgate_ingest_parity", n, ""), func() float64 {
+		gauge(metricName("kvgate_ingest_parity", n, ""), func() float64 {
 			return float64(e.parity.Load()) // 0 unknown, 1 ok, 2 mismatch
 		})
-		set.GetOrCreateGauge(metricName("kvgate_ingest_rehash", n, ""), func() float64 {
+		gauge(metricName("kvgate_ingest_rehash", n, ""), func() float64 {
 			if e.fast.Load() {
 				return 1
 			}
 			return 0
 		})
-		set.GetOrCreateGauge(metricName("kvgate_ingest_inventory_keys", n, ""), func() float64 {
+		gauge(metricName("kvgate_ingest_inventory_keys", n, ""), func() float64 {
 			return float64(e.keyCount())
 		})
 		for t := Medium(0); t < numMedia; t++ {
 			t := t
-			set.GetOrCreateGauge(metricName("kvgate_ingest_tier_blocks", n, `medium="`+t.String()+`"`), func() float64 {
+			gauge(metricName("kvgate_ingest_tier_blocks", n, `medium="`+t.String()+`"`), func() float64 {
 				return float64(e.tiers[t].Load())
 			})
 		}

@@ -273,9 +273,22 @@ func newTRTPoller(e *endpoint) *trtPoller {
 	return &trtPoller{
 		e:      e,
 		url:    strings.TrimRight(e.cfg.URL, "/") + "/kv_cache_events",
-		client: &http.Client{Timeout: e.m.cfg.HTTPTimeout},
+		client: trtClient(&e.m.cfg),
 		a:      newTRTApplier(e),
 	}
+}
+
+// trtClient is the drain's HTTP client: https:// endpoints are verified with cfg.TLS
+// (the rule's -upstream-ca and -upstream-cert), as the proxy's forwarder verifies them.
+func trtClient(cfg *Config) *http.Client {
+	c := &http.Client{Timeout: cfg.HTTPTimeout}
+	if cfg.TLS != nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.TLSClientConfig = cfg.TLS.Clone()
+		t.TLSClientConfig.NextProtos = nil // trtllm-serve speaks HTTP/1.1; let the transport negotiate
+		c.Transport = t
+	}
+	return c
 }
 
 const maxTRTBody = 256 << 20

@@ -13,7 +13,7 @@ func (s *Server) accessLog(c *app.RequestContext, st *reqState, d *decision, sta
 	attrs := []slog.Attr{
 		slog.String("request_id", string(requestID(c))),
 		slog.String("path", string(c.Request.URI().Path())),
-		slog.String("endpoint", s.eps[d.ep].spec.Name),
+		slog.String("endpoint", s.roster().eps[d.ep].spec.Name),
 		slog.String("route", d.route.String()),
 		slog.Int("status", status),
 		slog.Int("predicted_cached_tokens", d.predicted),
@@ -22,7 +22,7 @@ func (s *Server) accessLog(c *app.RequestContext, st *reqState, d *decision, sta
 		slog.Float64("duration_ms", float64(dur.Microseconds())/1000),
 	}
 	if d.prefill > 0 {
-		attrs = append(attrs, slog.String("prefill", s.eps[d.prefill-1].spec.Name))
+		attrs = append(attrs, slog.String("prefill", s.roster().eps[d.prefill-1].spec.Name))
 	}
 	s.log.LogAttrs(s.ctx, slog.LevelInfo, "request", attrs...)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/pprof"
@@ -32,13 +33,12 @@ func (s *Server) adminHandler() http.Handler {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
 	mux.HandleFunc("/readyz", s.serveReady)
 	mux.HandleFunc("POST /admin/endpoints/{name}/{op}", s.serveAdminState)
-	if s.cfg.AdminToken == "" {
-		return mux
-	}
-	want := []byte("Bearer " + s.cfg.AdminToken)
+	mux.HandleFunc("POST /admin/endpoints", s.serveAdminAdd)
+	mux.HandleFunc("DELETE /admin/endpoints/{name}", s.serveAdminRemove)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/healthz" && r.URL.Path != "/readyz" &&
-			subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+		want := *s.adminAuth.Load() // "Bearer <token>"; "" when no token is set (SIGHUP may set one)
+		if want != "" && r.URL.Path != "/healthz" && r.URL.Path != "/readyz" &&
+			subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte(want)) != 1 {
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}
@@ -51,14 +51,21 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	var buf bytes.Buffer
 	s.m.set.WritePrometheus(&buf)
 	f := famWriter{&buf}
-	lbl := make([]string, len(s.eps))
-	for i, e := range s.eps {
-		lbl[i] = "endpoint=" + strconv.Quote(e.spec.Name)
+	// Endpoints in the fleet: a retired one (draining) may share its name with its
+	// replacement, and a series is written once.
+	ros := s.roster()
+	var idx []int
+	lbl := make([]string, len(ros.eps))
+	for i, e := range ros.eps {
+		if !e.retired.Load() {
+			idx = append(idx, i)
+			lbl[i] = "endpoint=" + strconv.Quote(e.spec.Name)
+		}
 	}
 	perEndpoint := func(name, typ string, v func(i int, e *endpoint) uint64) {
 		f.family(name, typ)
-		for i, e := range s.eps {
-			f.sample(name, lbl[i], v(i, e))
+		for _, i := range idx {
+			f.sample(name, lbl[i], v(i, ros.eps[i]))
 		}
 	}
 	perEndpoint("kvgate_inflight_requests", "gauge", func(i int, e *endpoint) uint64 { return uint64(max(s.loads.Get(i), 0)) })
@@ -66,7 +73,7 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	perEndpoint("kvgate_endpoint_up", "gauge", func(i int, e *endpoint) uint64 { return b2u(e.healthy.Load() && !e.down.Load()) })
 	perEndpoint("kvgate_endpoint_admin_down", "gauge", func(i int, e *endpoint) uint64 { return b2u(e.down.Load()) })
 	f.family("kvgate_routing_state", "gauge")
-	for i := range s.eps {
+	for _, i := range idx {
 		cur, _ := s.states.state(i)
 		for st := RoutingState(0); st < numStates; st++ {
 			f.sample("kvgate_routing_state", lbl[i]+`,state="`+st.String()+`"`, b2u(cur == st))
@@ -74,7 +81,7 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.kv != nil {
 		f.family("kvgate_routing_degraded", "gauge")
-		for i := range s.eps {
+		for _, i := range idx {
 			_, reasons := s.states.state(i)
 			for r := DegradedReason(0); r < numReasons; r++ {
 				f.sample("kvgate_routing_degraded", lbl[i]+`,reason="`+r.String()+`"`, b2u(reasons&(1<<r) != 0))
@@ -123,6 +130,10 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	f.gauge("kvgate_affinity_sessions", uint64(s.aff.len()))
+	fv := s.fleet.view()
+	f.gauge("kvgate_fleet_slots_free", uint64(fv.Free))
+	f.gauge("kvgate_fleet_endpoints_draining", uint64(fv.Draining))
+	f.gauge("kvgate_fleet_change_refused", b2u(fv.LastRefused != ""))
 	ready, _ := s.readiness()
 	f.gauge("kvgate_ready", b2u(ready))
 	metrics.WriteProcessMetrics(&buf)
@@ -137,7 +148,11 @@ func b2u(b bool) uint64 {
 }
 
 type inventoryEndpoint struct {
-	Name      string `json:"name"`
+	Name string `json:"name"`
+	// Slot is the endpoint's index in the slot table; Draining: removed from the fleet,
+	// finishing its in-flight requests before its slot is freed.
+	Slot      int    `json:"slot"`
+	Draining  bool   `json:"draining,omitempty"`
 	URL       string `json:"url"`
 	Engine    string `json:"engine"`
 	Role      string `json:"role"`
@@ -214,10 +229,14 @@ func deliveryNote(receipts, predicted, delivered uint64) string {
 
 func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
 	out := struct {
+		Fleet     fleetView           `json:"fleet"`
 		Endpoints []inventoryEndpoint `json:"endpoints"`
-	}{Endpoints: []inventoryEndpoint{}}
-	for i, e := range s.eps {
-		ie := inventoryEndpoint{
+	}{Fleet: s.fleet.view(), Endpoints: []inventoryEndpoint{}}
+	for i, e := range s.roster().eps {
+		if e.vacant {
+			continue
+		}
+		ie := inventoryEndpoint{Slot: i, Draining: e.retired.Load(),
 			Name: e.spec.Name, URL: e.spec.URL, Engine: e.spec.Engine.String(), Role: e.spec.Role.String(),
 			Parity: "unknown", LastSeq: -1, Breaker: e.breaker.State().String(),
 			Healthy: e.healthy.Load(), Down: e.down.Load(), InFlight: s.loads.Get(i),
@@ -308,11 +327,11 @@ type explainMemo struct {
 
 // explainTerms is the Observer /debug/explain hands the selector.
 type explainTerms struct {
-	names []string
+	names []string // candidate -> label (rankLayout.labels)
 	terms map[string]route.Terms
 }
 
-func (e *explainTerms) Endpoint(ep int, t route.Terms) { e.terms[e.names[ep]] = t }
+func (e *explainTerms) Endpoint(sl int, t route.Terms) { e.terms[e.names[sl]] = t }
 
 func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
@@ -340,7 +359,8 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	ex := Explanation{Scores: map[string]int{}, Eligible: map[string]bool{}}
 	var d decision
 	d.ep, d.decode = -1, -1
-	obs := &explainTerms{names: s.ranks.labels, terms: map[string]route.Terms{}}
+	labels := s.ranks.labels(s.roster().eps)
+	obs := &explainTerms{names: labels, terms: map[string]route.Terms{}}
 	st.obs, st.meter = obs, nil // the traffic path, recording instead of counting
 	if s.kv != nil {
 		ex.Policy, ex.Terms = s.kv.sel.Name(), obs.terms
@@ -351,15 +371,19 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	} else {
 		s.decide(st, &d, false)
 	}
-	for i, e := range s.eps {
+	for i, e := range s.roster().eps {
+		if e.retired.Load() {
+			continue
+		}
 		ex.Eligible[e.spec.Name] = st.eligible.Has(i)
 	}
 	if s.kv != nil {
+		eps := s.roster().eps
 		for sl, i := range s.ranks.ep[:s.ranks.cands] {
-			name := s.eps[i].spec.Name
+			name := eps[i].spec.Name
 			ex.Scores[name] = max(ex.Scores[name], int(st.scores[sl]))
 			if s.ranks.dp[i] > 1 {
-				ex.Scores[s.ranks.labels[sl]] = int(st.scores[sl])
+				ex.Scores[labels[sl]] = int(st.scores[sl])
 			}
 		}
 	}
@@ -374,14 +398,14 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	}
 	ex.Route = d.route.String()
 	if d.ep >= 0 {
-		ex.Endpoint = s.eps[d.ep].spec.Name
+		ex.Endpoint = s.roster().eps[d.ep].spec.Name
 	}
 	if d.rank >= 0 {
 		r := d.rank
 		ex.Rank = &r
 	}
 	if d.decode >= 0 {
-		ex.Decode = s.eps[d.decode].spec.Name
+		ex.Decode = s.roster().eps[d.decode].spec.Name
 	}
 	writeJSON(w, 200, ex)
 }
@@ -408,10 +432,10 @@ func (s *Server) readiness() (bool, string) {
 		return false, "starting"
 	}
 	usable := func(e *endpoint) bool {
-		return e.healthy.Load() && !e.down.Load() && (s.cfg.HealthInterval == 0 || e.checked.Load()) && e.breaker.Ready()
+		return !e.retired.Load() && e.healthy.Load() && !e.down.Load() && (s.cfg.HealthInterval == 0 || e.checked.Load()) && e.breaker.Ready()
 	}
 	var any, prefill, decode bool
-	for _, e := range s.eps {
+	for _, e := range s.roster().eps {
 		if !usable(e) {
 			continue
 		}
@@ -428,7 +452,10 @@ func (s *Server) readiness() (bool, string) {
 		return false, "no eligible decode endpoint (mode 1 needs a prefill and a decode endpoint)"
 	}
 	var degraded []string
-	for i, e := range s.eps {
+	for i, e := range s.roster().eps {
+		if e.retired.Load() {
+			continue
+		}
 		if st, reasons := s.states.state(i); st == StateDegraded {
 			degraded = append(degraded, e.spec.Name+": "+strings.Join(reasonList(reasons), ","))
 		}
@@ -445,8 +472,8 @@ func (s *Server) serveAdminState(w http.ResponseWriter, r *http.Request) {
 		writeHTTPError(w, 404, "not_found", "want /admin/endpoints/{name}/down or /up")
 		return
 	}
-	for _, e := range s.eps {
-		if e.spec.Name == name {
+	for _, e := range s.roster().eps {
+		if !e.retired.Load() && e.spec.Name == name {
 			e.down.Store(op == "down")
 			s.log.Warn("endpoint administrative state changed", "endpoint", name, "down", op == "down")
 			writeJSON(w, 200, map[string]any{"endpoint": name, "down": op == "down"})
@@ -454,4 +481,54 @@ func (s *Server) serveAdminState(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeHTTPError(w, 404, "not_found", "no endpoint named "+name)
+}
+
+// maxSpecBytes bounds an admin endpoint spec body.
+const maxSpecBytes = 64 << 10
+
+// serveAdminAdd adds the endpoint its body names, one line in the -endpoint syntax (the
+// endpoints file's), through the same path as a file reload: a spec that does not parse
+// or validate is refused (400; a name the fleet has, 409) and nothing changes.
+func (s *Server) serveAdminAdd(w http.ResponseWriter, r *http.Request) {
+	b, err := io.ReadAll(io.LimitReader(r.Body, maxSpecBytes+1))
+	if err != nil {
+		writeHTTPError(w, 400, "invalid_request_error", "reading body: "+err.Error())
+		return
+	}
+	if len(b) > maxSpecBytes {
+		writeHTTPError(w, 413, "invalid_request_error", "endpoint spec over 64 KiB")
+		return
+	}
+	spec := strings.TrimSpace(string(b))
+	if spec == "" || strings.ContainsAny(spec, "\n") {
+		writeHTTPError(w, 400, "invalid_request_error", "POST one endpoint spec line: name=..,url=http://host:port,...")
+		return
+	}
+	if err := s.AddEndpoint(spec); err != nil {
+		status := 400
+		if strings.Contains(err.Error(), "used twice") {
+			status = 409
+		}
+		s.log.Warn("admin: endpoint add refused: keeping the running endpoints", "spec", spec, "err", err)
+		writeHTTPError(w, status, "invalid_request_error", "endpoint refused: "+err.Error())
+		return
+	}
+	sp, _ := ParseEndpoint(spec)
+	writeJSON(w, 200, map[string]any{"added": sp.Name})
+}
+
+// serveAdminRemove removes the endpoint (or discover=dns template) named in the path: it
+// drains its in-flight requests, then frees its inventory and slot.
+func (s *Server) serveAdminRemove(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if err := s.RemoveEndpoint(name); err != nil {
+		status := 400
+		if errors.Is(err, errNoEndpoint) {
+			status = 404
+		}
+		s.log.Warn("admin: endpoint removal refused: keeping the running endpoints", "endpoint", name, "err", err)
+		writeHTTPError(w, status, "invalid_request_error", "endpoint removal refused: "+err.Error())
+		return
+	}
+	writeJSON(w, 200, map[string]any{"removed": name, "draining": true})
 }

@@ -4,11 +4,11 @@
 package proxy
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"math"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"slices"
@@ -65,6 +65,13 @@ type EndpointSpec struct {
 	// TensorRT-LLM tokens_per_block); 0: the rule's -kv-block-size until the engine's
 	// events prove another, which is then adopted (a WARN, /debug/inventory).
 	BlockSize int
+	// Discover (discover=dns) makes this spec a template: the URL's host is a DNS name
+	// whose A/AAAA records are the endpoints, each named NAME@ADDRESS with the URL's
+	// port and every other option; events= and replay= on the same host follow each
+	// address. It is looked up again every -dns-interval (a Kubernetes headless Service
+	// works unchanged). An https:// template's endpoints are dialed and verified by
+	// address, so their certificates need the pods' IP SANs.
+	Discover bool
 
 	host   string // host[:port] from URL
 	scheme string // "http" or "https"
@@ -75,7 +82,7 @@ func (e *EndpointSpec) Host() string { return e.host }
 
 // ParseEndpoint parses one -endpoint value:
 // name=..,url=http://host:port,engine=vllm|sglang|trtllm|llamacpp,role=both|prefill|decode,
-// events=tcp://..,replay=tcp://..,topic=..,dp=N,weight=W,down=true,bootstrap_port=N.
+// events=tcp://..,replay=tcp://..,topic=..,dp=N,weight=W,down=true,bootstrap_port=N,discover=dns.
 func ParseEndpoint(s string) (EndpointSpec, error) {
 	e := EndpointSpec{Engine: engine.VLLM, DP: 1, Weight: 1}
 	for _, kv := range strings.Split(s, ",") {
@@ -122,6 +129,11 @@ func ParseEndpoint(s string) (EndpointSpec, error) {
 			e.BootstrapPort, err = atoiRange("bootstrap_port", v, 1, 65535)
 		case "down":
 			e.Down, err = strconv.ParseBool(v)
+		case "discover":
+			if v != "dns" {
+				err = fmt.Errorf("discover %q: want dns", v)
+			}
+			e.Discover = true
 		default:
 			err = fmt.Errorf("unknown key %q", k)
 		}
@@ -150,7 +162,44 @@ func ParseEndpoint(s string) (EndpointSpec, error) {
 	if e.Name == "" {
 		e.Name = u.Host
 	}
+	if e.Discover {
+		if _, err := netip.ParseAddr(u.Hostname()); err == nil {
+			return e, fmt.Errorf("discover=dns: url %q names an address, not a DNS name", e.URL)
+		}
+	}
 	return e, nil
+}
+
+// hostname is the URL's host without its port.
+func (e *EndpointSpec) hostname() string {
+	h, _, err := net.SplitHostPort(e.host)
+	if err != nil {
+		return e.host
+	}
+	return h
+}
+
+// at is the endpoint a discover=dns template e names at address a.
+func (e *EndpointSpec) at(a netip.Addr) EndpointSpec {
+	c := *e
+	c.Discover = false
+	name := e.hostname()
+	_, port, _ := net.SplitHostPort(e.host)
+	c.host = net.JoinHostPort(a.String(), port)
+	c.URL = c.scheme + "://" + c.host
+	c.Name = e.Name + "@" + a.String()
+	swap := func(addr string) string {
+		rest, ok := strings.CutPrefix(addr, "tcp://")
+		if !ok {
+			return addr
+		}
+		if h, p, err := net.SplitHostPort(rest); err == nil && h == name {
+			return "tcp://" + net.JoinHostPort(a.String(), p)
+		}
+		return addr
+	}
+	c.Events, c.Replay = swap(e.Events), swap(e.Replay)
+	return c
 }
 
 func atoiRange(what, v string, lo, hi int) (int, error) {
@@ -162,34 +211,15 @@ func atoiRange(what, v string, lo, hi int) (int, error) {
 }
 
 // ReadEndpointsFile reads one -endpoint value per line; blank lines and # comments
-// (whole lines, or after whitespace at a line's end) skip.
+// (whole lines, or after whitespace at a line's end) skip. A bad line or a name given
+// twice is an error naming the file and line.
 func ReadEndpointsFile(path string) ([]EndpointSpec, error) {
-	f, err := os.Open(path)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	var out []EndpointSpec
-	sc := bufio.NewScanner(f)
-	for line := 1; sc.Scan(); line++ {
-		t := sc.Text()
-		if i := strings.Index(t, " #"); i >= 0 {
-			t = t[:i]
-		}
-		if i := strings.Index(t, "\t#"); i >= 0 {
-			t = t[:i]
-		}
-		t = strings.TrimSpace(t)
-		if t == "" || t[0] == '#' {
-			continue
-		}
-		e, err := ParseEndpoint(t)
-		if err != nil {
-			return nil, fmt.Errorf("%s:%d: %w", path, line, err)
-		}
-		out = append(out, e)
-	}
-	return out, sc.Err()
+	eps, _, err := parseEndpointsFile(path, b)
+	return eps, err
 }
 
 // TokenizerSpec maps a served model name (and aliases) to a staged tokenizer directory.
@@ -221,6 +251,17 @@ type Config struct {
 	Listen      string
 	AdminListen string
 	Endpoints   []EndpointSpec
+	// EndpointsFile, when set, is where Endpoints[StaticEndpoints:] came from: it is
+	// polled every EndpointsWatch (0: never) and reloaded when its content changes.
+	EndpointsFile   string
+	StaticEndpoints int
+	EndpointsWatch  time.Duration
+	// MaxEndpoints is the slot table's size: how many endpoints the fleet can hold at
+	// once, those draining included (0: the initial count rounded up to 8, 16, 32 or 64,
+	// the inventory's mask widths, which costs no inventory memory).
+	MaxEndpoints int
+	// DNSInterval is how often discover=dns endpoints are looked up again.
+	DNSInterval time.Duration
 
 	Select           Selector
 	KVMode           KVMode
@@ -353,6 +394,8 @@ func (c *Config) tiersIndexed() (cpu, storage bool) {
 func Defaults() Config {
 	return Config{
 		Listen:               "127.0.0.1:8080",
+		EndpointsWatch:       time.Second,
+		DNSInterval:          5 * time.Second,
 		AdminListen:          "127.0.0.1:9090",
 		KVBlockSize:          16,
 		KVKeys:               "auto",
@@ -406,8 +449,17 @@ func (c *Config) Validate() error {
 	if len(c.Endpoints) == 0 {
 		return refuse("-endpoint", "at least one endpoint is required (or -endpoints-file)")
 	}
-	if len(c.Endpoints) > 1024 {
-		return refuse("-endpoint", "%d endpoints: at most 1024 are supported", len(c.Endpoints))
+	if len(c.Endpoints) > shard.MaxEndpoints {
+		return refuse("-endpoint", "%d endpoints: at most %d are supported", len(c.Endpoints), shard.MaxEndpoints)
+	}
+	if c.MaxEndpoints < 0 || c.MaxEndpoints > shard.MaxEndpoints {
+		return refuse("-max-endpoints", "%d: want 0 (the initial count rounded up to 8/16/32/64) or 1..%d", c.MaxEndpoints, shard.MaxEndpoints)
+	}
+	if c.EndpointsWatch < 0 {
+		return refuse("-endpoints-watch", "%v: want >= 0 (0: never reload)", c.EndpointsWatch)
+	}
+	if c.DNSInterval < 0 {
+		return refuse("-dns-interval", "%v: want >= 0 (0: resolve at start and on reloads only)", c.DNSInterval)
 	}
 	names := map[string]bool{}
 	var prefill, decode int

@@ -93,7 +93,7 @@ func TestFaultRefusingBackend(t *testing.T) {
 	if r.lost != 0 {
 		t.Fatalf("lost %d of 300 with healthy endpoints: %v", r.lost, r.errs)
 	}
-	if st := s.eps[0].breaker.State(); st != BreakerOpen {
+	if st := s.roster().eps[0].breaker.State(); st != BreakerOpen {
 		t.Errorf("breaker %v, want open", st)
 	}
 	if r.byEP["e0"] != 0 || r.byEP["e1"] == 0 || r.byEP["e2"] == 0 {
@@ -143,7 +143,7 @@ func TestFaultHangingBackend(t *testing.T) {
 		cfg.HealthTimeout = 500 * time.Millisecond
 		cfg.UpstreamTimeout = 3 * time.Second
 		s := startProxy(t, cfg)
-		waitFor(t, "hung endpoint unhealthy", func() bool { return s.eps[0].checked.Load() && !s.eps[0].healthy.Load() })
+		waitFor(t, "hung endpoint unhealthy", func() bool { return s.roster().eps[0].checked.Load() && !s.roster().eps[0].healthy.Load() })
 		if r := drive(t, s, 100, 4); r.lost != 0 {
 			t.Fatalf("lost %d: %v", r.lost, r.errs)
 		}
@@ -168,8 +168,8 @@ func TestFaultHangingBackend(t *testing.T) {
 				t.Fatalf("status %d %s", res.StatusCode, body)
 			}
 		}
-		if timeouts != 2 || s.eps[0].breaker.State() != BreakerOpen {
-			t.Errorf("%d timeouts (want 2 = -breaker-failures), breaker %v", timeouts, s.eps[0].breaker.State())
+		if timeouts != 2 || s.roster().eps[0].breaker.State() != BreakerOpen {
+			t.Errorf("%d timeouts (want 2 = -breaker-failures), breaker %v", timeouts, s.roster().eps[0].breaker.State())
 		}
 		waitFor(t, "hung connections closed by kvgate", func() bool { return conns.Load() == 0 })
 		if r := drive(t, s, 60, 4); r.lost != 0 {
@@ -197,7 +197,7 @@ func TestFault5xxStreak(t *testing.T) {
 	if r.lost != 0 {
 		t.Fatalf("lost %d: %v", r.lost, r.errs)
 	}
-	if st := s.eps[0].breaker.State(); st != BreakerOpen {
+	if st := s.roster().eps[0].breaker.State(); st != BreakerOpen {
 		t.Errorf("breaker %v, want open after a 5xx streak", st)
 	}
 	if n := s.m.upstream[Err5xx][0].Get(); n < 3 {

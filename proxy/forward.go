@@ -181,7 +181,7 @@ func isTimeoutText(err error) bool {
 // forward sends body to d.ep and relays the answer. It never writes to the client when
 // it returns outRetry.
 func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqState, d *decision, body []byte) outcome {
-	ep := s.eps[d.ep]
+	ep := s.roster().eps[d.ep]
 	req := protocol.AcquireRequest()
 	res := protocol.AcquireResponse()
 	defer protocol.ReleaseRequest(req)
@@ -190,6 +190,9 @@ func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqStat
 	hintRank(req, d)
 	s.loads.Inc(d.ep)
 	defer s.loads.Dec(d.ep)
+	if ep.retired.Load() { // removed since the decision: see fleet.go's drain
+		return outcome{kind: outRetry, err: errRetired}
+	}
 	if q := s.rankLoads(d); q != nil {
 		q.Inc(d.slot)
 		defer q.Dec(d.slot)
@@ -229,11 +232,16 @@ func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqStat
 	return outcome{kind: outDone}
 }
 
+// errRetired: the endpoint left the fleet between the decision and the send; the
+// request is decided again (the in-flight count before the check is what lets a drain
+// finish without racing it).
+var errRetired = errors.New("endpoint removed from the fleet")
+
 // failed books an exchange with endpoint i that got no answer: a client that left is
 // neutral for the breaker (gone); otherwise the error's kind is counted and the breaker
 // told. Both the converged path and the P/D legs account through it and answered.
 func (s *Server) failed(ctx context.Context, i int, err error) (kind UpstreamError, gone bool) {
-	ep := s.eps[i]
+	ep := s.roster().eps[i]
 	if ctx.Err() != nil {
 		ep.breaker.Neutral()
 		return ErrConnect, true
@@ -248,10 +256,10 @@ func (s *Server) failed(ctx context.Context, i int, err error) (kind UpstreamErr
 func (s *Server) answered(i, status int) (fiveXX bool) {
 	if status >= 500 {
 		s.m.upstream[Err5xx][i].Inc()
-		s.eps[i].breaker.FiveXX()
+		s.roster().eps[i].breaker.FiveXX()
 		return true
 	}
-	s.eps[i].breaker.Success()
+	s.roster().eps[i].breaker.Success()
 	return false
 }
 
@@ -399,7 +407,7 @@ func (s *Server) relayResponse(ctx context.Context, c *app.RequestContext, st *r
 		ttft = first.Sub(st.arrived)
 	}
 	s.m.observeRequest(d.ep, d.route, status, end.Sub(st.arrived), ttft)
-	if s.cfg.AccessLog {
+	if s.accessLogOn.Load() {
 		s.accessLog(c, st, d, status, end.Sub(st.arrived), ttft)
 	}
 	return true
@@ -590,7 +598,7 @@ func (s *Server) checkGap(ep int) {
 		return
 	}
 	s.log.Warn("engine delivered far fewer cached tokens than predicted: tokenizer, chat template or hash settings likely differ from the engine's",
-		"endpoint", s.eps[ep].spec.Name, "predicted", pred, "delivered", del, "receipts", r)
+		"endpoint", s.roster().eps[ep].spec.Name, "predicted", pred, "delivered", del, "receipts", r)
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }

@@ -73,11 +73,11 @@ func FuzzHTTPRequest(f *testing.F) {
 		}
 		up := protocol.AcquireRequest()
 		defer protocol.ReleaseRequest(up)
-		s.buildUpstream(c, up, s.eps[0], st.body, nil)
-		if h := string(up.URI().Host()); h != s.eps[0].spec.host {
-			t.Fatalf("upstream URI host %q, want %q (request %q)", h, s.eps[0].spec.host, raw)
+		s.buildUpstream(c, up, s.roster().eps[0], st.body, nil)
+		if h := string(up.URI().Host()); h != s.roster().eps[0].spec.host {
+			t.Fatalf("upstream URI host %q, want %q (request %q)", h, s.roster().eps[0].spec.host, raw)
 		}
-		if h := string(up.Header.Host()); h != s.eps[0].spec.host {
+		if h := string(up.Header.Host()); h != s.roster().eps[0].spec.host {
 			t.Fatalf("upstream Host %q (request %q)", h, raw)
 		}
 		if len(up.Header.Peek("Transfer-Encoding")) > 0 && up.Header.ContentLength() >= 0 && !bytes.Equal(up.Header.Peek("Transfer-Encoding"), []byte("chunked")) {

@@ -26,24 +26,33 @@ func (s *Server) healthLoop() {
 
 func (s *Server) checkAll() {
 	var wg sync.WaitGroup
-	for _, e := range s.eps {
+	for _, e := range s.roster().eps {
+		if e.retired.Load() {
+			continue
+		}
 		wg.Add(1)
 		go func(e *endpoint) {
 			defer wg.Done()
-			ok := s.probe(e)
-			was := e.healthy.Swap(ok)
-			e.checked.Store(true)
-			if was != ok {
-				s.log.Warn("endpoint health changed", "endpoint", e.spec.Name, "healthy", ok)
-			}
-			if ok && !was && s.kv != nil {
-				// The engine is back: follow its events now, not after the
-				// subscriber's backoff (up to 30 s of routing on a stale inventory).
-				s.kv.mgr.Redial(e.idx)
-			}
+			s.checkOne(e)
 		}(e)
 	}
 	wg.Wait()
+}
+
+// checkOne probes e once and records the answer (an endpoint added at runtime is checked
+// at once: it takes requests only after its first check passes).
+func (s *Server) checkOne(e *endpoint) {
+	ok := s.probe(e)
+	was := e.healthy.Swap(ok)
+	e.checked.Store(true)
+	if was != ok && !e.retired.Load() {
+		s.log.Warn("endpoint health changed", "endpoint", e.spec.Name, "healthy", ok)
+	}
+	if ok && !was && s.kv != nil && !e.retired.Load() {
+		// The engine is back: follow its events now, not after the
+		// subscriber's backoff (up to 30 s of routing on a stale inventory).
+		s.kv.mgr.Redial(e.idx)
+	}
 }
 
 func (s *Server) probe(e *endpoint) bool {

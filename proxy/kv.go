@@ -176,20 +176,12 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	}
 	eps := make([]ingest.EndpointConfig, len(cfg.Endpoints))
 	for i, e := range cfg.Endpoints {
-		cpuSlots, stoSlots := k.ranks.tierSlots(i)
-		es := endpointContract(cfg, e)
-		if es != nil {
-			if _, err := hashcore.New(*es); err != nil {
-				return nil, refuse("-endpoint", "%s: %v", e.Name, err)
-			}
+		if eps[i], err = k.ingestEndpoint(cfg, e, i); err != nil {
+			return nil, err
 		}
-		eps[i] = ingest.EndpointConfig{Name: e.Name, Index: i, Engine: e.Engine,
-			Events: e.Events, Replay: e.Replay, DP: e.DP, RankSlots: k.ranks.rankSlots(i),
-			CPUSlots: cpuSlots, StorageSlots: stoSlots, Topic: e.Topic, URL: e.URL,
-			Spec: es, FixedBlockSize: e.BlockSize > 0}
 	}
-	mgr, err := k.newEventSource(ingest.Config{Inventory: inv, Chain: k.chain, Spec: spec, Fast: k.fast,
-		Keys: keys, Logger: s.log, Metrics: s.m.set}, eps)
+	mgr, err := k.newEventSource(ingest.Config{Inventory: inv, Slots: len(s.roster().eps), Chain: k.chain, Spec: spec, Fast: k.fast,
+		Keys: keys, Logger: s.log, Metrics: s.m.set, TLS: s.upTLS}, eps)
 	if err != nil {
 		return nil, err
 	}
@@ -210,6 +202,22 @@ func hashFlag(err error) string {
 		}
 	}
 	return "-kv-hash-algo"
+}
+
+// ingestEndpoint is what ingest follows of endpoint e in slot i: its engine's contract at
+// its block size, its ranks' and lower tiers' inventory slots.
+func (k *kvRouter) ingestEndpoint(cfg *Config, e EndpointSpec, i int) (ingest.EndpointConfig, error) {
+	cpuSlots, stoSlots := k.ranks.tierSlots(i)
+	es := endpointContract(cfg, e)
+	if es != nil {
+		if _, err := hashcore.New(*es); err != nil {
+			return ingest.EndpointConfig{}, refuse("-endpoint", "%s: %v", e.Name, err)
+		}
+	}
+	return ingest.EndpointConfig{Name: e.Name, Index: i, Engine: e.Engine,
+		Events: e.Events, Replay: e.Replay, DP: e.DP, RankSlots: k.ranks.rankSlots(i),
+		CPUSlots: cpuSlots, StorageSlots: stoSlots, Topic: e.Topic, URL: e.URL,
+		Spec: es, FixedBlockSize: e.BlockSize > 0}, nil
 }
 
 func (k *kvRouter) start(ctx context.Context) error { return k.mgr.Start(ctx) }

@@ -355,7 +355,9 @@ func TestKVCostEngineReports(t *testing.T) {
 	a.store(t, c, toks, 6)
 	b.store(t, c, toks, 2)
 	waitFor(t, "events", func() bool { return s.kv.inv.Count(0) == 6 && s.kv.inv.Count(1) == 2 })
-	waitFor(t, "scrapes", func() bool { return s.eps[0].scrape.ok.Load() > 0 && s.eps[1].scrape.failed.Load() > 0 })
+	waitFor(t, "scrapes", func() bool {
+		return s.roster().eps[0].scrape.ok.Load() > 0 && s.roster().eps[1].scrape.failed.Load() > 0
+	})
 	s.queues.Finished(0, route.Ticket{}, time.Second, 0, false) // a request holds a for 1 s: 21 ahead over 4 slots wait ~5 s
 	res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
 	if res.Header.Get("x-kvgate-endpoint") != "b" || res.Header.Get("x-kvgate-route") != "kv-hit" {
@@ -425,6 +427,12 @@ func TestKVCostReplicasAgree(t *testing.T) {
 		replicas = append(replicas, startProxy(t, cfg))
 	}
 	toks := engineTokens(t, sharedPrefix)
+	// store waits for one subscriber: both replicas must follow both engines first, or
+	// the later one never sees the events (ZeroMQ drops what a PUB sends before).
+	for _, s := range replicas {
+		waitFor(t, "subscribed", func() bool { return s.kv.mgr.Status(0).Connected && s.kv.mgr.Status(1).Connected })
+	}
+	time.Sleep(100 * time.Millisecond) // the subscriptions reach the PUB sockets
 	a.store(t, c, toks, 6)
 	b.store(t, c, toks, 2)
 	for _, s := range replicas {

@@ -40,9 +40,9 @@ func (s *Server) scrapeLoop() {
 	t := time.NewTicker(s.cfg.KVLoadScrape)
 	defer t.Stop()
 	for {
-		for i, e := range s.eps {
+		for i, e := range s.roster().eps {
 			// A slow engine's last scrape still running is skipped, not piled up.
-			if e.scrape.inFlight.CompareAndSwap(false, true) {
+			if !e.retired.Load() && e.scrape.inFlight.CompareAndSwap(false, true) {
 				s.wg.Add(1)
 				go func() {
 					defer s.wg.Done()

@@ -113,13 +113,13 @@ var upstreamErrNames = [numUpstreamErrors]string{"connect", "timeout", "5xx", "m
 // proxyMetrics pre-creates every series so the request path only bumps counters.
 type proxyMetrics struct {
 	set        *metrics.Set
-	routed     [numRoutes][]*metrics.Counter // {endpoint, route}
-	hits       []*metrics.Counter
-	predicted  []*metrics.Counter // predicted cached tokens on hits
-	delivered  []*metrics.Counter // engine-reported cached tokens
-	receipts   []*metrics.Counter // responses that carried usage.prompt_tokens_details
-	promptToks []*metrics.Counter
-	upstream   [numUpstreamErrors][]*metrics.Counter
+	routed     [numRoutes][]slotCounter // {endpoint, route}
+	hits       []slotCounter
+	predicted  []slotCounter // predicted cached tokens on hits
+	delivered  []slotCounter // engine-reported cached tokens
+	receipts   []slotCounter // responses that carried usage.prompt_tokens_details
+	promptToks []slotCounter
+	upstream   [numUpstreamErrors][]slotCounter
 	misses     [numRoutes]*metrics.Counter
 	bad        [numBadInputs]*metrics.Counter
 	stage      [numStages]*metrics.PrometheusHistogram
@@ -133,7 +133,7 @@ type proxyMetrics struct {
 	// unauthorized: public requests refused 401 for a missing or unknown API key.
 	unauthorized *metrics.Counter
 
-	names []string
+	names []atomic.Pointer[string] // each slot's endpoint name (relabel)
 	// answered is created on first use per {route, endpoint}: with 1024 endpoints the
 	// full cross product of histograms would be most of /metrics and never seen.
 	answered [numRoutes][]atomic.Pointer[answerSeries]
@@ -205,7 +205,7 @@ func (m *proxyMetrics) observeRequest(ep int, route Route, status int, dur, ttft
 }
 
 func (m *proxyMetrics) newAnswerSeries(ep int, route Route) *answerSeries {
-	lbl := `endpoint=` + strconv.Quote(m.names[ep]) + `,route=` + strconv.Quote(route.String())
+	lbl := `endpoint=` + strconv.Quote(m.name(ep)) + `,route=` + strconv.Quote(route.String())
 	a := &answerSeries{labels: lbl,
 		dur:  m.set.GetOrCreatePrometheusHistogramExt(`kvgate_request_duration_seconds{`+lbl+`}`, requestBuckets),
 		ttft: m.set.GetOrCreatePrometheusHistogramExt(`kvgate_ttft_seconds{`+lbl+`}`, requestBuckets),
@@ -216,33 +216,30 @@ func (m *proxyMetrics) newAnswerSeries(ep int, route Route) *answerSeries {
 	return m.answered[route][ep].Load() // another request made it first (same series)
 }
 
+// newProxyMetrics creates the series; names has one entry per slot, "" for a vacant
+// one (its series come with the endpoint that takes it: relabel).
 func newProxyMetrics(names []string) *proxyMetrics {
 	s := metrics.NewSet()
-	m := &proxyMetrics{set: s, names: names}
-	for r := range m.answered {
-		m.answered[r] = make([]atomic.Pointer[answerSeries], len(names))
-	}
 	n := len(names)
-	per := func(name, extra string) []*metrics.Counter {
-		out := make([]*metrics.Counter, n)
-		for i, ep := range names {
-			out[i] = s.NewCounter(name + `{endpoint=` + strconv.Quote(ep) + extra + `}`)
-		}
-		return out
+	m := &proxyMetrics{set: s, names: make([]atomic.Pointer[string], n)}
+	for r := range m.answered {
+		m.answered[r] = make([]atomic.Pointer[answerSeries], n)
 	}
 	for r := Route(0); r < numRoutes; r++ {
-		m.routed[r] = per("kvgate_requests_total", `,route=`+strconv.Quote(r.String()))
+		m.routed[r] = make([]slotCounter, n)
 		if r.IsMiss() {
 			m.misses[r] = s.NewCounter(`kvgate_kv_misses_total{reason=` + strconv.Quote(r.String()[len("kv-miss:"):]) + `}`)
 		}
 	}
-	m.hits = per("kvgate_kv_hits_total", "")
-	m.predicted = per("kvgate_predicted_cached_tokens_total", "")
-	m.delivered = per("kvgate_delivered_cached_tokens_total", "")
-	m.receipts = per("kvgate_delivery_receipts_total", "")
-	m.promptToks = per("kvgate_delivered_prompt_tokens_total", "")
-	for k := UpstreamError(0); k < numUpstreamErrors; k++ {
-		m.upstream[k] = per("kvgate_upstream_errors_total", `,kind=`+strconv.Quote(upstreamErrNames[k]))
+	m.hits, m.predicted, m.delivered = make([]slotCounter, n), make([]slotCounter, n), make([]slotCounter, n)
+	m.receipts, m.promptToks = make([]slotCounter, n), make([]slotCounter, n)
+	for k := range m.upstream {
+		m.upstream[k] = make([]slotCounter, n)
+	}
+	for i, name := range names {
+		if name != "" {
+			m.relabel(i, name)
+		}
 	}
 	for b := BadInput(0); b < numBadInputs; b++ {
 		m.bad[b] = s.NewCounter(`kvgate_bad_requests_total{reason=` + strconv.Quote(badNames[b]) + `}`)
@@ -259,6 +256,103 @@ func newProxyMetrics(names []string) *proxyMetrics {
 	m.clientGone = s.NewCounter("kvgate_client_disconnects_total")
 	m.unauthorized = s.NewCounter("kvgate_unauthorized_total")
 	return m
+}
+
+// slotCounter is one slot's counter of a per-endpoint family. The slot's endpoint can
+// change (relabel), so the counter is read through an atomic pointer: a reader holding
+// an older fleet snapshot sees the old endpoint's counter or the new one, never a torn
+// write. Inc, Add and Get keep the call sites those of a *metrics.Counter; a vacant
+// slot's counter is nil and counts nothing.
+type slotCounter struct {
+	p atomic.Pointer[metrics.Counter]
+}
+
+func (c *slotCounter) Inc() {
+	if m := c.p.Load(); m != nil {
+		m.Inc()
+	}
+}
+
+func (c *slotCounter) Add(n int) {
+	if m := c.p.Load(); m != nil {
+		m.Add(n)
+	}
+}
+
+func (c *slotCounter) Get() uint64 {
+	if m := c.p.Load(); m != nil {
+		return m.Get()
+	}
+	return 0
+}
+
+// name is slot ep's endpoint name ("" while vacant).
+func (m *proxyMetrics) name(ep int) string {
+	if p := m.names[ep].Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// slotSeries are the per-endpoint series names of slot i under name, in the order
+// relabel fills them.
+func slotSeries(name string) []string {
+	ep := `endpoint=` + strconv.Quote(name)
+	out := make([]string, 0, int(numRoutes)+5+int(numUpstreamErrors))
+	for r := Route(0); r < numRoutes; r++ {
+		out = append(out, `kvgate_requests_total{`+ep+`,route=`+strconv.Quote(r.String())+`}`)
+	}
+	for _, f := range [...]string{"kvgate_kv_hits_total", "kvgate_predicted_cached_tokens_total",
+		"kvgate_delivered_cached_tokens_total", "kvgate_delivery_receipts_total", "kvgate_delivered_prompt_tokens_total"} {
+		out = append(out, f+`{`+ep+`}`)
+	}
+	for k := UpstreamError(0); k < numUpstreamErrors; k++ {
+		out = append(out, `kvgate_upstream_errors_total{`+ep+`,kind=`+strconv.Quote(upstreamErrNames[k])+`}`)
+	}
+	return out
+}
+
+// relabel gives slot i the series of the endpoint named name. The fleet calls it on a
+// vacant slot before publishing the roster that puts the endpoint there, so every
+// request that can pick slot i sees these counters (the roster's atomic swap orders
+// them). A name already counted (a changed endpoint, re-added under its name while its
+// old slot drains) continues its series.
+func (m *proxyMetrics) relabel(i int, name string) {
+	names := slotSeries(name)
+	c := func(sc *slotCounter, j int) { sc.p.Store(m.set.GetOrCreateCounter(names[j])) }
+	for r := Route(0); r < numRoutes; r++ {
+		c(&m.routed[r][i], int(r))
+	}
+	o := int(numRoutes)
+	for j, sc := range [...]*slotCounter{&m.hits[i], &m.predicted[i], &m.delivered[i], &m.receipts[i], &m.promptToks[i]} {
+		c(sc, o+j)
+	}
+	for k := UpstreamError(0); k < numUpstreamErrors; k++ {
+		c(&m.upstream[k][i], o+5+int(k))
+	}
+	for r := range m.answered {
+		m.answered[r][i].Store(nil)
+	}
+	m.names[i].Store(&name)
+}
+
+// unregister drops the series of an endpoint that left the fleet (no slot holds its
+// name any more), so DNS churn cannot grow /metrics without bound.
+func (m *proxyMetrics) unregister(i int, name string) {
+	for _, s := range slotSeries(name) {
+		m.set.UnregisterMetric(s)
+	}
+	for r := range m.answered {
+		a := m.answered[r][i].Load()
+		if a == nil {
+			continue
+		}
+		m.set.UnregisterMetric(`kvgate_request_duration_seconds{` + a.labels + `}`)
+		m.set.UnregisterMetric(`kvgate_ttft_seconds{` + a.labels + `}`)
+		for ci := range a.codes {
+			m.set.UnregisterMetric(`kvgate_responses_total{` + a.labels + `,code="` + codeLabel(ci) + `"}`)
+		}
+	}
 }
 
 // sentTo is how many requests kvgate has forwarded to endpoint i, over every route.

@@ -22,8 +22,8 @@ import (
 // the trie (not for /debug/explain, whose meter is nil).
 func (s *Server) decidePD(st *reqState, d *decision) {
 	d.ep, d.slot, d.rank, d.decode, d.predicted, d.route = -1, -1, -1, -1, 0, RouteRR
-	elP := s.baseEligible(st, st.eligible, s.prefillMask)
-	elD := s.baseEligible(st, st.scratch, s.decodeMask)
+	elP := s.baseEligible(st, st.eligible, s.roster().prefillMask)
+	elD := s.baseEligible(st, st.scratch, s.roster().decodeMask)
 	if p, dec, ok := s.aff.get(st.sessKey, time.Now()); ok && elP.Has(p) && elD.Has(dec) {
 		d.ep, d.decode, d.route = p, dec, RouteAffinity
 		st.meter.affinity()
@@ -64,7 +64,7 @@ func sessionKey(c *app.RequestContext, st *reqState) []byte {
 func (s *Server) servePD(ctx context.Context, c *app.RequestContext, st *reqState) {
 	st.sessKey = append(st.sessKey[:0], sessionKey(c, st)...)
 	requestID(c) // fix the id before legs may run concurrently
-	for attempt := 0; attempt < len(s.eps); attempt++ {
+	for attempt := 0; attempt < len(s.roster().eps); attempt++ {
 		var d decision
 		t0 := time.Now()
 		s.decidePD(st, &d)
@@ -75,12 +75,12 @@ func (s *Server) servePD(ctx context.Context, c *app.RequestContext, st *reqStat
 		if d.ep < 0 || d.decode < 0 {
 			break
 		}
-		if !s.eps[d.ep].breaker.Allow() {
+		if !s.roster().eps[d.ep].breaker.Allow() {
 			st.excluded.Set(d.ep)
 			continue
 		}
-		if !s.eps[d.decode].breaker.Allow() {
-			s.eps[d.ep].breaker.Neutral()
+		if !s.roster().eps[d.decode].breaker.Allow() {
+			s.roster().eps[d.ep].breaker.Neutral()
 			st.excluded.Set(d.decode)
 			continue
 		}
@@ -89,7 +89,7 @@ func (s *Server) servePD(ctx context.Context, c *app.RequestContext, st *reqStat
 		}
 		var failed int
 		var out outcome
-		switch s.eps[d.ep].spec.Engine {
+		switch s.roster().eps[d.ep].spec.Engine {
 		case EngineSGLang:
 			out, failed = s.pdSGLang(ctx, c, st, &d)
 		case EngineTRTLLM:
@@ -111,17 +111,20 @@ func (s *Server) servePD(ctx context.Context, c *app.RequestContext, st *reqStat
 // goroutine even when the leg itself runs concurrently.
 func (s *Server) prepareLeg(c *app.RequestContext, i int, body []byte) *protocol.Request {
 	req := protocol.AcquireRequest()
-	s.buildUpstream(c, req, s.eps[i], body, nil)
+	s.buildUpstream(c, req, s.roster().eps[i], body, nil)
 	req.Header.Del("Accept") // the prefill leg is never streamed
 	return req
 }
 
 func (s *Server) doLeg(ctx context.Context, i int, req *protocol.Request, dst []byte) (status int, resp []byte, kind UpstreamError, err error) {
-	ep := s.eps[i]
+	ep := s.roster().eps[i]
 	res := protocol.AcquireResponse()
 	defer protocol.ReleaseResponse(res)
 	s.loads.Inc(i)
 	defer s.loads.Dec(i)
+	if ep.retired.Load() { // removed since the decision (fleet.go): a connect failure, unbooked
+		return 0, dst, ErrConnect, errRetired
+	}
 	if err = s.do(ctx, ep.spec.host, req, res); err != nil {
 		kind, _ = s.failed(ctx, i, err)
 		return 0, dst, kind, err
@@ -156,7 +159,7 @@ func (s *Server) doLeg(ctx context.Context, i int, req *protocol.Request, dst []
 // legFailed turns a failed prefill exchange into the client's answer or a retry.
 func (s *Server) legFailed(c *app.RequestContext, i int, kind UpstreamError, err error) (outcome, int) {
 	if kind == ErrTimeout {
-		writeError(c, 504, "upstream_timeout", "prefill endpoint "+s.eps[i].spec.Name+" did not answer within -upstream-timeout")
+		writeError(c, 504, "upstream_timeout", "prefill endpoint "+s.roster().eps[i].spec.Name+" did not answer within -upstream-timeout")
 		return outcome{kind: outDone}, i
 	}
 	return outcome{kind: outRetry, err: err}, i
@@ -167,7 +170,7 @@ func (s *Server) relayLegError(c *app.RequestContext, d *decision, status int, b
 	c.Response.Reset()
 	c.Response.SetStatusCode(status)
 	c.Response.Header.SetContentType("application/json")
-	setDecisionHeaders(c, s.eps[d.ep], d)
+	setDecisionHeaders(c, s.roster().eps[d.ep], d)
 	c.Response.SetBody(body)
 }
 
@@ -178,16 +181,16 @@ func (s *Server) decodeLeg(ctx context.Context, c *app.RequestContext, st *reqSt
 		dd := *d
 		dd.ep = d.decode
 		dd.prefill = d.ep + 1
-		dd.prefillName = s.eps[d.ep].spec.Name
+		dd.prefillName = s.roster().eps[d.ep].spec.Name
 		dd.uncached = 0 // the KV arrives from the prefill endpoint
 		out := s.forward(ctx, c, st, &dd, body)
 		if out.kind == outDone {
 			return out, -1
 		}
 		st.excluded.Set(d.decode)
-		el := s.baseEligible(st, st.scratch, s.decodeMask)
+		el := s.baseEligible(st, st.scratch, s.roster().decodeMask)
 		next := s.decodeSel.Select(el)
-		if next < 0 || !s.eps[next].breaker.Allow() {
+		if next < 0 || !s.roster().eps[next].breaker.Allow() {
 			return out, d.decode
 		}
 		s.m.retries.Inc()
@@ -237,7 +240,7 @@ func (s *Server) pdVLLM(ctx context.Context, c *app.RequestContext, st *reqState
 	}
 	ktp := openai.Path(resp, "kv_transfer_params")
 	if len(ktp) == 0 {
-		writeError(c, 502, "upstream_error", "prefill endpoint "+s.eps[d.ep].spec.Name+" answered without kv_transfer_params (is it started with a KV connector and kv_role kv_producer/kv_both?)")
+		writeError(c, 502, "upstream_error", "prefill endpoint "+s.roster().eps[d.ep].spec.Name+" answered without kv_transfer_params (is it started with a KV connector and kv_role kv_producer/kv_both?)")
 		return outcome{kind: outDone}, -1
 	}
 	st.legB = append(st.legB[:0], `"kv_transfer_params":`...)
@@ -249,7 +252,7 @@ func (s *Server) pdVLLM(ctx context.Context, c *app.RequestContext, st *reqState
 // pdSGLang sends the same request, tagged with the prefill server's bootstrap host,
 // port and a fresh room, to prefill and decode at once; the decode answer is relayed.
 func (s *Server) pdSGLang(ctx context.Context, c *app.RequestContext, st *reqState, d *decision) (outcome, int) {
-	p := s.eps[d.ep]
+	p := s.roster().eps[d.ep]
 	host, _, err := net.SplitHostPort(p.spec.host)
 	if err != nil {
 		host = p.spec.host
@@ -310,7 +313,7 @@ func (s *Server) pdTRT(ctx context.Context, c *app.RequestContext, st *reqState,
 	}
 	dp := openai.Path(choice, "disaggregated_params")
 	if len(dp) == 0 || dp[0] != '{' {
-		writeError(c, 502, "upstream_error", "context endpoint "+s.eps[d.ep].spec.Name+" answered without disaggregated_params")
+		writeError(c, 502, "upstream_error", "context endpoint "+s.roster().eps[d.ep].spec.Name+" answered without disaggregated_params")
 		return outcome{kind: outDone}, -1
 	}
 	extra := append(st.legB[:0], `"disaggregated_params":`...)
@@ -333,7 +336,7 @@ func (s *Server) pdTRT(ctx context.Context, c *app.RequestContext, st *reqState,
 func (s *Server) earlyExit(c *app.RequestContext, st *reqState, d *decision, resp []byte) {
 	c.Response.Reset()
 	c.Response.SetStatusCode(200)
-	setDecisionHeaders(c, s.eps[d.ep], d)
+	setDecisionHeaders(c, s.roster().eps[d.ep], d)
 	if st.oa.Stream {
 		c.Response.Header.SetContentType("text/event-stream")
 		b := append([]byte("data: "), resp...)

@@ -214,7 +214,7 @@ func TestRetryAndBreaker(t *testing.T) {
 			t.Fatalf("request %d: %d %s %s", i, res.StatusCode, res.Header.Get("x-kvgate-endpoint"), body)
 		}
 	}
-	if st := s.eps[0].breaker.State(); st != BreakerOpen {
+	if st := s.roster().eps[0].breaker.State(); st != BreakerOpen {
 		t.Errorf("breaker %v, want open", st)
 	}
 	if n := s.m.upstream[ErrConnect][0].Get(); n != 2 {
@@ -233,7 +233,7 @@ func TestRetryAndBreaker(t *testing.T) {
 	defer back.Close()
 	waitFor(t, "breaker recovery", func() bool {
 		post(t, s.url("/v1/completions"), complBody)
-		return s.eps[0].breaker.State() == BreakerClosed
+		return s.roster().eps[0].breaker.State() == BreakerClosed
 	})
 }
 
@@ -254,7 +254,7 @@ func TestHealthCheckExcludes(t *testing.T) {
 	cfg.HealthInterval = 50 * time.Millisecond
 	cfg.HealthTimeout = time.Second
 	s := startProxy(t, cfg)
-	waitFor(t, "health check", func() bool { return s.eps[0].checked.Load() && !s.eps[0].healthy.Load() })
+	waitFor(t, "health check", func() bool { return s.roster().eps[0].checked.Load() && !s.roster().eps[0].healthy.Load() })
 	for i := 0; i < 4; i++ {
 		res, _ := post(t, s.url("/v1/completions"), complBody)
 		if res.Header.Get("x-kvgate-endpoint") != "e1" {
@@ -268,7 +268,7 @@ func TestHealthCheckExcludes(t *testing.T) {
 		t.Errorf("readyz %d with one healthy endpoint", code)
 	}
 	b.health.Store(500)
-	waitFor(t, "both unhealthy", func() bool { return !s.eps[1].healthy.Load() })
+	waitFor(t, "both unhealthy", func() bool { return !s.roster().eps[1].healthy.Load() })
 	res, body := post(t, s.url("/v1/completions"), complBody)
 	if res.StatusCode != 503 {
 		t.Errorf("no healthy endpoint: status %d", res.StatusCode)

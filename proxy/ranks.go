@@ -25,15 +25,14 @@ const hdrDPRank = "X-Data-Parallel-Rank"
 // These cands slots are the routing candidates. When lower tiers are weighed (-kv-tier-weight-*),
 // each candidate s also has a CPU slot cpu+s and a storage slot sto+s, after them.
 type rankLayout struct {
-	cands    int      // candidate slots: (endpoint, rank)
-	cpu, sto int      // first CPU / storage tier slot; -1: the tier is not indexed
-	ep       []int32  // slot -> endpoint (tier slots too)
-	rank     []int32  // slot -> rank (tier slots too)
-	dp       []int32  // endpoint -> ranks
-	extra    []int32  // endpoint -> the slot of its rank 1 (ranks r >= 1 are extra[i]+r-1)
-	labels   []string // candidate -> its name on /debug/explain: the endpoint's, "name#r" for a rank
-	ranked   bool     // some endpoint has more than one rank
-	tiered   bool     // a lower tier is indexed
+	cands    int     // candidate slots: (endpoint, rank)
+	cpu, sto int     // first CPU / storage tier slot; -1: the tier is not indexed
+	ep       []int32 // slot -> endpoint (tier slots too)
+	rank     []int32 // slot -> rank (tier slots too)
+	dp       []int32 // endpoint -> ranks
+	extra    []int32 // endpoint -> the slot of its rank 1 (ranks r >= 1 are extra[i]+r-1)
+	ranked   bool    // some endpoint has more than one rank
+	tiered   bool    // a lower tier is indexed
 }
 
 // newRankLayout lays out eps; cpuTier and storageTier index those tiers in slots of
@@ -56,8 +55,8 @@ func newRankLayout(eps []EndpointSpec, cpuTier, storageTier bool) *rankLayout {
 		l.sto, total = total, total+cands
 	}
 	l.tiered = cpuTier || storageTier
-	l.ep, l.rank, l.labels = make([]int32, total), make([]int32, total), make([]string, cands)
-	for i, e := range eps {
+	l.ep, l.rank = make([]int32, total), make([]int32, total)
+	for i := range eps {
 		for r := int32(0); r < l.dp[i]; r++ {
 			s := l.slot(i, int(r))
 			l.ep[s], l.rank[s] = int32(i), r
@@ -66,14 +65,26 @@ func newRankLayout(eps []EndpointSpec, cpuTier, storageTier bool) *rankLayout {
 					l.ep[base+s], l.rank[base+s] = int32(i), r
 				}
 			}
-			l.labels[s] = e.Name
 			if l.dp[i] > 1 {
 				l.ranked = true
-				l.labels[s] = e.Name + "#" + strconv.Itoa(int(r))
 			}
 		}
 	}
 	return l
+}
+
+// labels are the candidates' names on /debug/explain for the endpoints eps (one per
+// slot of the fleet's table): the endpoint's name, "name#r" for rank r of a dp > 1 one.
+func (l *rankLayout) labels(eps []*endpoint) []string {
+	out := make([]string, l.cands)
+	for s := range out {
+		i := l.ep[s]
+		out[s] = eps[i].spec.Name
+		if l.dp[i] > 1 {
+			out[s] += "#" + strconv.Itoa(int(l.rank[s]))
+		}
+	}
+	return out
 }
 
 // slots is the number of inventory slots (candidates and tier slots).
@@ -144,6 +155,13 @@ func (l *rankLayout) rankSlots(i int) []int {
 		out[r] = l.slot(i, r+1)
 	}
 	return out
+}
+
+// allSlots are every inventory slot of endpoint i: its ranks' and their lower tiers'.
+func (l *rankLayout) allSlots(i int) []int {
+	out := append([]int{i}, l.rankSlots(i)...)
+	cpu, sto := l.tierSlots(i)
+	return append(append(out, cpu...), sto...)
 }
 
 // expand fills dst with the slots of the endpoints set in el and returns it; without data

@@ -33,8 +33,12 @@ func TestRankLayout(t *testing.T) {
 	if cpu, sto := l.tierSlots(1); !slices.Equal(cpu, []int{7, 9, 10}) || !slices.Equal(sto, []int{13, 15, 16}) {
 		t.Errorf("tier slots %v %v", cpu, sto)
 	}
-	if l.labels[3] != "b#1" || l.labels[0] != "a" || l.rankOf(0) != -1 || l.rankOf(4) != 2 {
-		t.Errorf("labels %v", l.labels)
+	roster := make([]*endpoint, len(eps))
+	for i := range eps {
+		roster[i] = &endpoint{spec: eps[i]}
+	}
+	if lb := l.labels(roster); lb[3] != "b#1" || lb[0] != "a" || l.rankOf(0) != -1 || l.rankOf(4) != 2 {
+		t.Errorf("labels %v", lb)
 	}
 	el := shard.NewMask(18)
 	el.Set(1)
@@ -132,7 +136,8 @@ func TestWideFleetSlots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.ranks.tiered || s.kv.inv.Endpoints() != 400 || !strings.Contains(logs.String(), "lower-tier blocks are not indexed") {
+	// 400 endpoints take a slot table of 448 (fleet.go slotsFor): too wide for tier slots.
+	if s.ranks.tiered || s.kv.inv.Endpoints() != 448 || len(s.roster().eps) != 448 || !strings.Contains(logs.String(), "lower-tier blocks are not indexed") {
 		t.Fatalf("tiered %v, inventory %d slots, log %s", s.ranks.tiered, s.kv.inv.Endpoints(), logs.String())
 	}
 	cfg.Endpoints[0].DP = 700

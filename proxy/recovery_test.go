@@ -31,7 +31,7 @@ func TestRecoveryResubscribesWhenHealthReturns(t *testing.T) {
 
 	bsrv.Close()
 	b.pub.Close()
-	waitFor(t, "b down", func() bool { return !s.eps[1].healthy.Load() && !s.kv.mgr.Status(1).Connected })
+	waitFor(t, "b down", func() bool { return !s.roster().eps[1].healthy.Load() && !s.kv.mgr.Status(1).Connected })
 	// Redials at +0 s, +1 s, +3 s fail; the next is due at +7 s.
 	time.Sleep(3500 * time.Millisecond)
 

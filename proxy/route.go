@@ -15,8 +15,10 @@ import (
 // open; restricted to role when role is non-nil.
 func (s *Server) baseEligible(st *reqState, m shard.Mask, role shard.Mask) shard.Mask {
 	clear(m)
-	for i, e := range s.eps {
-		if st.excluded.Has(i) || e.down.Load() || !e.healthy.Load() {
+	ros := s.roster()
+	for _, i := range ros.slots {
+		e := ros.eps[i]
+		if st.excluded.Has(i) || e.retired.Load() || e.down.Load() || !e.healthy.Load() {
 			continue
 		}
 		if role != nil && !role.Has(i) {

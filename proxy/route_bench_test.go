@@ -221,7 +221,7 @@ func FuzzRoute(f *testing.F) {
 			clear(st.excluded)
 			var d decision
 			s.decide(st, &d, false)
-			if d.ep < 0 || d.ep >= len(s.eps) {
+			if d.ep < 0 || d.ep >= len(s.roster().eps) {
 				t.Fatalf("no endpoint for %q (route %v)", body, d.route)
 			}
 		}

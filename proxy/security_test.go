@@ -81,7 +81,7 @@ func TestAdminIsolation(t *testing.T) {
 		}
 	}
 	res, _ := post(t, s.url("/admin/endpoints/e0/down"), "")
-	if res.StatusCode != 404 || s.eps[0].down.Load() {
-		t.Errorf("admin switch reachable on the public listener: %d down=%v", res.StatusCode, s.eps[0].down.Load())
+	if res.StatusCode != 404 || s.roster().eps[0].down.Load() {
+		t.Errorf("admin switch reachable on the public listener: %d down=%v", res.StatusCode, s.roster().eps[0].down.Load())
 	}
 }

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -29,7 +30,8 @@ import (
 	"github.com/kvgate/kvgate/tokenize"
 )
 
-// endpoint is one upstream engine and its live state.
+// endpoint is one upstream engine and its live state. It holds its slot (idx) for
+// its whole life in the fleet (fleet.go).
 type endpoint struct {
 	spec    EndpointSpec
 	idx     int
@@ -38,6 +40,10 @@ type endpoint struct {
 	healthy atomic.Bool // last active health check passed (true when checks are off)
 	checked atomic.Bool // at least one health check completed
 	scrape  scrapeState // engine /metrics reads for the cost policy (loadscrape.go)
+	// retired: removed from the fleet (or a vacant slot's placeholder): no new request
+	// picks it; requests in flight to it complete (fleet.go).
+	retired atomic.Bool
+	vacant  bool // a free slot's placeholder, never an engine
 }
 
 // Server is one running rule: the public proxy listener, the admin listener, the
@@ -45,8 +51,8 @@ type endpoint struct {
 type Server struct {
 	cfg    Config
 	log    *slog.Logger
-	eps    []*endpoint
-	names  []string
+	ros    atomic.Pointer[roster] // the endpoints, one per slot (fleet.go)
+	fleet  *fleetCtl
 	loads  *balance.Loads
 	queues *route.Queues  // prefill queued, learned rates, engine reports (the cost policy)
 	meter  *decisionMeter // where traffic decisions count (meter.go)
@@ -63,7 +69,7 @@ type Server struct {
 	aff           *affinity
 	ranks         *rankLayout // (endpoint, data-parallel rank) -> inventory slot (ranks.go)
 
-	prefillMask, decodeMask shard.Mask
+	upTLS *tls.Config // https:// upstreams (the forwarder, health, TensorRT-LLM drains)
 
 	h        *server.Hertz
 	admin    *http.Server
@@ -81,8 +87,11 @@ type Server struct {
 	pool      sync.Pool // *reqState
 	gapWarned []atomic.Int64
 	states    *stateWatcher
-	certs     *certSource // -tls-cert/-tls-key; nil: plain HTTP
-	apiKeys   *apiKeys    // -api-keys-file; nil: no key needed
+	// accessLogOn and adminAuth ("Bearer <token>", "" for none) change on SIGHUP (reload.go).
+	accessLogOn atomic.Bool
+	adminAuth   atomic.Pointer[string]
+	certs       *certSource // -tls-cert/-tls-key; nil: plain HTTP
+	apiKeys     *apiKeys    // -api-keys-file; nil: no key needed
 }
 
 // Options are runtime hooks that are not part of the rule.
@@ -95,6 +104,9 @@ type Options struct {
 	// Tokenizers, when set, is used instead of loading Config.Tokenizers (it must hold
 	// every model the rule names); tests and benchmarks share one loaded pool.
 	Tokenizers *tokenize.Pool
+	// Resolver, when set, answers discover=dns endpoints' lookups instead of
+	// net.DefaultResolver (tests run their own DNS server).
+	Resolver *net.Resolver
 }
 
 // New builds a Server from a validated Config. It loads tokenizers and sets up the
@@ -108,46 +120,56 @@ func New(cfg Config, opt Options) (*Server, error) {
 		log = slog.Default()
 	}
 	s := &Server{cfg: cfg, log: log}
-	n := len(cfg.Endpoints)
-	s.names = make([]string, n)
-	weights := make([]int, n)
-	s.prefillMask, s.decodeMask = shard.NewMask(n), shard.NewMask(n)
-	for i, sp := range cfg.Endpoints {
-		e := &endpoint{spec: sp, idx: i,
-			breaker: NewBreaker(cfg.BreakerFailures, cfg.BreakerOpenFor, cfg.BreakerHalfOpen, cfg.Breaker5xxStreak)}
-		e.down.Store(sp.Down)
-		e.healthy.Store(true)
-		s.eps = append(s.eps, e)
-		s.names[i] = sp.Name
-		weights[i] = sp.Weight
-		switch sp.Role {
-		case RolePrefill:
-			s.prefillMask.Set(i)
-		case RoleDecode:
-			s.decodeMask.Set(i)
-		}
+	s.accessLogOn.Store(cfg.AccessLog)
+	s.setAdminToken(cfg.AdminToken)
+	s.fleet = newFleetCtl(s, opt.Resolver)
+	initial, err := s.fleet.initial()
+	if err != nil {
+		return nil, err
 	}
+	s.cfg.Endpoints = initial
+	n := slotsFor(len(initial), cfg.MaxEndpoints)
+	s.fleet.cap = n
+	names := make([]string, n)
+	weights := make([]int, n)
+	ros := &roster{eps: make([]*endpoint, n)}
+	for i := range n {
+		if i >= len(initial) {
+			ros.eps[i] = s.vacantEndpoint(i)
+			s.fleet.free = append(s.fleet.free, i)
+			continue
+		}
+		sp := initial[i]
+		ros.eps[i] = s.newEndpoint(sp, i)
+		names[i], weights[i] = sp.Name, sp.Weight
+	}
+	ros.setRoles()
+	s.ros.Store(ros)
 	s.gapWarned = make([]atomic.Int64, n)
 	s.loads = balance.NewLoads(n)
 	s.queues = route.NewQueues(n, cfg.KVPrefillRate, cfg.KVEngineSlots, 3*cfg.KVLoadScrape)
 	s.rr, s.prefRR = balance.NewRR(n), balance.NewRR(n)
 	s.decodeSel = &route.Decode{Loads: s.loads, Queues: s.queues}
-	s.ring = balance.NewRing(s.names, weights)
+	s.ring = balance.NewRing(names, weights)
 	s.fallback, s.fallbackRoute = &route.RR{RR: s.rr}, RouteRR
 	if cfg.Select == SelectCHWBL {
 		s.fallback = &route.CHWBL{Ring: s.ring, Loads: s.loads, LoadFactor: cfg.LoadFactor, RR: s.rr}
 		s.fallbackRoute = RouteCHWBL
 	}
-	s.m = newProxyMetrics(s.names)
+	s.m = newProxyMetrics(names)
 	s.meter = &decisionMeter{m: s.m}
 	s.aff = newAffinity(cfg.AffinityTTL, cfg.AffinityMax)
 	cpuTier, storageTier := cfg.tiersIndexed()
-	s.ranks = newRankLayout(cfg.Endpoints, cpuTier, storageTier)
+	// The layout covers the whole slot table: a vacant slot is an endpoint of one rank,
+	// so one added at runtime finds its tier slots laid out.
+	layout := make([]EndpointSpec, n)
+	copy(layout, initial)
+	s.ranks = newRankLayout(layout, cpuTier, storageTier)
 	if cfg.KVMode != KVOff && s.ranks.slots() > shard.MaxEndpoints && s.ranks.tiered {
 		// Each tier doubles the inventory's slots; a fleet this wide routes on GPU blocks.
 		log.Warn("lower-tier blocks are not indexed: the rule's endpoints and ranks leave no inventory slots for them (-kv-tier-weight-cpu and -kv-tier-weight-storage have no effect)",
 			"candidates", s.ranks.cands, "max_slots", shard.MaxEndpoints)
-		s.ranks = newRankLayout(cfg.Endpoints, false, false)
+		s.ranks = newRankLayout(layout, false, false)
 	}
 	if cfg.KVMode != KVOff && s.ranks.slots() > shard.MaxEndpoints {
 		return nil, refuse("-endpoint", "%d endpoints with their data-parallel ranks make %d candidates; the inventory holds at most %d", n, s.ranks.slots(), shard.MaxEndpoints)
@@ -156,7 +178,6 @@ func New(cfg Config, opt Options) (*Server, error) {
 	s.pool.New = func() any { return newReqState(slots) }
 	s.conns = newConnRegistry()
 
-	var err error
 	if cfg.TLSCert != "" {
 		if s.certs, err = newCertSource(cfg.TLSCert, cfg.TLSKey); err != nil {
 			return nil, refuse("-tls-cert", "%v", err)
@@ -171,6 +192,7 @@ func New(cfg Config, opt Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.upTLS = upTLS
 	c, err := client.NewClient(
 		// First: WithTLSConfig also sets hertz's own dialer, which WithDialer replaces.
 		client.WithTLSConfig(upTLS),
@@ -276,6 +298,14 @@ func (s *Server) start() error {
 	if s.certs != nil || s.apiKeys != nil {
 		s.wg.Add(1)
 		go s.watchFiles(time.Second)
+	}
+	if s.cfg.EndpointsFile != "" && s.cfg.EndpointsWatch > 0 {
+		s.wg.Add(1)
+		go s.watchEndpointsFile(s.cfg.EndpointsWatch)
+	}
+	if s.cfg.DNSInterval > 0 {
+		s.wg.Add(1)
+		go s.watchDNS(s.cfg.DNSInterval)
 	}
 	s.routes()
 	errc := make(chan error, 1)
@@ -681,7 +711,7 @@ func (s *Server) handlePassThrough(ctx context.Context, c *app.RequestContext) {
 // serveOne selects an endpoint, forwards, and on a connect failure before any byte
 // reached the client excludes it and selects again.
 func (s *Server) serveOne(ctx context.Context, c *app.RequestContext, st *reqState, openAI bool) {
-	maxAttempts := len(s.eps)
+	maxAttempts := len(s.roster().eps)
 	if s.cfg.MaxRetries > 0 && s.cfg.MaxRetries+1 < maxAttempts {
 		maxAttempts = s.cfg.MaxRetries + 1
 	}
@@ -700,11 +730,11 @@ func (s *Server) serveOne(ctx context.Context, c *app.RequestContext, st *reqSta
 		if d.ep < 0 {
 			break
 		}
-		ep := s.eps[d.ep]
+		ep := s.roster().eps[d.ep]
 		if !ep.breaker.Allow() {
 			st.excluded.Set(d.ep)
 			attempt--
-			if st.excluded.Count() >= len(s.eps) {
+			if st.excluded.Count() >= len(s.roster().eps) {
 				break
 			}
 			continue
@@ -728,7 +758,7 @@ func (s *Server) serveOne(ctx context.Context, c *app.RequestContext, st *reqSta
 	if lastErr != nil {
 		// lastErr names addresses (it is logged where it happened): the client is told
 		// which endpoint failed, never where it lives.
-		writeError(c, 502, "upstream_error", "no endpoint could be reached (last tried: "+s.eps[lastEp].spec.Name+")")
+		writeError(c, 502, "upstream_error", "no endpoint could be reached (last tried: "+s.roster().eps[lastEp].spec.Name+")")
 		return
 	}
 	writeError(c, 503, "service_unavailable", "no healthy endpoint is available for this request")
@@ -739,8 +769,8 @@ func passThroughKey(c *app.RequestContext) []byte { return c.Request.URI().Path(
 // hasAlternative says another endpoint could take this request if ep's answer is
 // thrown away (a 5xx or a truncated body, before any byte reached the client).
 func (s *Server) hasAlternative(st *reqState, ep int) bool {
-	for i, e := range s.eps {
-		if i != ep && !st.excluded.Has(i) && !e.down.Load() && e.healthy.Load() && e.breaker.Ready() {
+	for i, e := range s.roster().eps {
+		if i != ep && !st.excluded.Has(i) && !e.retired.Load() && !e.down.Load() && e.healthy.Load() && e.breaker.Ready() {
 			return true
 		}
 	}

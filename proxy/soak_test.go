@@ -177,7 +177,7 @@ func TestSoak(t *testing.T) {
 	waitFor(t, "direct streams gone", func() bool { return runtime.NumGoroutine() <= gBase+5 })
 	vh, vg := holdIdleStreams(t, s.PublicAddr(), streams, func() bool {
 		var in int64
-		for i := range s.eps {
+		for i := range s.roster().eps {
 			in += s.loads.Get(i)
 		}
 		return in == int64(streams)
@@ -192,7 +192,7 @@ func TestSoak(t *testing.T) {
 	}
 	waitFor(t, "streams finished", func() bool {
 		var in int64
-		for i := range s.eps {
+		for i := range s.roster().eps {
 			in += s.loads.Get(i)
 		}
 		return in == 0

@@ -70,6 +70,8 @@ type epState struct {
 	lastBatches   uint64
 	sentAtBatch   uint64
 	initialized   bool
+	// owner is the endpoint these fields are about: a slot's new endpoint starts over.
+	owner *endpoint
 }
 
 func packState(st RoutingState, reasons uint8) uint32 { return uint32(st) | uint32(reasons)<<8 }
@@ -94,7 +96,7 @@ type stateWatcher struct {
 }
 
 func newStateWatcher(s *Server) *stateWatcher {
-	w := &stateWatcher{s: s, tun: defaultStateTuning, eps: make([]epState, len(s.eps))}
+	w := &stateWatcher{s: s, tun: defaultStateTuning, eps: make([]epState, len(s.roster().eps))}
 	for i := range w.eps {
 		w.eps[i].cur.Store(packState(w.initialState(i), 0))
 	}
@@ -110,11 +112,25 @@ func (w *stateWatcher) initialState(i int) RoutingState {
 }
 
 func (w *stateWatcher) scored(i int) bool {
+	return w.scoredEP(w.s.roster().eps[i])
+}
+
+func (w *stateWatcher) scoredEP(e *endpoint) bool {
 	s := w.s
-	if s.kv == nil {
+	if s.kv == nil || e.vacant {
 		return false
 	}
-	return !(s.cfg.KVMode == KVDisaggregated && s.eps[i].spec.Role == RoleDecode)
+	return !(s.cfg.KVMode == KVDisaggregated && e.spec.Role == RoleDecode)
+}
+
+// reset gives slot i's state to e, the endpoint taking it (the fleet, before e is
+// published); the watcher starts e's evidence over when it next sees the slot.
+func (w *stateWatcher) reset(i int, e *endpoint) {
+	st := StateOff
+	if w.scoredEP(e) {
+		st = StateExact
+	}
+	w.eps[i].cur.Store(packState(st, 0))
 }
 
 func (w *stateWatcher) run() {
@@ -142,9 +158,16 @@ func (w *stateWatcher) evaluate(now time.Time) {
 		w.lastTokFail, w.tokFailAt = tokFail, now
 	}
 	tokRecent := !w.tokFailAt.IsZero() && now.Sub(w.tokFailAt) < w.tun.recent
+	ros := s.roster()
 	for i := range w.eps {
-		if !w.scored(i) {
+		e := ros.eps[i]
+		if e.retired.Load() || !w.scoredEP(e) {
 			continue
+		}
+		if es := &w.eps[i]; es.owner != e {
+			es.owner, es.initialized = e, false
+			es.downSince, es.unkeyableAt = time.Time{}, time.Time{}
+			es.lastUnkeyable = 0
 		}
 		w.evaluateOne(i, now, tokRecent)
 	}
@@ -202,9 +225,9 @@ func (w *stateWatcher) evaluateOne(i int, now time.Time, tokRecent bool) {
 		return
 	}
 	es.cur.Store(packState(state, reasons))
-	s.log.Warn("endpoint routing state changed", "endpoint", s.eps[i].spec.Name,
+	s.log.Warn("endpoint routing state changed", "endpoint", s.roster().eps[i].spec.Name,
 		"from", stateLabel(oldState, oldReasons), "to", stateLabel(state, reasons),
-		"why", explainReasons(reasons, st.Cause, s.eps[i].spec.Events))
+		"why", explainReasons(reasons, st.Cause, s.roster().eps[i].spec.Events))
 }
 
 // watchZeroHits warns once per episode when KV-Exact keeps missing although the
@@ -213,8 +236,10 @@ func (w *stateWatcher) evaluateOne(i int, now time.Time, tokRecent bool) {
 func (w *stateWatcher) watchZeroHits() {
 	s := w.s
 	var hits uint64
-	for i := range s.eps {
-		hits += s.m.hits[i].Get()
+	for i, e := range s.roster().eps {
+		if !e.vacant {
+			hits += s.m.hits[i].Get()
+		}
 	}
 	misses := s.m.misses[RouteMissNoWorker].Get()
 	if hits != w.hitBase {
@@ -299,9 +324,12 @@ func (s *Server) logRule() {
 	for a, b := range cfg.LoRA {
 		lora = append(lora, a+"->"+b)
 	}
-	s.log.Info("kvgate rule", "kv_mode", mode, "select", sel, "endpoints", len(s.eps),
+	s.log.Info("kvgate rule", "kv_mode", mode, "select", sel, "endpoints", len(s.cfg.Endpoints), "slots", len(s.roster().eps),
 		"models", strings.Join(models, " "), "lora", strings.Join(lora, " "))
-	for i, e := range s.eps {
+	for i, e := range s.roster().eps {
+		if e.vacant {
+			continue
+		}
 		args := []any{"endpoint", e.spec.Name, "url", e.spec.URL, "engine", e.spec.Engine.String(),
 			"role", e.spec.Role.String(), "routing", s.states.initialState(i).String()}
 		if s.kv != nil && s.states.scored(i) {
@@ -318,7 +346,7 @@ func (s *Server) logRule() {
 
 // contractOf names the keys endpoint i's events are matched under.
 func (s *Server) contractOf(i int) string {
-	e := s.eps[i]
+	e := s.roster().eps[i]
 	if e.spec.Engine == EngineTRTLLM || s.kv.chain == nil || s.cfg.KVKeys == "rehash" {
 		return "kvgate/fast (events' token_ids re-hashed)"
 	}
@@ -339,7 +367,7 @@ func (s *Server) contractOf(i int) string {
 // IngestStatus is endpoint i's event-ingest snapshot (ok false when KV-Exact is off);
 // `kvgate doctor` reads parity and its diagnosed cause from it.
 func (s *Server) IngestStatus(i int) (ingest.EndpointStatus, bool) {
-	if s.kv == nil || i < 0 || i >= len(s.eps) {
+	if s.kv == nil || i < 0 || i >= len(s.roster().eps) {
 		return ingest.EndpointStatus{}, false
 	}
 	return s.kv.mgr.Status(i), true
@@ -348,7 +376,7 @@ func (s *Server) IngestStatus(i int) (ingest.EndpointStatus, bool) {
 // Contract names the block-key contract endpoint i's events are matched under ("" when
 // KV-Exact is off).
 func (s *Server) Contract(i int) string {
-	if s.kv == nil || i < 0 || i >= len(s.eps) {
+	if s.kv == nil || i < 0 || i >= len(s.roster().eps) {
 		return ""
 	}
 	return s.contractOf(i)

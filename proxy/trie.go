@@ -86,6 +86,16 @@ func (t *prefixTrie) add(ep int, keys []uint64) {
 	t.cur.Load().Add(ep, keys)
 }
 
+// clearEndpoint forgets what kvgate sent to ep (it left the fleet; its slot is reused).
+func (t *prefixTrie) clearEndpoint(ep int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.cur.Load().ClearEndpoint(ep)
+	if p := t.prev.Load(); p != nil {
+		p.ClearEndpoint(ep)
+	}
+}
+
 // best scores keys' leading run per eligible endpoint into scores and returns the
 // deepest, over the generations still within their time: without a turn (no traffic) the
 // older generation stops counting one TTL after the last turn and the current one after

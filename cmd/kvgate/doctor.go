@@ -170,6 +170,7 @@ func (d *doctor) run(stderr io.Writer) int {
 			s.Shutdown(sctx) //nolint:errcheck
 		}()
 		d.server = s
+		d.cfg.Endpoints = s.Endpoints()    // discover=dns names expanded, in the server's slots
 		time.Sleep(300 * time.Millisecond) // let subscribers connect before the probe request
 	}
 	for _, ep := range d.cfg.Endpoints {

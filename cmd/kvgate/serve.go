@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -26,6 +27,26 @@ func init() { register("serve", "run the proxy: one rule from flags", runServe) 
 // serveFlags parses args into a rule. It is separate from runServe so tests can check
 // refusals without listening.
 func serveFlags(args []string, stderr io.Writer) (proxy.Config, string, error) {
+	r, err := parseServe(args, stderr)
+	return r.cfg, r.level, err
+}
+
+// serveRule is a parsed rule and every flag's effective value (command line over
+// -config), which a SIGHUP's re-read is compared with.
+type serveRule struct {
+	cfg    proxy.Config
+	level  string
+	values map[string]string
+}
+
+func parseServe(args []string, stderr io.Writer) (serveRule, error) {
+	var rule serveRule
+	cfg, level, err := parseServeInto(args, stderr, &rule.values)
+	rule.cfg, rule.level = cfg, level
+	return rule, err
+}
+
+func parseServeInto(args []string, stderr io.Writer, values *map[string]string) (proxy.Config, string, error) {
 	cfg := proxy.Defaults()
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -59,8 +80,11 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 	fs.StringVar(&cfg.UpstreamKey, "upstream-key", "", "PEM private key for -upstream-cert (default none)")
 	fs.StringVar(&cfg.APIKeysFile, "api-keys-file", "", "file of public API keys, one a line (# comments), watched for changes: requests without 'Authorization: Bearer <key>' get 401 (default none: no key needed)")
 	fs.BoolVar(&cfg.ForwardAuthorization, "forward-authorization", cfg.ForwardAuthorization, "pass the client's Authorization header to the engine unchanged (false: remove it)")
-	fs.Var(&endpoints, "endpoint", "upstream engine, repeatable: name=..,url=http://host:port,engine=vllm|sglang|trtllm|llamacpp,role=both|prefill|decode,events=tcp://host:5557,replay=tcp://host:5558,topic=..,dp=N,weight=W,down=true,bootstrap_port=N,block_size=N (dp: data-parallel ranks, events on port+rank, X-Data-Parallel-Rank on routed requests; block_size: the engine's block/page size, pinned; unset it is adopted from the events)")
-	fs.StringVar(&endpointsFile, "endpoints-file", "", "file with one -endpoint value per line (# comments) (default none)")
+	fs.Var(&endpoints, "endpoint", "upstream engine, repeatable: name=..,url=http://host:port,engine=vllm|sglang|trtllm|llamacpp,role=both|prefill|decode,events=tcp://host:5557,replay=tcp://host:5558,topic=..,dp=N,weight=W,down=true,bootstrap_port=N,block_size=N,discover=dns (dp: data-parallel ranks, events on port+rank, X-Data-Parallel-Rank on routed requests; block_size: the engine's block/page size, pinned; unset it is adopted from the events; discover=dns: see -dns-interval)")
+	fs.StringVar(&endpointsFile, "endpoints-file", "", "file with one -endpoint value per line (# comments), polled every -endpoints-watch: a changed file adds, removes and changes endpoints without a restart (unchanged ones keep their inventory); a file that does not parse or validate is refused whole with a WARN naming the line (default none)")
+	fs.DurationVar(&cfg.EndpointsWatch, "endpoints-watch", cfg.EndpointsWatch, "how often -endpoints-file is polled; its content hash decides a change, so it works on every filesystem, on same-size rewrites and on Kubernetes ConfigMap symlink swaps (0: read at start and on SIGHUP only)")
+	fs.IntVar(&cfg.MaxEndpoints, "max-endpoints", 0, "slots for endpoints, draining ones included: how large the fleet may grow at runtime (default 0: the initial count rounded up to 8, 16, 32 or 64, which costs no inventory memory)")
+	fs.DurationVar(&cfg.DNSInterval, "dns-interval", cfg.DNSInterval, "how often discover=dns endpoints (an -endpoint with discover=dns: its URL's host is a DNS name whose A/AAAA records are the endpoints, e.g. a Kubernetes headless Service) are looked up again; a failed lookup keeps the last answer (0: at start and on reloads only)")
 	fs.StringVar(&sel, "select", "rr", "selector for non-KV routing and KV misses: rr | chwbl")
 	fs.StringVar(&kvMode, "kv-mode", "off", "KV-Exact routing: off | 3 (converged pool) | 1 (prefill/decode)")
 	fs.IntVar(&cfg.KVBlockSize, "kv-block-size", cfg.KVBlockSize, "engine block size in tokens (SGLang: page size)")
@@ -132,6 +156,8 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 			cfg.KVHashSeedSet = true
 		}
 	})
+	*values = map[string]string{}
+	fs.VisitAll(func(f *flag.Flag) { (*values)[f.Name] = f.Value.String() })
 	if adminTokenFile != "" {
 		if cfg.AdminToken != "" {
 			return cfg, "", &proxy.FlagError{Flag: "-admin-token-file", Msg: "give -admin-token or -admin-token-file, not both"}
@@ -156,6 +182,7 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 		if err != nil {
 			return cfg, "", &proxy.FlagError{Flag: "-endpoints-file", Msg: err.Error()}
 		}
+		cfg.EndpointsFile, cfg.StaticEndpoints = endpointsFile, len(cfg.Endpoints)
 		cfg.Endpoints = append(cfg.Endpoints, eps...)
 	}
 	switch sel {
@@ -214,7 +241,8 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 }
 
 func runServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	cfg, level, err := serveFlags(args, stderr)
+	rule, err := parseServe(args, stderr)
+	cfg, level := rule.cfg, rule.level
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
@@ -222,12 +250,12 @@ func runServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "kvgate serve:", err)
 		return 2
 	}
-	var lv slog.Level
+	var lv slog.LevelVar
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
 		fmt.Fprintln(stderr, "kvgate serve: -log-level:", err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lv}))
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: &lv}))
 	// hertz logs through its own logger: keep warnings and errors, as slog records.
 	hlog.SetLevel(hlog.LevelWarn)
 	hlog.SetOutput(slogWriter{log})
@@ -249,7 +277,17 @@ func runServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	log.Info("kvgate serving", "listen", s.PublicAddr(), "admin", s.AdminAddr(), "endpoints", len(cfg.Endpoints))
-	<-ctx.Done()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case <-hup:
+			reloadRule(args, &rule, s, &lv, log)
+		}
+	}
 	stop() // from here a second SIGINT/SIGTERM ends the process at once
 	s.BeginDrain()
 	time.Sleep(cfg.ShutdownDelay)
@@ -261,6 +299,77 @@ func runServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	log.Info("kvgate stopped")
 	return 0
+}
+
+// liveFlags change on SIGHUP; every other flag needs a restart. -endpoints-file's
+// content is re-read (its path is fixed), -api-keys-file and the TLS files are watched
+// on their own.
+var liveFlags = map[string]bool{"endpoint": true, "log-level": true, "access-log": true,
+	"admin-token": true, "admin-token-file": true, "config": true}
+
+// reloadRule re-reads the rule (command line and -config) on SIGHUP and applies what can
+// change live: endpoints (the fleet's change path: refused whole if they do not
+// validate), log level, access log, admin token. Changed flags that cannot change live
+// are named in a WARN and keep their running values. A rule that does not parse or
+// validate changes nothing.
+func reloadRule(args []string, cur *serveRule, s *proxy.Server, lv *slog.LevelVar, log *slog.Logger) {
+	var msg strings.Builder
+	next, err := parseServe(args, &msg)
+	if err != nil {
+		log.Warn("SIGHUP: the rule does not parse or validate: keeping the running rule", "err", err, "detail", strings.TrimSpace(msg.String()))
+		return
+	}
+	var fixed []string
+	for name, v := range next.values {
+		if cur.values[name] != v && !liveFlags[name] {
+			fixed = append(fixed, "-"+name)
+		}
+	}
+	slices.Sort(fixed)
+	if len(fixed) > 0 {
+		log.Warn("SIGHUP: these flags change only with a restart: left as they were", "flags", strings.Join(fixed, " "))
+	}
+	static := next.cfg.Endpoints
+	if next.cfg.EndpointsFile != "" {
+		static = static[:next.cfg.StaticEndpoints]
+	}
+	var applied []string
+	if err := s.ReloadEndpoints(static); err != nil {
+		log.Warn("SIGHUP: endpoints refused: keeping the running endpoints", "err", err)
+	} else {
+		applied = append(applied, "endpoints")
+	}
+	if next.level != cur.level {
+		var l slog.Level
+		if err := l.UnmarshalText([]byte(next.level)); err != nil {
+			log.Warn("SIGHUP: -log-level refused: keeping the running level", "err", err)
+			next.level = cur.level
+		} else {
+			lv.Set(l)
+			applied = append(applied, "log-level="+next.level)
+		}
+	}
+	if next.cfg.AccessLog != cur.cfg.AccessLog {
+		s.SetAccessLog(next.cfg.AccessLog)
+		applied = append(applied, fmt.Sprintf("access-log=%v", next.cfg.AccessLog))
+	}
+	if next.cfg.AdminToken != cur.cfg.AdminToken {
+		s.SetAdminToken(next.cfg.AdminToken)
+		applied = append(applied, "admin-token")
+	}
+	log.Info("SIGHUP: rule reloaded", "applied", strings.Join(applied, " "))
+	// What did not apply stays the running value, so the next SIGHUP names it again.
+	for _, f := range fixed {
+		next.values[f[1:]] = cur.values[f[1:]]
+	}
+	next.cfg = mergeLive(cur.cfg, next.cfg)
+	*cur = next
+}
+
+// mergeLive is the running rule after a reload: cur with next's live settings.
+func mergeLive(cur, next proxy.Config) proxy.Config {
+	cur.AccessLog, cur.AdminToken = next.AccessLog, next.AdminToken
+	return cur
 }
 
 // slogWriter turns hertz's log lines into slog warnings.

@@ -144,8 +144,7 @@ const VNodesPerWeight = 256
 // hash-balance-factor): a key maps to the first ring point clockwise whose endpoint is
 // eligible and whose in-flight count would stay within ceil((1+eps) x mean).
 type Ring struct {
-	points []point
-	n      int
+	points atomic.Pointer[[]point] // swapped whole by Rebuild; Pick reads one snapshot
 }
 
 type point struct {
@@ -156,9 +155,21 @@ type point struct {
 // NewRing builds the ring; weights[i] >= 1 is endpoint i's weight, names seed its points
 // so adding an endpoint moves only the keys it takes.
 func NewRing(names []string, weights []int) *Ring {
-	r := &Ring{n: len(names)}
+	r := &Ring{}
+	r.Rebuild(names, weights)
+	return r
+}
+
+// Rebuild replaces the ring's points for a changed endpoint set; an empty name is a
+// vacant slot and has none. Names seed the points, so an endpoint that stays keeps its
+// keys. Safe while Pick runs.
+func (r *Ring) Rebuild(names []string, weights []int) {
+	var pts []point
 	var buf []byte
 	for i, name := range names {
+		if name == "" {
+			continue
+		}
 		w := 1
 		if i < len(weights) && weights[i] > 1 {
 			w = weights[i]
@@ -166,10 +177,10 @@ func NewRing(names []string, weights []int) *Ring {
 		for v := 0; v < VNodesPerWeight*w; v++ {
 			buf = append(buf[:0], name...)
 			buf = append(buf, '#', byte(v>>16), byte(v>>8), byte(v))
-			r.points = append(r.points, point{hash: xxh3.Hash(buf), ep: int32(i)})
+			pts = append(pts, point{hash: xxh3.Hash(buf), ep: int32(i)})
 		}
 	}
-	slices.SortFunc(r.points, func(a, b point) int {
+	slices.SortFunc(pts, func(a, b point) int {
 		switch {
 		case a.hash < b.hash:
 			return -1
@@ -178,16 +189,17 @@ func NewRing(names []string, weights []int) *Ring {
 		}
 		return int(a.ep - b.ep)
 	})
-	return r
+	r.points.Store(&pts)
 }
 
 // Pick returns the endpoint for key, or -1 when no eligible endpoint is within bound.
 func (r *Ring) Pick(key uint64, eligible shard.Mask, loads *Loads, eps float64) int {
-	if len(r.points) == 0 {
+	points := *r.points.Load()
+	if len(points) == 0 {
 		return -1
 	}
 	bound := loads.Bound(eligible, eps)
-	i, _ := slices.BinarySearchFunc(r.points, key, func(p point, k uint64) int {
+	i, _ := slices.BinarySearchFunc(points, key, func(p point, k uint64) int {
 		switch {
 		case p.hash < k:
 			return -1
@@ -196,12 +208,12 @@ func (r *Ring) Pick(key uint64, eligible shard.Mask, loads *Loads, eps float64) 
 		}
 		return 0
 	})
-	for k := 0; k < len(r.points); k++ {
+	for k := 0; k < len(points); k++ {
 		j := i + k
-		if j >= len(r.points) {
-			j -= len(r.points)
+		if j >= len(points) {
+			j -= len(points)
 		}
-		ep := int(r.points[j].ep)
+		ep := int(points[j].ep)
 		if eligible.Has(ep) && loads.Under(ep, bound) {
 			return ep
 		}

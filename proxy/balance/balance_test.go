@@ -142,3 +142,33 @@ func BenchmarkRingPick(b *testing.B) {
 		r.Pick(k, m, l, 0.25)
 	}
 }
+
+// Rebuild for a changed fleet: a vacant slot ("") has no points, and an endpoint joining
+// a free slot takes keys only from the others, which keep the rest.
+func TestRingRebuild(t *testing.T) {
+	l := NewLoads(4)
+	r := NewRing([]string{"a", "b", "", ""}, nil)
+	before := make([]int, 4000)
+	for k := range before {
+		before[k] = r.Pick(uint64(k)*0x9E3779B97F4A7C15, all(4), l, 1e9)
+		if before[k] > 1 {
+			t.Fatalf("key %d on vacant slot %d", k, before[k])
+		}
+	}
+	r.Rebuild([]string{"a", "b", "c", ""}, nil)
+	moved := 0
+	for k, was := range before {
+		now := r.Pick(uint64(k)*0x9E3779B97F4A7C15, all(4), l, 1e9)
+		switch {
+		case now == 3:
+			t.Fatalf("key %d on vacant slot 3", k)
+		case now != was && now != 2:
+			t.Fatalf("key %d moved %d -> %d, not to the new endpoint", k, was, now)
+		case now != was:
+			moved++
+		}
+	}
+	if moved < 800 || moved > 1900 { // about a third
+		t.Errorf("%d of 4000 keys moved to the new endpoint", moved)
+	}
+}

@@ -84,6 +84,28 @@ func NewQueues(n int, rate float64, slots int, staleAfter time.Duration) *Queues
 	return q
 }
 
+// Reset forgets everything learned of slot ep (a new endpoint takes it): the prior or
+// pinned rate, no queue, no engine report. The fleet calls it on a vacant slot only.
+func (q *Queues) Reset(ep int) {
+	e := &q.eps[ep]
+	r := float64(PriorRate)
+	if q.pinnedRate > 0 {
+		r = q.pinnedRate
+	}
+	e.mu.Lock()
+	e.fit = lineFit{}
+	e.mu.Unlock()
+	storeF(&e.rate, r)
+	storeF(&e.base, 0)
+	storeF(&e.service, 0)
+	storeF(&e.kvUsage, 0)
+	e.slots.Store(q.slotsFlag)
+	for _, a := range [...]*atomic.Int64{&e.queued, &e.running, &e.waiting, &e.engAt, &e.flightAt, &e.samples, &e.prefills} {
+		a.Store(0)
+	}
+	e.sends.Store(0)
+}
+
 // Len is the number of endpoints.
 func (q *Queues) Len() int { return len(q.eps) }
 
