@@ -55,3 +55,17 @@ func FuzzParseJSON(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkParseMessages parses the ~18 KB messages array of the render benchmark.
+func BenchmarkParseMessages(b *testing.B) {
+	in := benchConversation()
+	var a arena
+	b.SetBytes(int64(len(in.Messages)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := parseJSONIn(&a, in.Messages); err != nil {
+			b.Fatal(err)
+		}
+		a.reset()
+	}
+}
