@@ -464,11 +464,11 @@ func appendJSON(dst []byte, v Value, o *jsonOpts, level int) ([]byte, error) {
 	case kString:
 		return appendJSONString(dst, v.s, o.ensureASCII), nil
 	case kList:
-		if len(v.l.items) == 0 {
+		if len(v.lst().items) == 0 {
 			return append(dst, "[]"...), nil
 		}
 		dst = append(dst, '[')
-		for i, it := range v.l.items {
+		for i, it := range v.lst().items {
 			if i > 0 {
 				dst = append(dst, o.itemSep...)
 			}
@@ -481,7 +481,7 @@ func appendJSON(dst []byte, v Value, o *jsonOpts, level int) ([]byte, error) {
 		dst = o.newline(dst, level)
 		return append(dst, ']'), nil
 	case kDict, kNS:
-		d := v.d
+		d := v.dct()
 		if len(d.keys) == 0 {
 			return append(dst, "{}"...), nil
 		}

@@ -26,7 +26,7 @@ func TestJSONStringsRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%q: %v", enc, err)
 			}
-			got, _ := v.d.get("k")
+			got, _ := v.dct().get("k")
 			if got.s != s {
 				t.Fatalf("%q: got %q want %q", enc, got.s, s)
 			}
