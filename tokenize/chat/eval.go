@@ -536,9 +536,22 @@ func (r *renderer) eval(e *expr) (Value, error) {
 		v, _ := r.lookup(e.name)
 		return v, nil
 	case eAttr:
-		obj, err := r.eval(e.a)
-		if err != nil {
-			return undefined, err
+		// message.role and the like: the common shapes go without a nested eval call and
+		// without getAttr's method-name checks (plainAttr is decided at parse time).
+		var obj Value
+		if e.a.op == eName {
+			obj, _ = r.lookup(e.a.name)
+		} else {
+			var err error
+			if obj, err = r.eval(e.a); err != nil {
+				return undefined, err
+			}
+		}
+		if (obj.k == kDict && e.plainAttr) || obj.k == kNS {
+			if v, ok := obj.dct().get(e.name); ok {
+				return v, nil
+			}
+			return undefinedNamed(e.name), nil
 		}
 		return r.getAttr(obj, e.name, e.pos)
 	case eItem:
@@ -572,6 +585,9 @@ func (r *renderer) eval(e *expr) (Value, error) {
 		v, err := r.eval(e.a)
 		if err != nil {
 			return undefined, err
+		}
+		if v.k == kList && e.name == "length" && len(e.args) == 0 && len(e.kw) == 0 {
+			return intVal(int64(len(v.lst().items))), nil // messages|length
 		}
 		return r.applyFilter(e, v)
 	case eTest:
@@ -640,6 +656,9 @@ func (r *renderer) eval(e *expr) (Value, error) {
 		b, err := r.eval(e.b)
 		if err != nil {
 			return undefined, err
+		}
+		if a.k == kString && b.k == kString && len(e.name) == 2 && e.name[1] == '=' && (e.name[0] == '=' || e.name[0] == '!') {
+			return boolVal((a.s == b.s) == (e.name[0] == '=')), nil // == and != on strings
 		}
 		ok, err := r.compare(e.name, a, b, e.pos)
 		return boolVal(ok), err
