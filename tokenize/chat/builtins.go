@@ -771,6 +771,9 @@ var (
 		if len(args) != 1 || args[0].k != kString {
 			return undefined, r.errf(-1, "strftime_now expects one format string")
 		}
+		if r.now.IsZero() {
+			r.now = time.Now() // once per render: every call in it sees the same time
+		}
 		s, err := strftime(r.now, args[0].s)
 		if err != nil {
 			return undefined, r.errf(-1, "%v", err)

@@ -112,10 +112,7 @@ func (t *Template) Render(dst []byte, in *Input) (out []byte, err error) {
 	r.barrier, r.visTop = 0, 0
 	r.steps = 0
 	r.depth = 0
-	r.now = in.Now
-	if r.now.IsZero() {
-		r.now = time.Now()
-	}
+	r.now = in.Now // zero: strftime_now reads the clock when a template calls it
 	defer func() {
 		if p := recover(); p != nil {
 			// A bug in the engine must not take the proxy down; report it as an error.
