@@ -119,6 +119,7 @@ func (s *Server) exchange(ctx context.Context, c *app.RequestContext, i int, bod
 func (s *Server) prepareLeg(c *app.RequestContext, i int, body []byte) *protocol.Request {
 	req := protocol.AcquireRequest()
 	s.buildUpstream(c, req, s.eps[i], body, nil)
+	req.SetBody(body) // a copy: the leg may run while the caller rewrites body's buffer
 	req.Header.Del("Accept") // the prefill leg is never streamed
 	return req
 }
@@ -279,7 +280,7 @@ func (s *Server) pdSGLang(ctx context.Context, c *app.RequestContext, st *reqSta
 		err  error
 	}
 	done := make(chan result, 1)
-	preq := s.prepareLeg(c, d.ep, st.legA) // SetBody copies: legA may be reused
+	preq := s.prepareLeg(c, d.ep, st.legA) // prepareLeg copies: legA may be reused
 	go func() {
 		defer protocol.ReleaseRequest(preq)
 		_, _, kind, err := s.doLeg(ctx, d.ep, preq, nil)

@@ -316,3 +316,15 @@ func BenchmarkScanLongChat(b *testing.B) {
 		}
 	}
 }
+
+func TestHasElements(t *testing.T) {
+	for v, want := range map[string]bool{`[]`: false, ` [ ] `: false, "[\n]": false, `[1]`: true,
+		` [ {"role":"system","content":"long"} ]`: true, `{}`: false, ``: false, `"[x]"`: false} {
+		if got := HasElements([]byte(v)); got != want {
+			t.Errorf("HasElements(%q) = %v, want %v", v, got, want)
+		}
+		if got := FirstElement([]byte(v)) != nil; got != want && v != `"[x]"` {
+			t.Errorf("FirstElement(%q) disagrees: %v", v, got)
+		}
+	}
+}
