@@ -48,6 +48,13 @@ func convertMessage(a *arena, m Value, format ContentFormat) (Value, error) {
 	if !ok || role.k != kString {
 		return undefined, errors.New(`message needs a string "role"`)
 	}
+	// The common message, {"role": "user" or "assistant", "content": "text"}, already is
+	// what vLLM hands the template in the string format: the parsed dict is kept (values are
+	// never mutated), not rebuilt key by key.
+	if md := m.dct(); format == ContentString && len(md.keys) == 2 && md.keys[0] == "role" && md.keys[1] == "content" &&
+		md.vals[1].k == kString && (role.s == "user" || role.s == "assistant") {
+		return m, nil
+	}
 	texts, srcs, err := contentTexts(a, m, role.s == "system")
 	if err != nil {
 		return undefined, err
