@@ -48,12 +48,20 @@ func convertMessage(a *arena, m Value, format ContentFormat) (Value, error) {
 	if !ok || role.k != kString {
 		return undefined, errors.New(`message needs a string "role"`)
 	}
-	// The common message, {"role": "user" or "assistant", "content": "text"}, already is
-	// what vLLM hands the template in the string format: the parsed dict is kept (values are
-	// never mutated), not rebuilt key by key.
-	if md := m.dct(); format == ContentString && len(md.keys) == 2 && md.keys[0] == "role" && md.keys[1] == "content" &&
-		md.vals[1].k == kString && (role.s == "user" || role.s == "assistant") {
-		return m, nil
+	// The common message, {"role": "user" or "assistant", "content": "text"}, in the string
+	// format is what vLLM hands the template with role first: in that order the parsed dict
+	// is kept (values are never mutated); the other order is rebuilt without the general
+	// path's lookups of every optional key.
+	if md := m.dct(); format == ContentString && len(md.keys) == 2 && (role.s == "user" || role.s == "assistant") {
+		switch {
+		case md.keys[0] == "role" && md.keys[1] == "content" && md.vals[1].k == kString:
+			return m, nil
+		case md.keys[0] == "content" && md.keys[1] == "role" && md.vals[0].k == kString:
+			d := a.dict(2)
+			d.set("role", role)
+			d.set("content", md.vals[0])
+			return dictValue(d), nil
+		}
 	}
 	texts, srcs, err := contentTexts(a, m, role.s == "system")
 	if err != nil {
