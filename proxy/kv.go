@@ -299,7 +299,7 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 		if isResponses(oa) {
 			m = oa.Value[openai.FInput] // a Responses body: "input" is the conversation
 		}
-		if !m.Present() || m.End-m.Start <= 2 || (b[m.Start] == '[' && openai.FirstElement(m.Bytes(b)) == nil) {
+		if !m.Present() || m.End-m.Start <= 2 || (b[m.Start] == '[' && !openai.HasElements(m.Bytes(b))) {
 			k.miss(st, d, RouteMissTextEmpty)
 			return
 		}

@@ -112,6 +112,7 @@ func (s *Server) servePD(ctx context.Context, c *app.RequestContext, st *reqStat
 func (s *Server) prepareLeg(c *app.RequestContext, i int, body []byte) *protocol.Request {
 	req := protocol.AcquireRequest()
 	s.buildUpstream(c, req, s.roster().eps[i], body, nil)
+	req.SetBody(body) // a copy: the leg may run while the caller rewrites body's buffer
 	req.Header.Del("Accept") // the prefill leg is never streamed
 	return req
 }
@@ -278,7 +279,7 @@ func (s *Server) pdSGLang(ctx context.Context, c *app.RequestContext, st *reqSta
 		err  error
 	}
 	done := make(chan result, 1)
-	preq := s.prepareLeg(c, d.ep, st.legA) // SetBody copies: legA may be reused
+	preq := s.prepareLeg(c, d.ep, st.legA) // prepareLeg copies: legA may be reused
 	hintRank(preq, d)
 	go func() {
 		defer protocol.ReleaseRequest(preq)

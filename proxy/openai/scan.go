@@ -4,6 +4,8 @@
 package openai
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"unicode/utf8"
 )
@@ -313,24 +315,39 @@ func skipWS(b []byte, i int) int {
 }
 
 // skipString returns the index after the closing quote of the string at b[i] and
-// whether it held escapes. It validates escapes and UTF-8.
+// whether it held escapes. It validates escapes and UTF-8. Prompts are long strings, so
+// it finds the next quote and backslash with bytes.IndexByte (vectorized) and checks the
+// plain run between them eight bytes at a time, instead of walking every byte.
 func skipString(b []byte, i int) (int, bool, error) {
 	i++
+	// Short strings (keys, roles) end before a vectorized search would pay off.
+	for end := min(i+16, len(b)); i < end && plainASCII[b[i]]; i++ {
+	}
+	if i < len(b) && b[i] == '"' {
+		return i + 1, false, nil
+	}
 	esc := false
-	for i < len(b) {
-		// Fast path: runs of plain ASCII, the bulk of prompts.
-		for i < len(b) && plainASCII[b[i]] {
-			i++
+	for {
+		q := bytes.IndexByte(b[i:], '"')
+		if q < 0 {
+			return 0, false, ErrSyntax
 		}
-		if i >= len(b) {
-			break
-		}
-		c := b[i]
-		switch {
-		case c == '"':
-			return i + 1, esc, nil
-		case c == '\\':
+		q += i
+		// Every backslash before q starts an escape; one may escape q itself, and then the
+		// string goes on past it.
+		for {
+			run := q
+			if j := bytes.IndexByte(b[i:q], '\\'); j >= 0 {
+				run = i + j
+			}
+			if err := checkPlain(b[i:run]); err != nil {
+				return 0, false, err
+			}
+			if run == q {
+				return q + 1, esc, nil
+			}
 			esc = true
+			i = run
 			if i+1 >= len(b) {
 				return 0, false, ErrSyntax
 			}
@@ -345,19 +362,49 @@ func skipString(b []byte, i int) (int, bool, error) {
 			default:
 				return 0, false, ErrSyntax
 			}
-		case c < 0x20:
-			return 0, false, ErrSyntax
-		case c < 0x80:
-			i++
-		default:
-			r, n := utf8.DecodeRune(b[i:])
-			if r == utf8.RuneError && n <= 1 {
-				return 0, false, ErrUTF8
+			if i > q {
+				break // the quote was escaped: find the next one
 			}
-			i += n
 		}
 	}
-	return 0, false, ErrSyntax
+}
+
+// checkPlain validates a run of string bytes holding no quote or backslash: no control
+// byte, valid UTF-8. Runs of ASCII go eight bytes at a time.
+func checkPlain(s []byte) error {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	for len(s) > 0 {
+		// A byte below 0x20 borrows into its high bit; a byte from 0x80 has it set.
+		for len(s) >= 16 {
+			x, y := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:])
+			if ((x-0x20*ones)|x|(y-0x20*ones)|y)&highs != 0 {
+				break
+			}
+			s = s[16:]
+		}
+		for len(s) >= 8 {
+			if x := binary.LittleEndian.Uint64(s); ((x-0x20*ones)|x)&highs != 0 {
+				break
+			}
+			s = s[8:]
+		}
+		if len(s) == 0 {
+			return nil
+		}
+		switch c := s[0]; {
+		case c < 0x20:
+			return ErrSyntax
+		case c < 0x80:
+			s = s[1:]
+		default:
+			r, n := utf8.DecodeRune(s)
+			if r == utf8.RuneError && n <= 1 {
+				return ErrUTF8
+			}
+			s = s[n:]
+		}
+	}
+	return nil
 }
 
 // plainASCII marks bytes a JSON string holds as themselves: printable ASCII other

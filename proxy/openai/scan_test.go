@@ -2,6 +2,7 @@ package openai
 
 import (
 	"encoding/json"
+	"math/rand"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -257,6 +258,73 @@ func TestScanLenientFields(t *testing.T) {
 		}
 		if got := string(r.Value[tc.f].Bytes(b)); got != tc.want {
 			t.Errorf("%s: %s = %q, want %q", tc.body, tc.f.Name(), got, tc.want)
+		}
+	}
+}
+
+// TestScanStringsRandom checks the string scanner (vectorized quote and backslash search,
+// eight-byte plain runs) against encoding/json and utf8.Valid on random strings holding
+// quotes, backslashes, escapes, controls, multi-byte and broken UTF-8 at every alignment.
+func TestScanStringsRandom(t *testing.T) {
+	rng := rand.New(rand.NewSource(7))
+	pieces := []string{"a", "bcdefgh", " ", `\"`, `\\`, `\n`, `\u00e9`, `\ud83d\ude00`, "é", "😀", "\u2028",
+		"\x01", "\x1f", "\x7f", "\xc3", "\xff", `\x`, `\u12`, `"`, `\`, strings.Repeat("plain text ", 3)}
+	for n := 0; n < 20000; n++ {
+		var sb strings.Builder
+		sb.WriteString(`{"k":"`)
+		for k := rng.Intn(12); k > 0; k-- {
+			sb.WriteString(pieces[rng.Intn(len(pieces))])
+		}
+		sb.WriteString(`"}`)
+		body := []byte(sb.String())
+		var r Request
+		err := Scan(body, &r)
+		valid := json.Valid(body)
+		if err == ErrUTF8 && !utf8.Valid(body) {
+			continue
+		}
+		if valid != (err == nil) {
+			t.Fatalf("%q: Scan err=%v, json.Valid=%v", body, err, valid)
+		}
+		if err == nil && !utf8.Valid(body) {
+			t.Fatalf("%q: Scan accepted invalid UTF-8", body)
+		}
+	}
+}
+
+// BenchmarkScanLongChat scans a ~20 KB chat body (long plain-text contents, as
+// BenchmarkRouteFollowup's).
+func BenchmarkScanLongChat(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString(`{"model":"qwen3","messages":[`)
+	for i := 0; i < 25; i++ {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		sb.WriteString(`{"role":"user","content":"`)
+		sb.WriteString(strings.Repeat("How does the prefix cache decide which blocks to keep when memory is tight? ", 10))
+		sb.WriteString(`"}`)
+	}
+	sb.WriteString(`],"stream":true}`)
+	body := []byte(sb.String())
+	var r Request
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := Scan(body, &r); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func TestHasElements(t *testing.T) {
+	for v, want := range map[string]bool{`[]`: false, ` [ ] `: false, "[\n]": false, `[1]`: true,
+		` [ {"role":"system","content":"long"} ]`: true, `{}`: false, ``: false, `"[x]"`: false} {
+		if got := HasElements([]byte(v)); got != want {
+			t.Errorf("HasElements(%q) = %v, want %v", v, got, want)
+		}
+		if got := FirstElement([]byte(v)) != nil; got != want && v != `"[x]"` {
+			t.Errorf("FirstElement(%q) disagrees: %v", v, got)
 		}
 	}
 }

@@ -370,6 +370,18 @@ func AppendObjectWith(dst, obj []byte, key string, val []byte) []byte {
 	return append(dst, '}')
 }
 
+// HasElements says whether v, an array Scan validated, holds at least one element. It
+// looks at the bytes after the bracket only: FirstElement would walk the whole first
+// element (a long system prompt) to find where it ends.
+func HasElements(v []byte) bool {
+	i := skipWS(v, 0)
+	if i >= len(v) || v[i] != '[' {
+		return false
+	}
+	i = skipWS(v, i+1)
+	return i < len(v) && v[i] != ']'
+}
+
 // FirstElement returns the first element of the JSON array v, or nil.
 func FirstElement(v []byte) []byte {
 	i := skipWS(v, 0)

@@ -99,13 +99,13 @@ func (a *arena) dict(n int) *dictVal {
 
 func (a *arena) list(items []Value, tuple bool) Value {
 	if a == nil {
-		return Value{k: kList, l: &listVal{items: items, isTuple: tuple}}
+		return Value{k: kList, p: unsafe.Pointer(&listVal{items: items, isTuple: tuple})}
 	}
 	if len(a.lists) == cap(a.lists) {
 		a.lists = make([]listVal, 0, slabSize/4)
 	}
 	a.lists = append(a.lists, listVal{items: items, isTuple: tuple})
-	return Value{k: kList, l: &a.lists[len(a.lists)-1]}
+	return Value{k: kList, p: unsafe.Pointer(&a.lists[len(a.lists)-1])}
 }
 
 func (a *arena) loop(items []Value) (*loopState, *object) {

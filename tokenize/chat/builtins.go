@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+	"unsafe"
 
 	"golang.org/x/text/cases"
 	"golang.org/x/text/language"
@@ -79,34 +80,34 @@ func (r *renderer) callMethod(self Value, name string, args []Value, kw []kwArg,
 	case kDict:
 		switch name {
 		case "items":
-			items := make([]Value, len(self.d.keys))
-			for i, k := range self.d.keys {
-				items[i] = tupleOf(strVal(k), self.d.vals[i])
+			items := make([]Value, len(self.dct().keys))
+			for i, k := range self.dct().keys {
+				items[i] = tupleOf(strVal(k), self.dct().vals[i])
 			}
 			return listOf(items), nil
 		case "keys":
-			items := make([]Value, len(self.d.keys))
-			for i, k := range self.d.keys {
+			items := make([]Value, len(self.dct().keys))
+			for i, k := range self.dct().keys {
 				items[i] = strVal(k)
 			}
 			return listOf(items), nil
 		case "values":
-			return listOf(append([]Value(nil), self.d.vals...)), nil
+			return listOf(append([]Value(nil), self.dct().vals...)), nil
 		case "get":
 			if len(args) == 0 {
 				return undefined, r.errf(pos, "get expected at least 1 argument")
 			}
 			def := argOr(args, nil, 1, "", none)
 			if args[0].k == kString {
-				if v, ok := self.d.get(args[0].s); ok {
+				if v, ok := self.dct().get(args[0].s); ok {
 					return v, nil
 				}
 			}
 			return def, nil
 		case "copy":
-			d := r.a.dict(len(self.d.keys))
-			for i, k := range self.d.keys {
-				d.set(k, self.d.vals[i])
+			d := r.a.dict(len(self.dct().keys))
+			for i, k := range self.dct().keys {
+				d.set(k, self.dct().vals[i])
 			}
 			return dictValue(d), nil
 		}
@@ -115,7 +116,7 @@ func (r *renderer) callMethod(self Value, name string, args []Value, kw []kwArg,
 		switch name {
 		case "index":
 			if len(args) > 0 {
-				for i, it := range self.l.items {
+				for i, it := range self.lst().items {
 					if equal(it, args[0]) {
 						return intVal(int64(i)), nil
 					}
@@ -125,7 +126,7 @@ func (r *renderer) callMethod(self Value, name string, args []Value, kw []kwArg,
 		case "count":
 			n := 0
 			if len(args) > 0 {
-				for _, it := range self.l.items {
+				for _, it := range self.lst().items {
 					if equal(it, args[0]) {
 						n++
 					}
@@ -158,8 +159,8 @@ func (r *renderer) strMethod(s, name string, args []Value, kw []kwArg, pos int) 
 			test = strings.HasSuffix
 		}
 		cands := args[:1]
-		if args[0].k == kList && args[0].l.isTuple {
-			cands = args[0].l.items
+		if args[0].k == kList && args[0].lst().isTuple {
+			cands = args[0].lst().items
 		}
 		for _, c := range cands {
 			if c.k != kString {
@@ -625,10 +626,10 @@ func pyStrFormat(s string, args []Value, kw []kwArg) (string, error) {
 func hashable(v Value) bool {
 	switch v.k {
 	case kList:
-		if !v.l.isTuple {
+		if !v.lst().isTuple {
 			return false
 		}
-		for _, it := range v.l.items {
+		for _, it := range v.lst().items {
 			if !hashable(it) {
 				return false
 			}
@@ -643,11 +644,11 @@ func hashable(v Value) bool {
 // pyPercentFormat is "fmt" % args for %s, %d, %i, %r and %%.
 func pyPercentFormat(f string, arg Value) (string, error) {
 	args := []Value{arg}
-	if arg.k == kList && arg.l.isTuple {
-		args = arg.l.items
+	if arg.k == kList && arg.lst().isTuple {
+		args = arg.lst().items
 	}
 	// A list or dict argument counts as a mapping: unused, it is no error.
-	mapping := (arg.k == kList && !arg.l.isTuple) || arg.k == kDict || arg.k == kUndefined
+	mapping := (arg.k == kList && !arg.lst().isTuple) || arg.k == kDict || arg.k == kUndefined
 	var b []byte
 	n := 0
 	for i := 0; i < len(f); i++ {
@@ -695,7 +696,7 @@ func pyPercentFormat(f string, arg Value) (string, error) {
 // Globals.
 
 func globalFunc(name string, fn func(r *renderer, args []Value, kw []kwArg) (Value, error)) Value {
-	return Value{k: kFunc, o: &object{name: name, fn: fn}}
+	return Value{k: kFunc, p: unsafe.Pointer(&object{name: name, fn: fn})}
 }
 
 var (
@@ -734,14 +735,14 @@ var (
 			if a.k != kDict {
 				return undefined, r.errf(-1, "namespace() positional argument must be a dict")
 			}
-			for i, k := range a.d.keys {
-				d.set(k, a.d.vals[i])
+			for i, k := range a.dct().keys {
+				d.set(k, a.dct().vals[i])
 			}
 		}
 		for _, k := range kw {
 			d.set(k.name, k.v)
 		}
-		return Value{k: kNS, d: d}, nil
+		return Value{k: kNS, p: unsafe.Pointer(d)}, nil
 	})
 	gDict = globalFunc("dict", func(r *renderer, args []Value, kw []kwArg) (Value, error) {
 		d := r.a.dict(len(kw))
@@ -749,8 +750,8 @@ var (
 			if a.k != kDict {
 				return undefined, r.errf(-1, "dict() positional argument must be a dict")
 			}
-			for i, k := range a.d.keys {
-				d.set(k, a.d.vals[i])
+			for i, k := range a.dct().keys {
+				d.set(k, a.dct().vals[i])
 			}
 		}
 		for _, k := range kw {
@@ -769,6 +770,9 @@ var (
 	gStrftime = globalFunc("strftime_now", func(r *renderer, args []Value, kw []kwArg) (Value, error) {
 		if len(args) != 1 || args[0].k != kString {
 			return undefined, r.errf(-1, "strftime_now expects one format string")
+		}
+		if r.now.IsZero() {
+			r.now = time.Now() // once per render: every call in it sees the same time
 		}
 		s, err := strftime(r.now, args[0].s)
 		if err != nil {
@@ -973,9 +977,9 @@ func (r *renderer) applyTest(e *expr, v Value) (bool, error) {
 		case kNone, kBool, kUndefined:
 			return v.k == a.k && v.n == a.n, nil
 		case kList:
-			return a.k == kList && a.l == v.l, nil
+			return a.k == kList && a.p == v.p, nil
 		case kDict, kNS:
-			return a.k == v.k && a.d == v.d, nil
+			return a.k == v.k && a.p == v.p, nil
 		}
 		return false, nil
 	}
@@ -1019,9 +1023,9 @@ func (r *renderer) filter(name string, v Value, args []Value, kw []kwArg, pos in
 		case kString:
 			return intVal(int64(runeLen(v.s))), nil
 		case kList:
-			return intVal(int64(len(v.l.items))), nil
+			return intVal(int64(len(v.lst().items))), nil
 		case kDict, kNS:
-			return intVal(int64(len(v.d.keys))), nil
+			return intVal(int64(len(v.dct().keys))), nil
 		case kUndefined:
 			return intVal(0), nil
 		}
@@ -1128,11 +1132,11 @@ func (r *renderer) filter(name string, v Value, args []Value, kw []kwArg, pos in
 		byVal := argOr(args, kw, 1, "by", strVal("key")).s == "value"
 		rev := argOr(args, kw, 2, "reverse", vFalse).truth()
 		pairs, _ := r.callMethod(v, "items", nil, nil, pos)
-		items := pairs.l.items
+		items := pairs.lst().items
 		err := r.sortValues(items, func(x Value) (Value, error) {
-			k := x.l.items[0]
+			k := x.lst().items[0]
 			if byVal {
-				k = x.l.items[1]
+				k = x.lst().items[1]
 			}
 			if !caseSens && k.k == kString {
 				k = strVal(toLower(k.s))
@@ -1581,8 +1585,8 @@ func (r *renderer) jsonOptions(args []Value, kw []kwArg) (jsonOpts, error) {
 	if o.hasIndent {
 		o.itemSep = ","
 	}
-	if sep := argOr(args, kw, 2, "separators", none); sep.k == kList && len(sep.l.items) == 2 {
-		o.itemSep, o.keySep = toStr(sep.l.items[0]), toStr(sep.l.items[1])
+	if sep := argOr(args, kw, 2, "separators", none); sep.k == kList && len(sep.lst().items) == 2 {
+		o.itemSep, o.keySep = toStr(sep.lst().items[0]), toStr(sep.lst().items[1])
 	}
 	o.sortKeys = argOr(args, kw, 3, "sort_keys", vFalse).truth()
 	return o, nil

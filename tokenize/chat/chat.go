@@ -112,10 +112,7 @@ func (t *Template) Render(dst []byte, in *Input) (out []byte, err error) {
 	r.barrier, r.visTop = 0, 0
 	r.steps = 0
 	r.depth = 0
-	r.now = in.Now
-	if r.now.IsZero() {
-		r.now = time.Now()
-	}
+	r.now = in.Now // zero: strftime_now reads the clock when a template calls it
 	defer func() {
 		if p := recover(); p != nil {
 			// A bug in the engine must not take the proxy down; report it as an error.
@@ -155,20 +152,20 @@ func (t *Template) Render(dst []byte, in *Input) (out []byte, err error) {
 // text; keep its full (left-stripped) length when the rendering preserved it, else only the
 // stripped length.
 func continueFinalMessage(rendered []byte, msgs Value) (int, error) {
-	if msgs.k != kList || len(msgs.l.items) == 0 {
+	if msgs.k != kList || len(msgs.lst().items) == 0 {
 		return 0, errors.New("chat: continue_final_message needs a final message")
 	}
-	last := msgs.l.items[len(msgs.l.items)-1]
-	c, _ := last.d.get("content")
+	last := msgs.lst().items[len(msgs.lst().items)-1]
+	c, _ := last.dct().get("content")
 	final := ""
 	switch c.k {
 	case kString:
 		final = c.s
 	case kList:
 		found := false
-		for i := len(c.l.items) - 1; i >= 0 && !found; i-- {
-			if p := c.l.items[i]; p.k == kDict {
-				if t, ok := p.d.get("text"); ok {
+		for i := len(c.lst().items) - 1; i >= 0 && !found; i-- {
+			if p := c.lst().items[i]; p.k == kDict {
+				if t, ok := p.dct().get("text"); ok {
 					final, found = toStr(t), true
 				}
 			}
@@ -234,10 +231,10 @@ func (t *Template) bind(r *renderer, in *Input) (Value, error) {
 		switch kw.k {
 		case kNone:
 		case kDict:
-			for i, k := range kw.d.keys {
+			for i, k := range kw.dct().keys {
 				switch k {
 				case "chat_template", "tokenize":
-					if k == "chat_template" && kw.d.vals[i].k == kNone {
+					if k == "chat_template" && kw.dct().vals[i].k == kNone {
 						continue // null: the model's own template, as vLLM merges it
 					}
 					// vLLM refuses these.
@@ -250,12 +247,12 @@ func (t *Template) bind(r *renderer, in *Input) (Value, error) {
 					// The request's own fields override these (vLLM's merge_kwargs).
 					continue
 				case "documents":
-					documents = kw.d.vals[i]
+					documents = kw.dct().vals[i]
 					continue
 				case "enable_thinking":
 					kwThinking = true
 				}
-				r.setVar(k, kw.d.vals[i])
+				r.setVar(k, kw.dct().vals[i])
 			}
 		default:
 			return undefined, errors.New("chat: chat_template_kwargs must be a JSON object")
@@ -305,8 +302,8 @@ func (t *Template) renderVars(dst []byte, vars []byte, now time.Time) (out []byt
 	r.vars = append(r.vars,
 		binding{"range", gRange}, binding{"dict", gDict}, binding{"namespace", gNamespace},
 		binding{"raise_exception", gRaise}, binding{"strftime_now", gStrftime})
-	for i, k := range v.d.keys {
-		r.setVar(k, v.d.vals[i])
+	for i, k := range v.dct().keys {
+		r.setVar(k, v.dct().vals[i])
 	}
 	r.bindUndef(t.rootUndef)
 	if _, err := r.execBody(t.body); err != nil {

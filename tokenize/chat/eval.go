@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 	"time"
+	"unsafe"
 )
 
 // RenderError is a failure while rendering: an undefined value used where Jinja2 raises, a
@@ -182,7 +183,7 @@ func (r *renderer) exec(s *stmt) (ctl, error) {
 		if err != nil {
 			return ctlNone, err
 		}
-		ns.d.set(s.attr, v)
+		ns.dct().set(s.attr, v)
 	case sSetBlock:
 		v, err := r.captureFrame(s.body, s.undef)
 		if err != nil {
@@ -310,7 +311,7 @@ func (r *renderer) unpack(v Value, n int, pos int) ([]Value, error) {
 	var items []Value
 	switch v.k {
 	case kList:
-		items = v.l.items
+		items = v.lst().items
 	case kString:
 		for _, c := range v.s {
 			items = append(items, strVal(string(c)))
@@ -328,10 +329,10 @@ func (r *renderer) unpack(v Value, n int, pos int) ([]Value, error) {
 func (r *renderer) iterate(v Value, pos int) ([]Value, error) {
 	switch v.k {
 	case kList:
-		return v.l.items, nil
+		return v.lst().items, nil
 	case kDict, kNS:
-		out := make([]Value, len(v.d.keys))
-		for i, k := range v.d.keys {
+		out := make([]Value, len(v.dct().keys))
+		for i, k := range v.dct().keys {
 			out[i] = strVal(k)
 		}
 		return out, nil
@@ -388,7 +389,7 @@ func (r *renderer) execFor(s *stmt) (ctl, error) {
 		return r.execFrame(s.els, s.elsUndef)
 	}
 	ls, obj := r.a.loop(items)
-	loopVal := Value{k: kLoop, o: obj}
+	loopVal := Value{k: kLoop, p: unsafe.Pointer(obj)}
 	for i, it := range items {
 		r.steps++
 		if r.steps > maxLoopSteps {
@@ -461,14 +462,14 @@ func (r *renderer) loopAttr(ls *loopState, name string) Value {
 		}
 		return undefinedNamed("nextitem")
 	case "cycle":
-		return Value{k: kCycle, o: &object{loop: ls, name: "cycle"}}
+		return Value{k: kCycle, p: unsafe.Pointer(&object{loop: ls, name: "cycle"})}
 	}
 	return undefinedNamed(name)
 }
 
 func (r *renderer) macroValue(s *stmt) Value {
 	defFrame := len(r.frames) - 1
-	return Value{k: kFunc, o: &object{name: s.targets[0], fn: func(r *renderer, args []Value, kw []kwArg) (Value, error) {
+	return Value{k: kFunc, p: unsafe.Pointer(&object{name: s.targets[0], fn: func(r *renderer, args []Value, kw []kwArg) (Value, error) {
 		if r.depth >= maxMacroDepth {
 			return undefined, r.errf(s.pos, "macro recursion too deep")
 		}
@@ -524,7 +525,7 @@ func (r *renderer) macroValue(s *stmt) Value {
 			}
 		}
 		return r.capture(s.body)
-	}}}
+	}})}
 }
 
 func (r *renderer) eval(e *expr) (Value, error) {
@@ -535,9 +536,22 @@ func (r *renderer) eval(e *expr) (Value, error) {
 		v, _ := r.lookup(e.name)
 		return v, nil
 	case eAttr:
-		obj, err := r.eval(e.a)
-		if err != nil {
-			return undefined, err
+		// message.role and the like: the common shapes go without a nested eval call and
+		// without getAttr's method-name checks (plainAttr is decided at parse time).
+		var obj Value
+		if e.a.op == eName {
+			obj, _ = r.lookup(e.a.name)
+		} else {
+			var err error
+			if obj, err = r.eval(e.a); err != nil {
+				return undefined, err
+			}
+		}
+		if (obj.k == kDict && e.plainAttr) || obj.k == kNS {
+			if v, ok := obj.dct().get(e.name); ok {
+				return v, nil
+			}
+			return undefinedNamed(e.name), nil
 		}
 		return r.getAttr(obj, e.name, e.pos)
 	case eItem:
@@ -571,6 +585,9 @@ func (r *renderer) eval(e *expr) (Value, error) {
 		v, err := r.eval(e.a)
 		if err != nil {
 			return undefined, err
+		}
+		if v.k == kList && e.name == "length" && len(e.args) == 0 && len(e.kw) == 0 {
+			return intVal(int64(len(v.lst().items))), nil // messages|length
 		}
 		return r.applyFilter(e, v)
 	case eTest:
@@ -640,6 +657,9 @@ func (r *renderer) eval(e *expr) (Value, error) {
 		if err != nil {
 			return undefined, err
 		}
+		if a.k == kString && b.k == kString && len(e.name) == 2 && e.name[1] == '=' && (e.name[0] == '=' || e.name[0] == '!') {
+			return boolVal((a.s == b.s) == (e.name[0] == '=')), nil // == and != on strings
+		}
 		ok, err := r.compare(e.name, a, b, e.pos)
 		return boolVal(ok), err
 	case eCond:
@@ -663,7 +683,7 @@ func (r *renderer) eval(e *expr) (Value, error) {
 			}
 			items[i] = v
 		}
-		return Value{k: kList, l: &listVal{items: items, isTuple: e.op == eTuple}}, nil
+		return Value{k: kList, p: unsafe.Pointer(&listVal{items: items, isTuple: e.op == eTuple})}, nil
 	case eDict:
 		d := r.a.dict(len(e.args) / 2)
 		for i := 0; i < len(e.args); i += 2 {
@@ -698,17 +718,17 @@ func (r *renderer) getAttr(obj Value, name string, pos int) (Value, error) {
 		if isDictMethod(name) {
 			return boundMethod(obj, name), nil
 		}
-		if v, ok := obj.d.get(name); ok {
+		if v, ok := obj.dct().get(name); ok {
 			return v, nil
 		}
 		return undefinedNamed(name), nil
 	case kNS:
-		if v, ok := obj.d.get(name); ok {
+		if v, ok := obj.dct().get(name); ok {
 			return v, nil
 		}
 		return undefinedNamed(name), nil
 	case kLoop:
-		return r.loopAttr(obj.o.loop, name), nil
+		return r.loopAttr(obj.obj().loop, name), nil
 	case kString:
 		if isStrMethod(name) {
 			return boundMethod(obj, name), nil
@@ -727,7 +747,7 @@ func (r *renderer) getItem(obj Value, key Value, pos int) (Value, error) {
 	switch obj.k {
 	case kDict, kNS:
 		if key.k == kString {
-			if v, ok := obj.d.get(key.s); ok {
+			if v, ok := obj.dct().get(key.s); ok {
 				return v, nil
 			}
 			if obj.k == kDict && isDictMethod(key.s) {
@@ -738,12 +758,12 @@ func (r *renderer) getItem(obj Value, key Value, pos int) (Value, error) {
 	case kList:
 		if key.k == kInt || key.k == kBool {
 			i := key.n
-			n := int64(len(obj.l.items))
+			n := int64(len(obj.lst().items))
 			if i < 0 {
 				i += n
 			}
 			if i >= 0 && i < n {
-				return obj.l.items[i], nil
+				return obj.lst().items[i], nil
 			}
 			return undefined, nil
 		}
@@ -768,7 +788,7 @@ func (r *renderer) getItem(obj Value, key Value, pos int) (Value, error) {
 		}
 	case kLoop:
 		if key.k == kString {
-			return r.loopAttr(obj.o.loop, key.s), nil
+			return r.loopAttr(obj.obj().loop, key.s), nil
 		}
 	case kUndefined:
 		return undefined, r.undefinedErr(obj, pos)
@@ -837,7 +857,7 @@ func sliceBounds(n int, start, stop, step Value) (int, int, int, error) {
 func (r *renderer) slice(obj, start, stop, step Value, pos int) (Value, error) {
 	switch obj.k {
 	case kList:
-		a, b, st, err := sliceBounds(len(obj.l.items), start, stop, step)
+		a, b, st, err := sliceBounds(len(obj.lst().items), start, stop, step)
 		if err != nil {
 			return undefined, r.errf(pos, "%v", err)
 		}
@@ -849,9 +869,9 @@ func (r *renderer) slice(obj, start, stop, step Value, pos int) (Value, error) {
 		}
 		out := r.a.valSlice(n)
 		for j := range out {
-			out[j] = obj.l.items[a+j*st]
+			out[j] = obj.lst().items[a+j*st]
 		}
-		return r.a.list(out, obj.l.isTuple), nil
+		return r.a.list(out, obj.lst().isTuple), nil
 	case kString:
 		runes := []rune(obj.s)
 		a, b, st, err := sliceBounds(len(runes), start, stop, step)
@@ -893,10 +913,10 @@ func (r *renderer) binop(op string, a, b Value, pos int) (Value, error) {
 		switch {
 		case a.k == kString && b.k == kString:
 			return strVal(r.a.concat(a.s, b.s)), nil
-		case a.k == kList && b.k == kList && a.l.isTuple == b.l.isTuple:
-			items := make([]Value, 0, len(a.l.items)+len(b.l.items))
-			items = append(append(items, a.l.items...), b.l.items...)
-			return Value{k: kList, l: &listVal{items: items, isTuple: a.l.isTuple}}, nil
+		case a.k == kList && b.k == kList && a.lst().isTuple == b.lst().isTuple:
+			items := make([]Value, 0, len(a.lst().items)+len(b.lst().items))
+			items = append(append(items, a.lst().items...), b.lst().items...)
+			return Value{k: kList, p: unsafe.Pointer(&listVal{items: items, isTuple: a.lst().isTuple})}, nil
 		}
 	case "*":
 		if (a.k == kString || a.k == kList) && (b.k == kInt || b.k == kBool) {
@@ -1005,7 +1025,7 @@ func (r *renderer) repeat(pos int, v Value, n int64) (Value, error) {
 	// Bounded like the output: `'x' * 10**12` is an error, never an out-of-memory crash.
 	size := int64(len(v.s))
 	if v.k == kList {
-		size = int64(len(v.l.items)) * 16
+		size = int64(len(v.lst().items)) * 16
 	}
 	if size == 0 {
 		n = 0 // an empty string or list repeats to itself, however large n is
@@ -1016,11 +1036,11 @@ func (r *renderer) repeat(pos int, v Value, n int64) (Value, error) {
 	if v.k == kString {
 		return strVal(strings.Repeat(v.s, int(n))), nil
 	}
-	items := make([]Value, 0, len(v.l.items)*int(n))
+	items := make([]Value, 0, len(v.lst().items)*int(n))
 	for i := int64(0); i < n; i++ {
-		items = append(items, v.l.items...)
+		items = append(items, v.lst().items...)
 	}
-	return Value{k: kList, l: &listVal{items: items, isTuple: v.l.isTuple}}, nil
+	return Value{k: kList, p: unsafe.Pointer(&listVal{items: items, isTuple: v.lst().isTuple})}, nil
 }
 
 // equal is Python ==.
@@ -1040,28 +1060,28 @@ func equal(a, b Value) bool {
 	case kString:
 		return a.s == b.s
 	case kList:
-		if a.l.isTuple != b.l.isTuple || len(a.l.items) != len(b.l.items) {
+		if a.lst().isTuple != b.lst().isTuple || len(a.lst().items) != len(b.lst().items) {
 			return false
 		}
-		for i := range a.l.items {
-			if !equal(a.l.items[i], b.l.items[i]) {
+		for i := range a.lst().items {
+			if !equal(a.lst().items[i], b.lst().items[i]) {
 				return false
 			}
 		}
 		return true
 	case kDict:
-		if len(a.d.keys) != len(b.d.keys) {
+		if len(a.dct().keys) != len(b.dct().keys) {
 			return false
 		}
-		for i, k := range a.d.keys {
-			w, ok := b.d.get(k)
-			if !ok || !equal(a.d.vals[i], w) {
+		for i, k := range a.dct().keys {
+			w, ok := b.dct().get(k)
+			if !ok || !equal(a.dct().vals[i], w) {
 				return false
 			}
 		}
 		return true
 	}
-	return a.o == b.o && a.d == b.d
+	return a.p == b.p
 }
 
 // less is Python <; ok is false when the types do not order.
@@ -1075,13 +1095,13 @@ func less(a, b Value) (bool, bool) {
 	if a.k == kString && b.k == kString {
 		return a.s < b.s, true
 	}
-	if a.k == kList && b.k == kList && a.l.isTuple == b.l.isTuple {
-		for i := 0; i < len(a.l.items) && i < len(b.l.items); i++ {
-			if !equal(a.l.items[i], b.l.items[i]) {
-				return less(a.l.items[i], b.l.items[i])
+	if a.k == kList && b.k == kList && a.lst().isTuple == b.lst().isTuple {
+		for i := 0; i < len(a.lst().items) && i < len(b.lst().items); i++ {
+			if !equal(a.lst().items[i], b.lst().items[i]) {
+				return less(a.lst().items[i], b.lst().items[i])
 			}
 		}
-		return len(a.l.items) < len(b.l.items), true
+		return len(a.lst().items) < len(b.lst().items), true
 	}
 	return false, false
 }
@@ -1135,7 +1155,7 @@ func (r *renderer) contains(container, item Value, pos int) (bool, error) {
 		}
 		return strings.Contains(container.s, item.s), nil
 	case kList:
-		for _, it := range container.l.items {
+		for _, it := range container.lst().items {
 			if equal(it, item) {
 				return true, nil
 			}
@@ -1148,7 +1168,7 @@ func (r *renderer) contains(container, item Value, pos int) (bool, error) {
 			}
 			return false, nil
 		}
-		_, ok := container.d.get(item.s)
+		_, ok := container.dct().get(item.s)
 		return ok, nil
 	case kUndefined:
 		return false, nil
@@ -1211,15 +1231,15 @@ func (r *renderer) call(e *expr) (Value, error) {
 	}
 	switch fn.k {
 	case kFunc:
-		if fn.o.fn == nil {
-			return r.callMethod(fn.o.self, fn.o.name, args, kw, e.pos)
+		if fn.obj().fn == nil {
+			return r.callMethod(fn.obj().self, fn.obj().name, args, kw, e.pos)
 		}
-		return fn.o.fn(r, args, kw)
+		return fn.obj().fn(r, args, kw)
 	case kCycle:
 		if len(args) == 0 {
 			return undefined, r.errf(e.pos, "no items for cycling given")
 		}
-		return args[fn.o.loop.i%len(args)], nil
+		return args[fn.obj().loop.i%len(args)], nil
 	case kUndefined:
 		return undefined, r.undefinedErr(fn, e.pos)
 	}
@@ -1227,5 +1247,5 @@ func (r *renderer) call(e *expr) (Value, error) {
 }
 
 func boundMethod(self Value, name string) Value {
-	return Value{k: kFunc, o: &object{name: name, self: self}}
+	return Value{k: kFunc, p: unsafe.Pointer(&object{name: name, self: self})}
 }

@@ -1,6 +1,7 @@
 package chat
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -249,15 +250,19 @@ func (p *jsonParser) number() (Value, error) {
 	return floatVal(f), nil
 }
 
+// str decodes the string at p.i. Message contents are long, so it finds the closing quote
+// and the backslashes with bytes.IndexByte (vectorized) and checks the runs between them
+// for control bytes eight at a time; a string without escapes points into the input.
 func (p *jsonParser) str() (string, error) {
 	p.i++ // opening quote
 	start := p.i
-	// Fast path: no escapes. A local index and a table keep the scan tight.
 	b := p.b
-	i := plainEnd(b, p.i)
-	p.i = i
+	// Short strings (keys, roles) end before a vectorized search would pay off.
+	i := start
+	for end := min(i+16, len(b)); i < end && jsonPlain[b[i]]; i++ {
+	}
 	if i < len(b) && b[i] == '"' {
-		p.i++
+		p.i = i + 1
 		if i == start {
 			return "", nil
 		}
@@ -266,93 +271,129 @@ func (p *jsonParser) str() (string, error) {
 		}
 		return string(b[start:i]), nil
 	}
+	q := bytes.IndexByte(b[i:], '"')
+	if q < 0 {
+		p.i = len(b)
+		return "", p.errf("unterminated string")
+	}
+	q += i
+	run := q
+	if j := bytes.IndexByte(b[i:q], '\\'); j >= 0 {
+		run = i + j
+	}
+	if c := ctlIndex(b[i:run]); c >= 0 {
+		p.i = i + c
+		return "", p.errf("control character in string")
+	}
+	if run == q {
+		p.i = q + 1
+		if q == start {
+			return "", nil
+		}
+		if p.a != nil {
+			return unsafe.String(&b[start], q-start), nil
+		}
+		return string(b[start:q]), nil
+	}
 	// Decode into the arena's string slab (appending only past its end), else a fresh buffer.
 	var buf []byte
-	inArena := p.a != nil && p.a.room(p.i-start+16)
+	inArena := p.a != nil && p.a.room(q-start+16)
 	if inArena {
 		buf = p.a.bytes
 	}
 	n := len(buf)
-	buf = append(buf, p.b[start:p.i]...)
-	for p.i < len(p.b) {
-		c := p.b[p.i]
-		switch {
-		case c == '"':
+	buf = append(buf, b[start:run]...)
+	p.i = run
+	for {
+		// b[p.i] is a backslash.
+		p.i++
+		if p.i >= len(b) {
+			return "", p.errf("unterminated escape")
+		}
+		e := b[p.i]
+		p.i++
+		switch e {
+		case '"', '\\', '/':
+			buf = append(buf, e)
+		case 'b':
+			buf = append(buf, '\b')
+		case 'f':
+			buf = append(buf, '\f')
+		case 'n':
+			buf = append(buf, '\n')
+		case 'r':
+			buf = append(buf, '\r')
+		case 't':
+			buf = append(buf, '\t')
+		case 'u':
+			r, ok := p.hex4()
+			if !ok {
+				return "", p.errf("bad \\u escape")
+			}
+			if utf16.IsSurrogate(r) && p.i+6 <= len(b) && b[p.i] == '\\' && b[p.i+1] == 'u' {
+				save := p.i
+				p.i += 2
+				r2, ok2 := p.hex4()
+				if dec := utf16.DecodeRune(r, r2); ok2 && dec != utf8.RuneError {
+					r = dec
+				} else {
+					p.i = save
+				}
+			}
+			buf = utf8.AppendRune(buf, r)
+		default:
+			return "", p.errf("bad escape \\%c", e)
+		}
+		if p.i > q { // the quote was escaped: the string goes on to the next one
+			j := bytes.IndexByte(b[p.i:], '"')
+			if j < 0 {
+				p.i = len(b)
+				return "", p.errf("unterminated string")
+			}
+			q = p.i + j
+		}
+		// The plain run up to the next escape or the closing quote, copied at once.
+		run = q
+		if j := bytes.IndexByte(b[p.i:q], '\\'); j >= 0 {
+			run = p.i + j
+		}
+		if c := ctlIndex(b[p.i:run]); c >= 0 {
+			p.i += c
+			return "", p.errf("control character in string")
+		}
+		buf = append(buf, b[p.i:run]...)
+		p.i = run
+		if run == q {
 			p.i++
 			if !inArena {
 				return string(buf), nil
 			}
 			p.a.bytes = buf
 			return unsafe.String(&buf[n], len(buf)-n), nil
-		case c < 0x20:
-			return "", p.errf("control character in string")
-		case c == '\\':
-			p.i++
-			if p.i >= len(p.b) {
-				return "", p.errf("unterminated escape")
-			}
-			e := p.b[p.i]
-			p.i++
-			switch e {
-			case '"', '\\', '/':
-				buf = append(buf, e)
-			case 'b':
-				buf = append(buf, '\b')
-			case 'f':
-				buf = append(buf, '\f')
-			case 'n':
-				buf = append(buf, '\n')
-			case 'r':
-				buf = append(buf, '\r')
-			case 't':
-				buf = append(buf, '\t')
-			case 'u':
-				r, ok := p.hex4()
-				if !ok {
-					return "", p.errf("bad \\u escape")
-				}
-				if utf16.IsSurrogate(r) && p.i+6 <= len(p.b) && p.b[p.i] == '\\' && p.b[p.i+1] == 'u' {
-					save := p.i
-					p.i += 2
-					r2, ok2 := p.hex4()
-					if dec := utf16.DecodeRune(r, r2); ok2 && dec != utf8.RuneError {
-						r = dec
-					} else {
-						p.i = save
-					}
-				}
-				buf = utf8.AppendRune(buf, r)
-			default:
-				return "", p.errf("bad escape \\%c", e)
-			}
-		default: // a run of plain bytes after an escape, copied at once
-			end := plainEnd(p.b, p.i+1)
-			buf = append(buf, p.b[p.i:end]...)
-			p.i = end
 		}
 	}
-	return "", p.errf("unterminated string")
 }
 
-// plainEnd returns the end of the run of bytes from i that a JSON string holds without an
-// escape (none a control, '"' or '\\').
-func plainEnd(b []byte, i int) int {
-	// Eight bytes at a time while none is a control, '"' or '\\'.
-	for i+8 <= len(b) {
-		x := binary.LittleEndian.Uint64(b[i:])
-		const ones, highs = 0x0101010101010101, 0x8080808080808080
-		ctl := (x - 0x20*ones) &^ x
-		q := x ^ ('"' * ones)
-		bs := x ^ ('\\' * ones)
-		if (ctl|((q-ones)&^q)|((bs-ones)&^bs))&highs != 0 {
+// ctlIndex returns the index of the first control byte (below 0x20, which a JSON string
+// must escape) in s, or -1.
+func ctlIndex(s []byte) int {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	rest := s
+	// A byte below 0x20 borrows into its high bit; one from 0x80 is masked out by &^ x.
+	for len(rest) >= 32 {
+		w, x := binary.LittleEndian.Uint64(rest), binary.LittleEndian.Uint64(rest[8:])
+		y, z := binary.LittleEndian.Uint64(rest[16:]), binary.LittleEndian.Uint64(rest[24:])
+		if ((w-0x20*ones)&^w|(x-0x20*ones)&^x|(y-0x20*ones)&^y|(z-0x20*ones)&^z)&highs != 0 {
 			break
 		}
-		i += 8
+		rest = rest[32:]
 	}
-	for i < len(b) && jsonPlain[b[i]] {
-		i++
+	for i, c := range rest {
+		if c < 0x20 {
+			return len(s) - len(rest) + i
+		}
 	}
-	return i
+	return -1
 }
 
 // jsonPlain marks the bytes a JSON string holds without an escape.
@@ -423,11 +464,11 @@ func appendJSON(dst []byte, v Value, o *jsonOpts, level int) ([]byte, error) {
 	case kString:
 		return appendJSONString(dst, v.s, o.ensureASCII), nil
 	case kList:
-		if len(v.l.items) == 0 {
+		if len(v.lst().items) == 0 {
 			return append(dst, "[]"...), nil
 		}
 		dst = append(dst, '[')
-		for i, it := range v.l.items {
+		for i, it := range v.lst().items {
 			if i > 0 {
 				dst = append(dst, o.itemSep...)
 			}
@@ -440,7 +481,7 @@ func appendJSON(dst []byte, v Value, o *jsonOpts, level int) ([]byte, error) {
 		dst = o.newline(dst, level)
 		return append(dst, ']'), nil
 	case kDict, kNS:
-		d := v.d
+		d := v.dct()
 		if len(d.keys) == 0 {
 			return append(dst, "{}"...), nil
 		}

@@ -26,7 +26,7 @@ func TestJSONStringsRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%q: %v", enc, err)
 			}
-			got, _ := v.d.get("k")
+			got, _ := v.dct().get("k")
 			if got.s != s {
 				t.Fatalf("%q: got %q want %q", enc, got.s, s)
 			}
@@ -54,4 +54,18 @@ func FuzzParseJSON(f *testing.F) {
 			}
 		}
 	})
+}
+
+// BenchmarkParseMessages parses the ~18 KB messages array of the render benchmark.
+func BenchmarkParseMessages(b *testing.B) {
+	in := benchConversation()
+	var a arena
+	b.SetBytes(int64(len(in.Messages)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := parseJSONIn(&a, in.Messages); err != nil {
+			b.Fatal(err)
+		}
+		a.reset()
+	}
 }

@@ -34,7 +34,9 @@ type expr struct {
 	args    []*expr
 	kw      []kwExpr
 	neg     bool
-	pos     int
+	// plainAttr (eAttr): name is no dict method, so on a dict it is a key lookup.
+	plainAttr bool
+	pos       int
 }
 
 type kwExpr struct {
@@ -833,7 +835,7 @@ func (p *parser) parsePostfix(e *expr) (*expr, error) {
 			nt := p.next()
 			switch nt.t {
 			case tName:
-				e = &expr{op: eAttr, a: e, name: nt.s, pos: nt.pos}
+				e = &expr{op: eAttr, a: e, name: nt.s, plainAttr: !isDictMethod(nt.s), pos: nt.pos}
 			case tInt:
 				e = &expr{op: eItem, a: e, b: &expr{op: eConst, val: intVal(nt.n)}, pos: nt.pos}
 			default:

@@ -29,8 +29,8 @@ func preprocessMessages(a *arena, raw []byte, format ContentFormat) (Value, erro
 	if v.k != kList {
 		return undefined, errors.New("chat: messages must be a JSON array")
 	}
-	out := a.valSlice(len(v.l.items))
-	for i, m := range v.l.items {
+	out := a.valSlice(len(v.lst().items))
+	for i, m := range v.lst().items {
 		cm, err := convertMessage(a, m, format)
 		if err != nil {
 			return undefined, fmt.Errorf("chat: messages[%d]: %w", i, err)
@@ -44,9 +44,24 @@ func convertMessage(a *arena, m Value, format ContentFormat) (Value, error) {
 	if m.k != kDict {
 		return undefined, errors.New("message must be an object")
 	}
-	role, ok := m.d.get("role")
+	role, ok := m.dct().get("role")
 	if !ok || role.k != kString {
 		return undefined, errors.New(`message needs a string "role"`)
+	}
+	// The common message, {"role": "user" or "assistant", "content": "text"}, in the string
+	// format is what vLLM hands the template with role first: in that order the parsed dict
+	// is kept (values are never mutated); the other order is rebuilt without the general
+	// path's lookups of every optional key.
+	if md := m.dct(); format == ContentString && len(md.keys) == 2 && (role.s == "user" || role.s == "assistant") {
+		switch {
+		case md.keys[0] == "role" && md.keys[1] == "content" && md.vals[1].k == kString:
+			return m, nil
+		case md.keys[0] == "content" && md.keys[1] == "role" && md.vals[0].k == kString:
+			d := a.dict(2)
+			d.set("role", role)
+			d.set("content", md.vals[0])
+			return dictValue(d), nil
+		}
 	}
 	texts, srcs, err := contentTexts(a, m, role.s == "system")
 	if err != nil {
@@ -60,16 +75,16 @@ func convertMessage(a *arena, m Value, format ContentFormat) (Value, error) {
 			src := srcs[i]
 			n := 2
 			if src.k == kDict {
-				n += len(src.d.keys)
+				n += len(src.dct().keys)
 			}
 			p := a.dict(n)
 			p.set("type", strVal("text"))
 			p.set("text", strVal(t))
 			if src.k == kDict {
 				// Fields no content-part type defines (e.g. cache_control) ride along.
-				for j, k := range src.d.keys {
+				for j, k := range src.dct().keys {
 					if !knownPartField(k) {
-						p.set(k, src.d.vals[j])
+						p.set(k, src.dct().vals[j])
 					}
 				}
 			}
@@ -86,37 +101,37 @@ func convertMessage(a *arena, m Value, format ContentFormat) (Value, error) {
 	}
 	switch role.s {
 	case "assistant":
-		if tc, ok := m.d.get("tool_calls"); ok && tc.k != kNone {
+		if tc, ok := m.dct().get("tool_calls"); ok && tc.k != kNone {
 			calls, err := convertToolCalls(a, tc)
 			if err != nil {
 				return undefined, err
 			}
-			if len(calls.l.items) > 0 {
+			if len(calls.lst().items) > 0 {
 				d.set("tool_calls", calls)
 			}
 		}
-		rs, ok := m.d.get("reasoning")
+		rs, ok := m.dct().get("reasoning")
 		if !ok || rs.k == kNone {
 			// vLLM renames the deprecated reasoning_content to reasoning when reasoning is unset.
-			rs, ok = m.d.get("reasoning_content")
+			rs, ok = m.dct().get("reasoning_content")
 		}
 		if ok && rs.k != kNone {
 			d.set("reasoning", rs)
 			d.set("reasoning_content", rs)
 		}
 	case "tool":
-		if id, ok := m.d.get("tool_call_id"); ok {
+		if id, ok := m.dct().get("tool_call_id"); ok {
 			d.set("tool_call_id", id)
 		}
 	}
-	if name, ok := m.d.get("name"); ok && name.k == kString {
+	if name, ok := m.dct().get("name"); ok && name.k == kString {
 		d.set("name", name)
 	}
-	if task, ok := m.d.get("task"); ok && task.k == kString {
+	if task, ok := m.dct().get("task"); ok && task.k == kString {
 		d.set("task", task)
 	}
 	if role.s == "developer" {
-		tools, ok := m.d.get("tools")
+		tools, ok := m.dct().get("tools")
 		if !ok {
 			tools = none
 		}
@@ -130,10 +145,10 @@ func convertMessage(a *arena, m Value, format ContentFormat) (Value, error) {
 // "tools"), and when a system message then sits anywhere but first (or there are several),
 // all system contents merge, "\n\n"-joined, into one {"role", "content"} message in front.
 func developerToSystem(a *arena, msgs Value) Value {
-	items := msgs.l.items
+	items := msgs.lst().items
 	hasDev := false
 	for _, m := range items {
-		if r, _ := m.d.get("role"); r.s == "developer" {
+		if r, _ := m.dct().get("role"); r.s == "developer" {
 			hasDev = true
 		}
 	}
@@ -142,11 +157,11 @@ func developerToSystem(a *arena, msgs Value) Value {
 	}
 	conv := a.valSlice(len(items))
 	for i, m := range items {
-		if r, _ := m.d.get("role"); r.s == "developer" {
-			d := a.dict(len(m.d.keys))
-			for j, k := range m.d.keys {
+		if r, _ := m.dct().get("role"); r.s == "developer" {
+			d := a.dict(len(m.dct().keys))
+			for j, k := range m.dct().keys {
 				if k != "tools" {
-					d.set(k, m.d.vals[j])
+					d.set(k, m.dct().vals[j])
 				}
 			}
 			d.set("role", strVal("system"))
@@ -158,24 +173,24 @@ func developerToSystem(a *arena, msgs Value) Value {
 	var rest []Value
 	merge := false
 	for i, m := range conv {
-		if r, _ := m.d.get("role"); r.s != "system" {
+		if r, _ := m.dct().get("role"); r.s != "system" {
 			rest = append(rest, m)
 			continue
 		}
 		if i > 0 || len(sys) > 0 {
 			merge = true
 		}
-		c, _ := m.d.get("content")
+		c, _ := m.dct().get("content")
 		text := ""
 		switch c.k {
 		case kString:
 			text = c.s
 		case kList:
 			var parts []string
-			for _, p := range c.l.items {
+			for _, p := range c.lst().items {
 				switch p.k {
 				case kDict:
-					if t, ok := p.d.get("text"); ok {
+					if t, ok := p.dct().get("text"); ok {
 						parts = append(parts, toStr(t))
 					}
 				case kString:
@@ -255,7 +270,7 @@ func stripBillingHeader(t string) (string, bool) {
 // it came from (undefined for a string). Parts that are not text (images, audio) cannot be
 // routed by a text tokenizer and are refused.
 func contentTexts(a *arena, m Value, system bool) ([]string, []Value, error) {
-	c, _ := m.d.get("content")
+	c, _ := m.dct().get("content")
 	switch c.k {
 	case kUndefined, kNone:
 		return nil, nil, nil
@@ -272,9 +287,9 @@ func contentTexts(a *arena, m Value, system bool) ([]string, []Value, error) {
 		srcs := a.valSlice(1)
 		return ts, srcs, nil
 	case kList:
-		texts := a.strSlice(len(c.l.items))[:0]
-		srcs := a.valSlice(len(c.l.items))[:0]
-		for i, p := range c.l.items {
+		texts := a.strSlice(len(c.lst().items))[:0]
+		srcs := a.valSlice(len(c.lst().items))[:0]
+		for i, p := range c.lst().items {
 			switch p.k {
 			case kString:
 				t := p.s
@@ -291,7 +306,7 @@ func contentTexts(a *arena, m Value, system bool) ([]string, []Value, error) {
 			default:
 				return nil, nil, fmt.Errorf("content[%d] must be a string or an object", i)
 			}
-			typ, _ := p.d.get("type")
+			typ, _ := p.dct().get("type")
 			field := ""
 			switch typ.s {
 			case "text", "input_text", "output_text":
@@ -303,7 +318,7 @@ func contentTexts(a *arena, m Value, system bool) ([]string, []Value, error) {
 			default:
 				return nil, nil, fmt.Errorf("content[%d]: unsupported content part type %q for text routing", i, typ.s)
 			}
-			t, _ := p.d.get(field)
+			t, _ := p.dct().get(field)
 			switch t.k {
 			case kUndefined, kNone:
 				continue // vLLM skips text parts without text
@@ -330,18 +345,18 @@ func convertToolCalls(a *arena, tc Value) (Value, error) {
 	if tc.k != kList {
 		return undefined, errors.New(`"tool_calls" must be an array`)
 	}
-	out := a.valSlice(len(tc.l.items))
-	for i, call := range tc.l.items {
+	out := a.valSlice(len(tc.lst().items))
+	for i, call := range tc.lst().items {
 		if call.k != kDict {
 			return undefined, fmt.Errorf("tool_calls[%d] must be an object", i)
 		}
-		fn, ok := call.d.get("function")
-		if typ, has := call.d.get("type"); (has && (typ.k != kString || typ.s != "function")) || !ok || fn.k != kDict {
+		fn, ok := call.dct().get("function")
+		if typ, has := call.dct().get("type"); (has && (typ.k != kString || typ.s != "function")) || !ok || fn.k != kDict {
 			return undefined, fmt.Errorf(`tool_calls[%d] must be of type "function" with a "function" object`, i)
 		}
 		// Arguments become an object: a JSON string is parsed, and anything that is not (or
 		// does not decode to) an object becomes {}.
-		args, _ := fn.d.get("arguments")
+		args, _ := fn.dct().get("arguments")
 		parsed := args
 		switch {
 		case !args.truth():
@@ -356,14 +371,14 @@ func convertToolCalls(a *arena, tc Value) (Value, error) {
 		case args.k != kDict:
 			parsed = dictValue(a.dict(0))
 		}
-		nf := a.dict(len(fn.d.keys))
-		for j, k := range fn.d.keys {
-			nf.set(k, fn.d.vals[j])
+		nf := a.dict(len(fn.dct().keys))
+		for j, k := range fn.dct().keys {
+			nf.set(k, fn.dct().vals[j])
 		}
 		nf.set("arguments", parsed)
-		nc := a.dict(len(call.d.keys))
-		for j, k := range call.d.keys {
-			nc.set(k, call.d.vals[j])
+		nc := a.dict(len(call.dct().keys))
+		for j, k := range call.dct().keys {
+			nc.set(k, call.dct().vals[j])
 		}
 		nc.set("function", dictValue(nf))
 		out[i] = dictValue(nc)
@@ -385,44 +400,44 @@ func preprocessTools(a *arena, raw []byte) (Value, error) {
 	if v.k != kList {
 		return undefined, errors.New("chat: tools must be a JSON array")
 	}
-	out := a.valSlice(len(v.l.items))
-	for i, t := range v.l.items {
+	out := a.valSlice(len(v.lst().items))
+	for i, t := range v.lst().items {
 		if t.k != kDict {
 			return undefined, fmt.Errorf("chat: tools[%d] must be an object", i)
 		}
-		fn, ok := t.d.get("function")
+		fn, ok := t.dct().get("function")
 		if !ok || fn.k != kDict {
 			return undefined, fmt.Errorf(`chat: tools[%d] needs a "function" object`, i)
 		}
-		name, ok := fn.d.get("name")
+		name, ok := fn.dct().get("name")
 		if !ok || name.k != kString {
 			return undefined, fmt.Errorf(`chat: tools[%d].function needs a string "name"`, i)
 		}
-		nf := a.dict(len(fn.d.keys) + 2)
+		nf := a.dict(len(fn.dct().keys) + 2)
 		nf.set("name", name)
 		for _, k := range [...]string{"description", "parameters"} {
-			x, ok := fn.d.get(k)
+			x, ok := fn.dct().get(k)
 			if !ok {
 				x = none
 			}
 			nf.set(k, x)
 		}
-		for j, k := range fn.d.keys {
-			nf.set(k, fn.d.vals[j])
+		for j, k := range fn.dct().keys {
+			nf.set(k, fn.dct().vals[j])
 		}
-		typ, ok := t.d.get("type")
+		typ, ok := t.dct().get("type")
 		if !ok {
 			typ = strVal("function")
 		}
 		if typ.k != kString || typ.s != "function" {
 			return undefined, fmt.Errorf(`chat: tools[%d].type must be "function"`, i)
 		}
-		nt := a.dict(len(t.d.keys) + 1)
+		nt := a.dict(len(t.dct().keys) + 1)
 		nt.set("type", typ)
 		nt.set("function", dictValue(nf))
-		for j, k := range t.d.keys {
+		for j, k := range t.dct().keys {
 			if k != "function" {
-				nt.set(k, t.d.vals[j])
+				nt.set(k, t.dct().vals[j])
 			}
 		}
 		out[i] = dictValue(nt)

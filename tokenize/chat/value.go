@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // kind is the dynamic type of a template value; it mirrors the Python types a chat template
@@ -32,10 +33,15 @@ type Value struct {
 	k kind
 	n int64 // bool, int; float bits
 	s string
-	l *listVal
-	d *dictVal
-	o *object
+	// p is the *listVal (kList), *dictVal (kDict, kNS) or *object (kLoop, kFunc, kCycle):
+	// one word instead of three keeps a Value at five words, so a (Value, error) result
+	// travels in registers.
+	p unsafe.Pointer
 }
+
+func (v Value) lst() *listVal { return (*listVal)(v.p) }
+func (v Value) dct() *dictVal { return (*dictVal)(v.p) }
+func (v Value) obj() *object  { return (*object)(v.p) }
 
 type listVal struct {
 	items   []Value
@@ -81,10 +87,10 @@ func intVal(i int64) Value     { return Value{k: kInt, n: i} }
 func floatVal(f float64) Value { return Value{k: kFloat, n: int64(math.Float64bits(f))} }
 func strVal(s string) Value    { return Value{k: kString, s: s} }
 func listOf(items []Value) Value {
-	return Value{k: kList, l: &listVal{items: items}}
+	return Value{k: kList, p: unsafe.Pointer(&listVal{items: items})}
 }
 func tupleOf(items ...Value) Value {
-	return Value{k: kList, l: &listVal{items: items, isTuple: true}}
+	return Value{k: kList, p: unsafe.Pointer(&listVal{items: items, isTuple: true})}
 }
 func undefinedNamed(name string) Value {
 	return Value{k: kUndefined, s: name}
@@ -160,7 +166,7 @@ func (d *dictVal) del(k string) {
 	}
 }
 
-func dictValue(d *dictVal) Value { return Value{k: kDict, d: d} }
+func dictValue(d *dictVal) Value { return Value{k: kDict, p: unsafe.Pointer(d)} }
 
 // truth is Python truthiness.
 func (v Value) truth() bool {
@@ -174,9 +180,9 @@ func (v Value) truth() bool {
 	case kString:
 		return v.s != ""
 	case kList:
-		return len(v.l.items) > 0
+		return len(v.lst().items) > 0
 	case kDict:
-		return len(v.d.keys) > 0
+		return len(v.dct().keys) > 0
 	}
 	return true
 }
@@ -196,7 +202,7 @@ func (v Value) typeName() string {
 	case kString:
 		return "str"
 	case kList:
-		if v.l.isTuple {
+		if v.lst().isTuple {
 			return "tuple"
 		}
 		return "list"
@@ -246,39 +252,39 @@ func appendRepr(dst []byte, v Value) []byte {
 		return appendPyStrRepr(dst, v.s)
 	case kList:
 		open, close := byte('['), byte(']')
-		if v.l.isTuple {
+		if v.lst().isTuple {
 			open, close = '(', ')'
 		}
 		dst = append(dst, open)
-		for i, it := range v.l.items {
+		for i, it := range v.lst().items {
 			if i > 0 {
 				dst = append(dst, ", "...)
 			}
 			dst = appendRepr(dst, it)
 		}
-		if v.l.isTuple && len(v.l.items) == 1 {
+		if v.lst().isTuple && len(v.lst().items) == 1 {
 			dst = append(dst, ',')
 		}
 		return append(dst, close)
 	case kDict:
 		dst = append(dst, '{')
-		for i, k := range v.d.keys {
+		for i, k := range v.dct().keys {
 			if i > 0 {
 				dst = append(dst, ", "...)
 			}
 			dst = appendPyStrRepr(dst, k)
 			dst = append(dst, ": "...)
-			dst = appendRepr(dst, v.d.vals[i])
+			dst = appendRepr(dst, v.dct().vals[i])
 		}
 		return append(dst, '}')
 	case kNS:
 		dst = append(dst, "<Namespace "...)
-		dst = appendRepr(dst, dictValue(v.d))
+		dst = appendRepr(dst, dictValue(v.dct()))
 		return append(dst, '>')
 	case kLoop:
 		return append(dst, "<LoopContext>"...)
 	case kFunc, kCycle:
-		return append(dst, "<function "+v.o.name+">"...)
+		return append(dst, "<function "+v.obj().name+">"...)
 	}
 	return appendStr(dst, v)
 }
