@@ -116,6 +116,10 @@ func TestParseEndpointAndValidate(t *testing.T) {
 		{func(c *Config) { c.Endpoints[0].Role = RolePrefill }, "-kv-mode"},
 		{func(c *Config) { c.LoadFactor = -1 }, "-kv-load-factor"},
 		{func(c *Config) { c.KVFairShare = 0.8 }, "-kv-fair-share"},
+		{func(c *Config) {
+			c.KVMode, c.Endpoints[0].Events, c.Endpoints[0].DP = KVConverged, "tcp://127.0.0.1:2", 2
+			c.Plane.Kind, c.Plane.NATSURL = "jetstream", "nats://127.0.0.1:1"
+		}, "-events-plane"},
 		{func(c *Config) { c.KVFairShare = math.NaN() }, "-kv-fair-share"},
 		{func(c *Config) { c.BreakerFailures = 0 }, "-breaker-failures"},
 		{func(c *Config) { c.MaxBodyBytes = 10 }, "-max-body-bytes"},

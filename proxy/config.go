@@ -384,8 +384,8 @@ const (
 
 // tiersIndexed says which lower tiers the rule indexes (a weight under 1, KV-Exact on).
 func (c *Config) tiersIndexed() (cpu, storage bool) {
-	if c.KVMode == KVOff {
-		return false, false
+	if c.KVMode == KVOff || c.planeRoutes() {
+		return false, false // a plane route replica's keys come from the stream: GPU keys only
 	}
 	return c.KVTierWeightCPU < 1, c.KVTierWeightStorage < 1
 }

@@ -45,6 +45,11 @@ func (c *Config) validatePlane() error {
 	if c.KVMode == KVOff {
 		return refuse("-events-plane", "the event plane carries KV events: it needs -kv-mode 3 or 1")
 	}
+	for _, e := range c.Endpoints {
+		if e.DP > 1 {
+			return refuse("-events-plane", "endpoint %q: dp=%d: the event plane carries one stream per endpoint, not per data-parallel rank; follow it directly (-events-plane direct)", e.Name, e.DP)
+		}
+	}
 	if p.Role == "" {
 		p.Role = plane.RoleBoth
 	}

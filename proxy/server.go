@@ -160,6 +160,9 @@ func New(cfg Config, opt Options) (*Server, error) {
 	s.meter = &decisionMeter{m: s.m}
 	s.aff = newAffinity(cfg.AffinityTTL, cfg.AffinityMax)
 	cpuTier, storageTier := cfg.tiersIndexed()
+	if cfg.planeRoutes() && (cfg.KVTierWeightCPU < 1 || cfg.KVTierWeightStorage < 1) {
+		log.Warn("lower-tier blocks are not indexed on a route replica: the event plane carries the engines' GPU keys only (-kv-tier-weight-cpu and -kv-tier-weight-storage have no effect here)")
+	}
 	// The layout covers the whole slot table: a vacant slot is an endpoint of one rank,
 	// so one added at runtime finds its tier slots laid out.
 	layout := make([]EndpointSpec, n)
