@@ -112,7 +112,7 @@ func (s *Server) servePD(ctx context.Context, c *app.RequestContext, st *reqStat
 func (s *Server) prepareLeg(c *app.RequestContext, i int, body []byte) *protocol.Request {
 	req := protocol.AcquireRequest()
 	s.buildUpstream(c, req, s.roster().eps[i], body, nil)
-	req.SetBody(body) // a copy: the leg may run while the caller rewrites body's buffer
+	req.SetBody(body)        // a copy: the leg may run while the caller rewrites body's buffer
 	req.Header.Del("Accept") // the prefill leg is never streamed
 	return req
 }
