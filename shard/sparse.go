@@ -2,6 +2,7 @@ package shard
 
 import (
 	"math/bits"
+	"runtime"
 	"sync/atomic"
 )
 
@@ -140,12 +141,15 @@ func (t *table) sparseHas(slot, ep int) bool {
 	p := t.setWordAt(slot)
 	for try := 0; try < spillRetries; try++ {
 		w := atomic.LoadUint64(p)
+		runtime.KeepAlive(t)
 		if !isSpill(w) {
 			return inlineHas(w, ep)
 		}
 		blk := t.spill.block(uint32(w), t.bw)
 		has := atomic.LoadUint64(&blk[ep>>6])&(1<<(uint(ep)&63)) != 0
-		if atomic.LoadUint64(p) == w {
+		again := atomic.LoadUint64(p)
+		runtime.KeepAlive(t) // its buckets may be a mapping unmapped with it
+		if again == w {
 			return has
 		}
 	}
@@ -256,7 +260,9 @@ func (t *table) sparseLookup(key, b uint64, m *[maxWords]uint64) (uint64, bool) 
 				continue // the set moved under us: read it again
 			}
 		}
-		if atomic.LoadUint64(kp) != key {
+		again := atomic.LoadUint64(kp)
+		runtime.KeepAlive(t) // its buckets may be a mapping unmapped with it
+		if again != key {
 			return 0, false // our key was a tombstone, now reused or emptied: absent
 		}
 		return w, w != 0

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"math/bits"
+	"runtime"
 	"sync/atomic"
 )
 
@@ -125,9 +126,17 @@ func newTable(nb uint64, words int, lay layout) *table {
 	if nb < minBuckets {
 		nb = minBuckets
 	}
-	t := &table{buckets: make([]bucket, nb), nb: nb, kpb: lay.kpb, mw: lay.mw, lmask: lay.lmask,
+	t := &table{nb: nb, kpb: lay.kpb, mw: lay.mw, lmask: lay.lmask,
 		sparse: lay.sparse, bw: words, zero: make([]uint64, words), ovf: make([]uint64, (nb+63)/64)}
-	adviseHuge(t.buckets)
+	// Tables of a huge page or more live in huge pages off the Go heap (thp_linux.go).
+	if nb >= hugeBuckets {
+		if b, mem, ok := mapBuckets(nb); ok {
+			t.buckets = b
+			unmapWhenUnreachable(t, mem)
+			return t
+		}
+	}
+	t.buckets = make([]bucket, nb)
 	return t
 }
 
@@ -138,7 +147,7 @@ func bucketsFor(live int, lay layout) uint64 {
 	if nb < minBuckets {
 		nb = minBuckets
 	}
-	return nb
+	return roundBuckets(nb)
 }
 
 // slots is the size of the slot index space (holes included): slot indexes run
@@ -191,13 +200,16 @@ func (t *table) lookup(key, b uint64) uint64 {
 		bk := &t.buckets[b]
 		for j := 0; j < t.kpb; j++ {
 			k := atomic.LoadUint64(&bk[j&(bucketWords-1)])
+			runtime.KeepAlive(t)
 			if k == key {
 				// A tombstone's slot may be handed to another key (see reuse): the
 				// writer stores the new key before its mask, so a mask read while the
 				// key still reads as ours is ours (or the tombstone's zero).
 				p, sh := t.maskAt(bk, j)
 				m := atomic.LoadUint64(p) >> sh & t.lmask
-				if atomic.LoadUint64(&bk[j&(bucketWords-1)]) != key {
+				again := atomic.LoadUint64(&bk[j&(bucketWords-1)])
+				runtime.KeepAlive(t) // its buckets may be a mapping unmapped with it
+				if again != key {
 					return 0 // our key was a tombstone, now reused or emptied: absent
 				}
 				return m
@@ -333,7 +345,9 @@ func (t *table) word(slot, w int) uint64 {
 		return atomic.LoadUint64(&t.zero[w])
 	}
 	p, sh := t.maskAt(&t.buckets[slot>>slotShift], slot&(1<<slotShift-1))
-	return atomic.LoadUint64(p) >> sh & t.lmask
+	w0 := atomic.LoadUint64(p) >> sh & t.lmask
+	runtime.KeepAlive(t)
+	return w0
 }
 
 // key returns slot's key; 0 for an empty slot or a hole of the index space.
@@ -345,7 +359,9 @@ func (t *table) key(slot int) uint64 {
 	if j >= t.kpb {
 		return 0
 	}
-	return atomic.LoadUint64(&t.buckets[slot>>slotShift][j])
+	k := atomic.LoadUint64(&t.buckets[slot>>slotShift][j])
+	runtime.KeepAlive(t)
+	return k
 }
 
 // live reports whether slot's mask (or set) holds any endpoint.
