@@ -146,32 +146,80 @@ func (inv *Inventory) touch(keys []uint64) {
 
 // overlapSparse is the overlap loop of rules of more than 64 endpoints (sparse sets):
 // an inline set costs one eligibility test and increment per id, a spilled one the
-// popcount walk over its bitmask.
+// popcount walk over its bitmask. A spilled set's block is a second cache miss that
+// depends on the first, so instead of waiting for it the loop prefetches it and scores
+// the set a few spilled keys later (deferredSpills): overlap is a sum, order-free.
 func (inv *Inventory) overlapSparse(keys []uint64, e *[maxWords]uint64, words int, scores []int32) {
-	var m [maxWords]uint64
 	var pw probeWindow
+	var later deferredSpills
 	pw.prime(inv, keys)
 	for i, k := range keys {
 		t, b := pw.next(inv, keys, i)
-		set, ok := t.sparseLookup(k, b, &m)
-		if !ok {
+		set, slot := t.probe(k, b)
+		if isSpill(set) || slot == zeroSlot {
+			if later.add(t, k, slot, set) {
+				later.score(e, words, scores)
+			}
 			continue
 		}
-		if !isSpill(set) {
+		for ; set != 0; set >>= idBits {
+			ep := int(set&idField) - 1
+			if e[ep>>6&(maxWords-1)]&(1<<(uint(ep)&63)) != 0 {
+				scores[ep]++
+			}
+		}
+	}
+	later.score(e, words, scores)
+}
+
+// spillBatch is how many spilled sets overlapSparse keeps in flight.
+const spillBatch = 8
+
+// deferredSpills holds the spilled sets overlapSparse found and prefetched but has not
+// scored yet. It keeps each set's table, so a table republished meanwhile stays alive.
+type deferredSpills struct {
+	n     int
+	tabs  [spillBatch]*table
+	keys  [spillBatch]uint64
+	slots [spillBatch]int
+}
+
+// add queues a spilled set (slot zeroSlot: key 0's mask), prefetching its block, and
+// reports whether the queue is full.
+func (d *deferredSpills) add(t *table, key uint64, slot int, w uint64) bool {
+	if slot != zeroSlot {
+		t.prefetchSpilled(w)
+	}
+	i := d.n & (spillBatch - 1)
+	d.tabs[i], d.keys[i], d.slots[i] = t, key, slot
+	d.n++
+	return d.n == spillBatch
+}
+
+// score reads the queued sets (re-checked as sparseLookup does) into scores and empties
+// the queue.
+func (d *deferredSpills) score(e *[maxWords]uint64, words int, scores []int32) {
+	var m [maxWords]uint64
+	for i := 0; i < d.n; i++ {
+		set, ok := d.tabs[i&(spillBatch-1)].spilledSet(d.keys[i&(spillBatch-1)], d.slots[i&(spillBatch-1)], &m)
+		switch {
+		case !ok:
+		case !isSpill(set): // back inline since the probe
 			for ; set != 0; set >>= idBits {
 				ep := int(set&idField) - 1
 				if e[ep>>6&(maxWords-1)]&(1<<(uint(ep)&63)) != 0 {
 					scores[ep]++
 				}
 			}
-			continue
-		}
-		for w := 0; w < words; w++ {
-			for x := m[w] & e[w]; x != 0; x &= x - 1 {
-				scores[w*64+bits.TrailingZeros64(x)]++
+		default:
+			for w := 0; w < words; w++ {
+				for x := m[w] & e[w]; x != 0; x &= x - 1 {
+					scores[w*64+bits.TrailingZeros64(x)]++
+				}
 			}
 		}
 	}
+	*d = deferredSpills{}
 }
 
 // prefixSparse is prefix1's running AND over sparse sets: an inline set becomes the

@@ -119,8 +119,12 @@ type table struct {
 	ovf []uint64
 }
 
-// zeroSlot is the slot index writers use for key 0's out-of-table mask.
-const zeroSlot = -1
+// zeroSlot is the slot index writers use for key 0's out-of-table mask; noSlot is
+// probe's for a key that is absent.
+const (
+	zeroSlot = -1
+	noSlot   = -2
+)
 
 func newTable(nb uint64, words int, lay layout) *table {
 	if nb < minBuckets {
@@ -191,8 +195,16 @@ func (t *table) maskAt(bk *bucket, j int) (*uint64, uint) {
 
 // lookup returns word 0 of key's mask (0 when absent). Lock-free: safe against writers.
 func (t *table) lookup(key, b uint64) uint64 {
+	m, _ := t.probe(key, b)
+	return m
+}
+
+// probe is lookup that also returns the slot the mask was read from (zeroSlot for key 0;
+// noSlot with m 0 when absent), so a sparse reader can go on to a spilled set's block
+// without walking the probe run again.
+func (t *table) probe(key, b uint64) (m uint64, slot int) {
 	if key == 0 {
-		return atomic.LoadUint64(&t.zero[0])
+		return atomic.LoadUint64(&t.zero[0]), zeroSlot
 	}
 	// The load bound guarantees an empty slot, so the walk ends well before n runs
 	// out; n only keeps a broken invariant from turning into a hang.
@@ -210,22 +222,22 @@ func (t *table) lookup(key, b uint64) uint64 {
 				again := atomic.LoadUint64(&bk[j&(bucketWords-1)])
 				runtime.KeepAlive(t) // its buckets may be a mapping unmapped with it
 				if again != key {
-					return 0 // our key was a tombstone, now reused or emptied: absent
+					return 0, noSlot // our key was a tombstone, now reused or emptied: absent
 				}
-				return m
+				return m, slotOf(b, j)
 			}
 			if k == 0 {
-				return 0
+				return 0, noSlot
 			}
 		}
 		if !t.overflowed(b) {
-			return 0
+			return 0, noSlot
 		}
 		if b++; b == t.nb {
 			b = 0
 		}
 	}
-	return 0
+	return 0, noSlot
 }
 
 func (t *table) overflowed(b uint64) bool {
