@@ -89,8 +89,13 @@ type FleetRow struct {
 }
 
 const (
-	fleetBlockSize      = 16
-	fleetGroup          = 16 // blocks per stored batch
+	fleetBlockSize = 16
+	fleetGroup     = 16 // blocks per stored batch
+	// fleetMarkerBlocks is a lag marker's length: long enough that the cost policy sends
+	// its prompt to the one holder once it is applied. A one-block marker saves too little
+	// prefill to beat the holder's predicted queue, so polls went elsewhere (kv-spread)
+	// for up to hundreds of ms after the marker was applied, and the lag measured that.
+	fleetMarkerBlocks   = 32
 	fleetPromptTokens   = 8192
 	fleetMarkerTimeout  = 5 * time.Second
 	fleetFillTimeout    = 120 * time.Second
@@ -264,6 +269,11 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 		"-kv-mode", "3", "-kv-block-size", strconv.Itoa(fleetBlockSize), "-kv-hash-algo", fleetSpec.Algo,
 		"-model", cfg.Model, "-tokenizer", cfg.Tokenizer, "-health-interval", "0", "-log-level", "warn",
 		"-kv-load-scrape", cfg.LoadScrape.String(),
+		// No pending entries: a lag poll that arrived before its marker was applied would
+		// otherwise make the endpoint it went to hold the marker for -kv-pending-ttl (2 s),
+		// and later polls would split between that one and the marker's until rotation
+		// hit the right one: the lag measured that, not the event path.
+		"-kv-pending-ttl", "0",
 		// A large -fleet-entries on a small fleet must not meet the per-endpoint bound.
 		"-kv-max-keys-per-endpoint", strconv.Itoa(max(shard.DefaultMaxKeysPerEndpoint, 2*cfg.Entries/n+fleetPromptTokens))}
 	stop, err := startChild(ctx, cfg.Kvgate, args, "http://"+admin+"/readyz")
@@ -392,7 +402,7 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 	var lags, rtts []time.Duration
 	for m := 0; m < cfg.Markers && ctx.Err() == nil; m++ {
 		e := r.IntN(n)
-		toks := make([]uint32, fleetBlockSize)
+		toks := make([]uint32, fleetMarkerBlocks*fleetBlockSize)
 		for i := range toks {
 			toks[i] = uint32(r.IntN(151000))
 		}
