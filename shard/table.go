@@ -37,7 +37,8 @@ import (
 // leaves no room for doubling a 16-byte-slot table. A rebuild sizes the table so that
 // live keys fill the layout's rebuild load, and the next rebuild comes at maxLoad, so a
 // table stays between slotBytes/0.875 and slotBytes/rebuildLoad bytes per live key (plus
-// the overflow bits). Each rebuild re-inserts every live key, so growth costs
+// the overflow bits; a huge-page table is rounded up to whole huge pages, see
+// thp_linux.go). Each rebuild re-inserts every live key, so growth costs
 // 1/(maxLoad/rebuildLoad - 1) re-inserts per added key: 3.5 for 16-byte slots (rebuild
 // load 0.68, the least that keeps 23.5 B/key), 1.1 for 1-byte masks (0.45, 20.3 B/key).
 // The bucket comes from the key hash by multiply-shift range reduction (Lemire's
@@ -132,8 +133,8 @@ func newTable(nb uint64, words int, lay layout) *table {
 	}
 	t := &table{nb: nb, kpb: lay.kpb, mw: lay.mw, lmask: lay.lmask,
 		sparse: lay.sparse, bw: words, zero: make([]uint64, words), ovf: make([]uint64, (nb+63)/64)}
-	// Tables of a huge page or more live in huge pages off the Go heap (thp_linux.go).
-	if nb >= hugeBuckets {
+	// Large tables live in huge pages off the Go heap (thp_linux.go).
+	if hugeTable(nb, lay) {
 		if b, mem, ok := mapBuckets(nb); ok {
 			t.buckets = b
 			unmapWhenUnreachable(t, mem)
@@ -151,7 +152,7 @@ func bucketsFor(live int, lay layout) uint64 {
 	if nb < minBuckets {
 		nb = minBuckets
 	}
-	return roundBuckets(nb)
+	return roundBuckets(nb, lay)
 }
 
 // slots is the size of the slot index space (holes included): slot indexes run

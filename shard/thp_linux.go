@@ -12,21 +12,30 @@ import (
 // hugePageBytes is a transparent huge page (x86-64 and arm64 with 4 KiB base pages).
 const hugePageBytes = 2 << 20
 
-// hugeBuckets is the buckets of one huge page: bucket arrays from this size up are
-// mapped off the Go heap in whole, aligned huge pages (mapBuckets).
+// hugeBuckets is the buckets of one huge page, the unit huge-page tables are mapped in.
 const hugeBuckets = hugePageBytes / uint64(unsafe.Sizeof(bucket{}))
+
+// hugeTable reports whether a table of nb buckets of layout lay lives in huge pages (a
+// mapping of its own, rounded up to whole huge pages). Why not every table of a huge page
+// or more: the rounding costs up to 2 MiB per table, which the fleet layout (sparse sets,
+// <= 25 B per entry, 12-14 used) affords from one huge page up, but a narrow-mask table
+// of a few MiB would break its <= 24 B/key bound; those get huge pages from 8 of them up,
+// where the rounding adds at most 1/8.
+func hugeTable(nb uint64, lay layout) bool {
+	return nb >= hugeBuckets && (lay.sparse || nb >= 8*hugeBuckets)
+}
 
 // roundBuckets rounds a bucket count of a huge-page table up to whole huge pages: the
 // mapping is made of them anyway, so the buckets past nb are room the table may as well
 // use (it rebuilds later) rather than a tail of 4 KiB pages or mapped memory left idle.
-func roundBuckets(nb uint64) uint64 {
-	if nb < hugeBuckets {
+func roundBuckets(nb uint64, lay layout) uint64 {
+	if !hugeTable(nb, lay) {
 		return nb
 	}
 	return (nb + hugeBuckets - 1) / hugeBuckets * hugeBuckets
 }
 
-// mapBuckets returns nb (a roundBuckets count of at least hugeBuckets) zeroed buckets
+// mapBuckets returns nb (a roundBuckets count of a hugeTable) zeroed buckets
 // mapped off the Go heap, aligned to a huge page and advised for transparent huge
 // pages, and the mapping to unmap once the table is unreachable; ok is false when the
 // mapping failed (the caller then takes Go heap memory).

@@ -2,10 +2,10 @@
 
 package shard
 
-// hugeBuckets: no huge-page tables here (see thp_linux.go); every table is on the Go heap.
-const hugeBuckets = 1 << 62
+// No huge-page tables here (see thp_linux.go): every table is on the Go heap.
+func hugeTable(uint64, layout) bool { return false }
 
-func roundBuckets(nb uint64) uint64 { return nb }
+func roundBuckets(nb uint64, _ layout) uint64 { return nb }
 
 func mapBuckets(uint64) ([]bucket, []byte, bool) { return nil, nil, false }
 
