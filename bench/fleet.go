@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"gonum.org/v1/plot"
@@ -60,11 +61,14 @@ type FleetConfig struct {
 	Measure   time.Duration // churn window for ingest CPU
 	Markers   int           // lag markers per N
 	Decisions int           // decision requests per N
-	Kvgate    string        // kvgate binary
-	Model     string        // served model name
-	Tokenizer string        // tokenizer directory kvgate loads for Model
-	Progress  io.Writer     // optional: a line per phase
-	Seed      uint64
+	// LoadScrape is kvgate's -kv-load-scrape (each engine's /metrics read this often;
+	// 0: off). The stub engine answers it with vLLM's gauges, as a real engine would.
+	LoadScrape time.Duration
+	Kvgate     string    // kvgate binary
+	Model      string    // served model name
+	Tokenizer  string    // tokenizer directory kvgate loads for Model
+	Progress   io.Writer // optional: a line per phase
+	Seed       uint64
 }
 
 // FleetRow is one fleet size's measurements.
@@ -74,6 +78,7 @@ type FleetRow struct {
 	RSSMB          float64
 	BytesPerEntry  float64
 	IngestCPU      float64 // percent of one core
+	RunnerCPU      float64 // the runner's own CPU (publishers, load generation), percent of one core, same window
 	EventsPerSec   float64 // batches applied per second in the churn window
 	LagP50, LagP99 time.Duration
 	LagLost        int           // markers never seen within fleetMarkerTimeout
@@ -84,8 +89,13 @@ type FleetRow struct {
 }
 
 const (
-	fleetBlockSize      = 16
-	fleetGroup          = 16 // blocks per stored batch
+	fleetBlockSize = 16
+	fleetGroup     = 16 // blocks per stored batch
+	// fleetMarkerBlocks is a lag marker's length: long enough that the cost policy sends
+	// its prompt to the one holder once it is applied. A one-block marker saves too little
+	// prefill to beat the holder's predicted queue, so polls went elsewhere (kv-spread)
+	// for up to hundreds of ms after the marker was applied, and the lag measured that.
+	fleetMarkerBlocks   = 32
 	fleetPromptTokens   = 8192
 	fleetMarkerTimeout  = 5 * time.Second
 	fleetFillTimeout    = 120 * time.Second
@@ -258,6 +268,12 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 	args := []string{"serve", "-listen", listen, "-admin-listen", admin, "-endpoints-file", epFile,
 		"-kv-mode", "3", "-kv-block-size", strconv.Itoa(fleetBlockSize), "-kv-hash-algo", fleetSpec.Algo,
 		"-model", cfg.Model, "-tokenizer", cfg.Tokenizer, "-health-interval", "0", "-log-level", "warn",
+		"-kv-load-scrape", cfg.LoadScrape.String(),
+		// No pending entries: a lag poll that arrived before its marker was applied would
+		// otherwise make the endpoint it went to hold the marker for -kv-pending-ttl (2 s),
+		// and later polls would split between that one and the marker's until rotation
+		// hit the right one: the lag measured that, not the event path.
+		"-kv-pending-ttl", "0",
 		// A large -fleet-entries on a small fleet must not meet the per-endpoint bound.
 		"-kv-max-keys-per-endpoint", strconv.Itoa(max(shard.DefaultMaxKeysPerEndpoint, 2*cfg.Entries/n+fleetPromptTokens))}
 	stop, err := startChild(ctx, cfg.Kvgate, args, "http://"+admin+"/readyz")
@@ -368,13 +384,17 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 
 	// Ingest CPU over the churn window, no requests.
 	m0 := scrapeFleet(metricsURL)
+	self0 := selfCPU()
 	time.Sleep(cfg.Measure)
+	self1 := selfCPU()
 	m1 := scrapeFleet(metricsURL)
 	if el := m1.at.Sub(m0.at).Seconds(); el > 0 {
 		row.IngestCPU = (m1.cpu - m0.cpu) / el * 100
+		row.RunnerCPU = (self1 - self0).Seconds() / el * 100
 		row.EventsPerSec = (m1.batches - m0.batches) / el
 	}
-	say("churn: %.0f batches/s applied, kvgate CPU %.1f%%", row.EventsPerSec, row.IngestCPU)
+	say("churn: %.0f batches/s applied (%.0f keys/s), kvgate CPU %.1f%%, runner CPU %.1f%%", row.EventsPerSec,
+		row.EventsPerSec*2*fleetGroup, row.IngestCPU, row.RunnerCPU)
 
 	// Lag markers, one at a time, on random engines.
 	hc := &http.Client{Timeout: 10 * time.Second}
@@ -382,7 +402,7 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 	var lags, rtts []time.Duration
 	for m := 0; m < cfg.Markers && ctx.Err() == nil; m++ {
 		e := r.IntN(n)
-		toks := make([]uint32, fleetBlockSize)
+		toks := make([]uint32, fleetMarkerBlocks*fleetBlockSize)
 		for i := range toks {
 			toks[i] = uint32(r.IntN(151000))
 		}
@@ -600,12 +620,31 @@ func startStubEngine() (*stubEngine, error) {
 	}
 	const answer = `{"id":"cmpl-fleet","object":"text_completion","model":"fleet","choices":[{"index":0,"text":"x","finish_reason":"length"}],"usage":{"prompt_tokens":8192,"completion_tokens":1,"total_tokens":8193}}`
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			// vLLM's load gauges (docs/CONTRACTS.md, "Engine load metrics"): kvgate's
+			// -kv-load-scrape reads a report, as from a real idle engine.
+			io.WriteString(w, stubMetrics) //nolint:errcheck
+			return
+		}
 		io.Copy(io.Discard, r.Body) //nolint:errcheck
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, answer) //nolint:errcheck
 	})}
 	go srv.Serve(ln) //nolint:errcheck
 	return &stubEngine{ln: ln, srv: srv}, nil
+}
+
+const stubMetrics = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"fleet\"} 0\n" +
+	"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"fleet\"} 0\n" +
+	"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"fleet\"} 0.5\n"
+
+// selfCPU is this process's user + system CPU time so far.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func (s *stubEngine) Addr() string { return s.ln.Addr().String() }

@@ -34,8 +34,8 @@ func TestFleetRunner(t *testing.T) {
 	r := rows[0]
 	t.Logf("%+v\n%s", r, progress.String())
 	// The fill holds 4096 entries in 16-key groups, plus the prompt's 384 + 256 blocks
-	// (endpoint 3 holds 128 of the same keys, endpoint 2 the 256), plus one per marker.
-	if want := int64(4096 + 384 + 256 + 128 + cfg.Markers); r.Entries != want {
+	// (endpoint 3 holds 128 of the same keys, endpoint 2 the 256), plus each marker's blocks.
+	if want := int64(4096 + 384 + 256 + 128 + cfg.Markers*fleetMarkerBlocks); r.Entries != want {
 		t.Errorf("entries %d, want %d", r.Entries, want)
 	}
 	if r.LagLost != 0 || r.LagP50 <= 0 || r.LagP99 < r.LagP50 || r.LagP99 > fleetMarkerTimeout {

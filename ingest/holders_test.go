@@ -118,6 +118,46 @@ func TestRefTableBounded(t *testing.T) {
 	}
 }
 
+// TestRefTableGrows: a table starts at refMinSets and doubles as stores fill its sets,
+// forgetting nothing below its capacity; every hash keeps its holder counts through the
+// growth; a reset gives the memory back; past capacity it evicts as a fixed table does.
+func TestRefTableGrows(t *testing.T) {
+	rt := newRefTable(1 << 14)
+	if rt.cap != 1<<14 {
+		t.Fatalf("cap %d", rt.cap)
+	}
+	const n = 3000 // a few growths, well under capacity
+	for k := uint64(1); k <= n; k++ {
+		rt.inc(k*0x9e3779b97f4a7c15, MediumGPU)
+		if k%3 == 0 {
+			rt.inc(k*0x9e3779b97f4a7c15, MediumGPU) // a second holder
+		}
+	}
+	if rt.evicted != 0 {
+		t.Fatalf("%d evicted below capacity", rt.evicted)
+	}
+	if len(rt.ents) >= rt.cap || len(rt.ents) < n {
+		t.Fatalf("%d entries allocated for %d hashes (capacity %d)", len(rt.ents), n, rt.cap)
+	}
+	for k := uint64(1); k <= n; k++ {
+		h := k * 0x9e3779b97f4a7c15
+		known, gone, _ := rt.dec(h, MediumGPU)
+		if !known || gone != (k%3 != 0) {
+			t.Fatalf("hash %d after growth: known %v gone %v", k, known, gone)
+		}
+	}
+	rt.reset()
+	if rt.ents != nil || rt.sets != refMinSets {
+		t.Fatalf("reset kept %d entries, %d sets", len(rt.ents), rt.sets)
+	}
+	for k := uint64(1); k <= 2*(1<<14); k++ {
+		rt.inc(k*0x9e3779b97f4a7c15, MediumGPU)
+	}
+	if len(rt.ents) != rt.cap || rt.evicted == 0 {
+		t.Fatalf("past capacity: %d entries, %d evicted", len(rt.ents), rt.evicted)
+	}
+}
+
 // TestBlockSizeFindingWARNs: a vLLM endpoint whose blocks are not a multiple of the
 // rule's, and a TensorRT-LLM endpoint whose blocks are not the fast chain's, each WARN
 // once naming the endpoint and the block size the events prove, and show it in the

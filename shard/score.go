@@ -2,7 +2,7 @@ package shard
 
 import (
 	"math/bits"
-	"sync/atomic"
+	"unsafe"
 )
 
 // Score scores a prompt's key chain against every eligible endpoint.
@@ -99,15 +99,15 @@ func (inv *Inventory) prefix1(keys []uint64, run uint64, scores []int32) {
 }
 
 // scoreBatch is how far ahead of the key being probed Score locates and touches keys.
-const scoreBatch = 8
+const scoreBatch = 16
 
 // probeWindow keeps the table and home bucket of the next scoreBatch keys, each home
-// bucket touched when the key entered the window. The touches do not depend on one
-// another or on the probes, so the CPU keeps about scoreBatch cache misses in flight
-// instead of one per probe (memory-level parallelism). Go has no prefetch intrinsic; an
-// atomic load whose value is dropped is the portable equivalent, since the compiler never
-// removes an atomic load (it orders memory), and it writes nothing shared, so concurrent
-// Score calls do not contend.
+// bucket prefetched when the key entered the window. The prefetches do not depend on one
+// another or on the probes, so the CPU keeps up to scoreBatch cache misses in flight
+// instead of one per probe (memory-level parallelism). Go has no prefetch intrinsic:
+// prefetch_amd64.s issues the instruction (a dropped load, the portable form, blocks
+// retirement until its line arrives, so a window of them stalls the probes behind it);
+// it writes nothing shared, so concurrent Score calls do not contend.
 type probeWindow struct {
 	tabs  [scoreBatch]*table
 	homes [scoreBatch]uint64
@@ -118,7 +118,7 @@ func (w *probeWindow) fill(inv *Inventory, slot int, k uint64) {
 	t := inv.tabs[h>>inv.shift].Load()
 	b := t.home(h, inv.shardBits)
 	w.tabs[slot], w.homes[slot] = t, b
-	_ = atomic.LoadUint64(&t.buckets[b][0])
+	prefetch(unsafe.Pointer(&t.buckets[b]))
 }
 
 func (w *probeWindow) prime(inv *Inventory, keys []uint64) {
@@ -137,7 +137,7 @@ func (w *probeWindow) next(inv *Inventory, keys []uint64, i int) (*table, uint64
 	return t, b
 }
 
-// touch touches the home buckets of up to scoreBatch keys: the writers' form of
+// touch prefetches the home buckets of up to scoreBatch keys: the writers' form of
 // probeWindow (Add and Remove call it once per scoreBatch keys, before locking).
 func (inv *Inventory) touch(keys []uint64) {
 	var w probeWindow
@@ -146,32 +146,80 @@ func (inv *Inventory) touch(keys []uint64) {
 
 // overlapSparse is the overlap loop of rules of more than 64 endpoints (sparse sets):
 // an inline set costs one eligibility test and increment per id, a spilled one the
-// popcount walk over its bitmask.
+// popcount walk over its bitmask. A spilled set's block is a second cache miss that
+// depends on the first, so instead of waiting for it the loop prefetches it and scores
+// the set a few spilled keys later (deferredSpills): overlap is a sum, order-free.
 func (inv *Inventory) overlapSparse(keys []uint64, e *[maxWords]uint64, words int, scores []int32) {
-	var m [maxWords]uint64
 	var pw probeWindow
+	var later deferredSpills
 	pw.prime(inv, keys)
 	for i, k := range keys {
 		t, b := pw.next(inv, keys, i)
-		set, ok := t.sparseLookup(k, b, &m)
-		if !ok {
+		set, slot := t.probe(k, b)
+		if isSpill(set) || slot == zeroSlot {
+			if later.add(t, k, slot, set) {
+				later.score(e, words, scores)
+			}
 			continue
 		}
-		if !isSpill(set) {
+		for ; set != 0; set >>= idBits {
+			ep := int(set&idField) - 1
+			if e[ep>>6&(maxWords-1)]&(1<<(uint(ep)&63)) != 0 {
+				scores[ep]++
+			}
+		}
+	}
+	later.score(e, words, scores)
+}
+
+// spillBatch is how many spilled sets overlapSparse keeps in flight.
+const spillBatch = 8
+
+// deferredSpills holds the spilled sets overlapSparse found and prefetched but has not
+// scored yet. It keeps each set's table, so a table republished meanwhile stays alive.
+type deferredSpills struct {
+	n     int
+	tabs  [spillBatch]*table
+	keys  [spillBatch]uint64
+	slots [spillBatch]int
+}
+
+// add queues a spilled set (slot zeroSlot: key 0's mask), prefetching its block, and
+// reports whether the queue is full.
+func (d *deferredSpills) add(t *table, key uint64, slot int, w uint64) bool {
+	if slot != zeroSlot {
+		t.prefetchSpilled(w)
+	}
+	i := d.n & (spillBatch - 1)
+	d.tabs[i], d.keys[i], d.slots[i] = t, key, slot
+	d.n++
+	return d.n == spillBatch
+}
+
+// score reads the queued sets (re-checked as sparseLookup does) into scores and empties
+// the queue.
+func (d *deferredSpills) score(e *[maxWords]uint64, words int, scores []int32) {
+	var m [maxWords]uint64
+	for i := 0; i < d.n; i++ {
+		set, ok := d.tabs[i&(spillBatch-1)].spilledSet(d.keys[i&(spillBatch-1)], d.slots[i&(spillBatch-1)], &m)
+		switch {
+		case !ok:
+		case !isSpill(set): // back inline since the probe
 			for ; set != 0; set >>= idBits {
 				ep := int(set&idField) - 1
 				if e[ep>>6&(maxWords-1)]&(1<<(uint(ep)&63)) != 0 {
 					scores[ep]++
 				}
 			}
-			continue
-		}
-		for w := 0; w < words; w++ {
-			for x := m[w] & e[w]; x != 0; x &= x - 1 {
-				scores[w*64+bits.TrailingZeros64(x)]++
+		default:
+			for w := 0; w < words; w++ {
+				for x := m[w] & e[w]; x != 0; x &= x - 1 {
+					scores[w*64+bits.TrailingZeros64(x)]++
+				}
 			}
 		}
 	}
+	*d = deferredSpills{}
 }
 
 // prefixSparse is prefix1's running AND over sparse sets: an inline set becomes the

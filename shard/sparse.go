@@ -2,7 +2,9 @@ package shard
 
 import (
 	"math/bits"
+	"runtime"
 	"sync/atomic"
+	"unsafe"
 )
 
 // Rules of more than 64 endpoints (a fleet: hundreds to 1,024 engines) use sparse slots.
@@ -140,12 +142,15 @@ func (t *table) sparseHas(slot, ep int) bool {
 	p := t.setWordAt(slot)
 	for try := 0; try < spillRetries; try++ {
 		w := atomic.LoadUint64(p)
+		runtime.KeepAlive(t)
 		if !isSpill(w) {
 			return inlineHas(w, ep)
 		}
 		blk := t.spill.block(uint32(w), t.bw)
 		has := atomic.LoadUint64(&blk[ep>>6])&(1<<(uint(ep)&63)) != 0
-		if atomic.LoadUint64(p) == w {
+		again := atomic.LoadUint64(p)
+		runtime.KeepAlive(t) // its buckets may be a mapping unmapped with it
+		if again == w {
 			return has
 		}
 	}
@@ -225,7 +230,22 @@ func (t *table) sparseRemove(slot, ep int) {
 // way), and whether key is present with a non-empty set. Lock-free (see the top of
 // this file for the argument).
 func (t *table) sparseLookup(key, b uint64, m *[maxWords]uint64) (uint64, bool) {
-	if key == 0 {
+	// A sparse table's in-bucket word is the set word, so probe (and its key re-check)
+	// serves inline sets, the common case, as it serves masks.
+	w, slot := t.probe(key, b)
+	if !isSpill(w) && slot != zeroSlot {
+		return w, w != 0
+	}
+	return t.spilledSet(key, slot, m)
+}
+
+// spilledSet reads the bitmask of key's spilled set in slot (probe found its spill word
+// there; zeroSlot: key 0's mask) into m, returning the spill word, or the set word if
+// the set went back inline meanwhile, and whether key is present with a non-empty set.
+// Lock-free: the block's words count only if the set word still names the block after
+// them, and the key re-check rules out a slot another key recycled.
+func (t *table) spilledSet(key uint64, slot int, m *[maxWords]uint64) (uint64, bool) {
+	if slot == zeroSlot {
 		any := uint64(0)
 		for i := 0; i < t.bw; i++ {
 			m[i&(maxWords-1)] = atomic.LoadUint64(&t.zero[i])
@@ -233,20 +253,10 @@ func (t *table) sparseLookup(key, b uint64, m *[maxWords]uint64) (uint64, bool) 
 		}
 		return spillTag, any != 0
 	}
-	// A sparse table's in-bucket word is the set word, so lookup's probe (and its key
-	// re-check) serves inline sets, the common case, as it serves masks.
-	w := t.lookup(key, b)
-	if !isSpill(w) {
-		return w, w != 0
-	}
-	slot, ok := t.find(key, b)
-	if !ok {
-		return 0, false
-	}
 	kp := &t.buckets[slot>>slotShift][slot&(1<<slotShift-1)]
 	p := t.setWordAt(slot)
 	for try := 0; try < spillRetries; try++ {
-		w = atomic.LoadUint64(p)
+		w := atomic.LoadUint64(p)
 		if isSpill(w) {
 			blk := t.spill.block(uint32(w), t.bw)
 			for i := range blk {
@@ -256,12 +266,22 @@ func (t *table) sparseLookup(key, b uint64, m *[maxWords]uint64) (uint64, bool) 
 				continue // the set moved under us: read it again
 			}
 		}
-		if atomic.LoadUint64(kp) != key {
+		again := atomic.LoadUint64(kp)
+		runtime.KeepAlive(t) // its buckets may be a mapping unmapped with it
+		if again != key {
 			return 0, false // our key was a tombstone, now reused or emptied: absent
 		}
 		return w, w != 0
 	}
 	return 0, false
+}
+
+// prefetchSpilled prefetches the bitmask block a spill word w of t names.
+func (t *table) prefetchSpilled(w uint64) {
+	blk := t.spill.block(uint32(w), t.bw)
+	for i := 0; i < len(blk); i += bucketWords {
+		prefetch(unsafe.Pointer(&blk[i]))
+	}
 }
 
 // sparseCopy copies slot's set word w of t into slot nslot of the unpublished table nt,

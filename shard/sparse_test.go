@@ -253,3 +253,53 @@ func TestFleetRulesDefaultToManyShards(t *testing.T) {
 		t.Errorf("64 endpoints: %d shards, want %d (4 per P)", narrow.Shards(), want)
 	}
 }
+
+// TestSparseOverlapDeferredSpills: overlap scores of a query whose spilled sets (held by
+// more than four endpoints) are scored after the probes behind them, many queue
+// flushes' worth, plus key 0 (its mask lives out of the table) and absent keys, equal
+// the count made by hand.
+func TestSparseOverlapDeferredSpills(t *testing.T) {
+	inv, err := New(Config{Endpoints: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]int32, 1024)
+	keys := make([]uint64, 0, 600)
+	keys = append(keys, 0)
+	for i := 1; i < 512; i++ {
+		keys = append(keys, benchKey(uint64(i)))
+	}
+	for i, k := range keys {
+		for h := 0; h < 1+i%7; h++ { // 1..7 holders: 3 in 7 keys spill
+			ep := (i*37 + h*101) % 1024
+			inv.Add(ep, []uint64{k})
+			want[ep]++
+		}
+	}
+	for i := 0; i < 64; i++ {
+		keys = append(keys, benchKey(uint64(1<<40+i))) // absent
+	}
+	if inv.Stats().Spilled < 100 {
+		t.Fatalf("%d spilled sets, want well over spillBatch", inv.Stats().Spilled)
+	}
+	all := NewMask(1024)
+	all.SetAll(1024)
+	scores := make([]int32, 1024)
+	inv.Score(keys, all, Overlap, scores)
+	for ep := range want {
+		if scores[ep] != want[ep] {
+			t.Fatalf("endpoint %d scored %d, want %d", ep, scores[ep], want[ep])
+		}
+	}
+	// Ineligible endpoints score nothing, spilled or inline.
+	half := NewMask(1024)
+	for ep := 0; ep < 1024; ep += 2 {
+		half.Set(ep)
+	}
+	inv.Score(keys, half, Overlap, scores)
+	for ep := range want {
+		if w := want[ep] * int32(1-ep%2); scores[ep] != w {
+			t.Fatalf("half eligible: endpoint %d scored %d, want %d", ep, scores[ep], w)
+		}
+	}
+}

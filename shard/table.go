@@ -2,6 +2,7 @@ package shard
 
 import (
 	"math/bits"
+	"runtime"
 	"sync/atomic"
 )
 
@@ -36,7 +37,8 @@ import (
 // leaves no room for doubling a 16-byte-slot table. A rebuild sizes the table so that
 // live keys fill the layout's rebuild load, and the next rebuild comes at maxLoad, so a
 // table stays between slotBytes/0.875 and slotBytes/rebuildLoad bytes per live key (plus
-// the overflow bits). Each rebuild re-inserts every live key, so growth costs
+// the overflow bits; a huge-page table is rounded up to whole huge pages, see
+// thp_linux.go). Each rebuild re-inserts every live key, so growth costs
 // 1/(maxLoad/rebuildLoad - 1) re-inserts per added key: 3.5 for 16-byte slots (rebuild
 // load 0.68, the least that keeps 23.5 B/key), 1.1 for 1-byte masks (0.45, 20.3 B/key).
 // The bucket comes from the key hash by multiply-shift range reduction (Lemire's
@@ -118,16 +120,28 @@ type table struct {
 	ovf []uint64
 }
 
-// zeroSlot is the slot index writers use for key 0's out-of-table mask.
-const zeroSlot = -1
+// zeroSlot is the slot index writers use for key 0's out-of-table mask; noSlot is
+// probe's for a key that is absent.
+const (
+	zeroSlot = -1
+	noSlot   = -2
+)
 
 func newTable(nb uint64, words int, lay layout) *table {
 	if nb < minBuckets {
 		nb = minBuckets
 	}
-	t := &table{buckets: make([]bucket, nb), nb: nb, kpb: lay.kpb, mw: lay.mw, lmask: lay.lmask,
+	t := &table{nb: nb, kpb: lay.kpb, mw: lay.mw, lmask: lay.lmask,
 		sparse: lay.sparse, bw: words, zero: make([]uint64, words), ovf: make([]uint64, (nb+63)/64)}
-	adviseHuge(t.buckets)
+	// Large tables live in huge pages off the Go heap (thp_linux.go).
+	if hugeTable(nb, lay) {
+		if b, mem, ok := mapBuckets(nb); ok {
+			t.buckets = b
+			unmapWhenUnreachable(t, mem)
+			return t
+		}
+	}
+	t.buckets = make([]bucket, nb)
 	return t
 }
 
@@ -138,7 +152,7 @@ func bucketsFor(live int, lay layout) uint64 {
 	if nb < minBuckets {
 		nb = minBuckets
 	}
-	return nb
+	return roundBuckets(nb, lay)
 }
 
 // slots is the size of the slot index space (holes included): slot indexes run
@@ -182,8 +196,16 @@ func (t *table) maskAt(bk *bucket, j int) (*uint64, uint) {
 
 // lookup returns word 0 of key's mask (0 when absent). Lock-free: safe against writers.
 func (t *table) lookup(key, b uint64) uint64 {
+	m, _ := t.probe(key, b)
+	return m
+}
+
+// probe is lookup that also returns the slot the mask was read from (zeroSlot for key 0;
+// noSlot with m 0 when absent), so a sparse reader can go on to a spilled set's block
+// without walking the probe run again.
+func (t *table) probe(key, b uint64) (m uint64, slot int) {
 	if key == 0 {
-		return atomic.LoadUint64(&t.zero[0])
+		return atomic.LoadUint64(&t.zero[0]), zeroSlot
 	}
 	// The load bound guarantees an empty slot, so the walk ends well before n runs
 	// out; n only keeps a broken invariant from turning into a hang.
@@ -191,29 +213,32 @@ func (t *table) lookup(key, b uint64) uint64 {
 		bk := &t.buckets[b]
 		for j := 0; j < t.kpb; j++ {
 			k := atomic.LoadUint64(&bk[j&(bucketWords-1)])
+			runtime.KeepAlive(t)
 			if k == key {
 				// A tombstone's slot may be handed to another key (see reuse): the
 				// writer stores the new key before its mask, so a mask read while the
 				// key still reads as ours is ours (or the tombstone's zero).
 				p, sh := t.maskAt(bk, j)
 				m := atomic.LoadUint64(p) >> sh & t.lmask
-				if atomic.LoadUint64(&bk[j&(bucketWords-1)]) != key {
-					return 0 // our key was a tombstone, now reused or emptied: absent
+				again := atomic.LoadUint64(&bk[j&(bucketWords-1)])
+				runtime.KeepAlive(t) // its buckets may be a mapping unmapped with it
+				if again != key {
+					return 0, noSlot // our key was a tombstone, now reused or emptied: absent
 				}
-				return m
+				return m, slotOf(b, j)
 			}
 			if k == 0 {
-				return 0
+				return 0, noSlot
 			}
 		}
 		if !t.overflowed(b) {
-			return 0
+			return 0, noSlot
 		}
 		if b++; b == t.nb {
 			b = 0
 		}
 	}
-	return 0
+	return 0, noSlot
 }
 
 func (t *table) overflowed(b uint64) bool {
@@ -333,7 +358,9 @@ func (t *table) word(slot, w int) uint64 {
 		return atomic.LoadUint64(&t.zero[w])
 	}
 	p, sh := t.maskAt(&t.buckets[slot>>slotShift], slot&(1<<slotShift-1))
-	return atomic.LoadUint64(p) >> sh & t.lmask
+	w0 := atomic.LoadUint64(p) >> sh & t.lmask
+	runtime.KeepAlive(t)
+	return w0
 }
 
 // key returns slot's key; 0 for an empty slot or a hole of the index space.
@@ -345,7 +372,9 @@ func (t *table) key(slot int) uint64 {
 	if j >= t.kpb {
 		return 0
 	}
-	return atomic.LoadUint64(&t.buckets[slot>>slotShift][j])
+	k := atomic.LoadUint64(&t.buckets[slot>>slotShift][j])
+	runtime.KeepAlive(t)
+	return k
 }
 
 // live reports whether slot's mask (or set) holds any endpoint.

@@ -3,27 +3,91 @@
 package shard
 
 import (
+	"runtime"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 )
 
-// hugeTableBytes is the table size from which bucket arrays ask the kernel for
-// transparent huge pages.
-const hugeTableBytes = 4 << 20
+// hugePageBytes is a transparent huge page (x86-64 and arm64 with 4 KiB base pages).
+const hugePageBytes = 2 << 20
 
-// adviseHuge asks for transparent huge pages on a large bucket array before its first
-// touch. Why: a probe lands on a random cache line of the table, so with 4 KiB pages
-// every probe of a table far larger than the TLB's reach also misses the TLB, and at
-// fleet sizes (a GiB of index) the page walk is itself a DRAM access. With THP in
-// "madvise" mode (the common default) nothing else asks for them. Advisory: an error
-// (no THP support) changes nothing. Fresh memory gets huge pages as it is first touched;
-// memory the allocator reuses was touched already, and gets them when khugepaged
-// collapses it.
-func adviseHuge(buckets []bucket) {
-	n := len(buckets) * int(unsafe.Sizeof(bucket{}))
-	if n < hugeTableBytes {
-		return
+// hugeBuckets is the buckets of one huge page, the unit huge-page tables are mapped in.
+const hugeBuckets = hugePageBytes / uint64(unsafe.Sizeof(bucket{}))
+
+// hugeTable reports whether a table of nb buckets of layout lay lives in huge pages (a
+// mapping of its own, rounded up to whole huge pages). Why not every table of a huge page
+// or more: the rounding costs up to 2 MiB per table, which the fleet layout (sparse sets,
+// <= 25 B per entry, 12-14 used) affords from one huge page up, but a narrow-mask table
+// of a few MiB would break its <= 24 B/key bound; those get huge pages from 8 of them up,
+// where the rounding adds at most 1/8.
+func hugeTable(nb uint64, lay layout) bool {
+	return nb >= hugeBuckets && (lay.sparse || nb >= 8*hugeBuckets)
+}
+
+// roundBuckets rounds a bucket count of a huge-page table up to whole huge pages: the
+// mapping is made of them anyway, so the buckets past nb are room the table may as well
+// use (it rebuilds later) rather than a tail of 4 KiB pages or mapped memory left idle.
+func roundBuckets(nb uint64, lay layout) uint64 {
+	if !hugeTable(nb, lay) {
+		return nb
 	}
-	b := unsafe.Slice((*byte)(unsafe.Pointer(&buckets[0])), n)
-	_ = syscall.Madvise(b, syscall.MADV_HUGEPAGE)
+	return (nb + hugeBuckets - 1) / hugeBuckets * hugeBuckets
+}
+
+// mapBuckets returns nb (a roundBuckets count of a hugeTable) zeroed buckets
+// mapped off the Go heap, aligned to a huge page and advised for transparent huge
+// pages, and the mapping to unmap once the table is unreachable; ok is false when the
+// mapping failed (the caller then takes Go heap memory).
+//
+// Why: a probe lands on a random cache line of the table, so with 4 KiB pages every
+// probe of a table far beyond the TLB's reach also misses the TLB, and at fleet sizes
+// (a GiB of index; 3-4 MiB per shard at 100M entries over 256 shards) the page walk is
+// itself one or more DRAM accesses, more under a hypervisor's nested paging. Go heap
+// memory gets huge pages only where an allocation happens to cover an aligned 2 MiB
+// range the allocator had never touched; a mapping of our own is aligned, fresh (the
+// kernel backs each huge page on first touch, in "madvise" mode too) and its own VMA.
+// The table's memory then no longer counts toward the Go heap's GC pacing; the arrays
+// hold no pointers, so the collector never scanned them anyway.
+func mapBuckets(nb uint64) (buckets []bucket, mem []byte, ok bool) {
+	n := int(nb) * int(unsafe.Sizeof(bucket{}))
+	// Over-map by one huge page, then trim the unaligned head and the tail.
+	raw, err := syscall.Mmap(-1, 0, n+hugePageBytes, syscall.PROT_READ|syscall.PROT_WRITE,
+		syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, nil, false
+	}
+	base := uintptr(unsafe.Pointer(&raw[0]))
+	head := int((hugePageBytes - base%hugePageBytes) % hugePageBytes)
+	if head > 0 {
+		_ = munmap(raw[:head])
+	}
+	_ = munmap(raw[head+n:]) // at least one page: head < hugePageBytes
+	mem = raw[head : head+n : head+n]
+	// Advisory: without THP support the table still works, on 4 KiB pages.
+	_ = syscall.Madvise(mem, syscall.MADV_HUGEPAGE)
+	return unsafe.Slice((*bucket)(unsafe.Pointer(&mem[0])), nb), mem, true
+}
+
+// munmap unmaps part of a mapping syscall.Mmap made (syscall.Munmap only takes whole ones).
+func munmap(b []byte) error {
+	_, _, e := syscall.Syscall(syscall.SYS_MUNMAP, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)), 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+// unmappedTables counts mappings unmapped (tests: tables do not leak their mappings).
+var unmappedTables atomic.Int64
+
+// unmapWhenUnreachable unmaps a table's bucket mapping once the table is unreachable.
+// That is the same grace period RCU gets from the collector for heap tables: a reader
+// holds the *table while it probes (every reader path keeps it live to its last bucket
+// load, runtime.KeepAlive where the compiler could otherwise drop it early).
+func unmapWhenUnreachable(t *table, mem []byte) {
+	runtime.AddCleanup(t, func(m []byte) {
+		_ = munmap(m)
+		unmappedTables.Add(1)
+	}, mem)
 }

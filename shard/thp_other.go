@@ -2,4 +2,11 @@
 
 package shard
 
-func adviseHuge([]bucket) {}
+// No huge-page tables here (see thp_linux.go): every table is on the Go heap.
+func hugeTable(uint64, layout) bool { return false }
+
+func roundBuckets(nb uint64, _ layout) uint64 { return nb }
+
+func mapBuckets(uint64) ([]bucket, []byte, bool) { return nil, nil, false }
+
+func unmapWhenUnreachable(*table, []byte) {}

@@ -42,6 +42,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.DurationVar(&fc.Measure, "fleet-measure", 5*time.Second, "fleet: churn window over which ingest CPU is measured")
 	fs.IntVar(&fc.Markers, "fleet-markers", 100, "fleet: event-lag markers per fleet size")
 	fs.IntVar(&fc.Decisions, "fleet-decisions", 200, "fleet: 8,192-token decision requests per fleet size")
+	fs.DurationVar(&fc.LoadScrape, "fleet-load-scrape", 50*time.Millisecond, "fleet: kvgate's -kv-load-scrape (its default; every engine's /metrics read this often, the stub answers vLLM's gauges; 0: off)")
 	out := fs.String("out", "bench/out", "directory for report.md and the SVG plots")
 	engines := fs.Int("engines", 4, "simulated engines per policy run")
 	policies := fs.String("policies", bench.DefaultPolicies, "comma-separated: rr, chwbl, kv-exact (serve -kv-mode 3, every default), kv-exact-overlap, kv-exact-prefix (-kv-policy overlap), oracle, direct-rr (harness round-robin, no kvgate)")
@@ -140,7 +141,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return 2
 		}
 		for name, bad := range map[string]bool{"-fleet-entries": fc.Entries < 0, "-fleet-rate": fc.EventRate < 0,
-			"-fleet-measure": fc.Measure < 0, "-fleet-markers": fc.Markers < 0, "-fleet-decisions": fc.Decisions < 0} {
+			"-fleet-measure": fc.Measure < 0, "-fleet-markers": fc.Markers < 0, "-fleet-decisions": fc.Decisions < 0, "-fleet-load-scrape": fc.LoadScrape < 0} {
 			if bad {
 				fmt.Fprintf(stderr, "bench: %s must be >= 0\n", name)
 				return 2
