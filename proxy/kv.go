@@ -123,7 +123,7 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	k.slotLoads, k.slotQueues = s.loads, s.queues
 	if k.ranks.ranked {
 		k.slotLoads = balance.NewLoads(k.ranks.cands)
-		k.slotQueues = route.NewQueues(k.ranks.cands, cfg.KVPrefillRate, cfg.KVEngineSlots, 3*cfg.KVLoadScrape)
+		k.slotQueues = route.NewQueues(k.ranks.cands, cfg.KVPrefillRate, cfg.KVEngineSlots, 3*s.scrapeEvery)
 	}
 	inv, err := shard.New(shard.Config{Endpoints: k.ranks.slots(), MaxKeysPerEndpoint: cfg.KVMaxKeysPerEndpoint})
 	if err != nil {

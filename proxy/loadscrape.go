@@ -30,25 +30,39 @@ type scrapeState struct {
 	jsonOnly atomic.Bool
 }
 
-// scrapeLoop reads every endpoint's /metrics each -kv-load-scrape (route.ParseReport)
-// into s.queues. Nothing on the request path waits for it: a missing, slow or garbage
-// /metrics only leaves that endpoint's report to go stale, and the cost policy and the
-// decode choice fall back to kvgate's own accounting for it (counted, shown per endpoint
-// on /debug/inventory, warned once per failing episode).
+// scrapeBudget is how many /metrics reads kvgate makes per second at most. A read costs
+// tens of microseconds of CPU and a connection's buffers, so at 1,000 a second the scrape
+// stays within a few percent of a core at any fleet size: up to 50 endpoints each is read
+// every -kv-load-scrape, past that the interval grows as one millisecond per endpoint
+// (1,024 endpoints: about a second), and a report goes stale after three of them. With
+// that many engines each one sees little of a replica's traffic between reads, and
+// kvgate's own accounting of what it sent carries the load in between.
+const scrapeBudget = 1000
+
+// scrapeInterval is how often each of n endpoint slots is read when asked for every.
+func scrapeInterval(every time.Duration, n int) time.Duration {
+	return max(every, time.Duration(n)*time.Second/scrapeBudget)
+}
+
+// scrapeLoop reads every endpoint's /metrics once per s.scrapeEvery (route.ParseReport)
+// into s.queues, one endpoint at a time spread evenly over the interval, so reads never
+// come in a burst of the whole fleet. Nothing on the request path waits for it: a
+// missing, slow or garbage /metrics only leaves that endpoint's report to go stale, and
+// the cost policy and the decode choice fall back to kvgate's own accounting for it
+// (counted, shown per endpoint on /debug/inventory, warned once per failing episode).
 func (s *Server) scrapeLoop() {
 	defer s.wg.Done()
-	t := time.NewTicker(s.cfg.KVLoadScrape)
+	n := len(s.roster().eps) // the slot table's size: fixed for the server's life
+	t := time.NewTicker(max(s.scrapeEvery/time.Duration(n), time.Microsecond))
 	defer t.Stop()
-	for {
-		for i, e := range s.roster().eps {
-			// A slow engine's last scrape still running is skipped, not piled up.
-			if !e.retired.Load() && e.scrape.inFlight.CompareAndSwap(false, true) {
-				s.wg.Add(1)
-				go func() {
-					defer s.wg.Done()
-					s.scrapeOne(i, e)
-				}()
-			}
+	for next := 0; ; next = (next + 1) % n {
+		// A slow engine's last scrape still running is skipped, not piled up.
+		if e := s.roster().eps[next]; !e.vacant && !e.retired.Load() && e.scrape.inFlight.CompareAndSwap(false, true) {
+			s.wg.Add(1)
+			go func(i int) {
+				defer s.wg.Done()
+				s.scrapeOne(i, e)
+			}(next)
 		}
 		select {
 		case <-s.ctx.Done():
@@ -101,7 +115,7 @@ func (s *Server) readReport(e *endpoint) (r route.Report, ranks []route.Report, 
 		req.SetRequestURI(e.spec.URL + "/metrics")
 	}
 	req.Header.SetMethod("GET")
-	timeout := min(s.cfg.KVLoadScrape, s.cfg.HealthTimeout)
+	timeout := min(s.scrapeEvery, s.cfg.HealthTimeout)
 	ctx, cancel := context.WithTimeout(s.ctx, timeout)
 	defer cancel()
 	if err := s.client.DoTimeout(ctx, req, res, timeout); err != nil {

@@ -67,7 +67,8 @@ type Server struct {
 	m             *proxyMetrics
 	kv            *kvRouter
 	aff           *affinity
-	ranks         *rankLayout // (endpoint, data-parallel rank) -> inventory slot (ranks.go)
+	ranks         *rankLayout   // (endpoint, data-parallel rank) -> inventory slot (ranks.go)
+	scrapeEvery   time.Duration // each endpoint's /metrics read interval (loadscrape.go scrapeInterval)
 
 	upTLS *tls.Config // https:// upstreams (the forwarder, health, TensorRT-LLM drains)
 
@@ -147,7 +148,8 @@ func New(cfg Config, opt Options) (*Server, error) {
 	s.ros.Store(ros)
 	s.gapWarned = make([]atomic.Int64, n)
 	s.loads = balance.NewLoads(n)
-	s.queues = route.NewQueues(n, cfg.KVPrefillRate, cfg.KVEngineSlots, 3*cfg.KVLoadScrape)
+	s.scrapeEvery = scrapeInterval(cfg.KVLoadScrape, n)
+	s.queues = route.NewQueues(n, cfg.KVPrefillRate, cfg.KVEngineSlots, 3*s.scrapeEvery)
 	s.rr, s.prefRR = balance.NewRR(n), balance.NewRR(n)
 	s.decodeSel = &route.Decode{Loads: s.loads, Queues: s.queues}
 	s.ring = balance.NewRing(names, weights)

@@ -255,3 +255,25 @@ func TestZeroHitWatchdog(t *testing.T) {
 	miss(6)
 	waitFor(t, "second episode warned", func() bool { return len(lb.lines("level=WARN", alarm)) == 2 })
 }
+
+// The load scrape stays within scrapeBudget reads a second at any fleet size.
+func TestScrapeIntervalBudget(t *testing.T) {
+	for _, c := range []struct {
+		every time.Duration
+		n     int
+		want  time.Duration
+	}{
+		{50 * time.Millisecond, 8, 50 * time.Millisecond},
+		{50 * time.Millisecond, 64, 64 * time.Millisecond},
+		{50 * time.Millisecond, 1024, 1024 * time.Millisecond},
+		{2 * time.Second, 1024, 2 * time.Second},
+	} {
+		got := scrapeInterval(c.every, c.n)
+		if got != c.want {
+			t.Errorf("%v over %d endpoints: every %v, want %v", c.every, c.n, got, c.want)
+		}
+		if rate := float64(c.n) / got.Seconds(); rate > scrapeBudget+1e-9 {
+			t.Errorf("%v over %d endpoints: %.0f reads/s", c.every, c.n, rate)
+		}
+	}
+}
