@@ -3,6 +3,7 @@ package route
 import (
 	"bytes"
 	"encoding/json"
+	"iter"
 	"strconv"
 )
 
@@ -28,21 +29,8 @@ func ParseReport(body []byte) (r Report, ok bool) {
 	}
 	r.KVUsage = -1
 	var haveRun, haveWait bool
-	for len(b) > 0 {
-		line := b
-		if nl := bytes.IndexByte(b, '\n'); nl >= 0 {
-			line, b = b[:nl], b[nl+1:]
-		} else {
-			b = nil
-		}
-		line = bytes.TrimSpace(line)
-		if len(line) == 0 || line[0] == '#' {
-			continue
-		}
-		name, val, good := sample(line)
-		if !good {
-			continue
-		}
+	for line := range samples(b) {
+		name, val := line.name, line.val
 		switch {
 		case in(name, runningNames[:]):
 			r.Running += int64(val)
@@ -55,6 +43,34 @@ func ParseReport(body []byte) (r Report, ok bool) {
 		}
 	}
 	return r, haveRun || haveWait
+}
+
+// textSample is one sample line of a Prometheus text body.
+type textSample struct {
+	line, name []byte
+	val        float64
+}
+
+// samples yields each well-formed sample line of a Prometheus text body (comments, blank
+// and malformed lines are passed over).
+func samples(b []byte) iter.Seq[textSample] {
+	return func(yield func(textSample) bool) {
+		for len(b) > 0 {
+			line := b
+			if nl := bytes.IndexByte(b, '\n'); nl >= 0 {
+				line, b = b[:nl], b[nl+1:]
+			} else {
+				b = nil
+			}
+			line = bytes.TrimSpace(line)
+			if len(line) == 0 || line[0] == '#' {
+				continue
+			}
+			if name, val, ok := sample(line); ok && !yield(textSample{line: line, name: name, val: val}) {
+				return
+			}
+		}
+	}
 }
 
 // sample splits `name{labels} value [timestamp]`.
@@ -149,21 +165,8 @@ func ParseRankReports(body []byte, n int) (rs []Report, ok bool) {
 		rs[i].KVUsage = -1
 	}
 	b := bytes.TrimSpace(body)
-	for len(b) > 0 {
-		line := b
-		if nl := bytes.IndexByte(b, '\n'); nl >= 0 {
-			line, b = b[:nl], b[nl+1:]
-		} else {
-			b = nil
-		}
-		line = bytes.TrimSpace(line)
-		if len(line) == 0 || line[0] == '#' {
-			continue
-		}
-		name, val, good := sample(line)
-		if !good {
-			continue
-		}
+	for smp := range samples(b) {
+		name, val, line := smp.name, smp.val, smp.line
 		run, wait, kv := in(name, runningNames[:]), in(name, waitingNames[:]), in(name, kvUsageNames[:])
 		if !run && !wait && !kv {
 			continue
