@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -178,5 +180,29 @@ func TestReadEndpointsFile(t *testing.T) {
 	os.WriteFile(p, []byte("name=a,url=http://127.0.0.1:1\nname=b,bad\n"), 0o644)
 	if _, err := ReadEndpointsFile(p); err == nil || !strings.Contains(err.Error(), ":2:") {
 		t.Errorf("bad line not reported with its number: %v", err)
+	}
+}
+
+// Validate checks and changes nothing: shorthands (an endpoint built by hand from a URL,
+// -kv-keys fast) are filled in by normalize, which New runs on its own copy.
+func TestValidateDoesNotMutate(t *testing.T) {
+	cfg := Defaults()
+	cfg.Endpoints = []EndpointSpec{{URL: "http://127.0.0.1:7001"}, {Name: "b", URL: "http://127.0.0.1:7002"}}
+	cfg.KVKeys = "fast"
+	before := cfg
+	before.Endpoints = slices.Clone(cfg.Endpoints)
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(cfg, before) {
+		t.Fatalf("Validate changed the config:\n%+v\nwas\n%+v", cfg, before)
+	}
+	n := cfg
+	n.normalize()
+	if n.KVKeys != "rehash" || n.Endpoints[0].host != "127.0.0.1:7001" || n.Endpoints[0].Name == "" {
+		t.Fatalf("normalize: %+v", n)
+	}
+	if cfg.Endpoints[0].host != "" {
+		t.Fatal("normalize wrote into the caller's endpoint list")
 	}
 }

@@ -465,20 +465,18 @@ func (c *Config) Validate() error {
 	var prefill, decode int
 	for i := range c.Endpoints {
 		e := &c.Endpoints[i]
-		if e.host == "" {
+		name := e.Name
+		if e.host == "" { // built by hand, not by ParseEndpoint: normalize fills it in
 			p, err := ParseEndpoint("url=" + e.URL + ",name=" + e.Name)
 			if err != nil {
 				return refuse("-endpoint", "%s: %v", e.Name, err)
 			}
-			e.URL, e.host, e.scheme = p.URL, p.host, p.scheme
-			if e.Name == "" {
-				e.Name = p.Name
-			}
+			name = p.Name
 		}
-		if names[e.Name] {
-			return refuse("-endpoint", "name %q is used twice", e.Name)
+		if names[name] {
+			return refuse("-endpoint", "name %q is used twice", name)
 		}
-		names[e.Name] = true
+		names[name] = true
 		switch e.Role {
 		case RolePrefill:
 			prefill++
@@ -541,9 +539,7 @@ func (c *Config) Validate() error {
 			return refuse("-kv-max-prompt-bytes", "must be >= 0 (0: no bound)")
 		}
 		switch c.KVKeys {
-		case "auto", "engine", "rehash":
-		case "fast":
-			c.KVKeys = "rehash"
+		case "auto", "engine", "rehash", "fast": // fast: rehash's older name (normalize)
 		default:
 			return refuse("-kv-keys", "%q: want auto, engine or rehash", c.KVKeys)
 		}
@@ -644,4 +640,25 @@ func (c *Config) Validate() error {
 		return refuse("-shutdown-grace", "must be >= 0")
 	}
 	return nil
+}
+
+// normalize fills in what Validate accepted in a shorthand: endpoints built by hand
+// (a URL and maybe a name, not through ParseEndpoint) get their parsed address, and
+// -kv-keys fast becomes rehash. It works on its own copy of the endpoint list. Validate
+// must have passed.
+func (c *Config) normalize() {
+	c.Endpoints = slices.Clone(c.Endpoints)
+	for i := range c.Endpoints {
+		e := &c.Endpoints[i]
+		if e.host == "" {
+			p, _ := ParseEndpoint("url=" + e.URL + ",name=" + e.Name)
+			e.URL, e.host, e.scheme = p.URL, p.host, p.scheme
+			if e.Name == "" {
+				e.Name = p.Name
+			}
+		}
+	}
+	if c.KVKeys == "fast" {
+		c.KVKeys = "rehash"
+	}
 }

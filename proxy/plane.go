@@ -50,10 +50,7 @@ func (c *Config) validatePlane() error {
 			return refuse("-events-plane", "endpoint %q: dp=%d: the event plane carries one stream per endpoint, not per data-parallel rank; follow it directly (-events-plane direct)", e.Name, e.DP)
 		}
 	}
-	if p.Role == "" {
-		p.Role = plane.RoleBoth
-	}
-	if _, err := plane.ParseRole(p.Role); err != nil {
+	if _, err := plane.ParseRole(p.Role); p.Role != "" && err != nil { // "": both
 		return refuse("-plane-role", "%q: want ingest, route or both", p.Role)
 	}
 	if p.NATSURL == "" {

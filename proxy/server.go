@@ -116,6 +116,7 @@ func New(cfg Config, opt Options) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg.normalize()
 	log := opt.Logger
 	if log == nil {
 		log = slog.Default()
