@@ -62,12 +62,6 @@ type outcome struct {
 	err  error
 }
 
-// hopHeaders are per-connection headers a proxy must not forward (RFC 9110 7.6.1).
-var hopHeaders = [...]string{
-	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
-	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
-}
-
 const (
 	hdrEndpoint  = "x-kvgate-endpoint"
 	hdrRoute     = "x-kvgate-route"
@@ -83,17 +77,7 @@ var (
 // buildUpstream fills req from the client's request for endpoint ep with body.
 func (s *Server) buildUpstream(c *app.RequestContext, req *protocol.Request, ep *endpoint, body []byte, path []byte) {
 	c.Request.Header.CopyTo(&req.Header)
-	if conn := c.Request.Header.Peek("Connection"); len(conn) > 0 {
-		for _, f := range bytes.Split(conn, []byte{','}) {
-			if f = bytes.TrimSpace(f); len(f) > 0 {
-				req.Header.DelBytes(f)
-			}
-		}
-	}
-	for _, h := range hopHeaders {
-		req.Header.Del(h)
-	}
-	req.Header.ResetConnectionClose()
+	stripHop(&req.Header, c.Request.Header.Peek("Connection"))
 	req.Header.Del("Expect") // kvgate already holds the whole body
 	if !s.cfg.ForwardAuthorization {
 		req.Header.Del("Authorization") // kvgate checked it; the engine wants none
@@ -336,17 +320,7 @@ func setDecisionHeaders(c *app.RequestContext, ep *endpoint, d *decision) {
 // copyResponseHeader copies res's status and headers minus hop-by-hop ones.
 func copyResponseHeader(c *app.RequestContext, res *protocol.Response) {
 	res.Header.CopyTo(&c.Response.Header)
-	if conn := res.Header.Peek("Connection"); len(conn) > 0 {
-		for _, f := range bytes.Split(conn, []byte{','}) {
-			if f = bytes.TrimSpace(f); len(f) > 0 {
-				c.Response.Header.DelBytes(f)
-			}
-		}
-	}
-	for _, h := range hopHeaders {
-		c.Response.Header.Del(h)
-	}
-	c.Response.Header.ResetConnectionClose()
+	stripHop(&c.Response.Header, res.Header.Peek("Connection"))
 }
 
 // relayResponse copies status, headers and body from res to the client. Event streams

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
-	"io"
 	"net"
 	"strconv"
 	"time"
@@ -14,36 +13,64 @@ import (
 	"github.com/cloudwego/hertz/pkg/protocol"
 
 	"github.com/kvgate/kvgate/proxy/openai"
+	"github.com/kvgate/kvgate/shard"
 )
 
-// decidePD runs the mode-1 ladder: session affinity -> KV-Exact over prefill endpoints
-// -> the prefix trie of what kvgate sent where (trie.go) -> prefill by minimum in-flight
-// load (round-robin on ties); decode by minimum load. The prefill pick is recorded in
-// the trie (not for /debug/explain, whose meter is nil).
+// decidePD runs the mode-1 ladder, a chain of tiers where the first that picks decides:
+// session affinity (prefill and decode of the session's last request) -> KV-Exact over
+// the prefill endpoints -> the prefix trie of what kvgate sent where (trie.go) ->
+// prefill by minimum in-flight load (round-robin on ties). Decode then goes by the
+// engines' reported load (route.Decode). The prefill pick is recorded in the trie (not
+// for /debug/explain, whose meter is nil); d.route names the tier that decided.
 func (s *Server) decidePD(st *reqState, d *decision) {
 	d.ep, d.slot, d.rank, d.decode, d.predicted, d.route = -1, -1, -1, -1, 0, RouteRR
 	elP := s.baseEligible(st, st.eligible, s.roster().prefillMask)
 	elD := s.baseEligible(st, st.scratch, s.roster().decodeMask)
-	if p, dec, ok := s.aff.get(st.sessKey, time.Now()); ok && elP.Has(p) && elD.Has(dec) {
-		d.ep, d.decode, d.route = p, dec, RouteAffinity
-		st.meter.affinity()
+	if s.pdAffinity(st, elP, elD, d) {
 		return
 	}
-	if s.kv != nil {
-		s.kv.route(st, elP, d)
-		if d.ep < 0 && s.kv.trie != nil {
-			s.kv.trieRoute(st, elP, d)
-		}
-	}
-	if d.ep < 0 {
-		d.ep = s.prefRR.MinLoad(elP, s.loads)
-		if !d.route.IsMiss() {
-			d.route = RoutePDLoad
-		}
-	}
+	_ = s.pdKV(st, elP, d) || s.pdTrie(st, elP, d) || s.pdLoad(elP, d)
 	d.decode = s.decodeSel.Select(elD)
 	s.ranks.settle(d)
 	st.meter.sent(st, d.slot)
+}
+
+// pdAffinity: the session's last prefill and decode endpoints, while both are eligible
+// and the entry lives (-pd-affinity-ttl).
+func (s *Server) pdAffinity(st *reqState, elP, elD shard.Mask, d *decision) bool {
+	p, dec, ok := s.aff.get(st.sessKey, time.Now())
+	if !ok || !elP.Has(p) || !elD.Has(dec) {
+		return false
+	}
+	d.ep, d.decode, d.route = p, dec, RouteAffinity
+	st.meter.affinity()
+	return true
+}
+
+// pdKV: KV-Exact's verdict over the prefill endpoints (a miss leaves its reason in
+// d.route for the tiers below).
+func (s *Server) pdKV(st *reqState, elP shard.Mask, d *decision) bool {
+	if s.kv != nil {
+		s.kv.route(st, elP, d)
+	}
+	return d.ep >= 0
+}
+
+// pdTrie: the prefill endpoint kvgate last sent the prompt's deepest prefix to.
+func (s *Server) pdTrie(st *reqState, elP shard.Mask, d *decision) bool {
+	if s.kv != nil && s.kv.trie != nil {
+		s.kv.trieRoute(st, elP, d)
+	}
+	return d.ep >= 0
+}
+
+// pdLoad: the prefill endpoint with the fewest requests in flight.
+func (s *Server) pdLoad(elP shard.Mask, d *decision) bool {
+	d.ep = s.prefRR.MinLoad(elP, s.loads)
+	if !d.route.IsMiss() {
+		d.route = RoutePDLoad
+	}
+	return d.ep >= 0
 }
 
 // sessionKey is the OpenAI `user` field or the X-Conversation-Id header.
@@ -60,51 +87,11 @@ func sessionKey(c *app.RequestContext, st *reqState) []byte {
 }
 
 // servePD proxies one request through a prefill endpoint and a decode endpoint with
-// the engine's two-step protocol, retrying each leg on connect failures.
+// the engine's two-step protocol, under the one retry policy (retry.go).
 func (s *Server) servePD(ctx context.Context, c *app.RequestContext, st *reqState) {
 	st.sessKey = append(st.sessKey[:0], sessionKey(c, st)...)
 	requestID(c) // fix the id before legs may run concurrently
-	for attempt := 0; attempt < len(s.roster().eps); attempt++ {
-		var d decision
-		t0 := time.Now()
-		s.decidePD(st, &d)
-		s.m.stage[StageSelect].UpdateDuration(t0)
-		if attempt == 0 {
-			s.m.route.UpdateDuration(st.routeStart)
-		}
-		if d.ep < 0 || d.decode < 0 {
-			break
-		}
-		if !s.roster().eps[d.ep].breaker.Allow() {
-			st.excluded.Set(d.ep)
-			continue
-		}
-		if !s.roster().eps[d.decode].breaker.Allow() {
-			s.roster().eps[d.ep].breaker.Neutral()
-			st.excluded.Set(d.decode)
-			continue
-		}
-		if attempt > 0 {
-			s.m.retries.Inc()
-		}
-		var failed int
-		var out outcome
-		switch s.roster().eps[d.ep].spec.Engine {
-		case EngineSGLang:
-			out, failed = s.pdSGLang(ctx, c, st, &d)
-		case EngineTRTLLM:
-			out, failed = s.pdTRT(ctx, c, st, &d)
-		default:
-			out, failed = s.pdVLLM(ctx, c, st, &d)
-		}
-		if out.kind == outDone {
-			s.aff.put(st.sessKey, d.ep, d.decode, time.Now())
-			return
-		}
-		st.excluded.Set(failed)
-	}
-	s.m.noHealthy.Inc()
-	writeError(c, 503, "service_unavailable", "no healthy prefill and decode endpoints are available for this request")
+	s.tries(ctx, c, st, disaggregatedPath)
 }
 
 // prepareLeg builds a leg's upstream request; it reads c, so it runs on the handler's
@@ -130,26 +117,14 @@ func (s *Server) doLeg(ctx context.Context, i int, req *protocol.Request, dst []
 		kind, _ = s.failed(ctx, i, err)
 		return 0, dst, kind, err
 	}
-	dst = dst[:0]
-	r := res.BodyStream()
-	for {
-		if len(dst) == cap(dst) {
-			dst = append(dst, 0)[:len(dst)]
-		}
-		n, rerr := r.Read(dst[len(dst):cap(dst)])
-		dst = dst[:len(dst)+n]
-		if rerr == io.EOF {
-			break
-		}
-		if rerr != nil {
-			res.CloseBodyStream() //nolint:errcheck
-			s.brokeOff(i)
-			ep.breaker.Failure()
-			return 0, dst, ErrMidStream, rerr
-		}
-		if len(dst) > 64<<20 {
-			break
-		}
+	// A leg's answer is a small JSON document; past maxLegBody it is cut (the client
+	// then gets what the engine's answer parses to, or the engine's error).
+	dst, rerr := appendBody(dst[:0], res.BodyStream(), maxLegBody)
+	if rerr != nil && rerr != errBodyTooLarge {
+		res.CloseBodyStream() //nolint:errcheck
+		s.brokeOff(i)
+		ep.breaker.Failure()
+		return 0, dst, ErrMidStream, rerr
 	}
 	res.CloseBodyStream() //nolint:errcheck
 	status = res.StatusCode()

@@ -1,12 +1,10 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -599,83 +597,22 @@ func (s *Server) readBody(c *app.RequestContext, st *reqState) (ok bool) {
 		st.body = append(st.body[:0], b...)
 		return true
 	}
-	r := c.Request.BodyStream()
-	for {
-		if len(st.body) == cap(st.body) {
-			st.body = append(st.body, 0)[:len(st.body)]
-		}
-		n, err := r.Read(st.body[len(st.body):cap(st.body)])
-		st.body = st.body[:len(st.body)+n]
-		if len(st.body) > limit {
-			s.m.bad[BadTooLarge].Inc()
-			writeError(c, 413, "invalid_request_error", "request body exceeds the limit of "+itoa(limit)+" bytes")
-			c.SetConnectionClose()
-			return false
-		}
-		if err == io.EOF {
-			return true
-		}
-		if err != nil {
-			s.m.bad[BadReadBody].Inc()
-			writeError(c, 400, "invalid_request_error", "reading request body: "+err.Error())
-			c.SetConnectionClose()
-			return false
-		}
-	}
-}
-
-// checkFraming refuses a request whose body framing is ambiguous (RFC 9112 6.1, 6.3):
-// Transfer-Encoding together with Content-Length (400), or a transfer coding other than
-// exactly "chunked" (501; hertz would otherwise read any coding as chunked). Either way
-// the connection closes after the answer, so bytes a front proxy framed differently
-// can never become a second request. Requests with a Content-Length only are not
-// looked at (hertz keeps no Transfer-Encoding for them).
-func (s *Server) checkFraming(c *app.RequestContext) bool {
-	if c.Request.Header.ContentLength() != -1 {
-		return true
-	}
-	var te, cl int
-	var coding []byte
-	raw := c.Request.Header.RawHeaders()
-	for len(raw) > 0 {
-		line := raw
-		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
-			line, raw = raw[:i], raw[i+1:]
-		} else {
-			raw = nil
-		}
-		k, v, ok := bytes.Cut(line, []byte{':'})
-		if !ok {
-			continue
-		}
-		k = bytes.TrimSpace(k)
-		switch {
-		case bytes.EqualFold(k, hdrTE):
-			te++
-			coding = bytes.TrimSpace(v)
-		case bytes.EqualFold(k, hdrCL):
-			cl++
-		}
-	}
+	var err error
+	st.body, err = appendBody(st.body[:0], c.Request.BodyStream(), limit)
 	switch {
-	case cl > 0:
-		s.m.bad[BadFraming].Inc()
-		writeError(c, 400, "invalid_request_error", "both Content-Length and Transfer-Encoding sent: ambiguous body framing")
-	case te > 1 || !bytes.EqualFold(coding, chunkedCoding):
-		s.m.bad[BadFraming].Inc()
-		writeError(c, 501, "invalid_request_error", "unsupported Transfer-Encoding (only a single \"chunked\" is accepted)")
-	default:
-		return true
+	case err == errBodyTooLarge:
+		s.m.bad[BadTooLarge].Inc()
+		writeError(c, 413, "invalid_request_error", "request body exceeds the limit of "+itoa(limit)+" bytes")
+		c.SetConnectionClose()
+		return false
+	case err != nil:
+		s.m.bad[BadReadBody].Inc()
+		writeError(c, 400, "invalid_request_error", "reading request body: "+err.Error())
+		c.SetConnectionClose()
+		return false
 	}
-	c.SetConnectionClose()
-	return false
+	return true
 }
-
-var (
-	hdrTE         = []byte("Transfer-Encoding")
-	hdrCL         = []byte("Content-Length")
-	chunkedCoding = []byte("chunked")
-)
 
 func (s *Server) handleOpenAI(ctx context.Context, c *app.RequestContext, chat bool) {
 	defer s.track(c)()
@@ -698,7 +635,7 @@ func (s *Server) handleOpenAI(ctx context.Context, c *app.RequestContext, chat b
 		s.servePD(ctx, c, st)
 		return
 	}
-	s.serveOne(ctx, c, st, true)
+	s.tries(ctx, c, st, openAIPath)
 }
 
 func (s *Server) handlePassThrough(ctx context.Context, c *app.RequestContext) {
@@ -711,63 +648,7 @@ func (s *Server) handlePassThrough(ctx context.Context, c *app.RequestContext) {
 	}
 	st.oa.Reset()
 	st.routeStart = time.Now()
-	s.serveOne(ctx, c, st, false)
-}
-
-// serveOne selects an endpoint, forwards, and on a connect failure before any byte
-// reached the client excludes it and selects again.
-func (s *Server) serveOne(ctx context.Context, c *app.RequestContext, st *reqState, openAI bool) {
-	maxAttempts := len(s.roster().eps)
-	if s.cfg.MaxRetries > 0 && s.cfg.MaxRetries+1 < maxAttempts {
-		maxAttempts = s.cfg.MaxRetries + 1
-	}
-	var lastErr error
-	lastEp := -1
-	for attempt := 0; attempt < maxAttempts; attempt++ {
-		d := decision{ep: -1, slot: -1, rank: -1, decode: -1}
-		if openAI {
-			s.decide(st, &d, false)
-			if attempt == 0 {
-				s.m.route.UpdateDuration(st.routeStart)
-			}
-		} else {
-			s.decideFallback(st, &d, s.baseEligible(st, st.eligible, nil), passThroughKey(c))
-		}
-		if d.ep < 0 {
-			break
-		}
-		ep := s.roster().eps[d.ep]
-		if !ep.breaker.Allow() {
-			st.excluded.Set(d.ep)
-			attempt--
-			if st.excluded.Count() >= len(s.roster().eps) {
-				break
-			}
-			continue
-		}
-		if attempt > 0 {
-			s.m.retries.Inc()
-		}
-		st.canRetry = s.cfg.Retry5xx && attempt+1 < maxAttempts && s.hasAlternative(st, d.ep)
-		out := s.forward(ctx, c, st, &d, st.body)
-		switch out.kind {
-		case outDone:
-			return
-		case outRetry:
-			lastErr, lastEp = out.err, d.ep
-			st.excluded.Set(d.ep)
-			continue
-		}
-		return
-	}
-	s.m.noHealthy.Inc()
-	if lastErr != nil {
-		// lastErr names addresses (it is logged where it happened): the client is told
-		// which endpoint failed, never where it lives.
-		writeError(c, 502, "upstream_error", "no endpoint could be reached (last tried: "+s.roster().eps[lastEp].spec.Name+")")
-		return
-	}
-	writeError(c, 503, "service_unavailable", "no healthy endpoint is available for this request")
+	s.tries(ctx, c, st, passThroughPath)
 }
 
 func passThroughKey(c *app.RequestContext) []byte { return c.Request.URI().Path() }

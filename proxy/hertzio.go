@@ -1,0 +1,127 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"io"
+
+	"github.com/cloudwego/hertz/pkg/app"
+)
+
+// What kvgate does with hertz's requests and responses as an HTTP intermediary, in one
+// place: the framing check on what a client sends, the hop-by-hop headers it never
+// forwards (either way), and the body reader that fills pooled buffers. Hertz's own
+// refusals are rewritten in headerrors.go; connections are tracked in conns.go.
+
+// hopHeaders are per-connection headers a proxy must not forward (RFC 9110 7.6.1).
+var hopHeaders = [...]string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+// hopHeaderSet is a hertz request or response header.
+type hopHeaderSet interface {
+	Del(key string)
+	DelBytes(key []byte)
+	ResetConnectionClose()
+}
+
+// stripHop deletes from h the hop-by-hop headers and those the sender's Connection
+// header (conn, read from the original, not from h) names.
+func stripHop[H hopHeaderSet](h H, conn []byte) {
+	for len(conn) > 0 {
+		f := conn
+		if i := bytes.IndexByte(conn, ','); i >= 0 {
+			f, conn = conn[:i], conn[i+1:]
+		} else {
+			conn = nil
+		}
+		if f = bytes.TrimSpace(f); len(f) > 0 {
+			h.DelBytes(f)
+		}
+	}
+	for _, name := range hopHeaders {
+		h.Del(name)
+	}
+	h.ResetConnectionClose()
+}
+
+// errBodyTooLarge: appendBody read past its limit.
+var errBodyTooLarge = errors.New("body exceeds the limit")
+
+// maxLegBody bounds a P/D leg's answer read whole (pd.go doLeg).
+const maxLegBody = 64 << 20
+
+// appendBody reads r to its end onto dst, growing dst only when it is full, so a pooled
+// buffer is reused at its size. Past limit bytes it stops with errBodyTooLarge.
+func appendBody(dst []byte, r io.Reader, limit int) ([]byte, error) {
+	for {
+		if len(dst) == cap(dst) {
+			dst = append(dst, 0)[:len(dst)]
+		}
+		n, err := r.Read(dst[len(dst):cap(dst)])
+		dst = dst[:len(dst)+n]
+		if len(dst) > limit {
+			return dst, errBodyTooLarge
+		}
+		if err == io.EOF {
+			return dst, nil
+		}
+		if err != nil {
+			return dst, err
+		}
+	}
+}
+
+// checkFraming refuses a request whose body framing is ambiguous (RFC 9112 6.1, 6.3):
+// Transfer-Encoding together with Content-Length (400), or a transfer coding other than
+// exactly "chunked" (501; hertz would otherwise read any coding as chunked). Either way
+// the connection closes after the answer, so bytes a front proxy framed differently
+// can never become a second request. Requests with a Content-Length only are not
+// looked at (hertz keeps no Transfer-Encoding for them).
+func (s *Server) checkFraming(c *app.RequestContext) bool {
+	if c.Request.Header.ContentLength() != -1 {
+		return true
+	}
+	var te, cl int
+	var coding []byte
+	raw := c.Request.Header.RawHeaders()
+	for len(raw) > 0 {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		k, v, ok := bytes.Cut(line, []byte{':'})
+		if !ok {
+			continue
+		}
+		k = bytes.TrimSpace(k)
+		switch {
+		case bytes.EqualFold(k, hdrTE):
+			te++
+			coding = bytes.TrimSpace(v)
+		case bytes.EqualFold(k, hdrCL):
+			cl++
+		}
+	}
+	switch {
+	case cl > 0:
+		s.m.bad[BadFraming].Inc()
+		writeError(c, 400, "invalid_request_error", "both Content-Length and Transfer-Encoding sent: ambiguous body framing")
+	case te > 1 || !bytes.EqualFold(coding, chunkedCoding):
+		s.m.bad[BadFraming].Inc()
+		writeError(c, 501, "invalid_request_error", "unsupported Transfer-Encoding (only a single \"chunked\" is accepted)")
+	default:
+		return true
+	}
+	c.SetConnectionClose()
+	return false
+}
+
+var (
+	hdrTE         = []byte("Transfer-Encoding")
+	hdrCL         = []byte("Content-Length")
+	chunkedCoding = []byte("chunked")
+)
