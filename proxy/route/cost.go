@@ -91,7 +91,7 @@ func (c *Cost) Select(cd *Candidates, obs Observer) int {
 		}
 		scale = c.Queues.WorkScale(now)
 	}
-	start := int(c.rot.Add(1) % uint64(n))
+	start := rotatedStart(cd.Eligible, n, c.rot.Add(1))
 	within, all := pick{i: -1, blockSize: cd.BlockSize}, pick{i: -1, blockSize: cd.BlockSize}
 	for j := 0; j < n; j++ {
 		i := start + j

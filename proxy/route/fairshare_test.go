@@ -140,3 +140,27 @@ func TestFairShareWhenAllArePast(t *testing.T) {
 		t.Fatalf("both must be past the bound: %+v", obs)
 	}
 }
+
+// Ties rotate evenly over the eligible candidates even when ineligible slots (a fleet's
+// vacant ones) sit between them: a start in a run of ineligible slots must not hand its
+// turn to the eligible one after the run.
+func TestTiesRotateOverEligibleOnly(t *testing.T) {
+	q := NewQueues(8, 0, 0, time.Second)
+	loads := balance.NewLoads(8)
+	c := &Cost{Loads: loads, Queues: q}
+	cd := candidates(8, make([]int32, 8), 512)
+	for i := 4; i < 8; i++ {
+		cd.Eligible.Clear(i)
+	}
+	dec := &Decode{Loads: loads, Queues: q}
+	cost, decode := map[int]int{}, map[int]int{}
+	for k := 0; k < 40; k++ {
+		cost[c.Select(cd, nil)]++
+		decode[dec.Select(cd.Eligible)]++
+	}
+	for i := 0; i < 4; i++ {
+		if cost[i] != 10 || decode[i] != 10 {
+			t.Fatalf("ties over 4 eligible of 8 slots: cost %v, decode %v; want 10 each", cost, decode)
+		}
+	}
+}
