@@ -274,6 +274,12 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 		// and later polls would split between that one and the marker's until rotation
 		// hit the right one: the lag measured that, not the event path.
 		"-kv-pending-ttl", "0",
+		// No fair share: the stub engines never cache what they serve, so the decision
+		// prompt, sent again and again, looks to the cost policy like a prefix whose
+		// followers keep bringing prefill work, and its holder loses some of them once past
+		// its share. The fleet measures the event path and what a decision costs, not
+		// placement (bench's TTFT runs do, against engines that cache).
+		"-kv-fair-share", "0",
 		// A large -fleet-entries on a small fleet must not meet the per-endpoint bound.
 		"-kv-max-keys-per-endpoint", strconv.Itoa(max(shard.DefaultMaxKeysPerEndpoint, 2*cfg.Entries/n+fleetPromptTokens))}
 	stop, err := startChild(ctx, cfg.Kvgate, args, "http://"+admin+"/readyz")
