@@ -142,7 +142,9 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	if cfg.KVPolicy == "overlap" {
 		k.sel = &route.Overlap{Loads: k.slotLoads, LoadFactor: cfg.LoadFactor}
 	} else {
-		k.popular = route.NewPopularity(cfg.KVBlockSize)
+		if cfg.KVFairShare > 0 { // only the fair share reads the followers sketch
+			k.popular = route.NewPopularity(cfg.KVBlockSize)
+		}
 		k.sel = &route.Cost{Loads: k.slotLoads, Queues: k.slotQueues, Popular: k.popular, FairShare: cfg.KVFairShare}
 		k.loadOnMiss = cfg.KVMode == KVConverged && cfg.Select == SelectRR
 		k.foldTrie = k.trie != nil

@@ -80,18 +80,20 @@ func (c *Cost) Select(cd *Candidates, obs Observer) int {
 	}
 	now := time.Now()
 	var total float64
-	var eligible int
-	scale := 0.0
-	if c.FairShare > 0 {
-		for i := 0; i < n; i++ {
-			if cd.Eligible.Has(i) {
+	eligible := 0
+	for i := 0; i < n; i++ {
+		if cd.Eligible.Has(i) {
+			eligible++
+			if c.FairShare > 0 {
 				total += c.Queues.Work(i)
-				eligible++
 			}
 		}
+	}
+	scale := 0.0
+	if c.FairShare > 0 {
 		scale = c.Queues.WorkScale(now)
 	}
-	start := rotatedStart(cd.Eligible, n, c.rot.Add(1))
+	start := rotatedStart(cd.Eligible, n, eligible, c.rot.Add(1))
 	within, all := pick{i: -1, blockSize: cd.BlockSize}, pick{i: -1, blockSize: cd.BlockSize}
 	for j := 0; j < n; j++ {
 		i := start + j

@@ -30,7 +30,7 @@ func (d *Decode) Select(el shard.Mask) int {
 		return -1
 	}
 	now := time.Now()
-	start := rotatedStart(el, n, d.rot.Add(1))
+	start := rotatedStart(el, n, el.Count(), d.rot.Add(1))
 	best, bestFull, bestRun, bestKV := -1, false, int64(0), 0.0
 	for j := 0; j < n; j++ {
 		i := start + j

@@ -89,17 +89,11 @@ type Selector interface {
 	Name() string
 }
 
-// rotatedStart is where a scan over n candidates starts on turn: the turn-th eligible one,
-// cyclically, so ties rotate evenly over the eligible candidates. Rotating over all n
-// slots instead would hand every turn that starts in a run of ineligible slots (a fleet's
+// rotatedStart is where a scan over n candidates, c of them eligible, starts on turn: the
+// turn-th eligible one, cyclically, so ties rotate evenly over the eligible candidates.
+// Rotating over all n slots instead would hand every turn that starts in a run of ineligible slots (a fleet's
 // vacant ones, drained or down endpoints) to the eligible candidate after the run.
-func rotatedStart(el shard.Mask, n int, turn uint64) int {
-	c := 0
-	for i := 0; i < n; i++ {
-		if el.Has(i) {
-			c++
-		}
-	}
+func rotatedStart(el shard.Mask, n, c int, turn uint64) int {
 	if c == 0 {
 		return 0
 	}
