@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -38,26 +36,13 @@ func startRule(t *testing.T, sims []*Sim, extra []string) (pub, adm string) {
 		}
 		cfg.Endpoints = append(cfg.Endpoints, ep)
 	}
-	srv, err := proxy.New(cfg, proxy.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Tokenizers: pool})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pl, _ := net.Listen("tcp", "127.0.0.1:0")
-	al, _ := net.Listen("tcp", "127.0.0.1:0")
-	if err := srv.StartWith(context.Background(), pl, al); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-	})
+	pubURL, admURL := startProxy(t, cfg, pool)
 	for _, s := range sims {
 		if err := s.WaitSubscribed(context.Background(), 10*time.Second); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return "http://" + pl.Addr().String(), "http://" + al.Addr().String()
+	return pubURL, admURL
 }
 
 type keyingState struct {

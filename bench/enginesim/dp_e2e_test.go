@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -74,26 +73,13 @@ func startDP(t *testing.T, engine string) *dpRig {
 	dir, _ := tokenize.StagedDir("qwen3")
 	cfg.Tokenizers = []proxy.TokenizerSpec{{Model: "qwen3", Dir: dir}}
 	cfg.Endpoints = []proxy.EndpointSpec{ep}
-	srv, err := proxy.New(cfg, proxy.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Tokenizers: pool})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, _ := net.Listen("tcp", "127.0.0.1:0")
-	adm, _ := net.Listen("tcp", "127.0.0.1:0")
-	if err := srv.StartWith(context.Background(), pub, adm); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-	})
+	pubURL, admURL := startProxy(t, cfg, pool)
 	for _, s := range d.Ranks {
 		if err := s.WaitSubscribed(context.Background(), 10*time.Second); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return &dpRig{d: d, url: "http://" + pub.Addr().String(), adm: "http://" + adm.Addr().String(),
+	return &dpRig{d: d, url: pubURL, adm: admURL,
 		enc: sp.Encoder, chain: d.Ranks[0].Config().Chain}
 }
 

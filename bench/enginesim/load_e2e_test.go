@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -47,20 +45,7 @@ func TestProxyReadsEngineLoad(t *testing.T) {
 			dir, _ := tokenize.StagedDir("qwen3")
 			cfg.Tokenizers = []proxy.TokenizerSpec{{Model: "qwen3", Dir: dir}}
 			cfg.Endpoints = []proxy.EndpointSpec{ep}
-			srv, err := proxy.New(cfg, proxy.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Tokenizers: pool})
-			if err != nil {
-				t.Fatal(err)
-			}
-			pub, _ := net.Listen("tcp", "127.0.0.1:0")
-			adm, _ := net.Listen("tcp", "127.0.0.1:0")
-			if err := srv.StartWith(context.Background(), pub, adm); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				srv.Shutdown(ctx)
-			})
+			_, admURL := startProxy(t, cfg, pool)
 			// Three long requests straight to the engine: one runs, two wait.
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
@@ -78,7 +63,7 @@ func TestProxyReadsEngineLoad(t *testing.T) {
 			deadline := time.Now().Add(10 * time.Second)
 			var last string
 			for time.Now().Before(deadline) {
-				res, err := http.Get("http://" + adm.Addr().String() + "/debug/inventory")
+				res, err := http.Get(admURL + "/debug/inventory")
 				if err != nil {
 					t.Fatal(err)
 				}

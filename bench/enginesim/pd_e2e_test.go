@@ -106,27 +106,8 @@ func startPD(t *testing.T, pre, dec Spec, proxyEngine string) pdPair {
 	dir, _ := tokenize.StagedDir("qwen3")
 	cfg.Tokenizers = []proxy.TokenizerSpec{{Model: "qwen3", Dir: dir}}
 	cfg.Endpoints = []proxy.EndpointSpec{endpoint(ps, "prefill"), endpoint(ds, "decode")}
-	srv, err := proxy.New(cfg, proxy.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Tokenizers: pool})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	adm, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.StartWith(context.Background(), pub, adm); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-	})
-	return pdPair{pre: ps, dec: ds, url: "http://" + pub.Addr().String()}
+	pubURL, _ := startProxy(t, cfg, pool)
+	return pdPair{pre: ps, dec: ds, url: pubURL}
 }
 
 // sseText joins the text of a streamed answer's chunks and returns its usage.
@@ -383,4 +364,31 @@ func TestPDRefusalsAtTheEngine(t *testing.T) {
 			t.Errorf("vllm %s: HTTP %d %s", body, code, b)
 		}
 	}
+}
+
+// startProxy runs kvgate with cfg on loopback for the rest of the test and returns its
+// public and admin base URLs.
+func startProxy(t *testing.T, cfg proxy.Config, pool *tokenize.Pool) (public, admin string) {
+	t.Helper()
+	srv, err := proxy.New(cfg, proxy.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Tokenizers: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	adm, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.StartWith(context.Background(), pub, adm); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	return "http://" + pub.Addr().String(), "http://" + adm.Addr().String()
 }
