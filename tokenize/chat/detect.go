@@ -1,5 +1,7 @@
 package chat
 
+import "slices"
+
 // detectContentFormat reproduces vLLM's auto-detection of a template's content format: the
 // format is "openai" when the template loops over the content of a message, where a message is
 // a loop variable over "messages" (or over a variable assigned from it, possibly through
@@ -25,7 +27,7 @@ func detectContentFormat(body []*stmt) ContentFormat {
 			if a.op != sSet || len(a.targets) != 1 {
 				return ContentString // vLLM's assertion fails: it falls back to the default
 			}
-			if !contains(msgVars, a.targets[0]) {
+			if !slices.Contains(msgVars, a.targets[0]) {
 				msgVars = append(msgVars, a.targets[0])
 			}
 		}
@@ -61,15 +63,6 @@ func detectContentFormat(body []*stmt) ContentFormat {
 		}
 	}
 	return ContentString
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // isVarOrElems: the expression is the variable (key == "") or its key ("x.content" /
