@@ -150,16 +150,16 @@ access-log = true
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Listen != "127.0.0.1:18080" || cfg.Select != proxy.SelectCHWBL || cfg.BreakerFailures != 7 ||
-		cfg.ShutdownDelay != 2*time.Second || !cfg.AccessLog || len(cfg.Endpoints) != 4 || cfg.Endpoints[3].Name != "d" {
+	if cfg.Listener.Addr != "127.0.0.1:18080" || cfg.Select.Kind != proxy.SelectCHWBL || cfg.Breaker.Failures != 7 ||
+		cfg.Shutdown.Delay != 2*time.Second || !cfg.Listener.AccessLog || len(cfg.Fleet.Endpoints) != 4 || cfg.Fleet.Endpoints[3].Name != "d" {
 		t.Errorf("from the file: %+v", cfg)
 	}
 	cfg, _, err = serveFlags([]string{"-config", conf, "-endpoint", "name=z,url=http://10.0.0.9:8000"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cfg.Endpoints) != 3 || cfg.Endpoints[0].Name != "z" {
-		t.Errorf("command-line -endpoint should replace the file's: %v", cfg.Endpoints)
+	if len(cfg.Fleet.Endpoints) != 3 || cfg.Fleet.Endpoints[0].Name != "z" {
+		t.Errorf("command-line -endpoint should replace the file's: %v", cfg.Fleet.Endpoints)
 	}
 	for body, want := range map[string]string{
 		"listen = :1\nno-such-flag = 1\n": "kvgate.conf:2: no flag -no-such-flag",
@@ -182,8 +182,8 @@ func TestServeAdminTokenFile(t *testing.T) {
 	os.WriteFile(f, []byte("  s3cret\n"), 0o600)
 	ep := "name=a,url=http://10.0.0.1:8000"
 	cfg, _, err := serveFlags([]string{"-admin-token-file", f, "-endpoint", ep}, io.Discard)
-	if err != nil || cfg.AdminToken != "s3cret" {
-		t.Fatalf("%v %q", err, cfg.AdminToken)
+	if err != nil || cfg.Listener.AdminToken != "s3cret" {
+		t.Fatalf("%v %q", err, cfg.Listener.AdminToken)
 	}
 	if _, _, err := serveFlags([]string{"-admin-token-file", f, "-admin-token", "x", "-endpoint", ep}, io.Discard); err == nil || !strings.Contains(err.Error(), "-admin-token-file") {
 		t.Errorf("both: %v", err)
