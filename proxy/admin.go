@@ -113,7 +113,7 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 			f.counter("kvgate_chain_memo_evictions_total", ms.Evictions)
 			f.gauge("kvgate_chain_memo_bytes", uint64(max(ms.Bytes, 0)))
 		}
-		if s.cfg.KVLoadScrape > 0 {
+		if s.cfg.KV.LoadScrape > 0 {
 			perEndpoint("kvgate_engine_load_scrape_errors_total", "counter", func(i int, e *endpoint) uint64 { return e.scrape.failed.Load() })
 			perEndpoint("kvgate_engine_load_report_fresh", "gauge", func(i int, e *endpoint) uint64 { return b2u(s.queues.Fresh(i, time.Now())) })
 		}
@@ -123,7 +123,7 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 			f.gauge("kvgate_prefix_trie_memory_bytes", uint64(max(bytes, 0)))
 		}
 		f.family("kvgate_tokenizer_memory_bytes", "gauge")
-		for _, t := range s.cfg.Tokenizers {
+		for _, t := range s.cfg.Models.Tokenizers {
 			if m := s.kv.pool.Get(t.Model); m != nil {
 				f.sample("kvgate_tokenizer_memory_bytes", "model="+strconv.Quote(t.Model), uint64(max(m.Tokenizer().MemoryBytes(), 0)))
 			}
@@ -251,7 +251,7 @@ func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
 			ie.Plane = s.kv.planeState(i)
 			v := s.queues.View(i, time.Now())
 			ie.Load = &v
-			if s.cfg.KVLoadScrape > 0 {
+			if s.cfg.KV.LoadScrape > 0 {
 				sc := &scrapeView{OK: e.scrape.ok.Load(), Failed: e.scrape.failed.Load(),
 					Failing: e.scrape.failing.Load(), LastMs: float64(e.scrape.duration.Load()) / 1e6}
 				if p := e.scrape.lastErr.Load(); p != nil && sc.Failing {
@@ -271,7 +271,7 @@ func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
 				kv.Source = "endpoint"
 			}
 			if kv.BlockSize == 0 { // the event plane's route replicas key by the rule
-				kv.BlockSize = s.cfg.KVBlockSize
+				kv.BlockSize = s.cfg.KV.BlockSize
 			}
 			ie.Keying = kv
 		}
@@ -340,12 +340,12 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	}
 	st := s.getState()
 	defer s.putState(st)
-	body, err := io.ReadAll(io.LimitReader(r.Body, int64(s.cfg.MaxBodyBytes)+1))
+	body, err := io.ReadAll(io.LimitReader(r.Body, int64(s.cfg.Limits.MaxBodyBytes)+1))
 	if err != nil {
 		writeHTTPError(w, 400, "invalid_request_error", "reading body: "+err.Error())
 		return
 	}
-	if len(body) > s.cfg.MaxBodyBytes {
+	if len(body) > s.cfg.Limits.MaxBodyBytes {
 		writeHTTPError(w, 413, "invalid_request_error", "request body exceeds the limit")
 		return
 	}
@@ -365,7 +365,7 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	if s.kv != nil {
 		ex.Policy, ex.Terms = s.kv.sel.Name(), obs.terms
 	}
-	if s.cfg.KVMode == KVDisaggregated {
+	if s.cfg.KV.Mode == KVDisaggregated {
 		st.sessKey = append(st.sessKey[:0], sessionKey(nil, st)...)
 		s.decidePD(st, &d)
 	} else {
@@ -390,7 +390,7 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 	if s.kv != nil {
 		ex.Tokens, ex.Blocks = len(st.tokens), max(len(st.keys), len(st.fastKeys))
 		for _, g := range st.groups[:st.ngroups] {
-			ex.Blocks = max(ex.Blocks, len(g.keys)*g.chain.BlockSize()/s.cfg.KVBlockSize)
+			ex.Blocks = max(ex.Blocks, len(g.keys)*g.chain.BlockSize()/s.cfg.KV.BlockSize)
 		}
 	}
 	if s.kv != nil && (s.kv.memo != nil || s.kv.chainMemo != nil) {
@@ -432,7 +432,7 @@ func (s *Server) readiness() (bool, string) {
 		return false, "starting"
 	}
 	usable := func(e *endpoint) bool {
-		return !e.retired.Load() && e.healthy.Load() && !e.down.Load() && (s.cfg.HealthInterval == 0 || e.checked.Load()) && e.breaker.Ready()
+		return !e.retired.Load() && e.healthy.Load() && !e.down.Load() && (s.cfg.Health.Interval == 0 || e.checked.Load()) && e.breaker.Ready()
 	}
 	var any, prefill, decode bool
 	for _, e := range s.roster().eps {
@@ -446,9 +446,9 @@ func (s *Server) readiness() (bool, string) {
 	switch {
 	case !any:
 		return false, "no healthy endpoint"
-	case s.cfg.KVMode == KVDisaggregated && !prefill:
+	case s.cfg.KV.Mode == KVDisaggregated && !prefill:
 		return false, "no eligible prefill endpoint (mode 1 needs a prefill and a decode endpoint)"
-	case s.cfg.KVMode == KVDisaggregated && !decode:
+	case s.cfg.KV.Mode == KVDisaggregated && !decode:
 		return false, "no eligible decode endpoint (mode 1 needs a prefill and a decode endpoint)"
 	}
 	var degraded []string

@@ -58,9 +58,9 @@ func TestRoutingZeroAlloc(t *testing.T) {
 // key group of its own) allocate nothing either, once warm.
 func TestRoutingZeroAllocRanksAndGroups(t *testing.T) {
 	s, st := benchServerWith(t, chatBody4k(), func(cfg *Config) {
-		cfg.TokenizeMemoBytes, cfg.KVChainMemoBytes = 0, 0
-		cfg.Endpoints[1].DP = 2
-		cfg.Endpoints[2].BlockSize = 32
+		cfg.Models.TokenizeMemoBytes, cfg.KV.ChainMemoBytes = 0, 0
+		cfg.Fleet.Endpoints[1].DP = 2
+		cfg.Fleet.Endpoints[2].BlockSize = 32
 	})
 	toks := engineTokens(t, sharedPrefix)
 	keys := hashcore.Keys(s.kv.chain, nil, toks, nil)

@@ -56,8 +56,8 @@ func rawPost(path, body string, extra ...string) string {
 func TestBadInputEndToEnd(t *testing.T) {
 	a := newFakeEngine(t, "a")
 	cfg := testConfig(a.url())
-	cfg.MaxBodyBytes = 64 << 10
-	cfg.MaxHeaderBytes = 4096
+	cfg.Limits.MaxBodyBytes = 64 << 10
+	cfg.Limits.MaxHeaderBytes = 4096
 	s := startProxy(t, cfg)
 	addr := s.PublicAddr()
 
@@ -124,7 +124,7 @@ func TestBadInputEndToEnd(t *testing.T) {
 func TestHugeBodyStreamedNoContentLength(t *testing.T) {
 	a := newFakeEngine(t, "a")
 	cfg := testConfig(a.url())
-	cfg.MaxBodyBytes = 64 << 10
+	cfg.Limits.MaxBodyBytes = 64 << 10
 	s := startProxy(t, cfg)
 	var sent atomic.Int64
 	pr, pw := io.Pipe()
@@ -165,7 +165,7 @@ func TestHugeBodyStreamedNoContentLength(t *testing.T) {
 func TestDeclaredHugeContentLength(t *testing.T) {
 	a := newFakeEngine(t, "a")
 	cfg := testConfig(a.url())
-	cfg.MaxBodyBytes = 64 << 10
+	cfg.Limits.MaxBodyBytes = 64 << 10
 	s := startProxy(t, cfg)
 	// hertz prefetches up to 8 KiB of a streamed body before the handler runs; the
 	// client sends that much of its claimed 100 GB, then waits for the answer.
@@ -258,7 +258,7 @@ func TestRequestSmuggling(t *testing.T) {
 func TestOversizedHeaders(t *testing.T) {
 	a := newFakeEngine(t, "a")
 	cfg := testConfig(a.url())
-	cfg.MaxHeaderBytes = 4096
+	cfg.Limits.MaxHeaderBytes = 4096
 	s := startProxy(t, cfg)
 	body := `{"model":"m","prompt":"x"}`
 	res, got := rawExchange(t, s.PublicAddr(), rawPost("/v1/completions", body, "X-Big: "+strings.Repeat("x", 8000)))

@@ -112,22 +112,22 @@ func TestParseEndpointAndValidate(t *testing.T) {
 		mutate func(*Config)
 		flag   string
 	}{
-		{func(c *Config) { c.Endpoints = nil }, "-endpoint"},
-		{func(c *Config) { c.Endpoints = append(c.Endpoints, c.Endpoints[0]) }, "-endpoint"},
-		{func(c *Config) { c.KVMode = KVConverged }, "-endpoint"}, // no events=
-		{func(c *Config) { c.Endpoints[0].Role = RolePrefill }, "-kv-mode"},
-		{func(c *Config) { c.LoadFactor = -1 }, "-kv-load-factor"},
-		{func(c *Config) { c.KVFairShare = 0.8 }, "-kv-fair-share"},
+		{func(c *Config) { c.Fleet.Endpoints = nil }, "-endpoint"},
+		{func(c *Config) { c.Fleet.Endpoints = append(c.Fleet.Endpoints, c.Fleet.Endpoints[0]) }, "-endpoint"},
+		{func(c *Config) { c.KV.Mode = KVConverged }, "-endpoint"}, // no events=
+		{func(c *Config) { c.Fleet.Endpoints[0].Role = RolePrefill }, "-kv-mode"},
+		{func(c *Config) { c.KV.LoadFactor = -1 }, "-kv-load-factor"},
+		{func(c *Config) { c.KV.FairShare = 0.8 }, "-kv-fair-share"},
 		{func(c *Config) {
-			c.KVMode, c.Endpoints[0].Events, c.Endpoints[0].DP = KVConverged, "tcp://127.0.0.1:2", 2
+			c.KV.Mode, c.Fleet.Endpoints[0].Events, c.Fleet.Endpoints[0].DP = KVConverged, "tcp://127.0.0.1:2", 2
 			c.Plane.Kind, c.Plane.NATSURL = "jetstream", "nats://127.0.0.1:1"
 		}, "-events-plane"},
-		{func(c *Config) { c.KVFairShare = math.NaN() }, "-kv-fair-share"},
-		{func(c *Config) { c.BreakerFailures = 0 }, "-breaker-failures"},
-		{func(c *Config) { c.MaxBodyBytes = 10 }, "-max-body-bytes"},
-		{func(c *Config) { c.UpstreamTimeout = 0 }, "-upstream-timeout"},
-		{func(c *Config) { c.LoRA = map[string]string{"a": "nobase"} }, "-lora"},
-		{func(c *Config) { c.Tokenizers = []TokenizerSpec{{Model: "m", Dir: "/nonexistent"}} }, "-tokenizer"},
+		{func(c *Config) { c.KV.FairShare = math.NaN() }, "-kv-fair-share"},
+		{func(c *Config) { c.Breaker.Failures = 0 }, "-breaker-failures"},
+		{func(c *Config) { c.Limits.MaxBodyBytes = 10 }, "-max-body-bytes"},
+		{func(c *Config) { c.Upstream.Timeout = 0 }, "-upstream-timeout"},
+		{func(c *Config) { c.Models.LoRA = map[string]string{"a": "nobase"} }, "-lora"},
+		{func(c *Config) { c.Models.Tokenizers = []TokenizerSpec{{Model: "m", Dir: "/nonexistent"}} }, "-tokenizer"},
 	}
 	for i, tc := range cases {
 		cfg := testConfig("http://127.0.0.1:1")
@@ -187,10 +187,10 @@ func TestReadEndpointsFile(t *testing.T) {
 // -kv-keys fast) are filled in by normalize, which New runs on its own copy.
 func TestValidateDoesNotMutate(t *testing.T) {
 	cfg := Defaults()
-	cfg.Endpoints = []EndpointSpec{{URL: "http://127.0.0.1:7001"}, {Name: "b", URL: "http://127.0.0.1:7002"}}
-	cfg.KVKeys = "fast"
+	cfg.Fleet.Endpoints = []EndpointSpec{{URL: "http://127.0.0.1:7001"}, {Name: "b", URL: "http://127.0.0.1:7002"}}
+	cfg.KV.Keys = "fast"
 	before := cfg
-	before.Endpoints = slices.Clone(cfg.Endpoints)
+	before.Fleet.Endpoints = slices.Clone(cfg.Fleet.Endpoints)
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -199,10 +199,10 @@ func TestValidateDoesNotMutate(t *testing.T) {
 	}
 	n := cfg
 	n.normalize()
-	if n.KVKeys != "rehash" || n.Endpoints[0].host != "127.0.0.1:7001" || n.Endpoints[0].Name == "" {
+	if n.KV.Keys != "rehash" || n.Fleet.Endpoints[0].host != "127.0.0.1:7001" || n.Fleet.Endpoints[0].Name == "" {
 		t.Fatalf("normalize: %+v", n)
 	}
-	if cfg.Endpoints[0].host != "" {
+	if cfg.Fleet.Endpoints[0].host != "" {
 		t.Fatal("normalize wrote into the caller's endpoint list")
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvgate/kvgate/engine"
 	"github.com/kvgate/kvgate/hashcore"
+	"github.com/kvgate/kvgate/ingest/plane"
 	"github.com/kvgate/kvgate/proxy/route"
 	"github.com/kvgate/kvgate/shard"
 	"github.com/kvgate/kvgate/tokenize"
@@ -246,11 +247,53 @@ const (
 	SelectCHWBL
 )
 
-// Config is one rule: everything `kvgate serve` takes from flags.
+// Config is one rule: everything `kvgate serve` takes from flags, in parts by what they
+// configure. The parts, in the order `kvgate serve -h` lists their flags: Listener (the
+// public and admin listeners and who may use them), Fleet (which endpoints, and how the
+// list changes at runtime), Select (the selector for requests KV-Exact does not place),
+// KV (KV-Exact routing: every -kv-* knob), Models (served models, their tokenizers and
+// LoRA adapters), PD (what only prefill/decode mode 1 uses), Breaker, Health, Upstream
+// (how kvgate reaches the engines: TLS, timeouts, retries), Limits (request size),
+// Shutdown and Plane (the optional event plane).
 type Config struct {
-	Listen      string
-	AdminListen string
-	Endpoints   []EndpointSpec
+	Listener ListenerConfig
+	Fleet    FleetConfig
+	Select   SelectConfig
+	KV       KVConfig
+	Models   ModelsConfig
+	PD       PDConfig
+	Breaker  BreakerConfig
+	Health   HealthConfig
+	Upstream UpstreamConfig
+	Limits   LimitsConfig
+	Shutdown ShutdownConfig
+	// Plane is the optional NATS JetStream event plane (plane.go); zero: direct.
+	Plane PlaneConfig
+}
+
+// ListenerConfig is the public (OpenAI API) and admin listeners and who may use them.
+type ListenerConfig struct {
+	Addr      string // public listener address
+	AdminAddr string // admin listener address; empty: none
+	// AdminToken, when set, makes the admin listener want Authorization: Bearer <token>.
+	AdminToken string
+	// TLSCert and TLSKey, when set, serve the public listener over TLS; the files are
+	// watched and a renewed pair applies to new connections without a restart.
+	TLSCert, TLSKey string
+	// APIKeysFile, when set, holds the public API keys (one a line, # comments, watched):
+	// requests without Authorization: Bearer <one of them> are answered 401.
+	APIKeysFile string
+	// ForwardAuthorization passes the client's Authorization header to the engine
+	// unchanged (the default); false removes it (the engine runs without --api-key).
+	ForwardAuthorization bool
+	// AccessLog writes one INFO line per answered request (endpoint, route, predicted
+	// and delivered cached tokens, TTFT, status).
+	AccessLog bool
+}
+
+// FleetConfig is the endpoints and how their list changes at runtime.
+type FleetConfig struct {
+	Endpoints []EndpointSpec
 	// EndpointsFile, when set, is where Endpoints[StaticEndpoints:] came from: it is
 	// polled every EndpointsWatch (0: never) and reloaded when its content changes.
 	EndpointsFile   string
@@ -262,112 +305,129 @@ type Config struct {
 	MaxEndpoints int
 	// DNSInterval is how often discover=dns endpoints are looked up again.
 	DNSInterval time.Duration
+}
 
-	Select           Selector
-	KVMode           KVMode
-	KVBlockSize      int
-	KVHashAlgo       string
-	KVHashSeed       string
-	KVHashSeedSet    bool
-	KVKeys           string // auto | engine | rehash
-	KVScorePrefix    bool   // false: overlap
-	KVMinMatchTokens int
-	KVMaxPromptBytes int // prompt / messages JSON bytes above which KV routing is skipped (0: no bound)
-	// KVMaxKeysPerEndpoint bounds the block keys the inventory holds for one endpoint, so
+// SelectConfig is the selector for requests KV-Exact does not place: every request with
+// KV-Exact off, and KV misses.
+type SelectConfig struct {
+	Kind             Selector
+	CHWBLPrefixBytes int // bytes of the system message / prompt in the chwbl key
+}
+
+// KVConfig is KV-Exact routing: the engines' hash contract, how matches are scored and
+// chosen among, and the bounds on what it costs.
+type KVConfig struct {
+	Mode           KVMode
+	BlockSize      int
+	HashAlgo       string
+	HashSeed       string
+	HashSeedSet    bool
+	Keys           string // auto | engine | rehash
+	ScorePrefix    bool   // false: overlap
+	MinMatchTokens int
+	MaxPromptBytes int // prompt / messages JSON bytes above which KV routing is skipped (0: no bound)
+	// MaxKeysPerEndpoint bounds the block keys the inventory holds for one endpoint, so
 	// an event stream that misses removes cannot grow memory forever. At the bound a new
 	// key evicts an older one of the same endpoint (kvgate_inventory_evicted_total).
-	KVMaxKeysPerEndpoint int
-	// PDPrefixTrieKeys bounds, per prefill endpoint, the block keys mode 1's prefix trie
-	// remembers of the prompts kvgate sent there (0: no trie tier).
-	PDPrefixTrieKeys int
+	MaxKeysPerEndpoint int
 	// LoadFactor is epsilon in the bound ceil((1+epsilon) x mean in-flight). The default 1
 	// lets an endpoint take twice the mean before its KV hit goes elsewhere: with a few
 	// requests in flight per engine, 0.25 turned most hits away and cost TTFT (bench/RESULTS.md).
-	LoadFactor       float64
-	CHWBLPrefixBytes int
-	// KVPolicy chooses among the endpoints once some holds the prompt's prefix: "cost"
+	// The chwbl selector keeps the same bound.
+	LoadFactor float64
+	// Policy chooses among the endpoints once some holds the prompt's prefix: "cost"
 	// (predicted time to first token; the default) or "overlap" (the most matched blocks
 	// under the load bound).
-	KVPolicy string
-	// KVPrefillRate pins every endpoint's prefill rate in tokens/s (0: learned per
+	Policy string
+	// PrefillRate pins every endpoint's prefill rate in tokens/s (0: learned per
 	// endpoint from the first tokens kvgate sees, starting from route.PriorRate).
-	KVPrefillRate float64
-	// KVEngineSlots pins how many requests an engine runs at once (0: learned from the
+	PrefillRate float64
+	// EngineSlots pins how many requests an engine runs at once (0: learned from the
 	// engine's reported running count while requests wait).
-	KVEngineSlots int
-	// KVLoadScrape is how often each engine's /metrics is read for its running and
+	EngineSlots int
+	// LoadScrape is how often each engine's /metrics is read for its running and
 	// waiting requests and KV usage (0: never; kvgate's own accounting only).
-	KVLoadScrape time.Duration
-	// KVTierWeightCPU and KVTierWeightStorage are what a prompt token cached only in host
+	LoadScrape time.Duration
+	// TierWeightCPU and TierWeightStorage are what a prompt token cached only in host
 	// memory, or only on disk / a remote store, costs the cost policy as a fraction of an
 	// uncached token's prefill: the engine loads it over a link instead of computing it.
 	// 1 means the tier saves nothing: it is not indexed at all. Defaults:
 	// DefaultTierWeightCPU, DefaultTierWeightStorage.
-	KVTierWeightCPU, KVTierWeightStorage float64
-	// KVPendingTTL: in mode 3, a prompt's blocks count as held by the endpoint kvgate sent
+	TierWeightCPU, TierWeightStorage float64
+	// PendingTTL: in mode 3, a prompt's blocks count as held by the endpoint kvgate sent
 	// it to for this long, until the engine's own events report them (0: off).
-	KVPendingTTL time.Duration
-	// KVFairShare: the cost policy lets no endpoint take more than this times the mean
+	PendingTTL time.Duration
+	// FairShare: the cost policy lets no endpoint take more than this times the mean
 	// share of recent prefill work, except for requests whose cached prefix there is
 	// private (route.Cost); 0 turns the bound off.
-	KVFairShare float64
-	// TokenizeMemoBytes bounds the memo of token IDs between added tokens that lets a
-	// follow-up turn tokenize only its new text (0: off); KVChainMemoBytes bounds the memo
-	// of block-key chain stretches that lets it hash only its new blocks (0: off), one
-	// memo per contract the endpoints are keyed under (another block size or engine).
-	TokenizeMemoBytes int64
-	KVChainMemoBytes  int64
+	FairShare float64
+	// ChainMemoBytes bounds the memo of block-key chain stretches that lets a follow-up
+	// turn hash only its new blocks (0: off), one memo per contract the endpoints are
+	// keyed under (another block size or engine).
+	ChainMemoBytes int64
+}
 
+// ModelsConfig is the served models KV-Exact tokenizes for, and how.
+type ModelsConfig struct {
 	Tokenizers []TokenizerSpec
 	LoRA       map[string]string // adapter served name -> base model
+	// TokenizeMemoBytes bounds the memo of token IDs between added tokens that lets a
+	// follow-up turn tokenize only its new text (0: off).
+	TokenizeMemoBytes int64
+}
 
-	BreakerFailures  int           // consecutive connect failures that open it
-	BreakerOpenFor   time.Duration // open period before a half-open trial
-	BreakerHalfOpen  int           // trial requests allowed while half-open
-	Breaker5xxStreak int           // 0: 5xx do not count
+// PDConfig is what only prefill/decode mode 1 uses to pick the prefill endpoint before
+// KV-Exact: session affinity and the prefix trie.
+type PDConfig struct {
+	// PrefixTrieKeys bounds, per prefill endpoint, the block keys mode 1's prefix trie
+	// remembers of the prompts kvgate sent there (0: no trie tier).
+	PrefixTrieKeys int
+	AffinityTTL    time.Duration
+	AffinityMax    int // 0: no session affinity
+}
 
-	HealthInterval time.Duration // 0: no active checks
-	HealthTimeout  time.Duration
-	HealthPath     string
+// BreakerConfig is each endpoint's circuit breaker.
+type BreakerConfig struct {
+	Failures  int           // consecutive connect failures that open it
+	OpenFor   time.Duration // open period before a half-open trial
+	HalfOpen  int           // trial requests allowed while half-open
+	Streak5xx int           // consecutive 5xx answers that open it; 0: 5xx do not count
+}
 
-	ConnectTimeout  time.Duration
-	UpstreamTimeout time.Duration // until response headers; 504 after
-	MaxBodyBytes    int
-	MaxHeaderBytes  int // request header limit (hertz answers 431 above)
-	MaxRetries      int // 0: up to the number of endpoints
+// HealthConfig is the active health checks.
+type HealthConfig struct {
+	Interval time.Duration // 0: no active checks
+	Timeout  time.Duration
+	Path     string
+}
+
+// UpstreamConfig is how kvgate reaches the engines: TLS, timeouts and retries.
+type UpstreamConfig struct {
+	// CA verifies https:// endpoints (system roots when empty); Cert and Key are an
+	// optional client certificate kvgate presents to them.
+	CA, Cert, Key  string
+	ConnectTimeout time.Duration
+	Timeout        time.Duration // until response headers; 504 after
+	MaxRetries     int           // 0: up to the number of endpoints
 	// Retry5xx: a 5xx answer or a non-streamed body cut short, before any byte reached
 	// the client, is dropped and the request sent to another endpoint (the last
 	// attempt's answer is relayed as it is).
 	Retry5xx bool
+}
 
-	AffinityTTL time.Duration
-	AffinityMax int
+// LimitsConfig bounds what a client's request may be.
+type LimitsConfig struct {
+	MaxBodyBytes   int
+	MaxHeaderBytes int // request header limit (hertz answers 431 above)
+}
 
-	ShutdownGrace time.Duration
-	// ShutdownDelay is how long, after SIGTERM, /readyz answers 503 while the public
-	// listener keeps serving, so balancers take the replica out before it stops accepting.
-	ShutdownDelay time.Duration
-	// AccessLog writes one INFO line per answered request (endpoint, route, predicted
-	// and delivered cached tokens, TTFT, status).
-	AccessLog bool
-
-	// TLSCert and TLSKey, when set, serve the public listener over TLS; the files are
-	// watched and a renewed pair applies to new connections without a restart.
-	TLSCert, TLSKey string
-	// UpstreamCA verifies https:// endpoints (system roots when empty); UpstreamCert and
-	// UpstreamKey are an optional client certificate kvgate presents to them.
-	UpstreamCA, UpstreamCert, UpstreamKey string
-	// APIKeysFile, when set, holds the public API keys (one a line, # comments, watched):
-	// requests without Authorization: Bearer <one of them> are answered 401.
-	APIKeysFile string
-	// ForwardAuthorization passes the client's Authorization header to the engine
-	// unchanged (the default); false removes it (the engine runs without --api-key).
-	ForwardAuthorization bool
-
-	AdminToken string // when set, the admin listener wants Authorization: Bearer <token>
-
-	// Plane is the optional NATS JetStream event plane (plane.go); zero: direct.
-	Plane PlaneConfig
+// ShutdownConfig is the drain on SIGTERM.
+type ShutdownConfig struct {
+	// Delay is how long, after SIGTERM, /readyz answers 503 while the public listener
+	// keeps serving, so balancers take the replica out before it stops accepting.
+	Delay time.Duration
+	// Grace is how long in-flight requests may then finish.
+	Grace time.Duration
 }
 
 // DefaultTierWeightCPU and DefaultTierWeightStorage are the tier weights' defaults (the
@@ -384,51 +444,64 @@ const (
 
 // tiersIndexed says which lower tiers the rule indexes (a weight under 1, KV-Exact on).
 func (c *Config) tiersIndexed() (cpu, storage bool) {
-	if c.KVMode == KVOff || c.planeRoutes() {
+	if c.KV.Mode == KVOff || c.planeRoutes() {
 		return false, false // a plane route replica's keys come from the stream: GPU keys only
 	}
-	return c.KVTierWeightCPU < 1, c.KVTierWeightStorage < 1
+	return c.KV.TierWeightCPU < 1, c.KV.TierWeightStorage < 1
 }
 
-// Defaults returns a Config with every documented default filled in.
+// Defaults returns a Config with every documented default filled in; `kvgate serve`'s
+// flags take their defaults from it.
 func Defaults() Config {
 	return Config{
-		Listen:               "127.0.0.1:8080",
-		EndpointsWatch:       time.Second,
-		DNSInterval:          5 * time.Second,
-		AdminListen:          "127.0.0.1:9090",
-		KVBlockSize:          16,
-		KVKeys:               "auto",
-		KVMinMatchTokens:     0,
-		KVMaxPromptBytes:     1 << 20,
-		KVMaxKeysPerEndpoint: shard.DefaultMaxKeysPerEndpoint,
-		PDPrefixTrieKeys:     1 << 18,
-		LoadFactor:           1,
-		KVPolicy:             "cost",
-		KVLoadScrape:         50 * time.Millisecond,
-		KVTierWeightCPU:      DefaultTierWeightCPU,
-		KVTierWeightStorage:  DefaultTierWeightStorage,
-		KVPendingTTL:         2 * time.Second,
-		KVFairShare:          route.DefaultFairShare,
-		TokenizeMemoBytes:    tokenize.DefaultMemoBytes,
-		KVChainMemoBytes:     hashcore.DefaultChainMemoBytes,
-		CHWBLPrefixBytes:     256,
-		BreakerFailures:      3,
-		BreakerOpenFor:       10 * time.Second,
-		BreakerHalfOpen:      1,
-		HealthInterval:       5 * time.Second,
-		HealthTimeout:        2 * time.Second,
-		HealthPath:           "/health",
-		ConnectTimeout:       2 * time.Second,
-		UpstreamTimeout:      300 * time.Second,
-		MaxBodyBytes:         32 << 20,
-		MaxHeaderBytes:       64 << 10,
-		Retry5xx:             true,
-		AffinityTTL:          10 * time.Minute,
-		AffinityMax:          100000,
-		ShutdownGrace:        30 * time.Second,
-		ShutdownDelay:        5 * time.Second,
-		ForwardAuthorization: true,
+		Listener: ListenerConfig{
+			Addr:                 ":8080",
+			AdminAddr:            "127.0.0.1:9090",
+			ForwardAuthorization: true,
+		},
+		Fleet: FleetConfig{
+			EndpointsWatch: time.Second,
+			DNSInterval:    5 * time.Second,
+		},
+		Select: SelectConfig{Kind: SelectRR, CHWBLPrefixBytes: 256},
+		KV: KVConfig{
+			Mode:               KVOff,
+			BlockSize:          16,
+			Keys:               "auto",
+			MinMatchTokens:     0,
+			MaxPromptBytes:     1 << 20,
+			MaxKeysPerEndpoint: shard.DefaultMaxKeysPerEndpoint,
+			LoadFactor:         1,
+			Policy:             "cost",
+			LoadScrape:         50 * time.Millisecond,
+			TierWeightCPU:      DefaultTierWeightCPU,
+			TierWeightStorage:  DefaultTierWeightStorage,
+			PendingTTL:         2 * time.Second,
+			FairShare:          route.DefaultFairShare,
+			ChainMemoBytes:     hashcore.DefaultChainMemoBytes,
+		},
+		Models: ModelsConfig{TokenizeMemoBytes: tokenize.DefaultMemoBytes},
+		PD: PDConfig{
+			PrefixTrieKeys: 1 << 18,
+			AffinityTTL:    10 * time.Minute,
+			AffinityMax:    100000,
+		},
+		Breaker: BreakerConfig{Failures: 3, OpenFor: 10 * time.Second, HalfOpen: 1},
+		Health:  HealthConfig{Interval: 5 * time.Second, Timeout: 2 * time.Second, Path: "/health"},
+		Upstream: UpstreamConfig{
+			ConnectTimeout: 2 * time.Second,
+			Timeout:        300 * time.Second,
+			Retry5xx:       true,
+		},
+		Limits:   LimitsConfig{MaxBodyBytes: 32 << 20, MaxHeaderBytes: 64 << 10},
+		Shutdown: ShutdownConfig{Delay: 5 * time.Second, Grace: 30 * time.Second},
+		Plane: PlaneConfig{
+			Kind:             "direct",
+			Stream:           plane.DefaultStream,
+			MaxAge:           plane.DefaultMaxAge,
+			MaxBytes:         plane.DefaultMaxBytes,
+			SnapshotInterval: plane.DefaultSnapshotInterval,
+		},
 	}
 }
 
@@ -446,25 +519,25 @@ func refuse(flag, format string, a ...any) error {
 
 // Validate refuses contradictory or incomplete rules, naming the flag to fix.
 func (c *Config) Validate() error {
-	if len(c.Endpoints) == 0 {
+	if len(c.Fleet.Endpoints) == 0 {
 		return refuse("-endpoint", "at least one endpoint is required (or -endpoints-file)")
 	}
-	if len(c.Endpoints) > shard.MaxEndpoints {
-		return refuse("-endpoint", "%d endpoints: at most %d are supported", len(c.Endpoints), shard.MaxEndpoints)
+	if len(c.Fleet.Endpoints) > shard.MaxEndpoints {
+		return refuse("-endpoint", "%d endpoints: at most %d are supported", len(c.Fleet.Endpoints), shard.MaxEndpoints)
 	}
-	if c.MaxEndpoints < 0 || c.MaxEndpoints > shard.MaxEndpoints {
-		return refuse("-max-endpoints", "%d: want 0 (the initial count rounded up to 8/16/32/64) or 1..%d", c.MaxEndpoints, shard.MaxEndpoints)
+	if c.Fleet.MaxEndpoints < 0 || c.Fleet.MaxEndpoints > shard.MaxEndpoints {
+		return refuse("-max-endpoints", "%d: want 0 (the initial count rounded up to 8/16/32/64) or 1..%d", c.Fleet.MaxEndpoints, shard.MaxEndpoints)
 	}
-	if c.EndpointsWatch < 0 {
-		return refuse("-endpoints-watch", "%v: want >= 0 (0: never reload)", c.EndpointsWatch)
+	if c.Fleet.EndpointsWatch < 0 {
+		return refuse("-endpoints-watch", "%v: want >= 0 (0: never reload)", c.Fleet.EndpointsWatch)
 	}
-	if c.DNSInterval < 0 {
-		return refuse("-dns-interval", "%v: want >= 0 (0: resolve at start and on reloads only)", c.DNSInterval)
+	if c.Fleet.DNSInterval < 0 {
+		return refuse("-dns-interval", "%v: want >= 0 (0: resolve at start and on reloads only)", c.Fleet.DNSInterval)
 	}
 	names := map[string]bool{}
 	var prefill, decode int
-	for i := range c.Endpoints {
-		e := &c.Endpoints[i]
+	for i := range c.Fleet.Endpoints {
+		e := &c.Fleet.Endpoints[i]
 		name := e.Name
 		if e.host == "" { // built by hand, not by ParseEndpoint: normalize fills it in
 			p, err := ParseEndpoint("url=" + e.URL + ",name=" + e.Name)
@@ -487,14 +560,14 @@ func (c *Config) Validate() error {
 			return refuse("-endpoint", "endpoint %q: replay= without events=", e.Name)
 		}
 	}
-	switch c.KVMode {
+	switch c.KV.Mode {
 	case KVDisaggregated:
 		if prefill == 0 || decode == 0 {
 			return refuse("-kv-mode", "mode 1 (prefill/decode) needs at least one endpoint with role=prefill and one with role=decode (have %d prefill, %d decode)", prefill, decode)
 		}
 		var eng Engine // "": none seen yet
-		for i := range c.Endpoints {
-			e := &c.Endpoints[i]
+		for i := range c.Fleet.Endpoints {
+			e := &c.Fleet.Endpoints[i]
 			if e.Role == RoleBoth {
 				return refuse("-endpoint", "endpoint %q: -kv-mode 1 needs role=prefill or role=decode on every endpoint", e.Name)
 			}
@@ -511,14 +584,14 @@ func (c *Config) Validate() error {
 	if err := c.validatePlane(); err != nil {
 		return err
 	}
-	if c.KVMaxKeysPerEndpoint < 1 {
-		return refuse("-kv-max-keys-per-endpoint", "%d: must be >= 1", c.KVMaxKeysPerEndpoint)
+	if c.KV.MaxKeysPerEndpoint < 1 {
+		return refuse("-kv-max-keys-per-endpoint", "%d: must be >= 1", c.KV.MaxKeysPerEndpoint)
 	}
-	if c.PDPrefixTrieKeys < 0 {
-		return refuse("-pd-prefix-trie-keys", "%d: must be >= 0 (0: no prefix trie)", c.PDPrefixTrieKeys)
+	if c.PD.PrefixTrieKeys < 0 {
+		return refuse("-pd-prefix-trie-keys", "%d: must be >= 0 (0: no prefix trie)", c.PD.PrefixTrieKeys)
 	}
-	if c.KVMode != KVOff {
-		for _, e := range c.Endpoints {
+	if c.KV.Mode != KVOff {
+		for _, e := range c.Fleet.Endpoints {
 			if e.Engine == EngineLlamaCpp {
 				return refuse("-kv-mode", "endpoint %q has engine=llamacpp: llama.cpp publishes no KV-cache events, so KV-Exact has no event contract to follow; use -kv-mode off with -select chwbl for prefix affinity", e.Name)
 			}
@@ -526,27 +599,27 @@ func (c *Config) Validate() error {
 				return refuse("-endpoint", "endpoint %q: KV-Exact needs events=tcp://host:port (the engine's KV event publisher)", e.Name)
 			}
 		}
-		if len(c.Tokenizers) == 0 {
+		if len(c.Models.Tokenizers) == 0 {
 			return refuse("-tokenizer", "KV-Exact needs at least one served model mapped to a tokenizer directory (-model NAME -tokenizer DIR)")
 		}
-		if c.KVBlockSize < 1 || c.KVBlockSize > hashcore.MaxBlockSize {
-			return refuse("-kv-block-size", "%d: want 1..%d (the engine's block/page size)", c.KVBlockSize, hashcore.MaxBlockSize)
+		if c.KV.BlockSize < 1 || c.KV.BlockSize > hashcore.MaxBlockSize {
+			return refuse("-kv-block-size", "%d: want 1..%d (the engine's block/page size)", c.KV.BlockSize, hashcore.MaxBlockSize)
 		}
-		if c.KVMinMatchTokens < 0 {
+		if c.KV.MinMatchTokens < 0 {
 			return refuse("-kv-min-match-tokens", "must be >= 0")
 		}
-		if c.KVMaxPromptBytes < 0 {
+		if c.KV.MaxPromptBytes < 0 {
 			return refuse("-kv-max-prompt-bytes", "must be >= 0 (0: no bound)")
 		}
-		switch c.KVKeys {
+		switch c.KV.Keys {
 		case "auto", "engine", "rehash", "fast": // fast: rehash's older name (normalize)
 		default:
-			return refuse("-kv-keys", "%q: want auto, engine or rehash", c.KVKeys)
+			return refuse("-kv-keys", "%q: want auto, engine or rehash", c.KV.Keys)
 		}
 		// vLLM and SGLang endpoints in one rule are each keyed under their own engine's
 		// contract and block size (proxy/kv.go endpointContract).
 	}
-	for _, t := range c.Tokenizers {
+	for _, t := range c.Models.Tokenizers {
 		if t.Model == "" || t.Dir == "" {
 			return refuse("-tokenizer", "want NAME=DIR or -model NAME -tokenizer DIR")
 		}
@@ -554,89 +627,89 @@ func (c *Config) Validate() error {
 			return refuse("-tokenizer", "%s: not a directory (want the dir holding tokenizer.json)", t.Dir)
 		}
 	}
-	for a, base := range c.LoRA {
+	for a, base := range c.Models.LoRA {
 		found := false
-		for _, t := range c.Tokenizers {
+		for _, t := range c.Models.Tokenizers {
 			found = found || t.Model == base || slices.Contains(t.Aliases, base)
 		}
 		if !found {
 			return refuse("-lora", "%s=%s: base model %q has no -tokenizer", a, base, base)
 		}
 	}
-	switch c.KVPolicy {
+	switch c.KV.Policy {
 	case "cost", "overlap":
 	default:
-		return refuse("-kv-policy", "%q: want cost or overlap", c.KVPolicy)
+		return refuse("-kv-policy", "%q: want cost or overlap", c.KV.Policy)
 	}
-	if c.KVPrefillRate < 0 || math.IsNaN(c.KVPrefillRate) || math.IsInf(c.KVPrefillRate, 0) {
-		return refuse("-kv-prefill-rate", "%v: want tokens/s > 0, or 0 to learn it", c.KVPrefillRate)
+	if c.KV.PrefillRate < 0 || math.IsNaN(c.KV.PrefillRate) || math.IsInf(c.KV.PrefillRate, 0) {
+		return refuse("-kv-prefill-rate", "%v: want tokens/s > 0, or 0 to learn it", c.KV.PrefillRate)
 	}
-	if c.KVEngineSlots < 0 {
-		return refuse("-kv-engine-slots", "%d: want >= 0 (0: learn from the engines)", c.KVEngineSlots)
+	if c.KV.EngineSlots < 0 {
+		return refuse("-kv-engine-slots", "%d: want >= 0 (0: learn from the engines)", c.KV.EngineSlots)
 	}
 	for _, w := range [...]struct {
 		flag string
 		v    float64
-	}{{"-kv-tier-weight-cpu", c.KVTierWeightCPU}, {"-kv-tier-weight-storage", c.KVTierWeightStorage}} {
+	}{{"-kv-tier-weight-cpu", c.KV.TierWeightCPU}, {"-kv-tier-weight-storage", c.KV.TierWeightStorage}} {
 		if !(w.v >= 0 && w.v <= 1) {
 			return refuse(w.flag, "%v: want a fraction of an uncached token's prefill in [0, 1] (1: the tier is not indexed)", w.v)
 		}
 	}
-	if c.KVLoadScrape < 0 {
-		return refuse("-kv-load-scrape", "%v: want >= 0 (0: off)", c.KVLoadScrape)
+	if c.KV.LoadScrape < 0 {
+		return refuse("-kv-load-scrape", "%v: want >= 0 (0: off)", c.KV.LoadScrape)
 	}
-	if c.TokenizeMemoBytes != 0 && c.TokenizeMemoBytes < tokenize.MinMemoBytes {
-		return refuse("-tokenize-memo-bytes", "%d: want 0 (off) or >= %d", c.TokenizeMemoBytes, tokenize.MinMemoBytes)
+	if c.Models.TokenizeMemoBytes != 0 && c.Models.TokenizeMemoBytes < tokenize.MinMemoBytes {
+		return refuse("-tokenize-memo-bytes", "%d: want 0 (off) or >= %d", c.Models.TokenizeMemoBytes, tokenize.MinMemoBytes)
 	}
-	if c.KVChainMemoBytes != 0 && c.KVChainMemoBytes < hashcore.MinChainMemoBytes {
-		return refuse("-kv-chain-memo-bytes", "%d: want 0 (off) or >= %d", c.KVChainMemoBytes, hashcore.MinChainMemoBytes)
+	if c.KV.ChainMemoBytes != 0 && c.KV.ChainMemoBytes < hashcore.MinChainMemoBytes {
+		return refuse("-kv-chain-memo-bytes", "%d: want 0 (off) or >= %d", c.KV.ChainMemoBytes, hashcore.MinChainMemoBytes)
 	}
-	if c.KVFairShare != 0 && !(c.KVFairShare >= 1 && c.KVFairShare <= 100) {
-		return refuse("-kv-fair-share", "%v: want 0 (off) or a factor in [1, 100]", c.KVFairShare)
+	if c.KV.FairShare != 0 && !(c.KV.FairShare >= 1 && c.KV.FairShare <= 100) {
+		return refuse("-kv-fair-share", "%v: want 0 (off) or a factor in [1, 100]", c.KV.FairShare)
 	}
-	if c.KVPendingTTL < 0 {
-		return refuse("-kv-pending-ttl", "%v: want >= 0 (0: off)", c.KVPendingTTL)
+	if c.KV.PendingTTL < 0 {
+		return refuse("-kv-pending-ttl", "%v: want >= 0 (0: off)", c.KV.PendingTTL)
 	}
-	if c.LoadFactor < 0 || math.IsNaN(c.LoadFactor) || math.IsInf(c.LoadFactor, 0) {
-		return refuse("-kv-load-factor", "%v: want epsilon >= 0", c.LoadFactor)
+	if c.KV.LoadFactor < 0 || math.IsNaN(c.KV.LoadFactor) || math.IsInf(c.KV.LoadFactor, 0) {
+		return refuse("-kv-load-factor", "%v: want epsilon >= 0", c.KV.LoadFactor)
 	}
-	if c.BreakerFailures < 1 {
+	if c.Breaker.Failures < 1 {
 		return refuse("-breaker-failures", "must be >= 1")
 	}
-	if c.BreakerOpenFor <= 0 {
+	if c.Breaker.OpenFor <= 0 {
 		return refuse("-breaker-open", "must be > 0")
 	}
-	if c.BreakerHalfOpen < 1 {
+	if c.Breaker.HalfOpen < 1 {
 		return refuse("-breaker-half-open", "must be >= 1")
 	}
-	if c.MaxBodyBytes < 1024 || c.MaxBodyBytes > 1<<30 {
-		return refuse("-max-body-bytes", "%d: want 1024..1073741824 (1 GiB)", c.MaxBodyBytes)
+	if c.Limits.MaxBodyBytes < 1024 || c.Limits.MaxBodyBytes > 1<<30 {
+		return refuse("-max-body-bytes", "%d: want 1024..1073741824 (1 GiB)", c.Limits.MaxBodyBytes)
 	}
-	if c.MaxHeaderBytes < 1024 {
-		return refuse("-max-header-bytes", "%d: want at least 1024", c.MaxHeaderBytes)
+	if c.Limits.MaxHeaderBytes < 1024 {
+		return refuse("-max-header-bytes", "%d: want at least 1024", c.Limits.MaxHeaderBytes)
 	}
-	if c.ConnectTimeout <= 0 {
+	if c.Upstream.ConnectTimeout <= 0 {
 		return refuse("-connect-timeout", "must be > 0")
 	}
-	if c.UpstreamTimeout <= 0 {
+	if c.Upstream.Timeout <= 0 {
 		return refuse("-upstream-timeout", "must be > 0")
 	}
-	if c.HealthInterval > 0 && c.HealthTimeout <= 0 {
+	if c.Health.Interval > 0 && c.Health.Timeout <= 0 {
 		return refuse("-health-timeout", "must be > 0")
 	}
-	if c.CHWBLPrefixBytes < 1 {
+	if c.Select.CHWBLPrefixBytes < 1 {
 		return refuse("-chwbl-prefix-bytes", "must be >= 1")
 	}
-	if c.AffinityMax < 0 {
+	if c.PD.AffinityMax < 0 {
 		return refuse("-affinity-max", "must be >= 0")
 	}
-	if (c.TLSCert == "") != (c.TLSKey == "") {
+	if (c.Listener.TLSCert == "") != (c.Listener.TLSKey == "") {
 		return refuse("-tls-cert", "the listener's TLS needs both -tls-cert and -tls-key")
 	}
-	if c.ShutdownDelay < 0 {
+	if c.Shutdown.Delay < 0 {
 		return refuse("-shutdown-delay", "must be >= 0")
 	}
-	if c.ShutdownGrace < 0 {
+	if c.Shutdown.Grace < 0 {
 		return refuse("-shutdown-grace", "must be >= 0")
 	}
 	return nil
@@ -647,9 +720,9 @@ func (c *Config) Validate() error {
 // -kv-keys fast becomes rehash. It works on its own copy of the endpoint list. Validate
 // must have passed.
 func (c *Config) normalize() {
-	c.Endpoints = slices.Clone(c.Endpoints)
-	for i := range c.Endpoints {
-		e := &c.Endpoints[i]
+	c.Fleet.Endpoints = slices.Clone(c.Fleet.Endpoints)
+	for i := range c.Fleet.Endpoints {
+		e := &c.Fleet.Endpoints[i]
 		if e.host == "" {
 			p, _ := ParseEndpoint("url=" + e.URL + ",name=" + e.Name)
 			e.URL, e.host, e.scheme = p.URL, p.host, p.scheme
@@ -658,7 +731,7 @@ func (c *Config) normalize() {
 			}
 		}
 	}
-	if c.KVKeys == "fast" {
-		c.KVKeys = "rehash"
+	if c.KV.Keys == "fast" {
+		c.KV.Keys = "rehash"
 	}
 }

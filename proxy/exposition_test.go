@@ -120,7 +120,7 @@ func TestMetricsPrometheusExposition(t *testing.T) {
 	c := vllmChain(t)
 	a := newKVEngine(t, "a", enginepub.VLLM)
 	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""))
-	cfg.KVPendingTTL = 0 // the repeated miss would follow its own pending entries
+	cfg.KV.PendingTTL = 0 // the repeated miss would follow its own pending entries
 	s := startProxy(t, cfg)
 	a.store(t, c, engineTokens(t, sharedPrefix), 8)
 	waitFor(t, "events applied", func() bool { return s.kv.inv.Count(0) == 8 })
@@ -199,7 +199,7 @@ func TestMetricsStatusCodes(t *testing.T) {
 func TestAccessLog(t *testing.T) {
 	a := newFakeEngine(t, "a")
 	cfg := testConfig(a.url())
-	cfg.AccessLog = true
+	cfg.Listener.AccessLog = true
 	s, lb := startLogged(t, cfg, nil)
 	post(t, s.url("/v1/completions"), complBody, "X-Request-Id", "req-42")
 	post(t, s.url("/v1/chat/completions"), `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
@@ -210,7 +210,7 @@ func TestAccessLog(t *testing.T) {
 	if l := lb.lines("msg=request", "path=/v1/chat/completions", "status=200"); len(l) != 1 {
 		t.Errorf("access log line for the stream: %q", lb.String())
 	}
-	cfg.AccessLog = false
+	cfg.Listener.AccessLog = false
 	s2, lb2 := startLogged(t, cfg, nil)
 	post(t, s2.url("/v1/completions"), complBody)
 	if l := lb2.lines("msg=request"); len(l) != 0 {

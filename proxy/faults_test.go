@@ -86,8 +86,8 @@ func drive(t *testing.T, s *Server, n, conc int) loadResult {
 func TestFaultRefusingBackend(t *testing.T) {
 	a, b := newFakeEngine(t, "a"), newFakeEngine(t, "b")
 	cfg := testConfig("http://"+deadAddr(t), a.url(), b.url())
-	cfg.BreakerFailures = 3
-	cfg.BreakerOpenFor = time.Minute
+	cfg.Breaker.Failures = 3
+	cfg.Breaker.OpenFor = time.Minute
 	s := startProxy(t, cfg)
 	r := drive(t, s, 300, 8)
 	if r.lost != 0 {
@@ -137,11 +137,11 @@ func TestFaultHangingBackend(t *testing.T) {
 		hung, _ := hungListener(t)
 		a := newFakeEngine(t, "a")
 		cfg := testConfig("http://"+hung, a.url())
-		cfg.HealthInterval = 50 * time.Millisecond
+		cfg.Health.Interval = 50 * time.Millisecond
 		// Generous next to the healthy engine's answers even on a loaded -race run, so
 		// only the hung endpoint ever fails a probe or a request.
-		cfg.HealthTimeout = 500 * time.Millisecond
-		cfg.UpstreamTimeout = 3 * time.Second
+		cfg.Health.Timeout = 500 * time.Millisecond
+		cfg.Upstream.Timeout = 3 * time.Second
 		s := startProxy(t, cfg)
 		waitFor(t, "hung endpoint unhealthy", func() bool { return s.roster().eps[0].checked.Load() && !s.roster().eps[0].healthy.Load() })
 		if r := drive(t, s, 100, 4); r.lost != 0 {
@@ -152,9 +152,9 @@ func TestFaultHangingBackend(t *testing.T) {
 		hung, conns := hungListener(t)
 		a := newFakeEngine(t, "a")
 		cfg := testConfig("http://"+hung, a.url())
-		cfg.UpstreamTimeout = time.Second // the healthy engine answers far inside it
-		cfg.BreakerFailures = 2
-		cfg.BreakerOpenFor = time.Minute
+		cfg.Upstream.Timeout = time.Second // the healthy engine answers far inside it
+		cfg.Breaker.Failures = 2
+		cfg.Breaker.OpenFor = time.Minute
 		s := startProxy(t, cfg)
 		timeouts := 0
 		for i := 0; i < 20; i++ {
@@ -190,8 +190,8 @@ func TestFault5xxStreak(t *testing.T) {
 		return true
 	}
 	cfg := testConfig(bad.url(), good.url())
-	cfg.Breaker5xxStreak = 3
-	cfg.BreakerOpenFor = time.Minute
+	cfg.Breaker.Streak5xx = 3
+	cfg.Breaker.OpenFor = time.Minute
 	s := startProxy(t, cfg)
 	r := drive(t, s, 200, 4)
 	if r.lost != 0 {
@@ -217,7 +217,7 @@ func TestFaultTruncatedBodyRetried(t *testing.T) {
 	cut := rawEngine(t, truncatingEngine)
 	good := newFakeEngine(t, "good")
 	cfg := testConfig(cut, good.url())
-	cfg.BreakerOpenFor = time.Minute
+	cfg.Breaker.OpenFor = time.Minute
 	s := startProxy(t, cfg)
 	for i := 0; i < 20; i++ {
 		res, body := post(t, s.url("/v1/completions"), complBody)
@@ -398,7 +398,7 @@ func TestLongStreamOutlivesUpstreamTimeout(t *testing.T) {
 	cfg := testConfig(a.url())
 	// 30 gaps of 60 ms (1.8 s in all) under a 1 s timeout: each gap is far inside it
 	// even on a loaded machine under -race, the whole stream is not.
-	cfg.UpstreamTimeout = time.Second
+	cfg.Upstream.Timeout = time.Second
 	s := startProxy(t, cfg)
 	res, body := post(t, s.url("/v1/completions"), `{"model":"m","prompt":"x","stream":true}`)
 	if res.StatusCode != 200 || !strings.HasSuffix(body, "data: [DONE]\n\n") || strings.Count(body, "data: {") != 30 {

@@ -110,8 +110,8 @@ func (k *kvRouter) tokenizeChat(st *reqState, d *decision, model *tokenize.Model
 // endpoints are there too.
 func (k *kvRouter) sglangPool() (sglang, mixed bool) {
 	vllm := false
-	for i := range k.s.cfg.Endpoints {
-		switch k.s.cfg.Endpoints[i].Engine {
+	for i := range k.s.cfg.Fleet.Endpoints {
+		switch k.s.cfg.Fleet.Endpoints[i].Engine {
 		case EngineSGLang:
 			sglang = true
 		case EngineVLLM:

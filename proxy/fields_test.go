@@ -149,11 +149,11 @@ func fieldProxyFor(t *testing.T, templates map[string]string, engine string) (*S
 	a := newKVEngine(t, "a", flavor)
 	cfg := kvConfig(t, KVConverged, a.spec(0, engine, ""))
 	if engine == "sglang" {
-		cfg.KVHashAlgo = "sha256"
+		cfg.KV.HashAlgo = "sha256"
 	}
 	pool := fieldModels(t, templates)
 	for name, dir := range fieldDirs {
-		cfg.Tokenizers = append(cfg.Tokenizers, TokenizerSpec{Model: name, Dir: dir})
+		cfg.Models.Tokenizers = append(cfg.Models.Tokenizers, TokenizerSpec{Model: name, Dir: dir})
 	}
 	s, err := New(cfg, Options{Logger: quietLog, Tokenizers: pool})
 	if err != nil {
@@ -476,16 +476,16 @@ func FuzzFieldsRoute(f *testing.F) {
 	_, templates := fieldGoldens(f)
 	pool := fieldModels(f, templates)
 	cfg := Defaults()
-	cfg.HealthInterval = 0
-	cfg.KVMode, cfg.KVBlockSize, cfg.KVHashAlgo = KVConverged, blockSize, "sha256_cbor"
-	cfg.Tokenizers = []TokenizerSpec{{Model: "qwen3", Dir: qwen3Dir(f)}}
+	cfg.Health.Interval = 0
+	cfg.KV.Mode, cfg.KV.BlockSize, cfg.KV.HashAlgo = KVConverged, blockSize, "sha256_cbor"
+	cfg.Models.Tokenizers = []TokenizerSpec{{Model: "qwen3", Dir: qwen3Dir(f)}}
 	ep, err := ParseEndpoint("name=a,url=http://127.0.0.1:9,engine=vllm,events=tcp://127.0.0.1:9")
 	if err != nil {
 		f.Fatal(err)
 	}
-	cfg.Endpoints = []EndpointSpec{ep}
+	cfg.Fleet.Endpoints = []EndpointSpec{ep}
 	for name, dir := range fieldDirs {
-		cfg.Tokenizers = append(cfg.Tokenizers, TokenizerSpec{Model: name, Dir: dir})
+		cfg.Models.Tokenizers = append(cfg.Models.Tokenizers, TokenizerSpec{Model: name, Dir: dir})
 	}
 	s, err := New(cfg, Options{Logger: quietLog, Tokenizers: pool})
 	if err != nil {
@@ -515,7 +515,7 @@ func FuzzFieldsRoute(f *testing.F) {
 func TestSGLangFieldsMiss(t *testing.T) {
 	a := newKVEngine(t, "a", enginepub.SGLang)
 	cfg := kvConfig(t, KVConverged, a.spec(0, "sglang", ""))
-	cfg.KVHashAlgo = "sha256"
+	cfg.KV.HashAlgo = "sha256"
 	s := startProxy(t, cfg)
 	msgs := `"messages":[{"role":"user","content":"` + strings.Repeat("hello there ", 20) + `"}]`
 	tools := `"tools":[{"type":"function","function":{"name":"f","parameters":{}}}]`
@@ -544,7 +544,7 @@ func TestSGLangFieldsMiss(t *testing.T) {
 	// A rule mixing vLLM and SGLang endpoints cannot key a field they render differently.
 	b := newKVEngine(t, "b", enginepub.VLLM)
 	mixedCfg := kvConfig(t, KVConverged, a.spec(0, "sglang", ""), b.spec(1, "vllm", ""))
-	mixedCfg.KVHashAlgo, mixedCfg.KVKeys = "sha256", "rehash" // one rule, two engine contracts
+	mixedCfg.KV.HashAlgo, mixedCfg.KV.Keys = "sha256", "rehash" // one rule, two engine contracts
 	mixed := startProxy(t, mixedCfg)
 	for _, extra := range []string{`,"documents":[{"title":"t","text":"x"}]`, `,"add_generation_prompt":false`,
 		`,` + tools + `,"tool_choice":"none"`, `,"add_special_tokens":true`} {

@@ -88,7 +88,7 @@ func slotsFor(n, maxEndpoints int) int {
 func (s *Server) newEndpoint(sp EndpointSpec, i int) *endpoint {
 	cfg := &s.cfg
 	e := &endpoint{spec: sp, idx: i,
-		breaker: NewBreaker(cfg.BreakerFailures, cfg.BreakerOpenFor, cfg.BreakerHalfOpen, cfg.Breaker5xxStreak)}
+		breaker: NewBreaker(cfg.Breaker.Failures, cfg.Breaker.OpenFor, cfg.Breaker.HalfOpen, cfg.Breaker.Streak5xx)}
 	e.down.Store(sp.Down)
 	e.healthy.Store(true)
 	return e
@@ -173,13 +173,13 @@ func newFleetCtl(s *Server, r *net.Resolver) *fleetCtl {
 // discover=dns templates: the fleet the server starts with.
 func (f *fleetCtl) initial() ([]EndpointSpec, error) {
 	cfg := &f.s.cfg
-	eps := cfg.Endpoints
-	if cfg.EndpointsFile != "" {
-		n := min(max(cfg.StaticEndpoints, 0), len(eps))
+	eps := cfg.Fleet.Endpoints
+	if cfg.Fleet.EndpointsFile != "" {
+		n := min(max(cfg.Fleet.StaticEndpoints, 0), len(eps))
 		f.static, f.file = slices.Clone(eps[:n]), slices.Clone(eps[n:])
-		if b, err := os.ReadFile(cfg.EndpointsFile); err == nil {
+		if b, err := os.ReadFile(cfg.Fleet.EndpointsFile); err == nil {
 			f.sum = sha256.Sum256(b)
-			if _, lines, err := parseEndpointsFile(cfg.EndpointsFile, b); err == nil {
+			if _, lines, err := parseEndpointsFile(cfg.Fleet.EndpointsFile, b); err == nil {
 				f.lines = lines
 			}
 		}
@@ -190,17 +190,17 @@ func (f *fleetCtl) initial() ([]EndpointSpec, error) {
 	out, err := f.expand(f.all(f.static, f.file, nil), answers, true)
 	if err != nil {
 		flag := "-endpoint"
-		if cfg.EndpointsFile != "" {
+		if cfg.Fleet.EndpointsFile != "" {
 			flag = "-endpoint/-endpoints-file"
 		}
 		return nil, refuse(flag, "%v", err)
 	}
 	f.answers = answers
-	if cfg.MaxEndpoints > 0 && len(out) > cfg.MaxEndpoints {
-		return nil, refuse("-max-endpoints", "%d: the rule starts with %d endpoints", cfg.MaxEndpoints, len(out))
+	if cfg.Fleet.MaxEndpoints > 0 && len(out) > cfg.Fleet.MaxEndpoints {
+		return nil, refuse("-max-endpoints", "%d: the rule starts with %d endpoints", cfg.Fleet.MaxEndpoints, len(out))
 	}
 	c := *cfg
-	c.Endpoints = out
+	c.Fleet.Endpoints = out
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -365,7 +365,7 @@ func (f *fleetCtl) change(ch fleetChange) (err error) {
 		s.m.relabel(i, sp.Name)
 		s.gapWarned[i].Store(0)
 		e := s.newEndpoint(sp, i)
-		e.healthy.Store(s.cfg.HealthInterval == 0) // eligible once its first check passes
+		e.healthy.Store(s.cfg.Health.Interval == 0) // eligible once its first check passes
 		if s.states != nil {
 			s.states.reset(i, e)
 		}
@@ -393,7 +393,7 @@ func (f *fleetCtl) change(ch fleetChange) (err error) {
 	}
 	s.log.Info("fleet changed", "by", ch.why, "added", names(added), "removed", names(remove), "endpoints", len(want))
 	for _, e := range added {
-		if s.cfg.HealthInterval > 0 {
+		if s.cfg.Health.Interval > 0 {
 			s.wg.Add(1)
 			go func() { defer s.wg.Done(); s.checkOne(e) }()
 		}
@@ -411,7 +411,7 @@ func (f *fleetCtl) change(ch fleetChange) (err error) {
 func (f *fleetCtl) validate(want []EndpointSpec) error {
 	s := f.s
 	c := s.cfg
-	c.Endpoints = want
+	c.Fleet.Endpoints = want
 	if err := c.Validate(); err != nil {
 		var fe *FlagError
 		if errors.As(err, &fe) {
@@ -563,7 +563,7 @@ func (s *Server) watchEndpointsFile(every time.Duration) {
 // line; the running fleet stays.
 func (s *Server) reloadEndpointsFile() error {
 	f := s.fleet
-	path := s.cfg.EndpointsFile
+	path := s.cfg.Fleet.EndpointsFile
 	if path == "" {
 		return nil
 	}

@@ -202,7 +202,7 @@ func TestFleetFileReloadUnderTraffic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Endpoints, cfg.EndpointsFile, cfg.EndpointsWatch = eps, file, 20*time.Millisecond
+	cfg.Fleet.Endpoints, cfg.Fleet.EndpointsFile, cfg.Fleet.EndpointsWatch = eps, file, 20*time.Millisecond
 	s, lb := startLogged(t, cfg, nil)
 	ctx := context.Background()
 	for _, sim := range []*enginesim.Sim{a, b} {
@@ -285,8 +285,8 @@ func TestFleetReloadRefusedWhole(t *testing.T) {
 	good := "name=a,url=" + a.url() + "\nname=b,url=" + b.url() + "\n"
 	writeAtomic(t, file, good)
 	cfg := testConfig()
-	cfg.Endpoints, _ = ReadEndpointsFile(file)
-	cfg.EndpointsFile, cfg.EndpointsWatch = file, 10*time.Millisecond
+	cfg.Fleet.Endpoints, _ = ReadEndpointsFile(file)
+	cfg.Fleet.EndpointsFile, cfg.Fleet.EndpointsWatch = file, 10*time.Millisecond
 	lb := &logBuf{}
 	s := startWith(t, cfg, Options{Resolver: dns.resolver(), Logger: lb.logger()})
 	for _, tc := range []struct{ content, want string }{
@@ -334,8 +334,8 @@ func TestFleetReloadRefusedWhole(t *testing.T) {
 func TestFleetAdminAddRemove(t *testing.T) {
 	a, b := newFakeEngine(t, "a"), newFakeEngine(t, "b")
 	cfg := testConfig(a.url())
-	cfg.HealthInterval, cfg.HealthTimeout = 100*time.Millisecond, time.Second
-	cfg.AdminToken = "sekret"
+	cfg.Health.Interval, cfg.Health.Timeout = 100*time.Millisecond, time.Second
+	cfg.Listener.AdminToken = "sekret"
 	s := startProxy(t, cfg)
 	auth := []string{"Authorization", "Bearer sekret"}
 	if res, _ := post(t, s.admURL("/admin/endpoints"), "name=b,url="+b.url()); res.StatusCode != 401 {
@@ -564,7 +564,7 @@ func TestFleetDNSDiscovery(t *testing.T) {
 	dns := startDNS(t)
 	dns.set("pool.test", hosts[0])
 	cfg := kvConfig(t, KVConverged, fmt.Sprintf("name=pool,url=http://pool.test:%d,engine=vllm,events=tcp://pool.test:%d,discover=dns", port, evPort))
-	cfg.DNSInterval = 30 * time.Millisecond
+	cfg.Fleet.DNSInterval = 30 * time.Millisecond
 	lb := &logBuf{}
 	s := startWith(t, cfg, Options{Resolver: dns.resolver(), Logger: lb.logger(), Tokenizers: sharedPool(t)})
 	n2, n3 := "pool@"+hosts[0], "pool@"+hosts[1]
@@ -624,7 +624,7 @@ func startWith(t *testing.T, cfg Config, opt Options) *Server {
 	if opt.Logger == nil {
 		opt.Logger = quietLog
 	}
-	if cfg.KVMode != KVOff && opt.Tokenizers == nil {
+	if cfg.KV.Mode != KVOff && opt.Tokenizers == nil {
 		opt.Tokenizers = sharedPool(t)
 	}
 	s, err := New(cfg, opt)
@@ -649,8 +649,8 @@ func TestFleetSlotReuse(t *testing.T) {
 	c := vllmChain(t)
 	a, b, d := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM), newKVEngine(t, "c", enginepub.VLLM)
 	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""))
-	cfg.MaxEndpoints = 2
-	cfg.KVPendingTTL = 0 // what kvgate sent is not counted as held: only the engines' events
+	cfg.Fleet.MaxEndpoints = 2
+	cfg.KV.PendingTTL = 0 // what kvgate sent is not counted as held: only the engines' events
 	s := startProxy(t, cfg)
 	toks := engineTokens(t, sharedPrefix)
 	b.store(t, c, toks, 5)

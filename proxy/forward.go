@@ -79,7 +79,7 @@ func (s *Server) buildUpstream(c *app.RequestContext, req *protocol.Request, ep 
 	c.Request.Header.CopyTo(&req.Header)
 	stripHop(&req.Header, c.Request.Header.Peek("Connection"))
 	req.Header.Del("Expect") // kvgate already holds the whole body
-	if !s.cfg.ForwardAuthorization {
+	if !s.cfg.Listener.ForwardAuthorization {
 		req.Header.Del("Authorization") // kvgate checked it; the engine wants none
 	}
 	uri := make([]byte, 0, 64)
@@ -546,7 +546,7 @@ func (s *Server) receipt(d *decision, body []byte) int64 {
 
 func (s *Server) recordReceipt(d *decision, cached, prompt int64) {
 	ep := d.ep
-	if d.decode >= 0 && s.cfg.KVMode == KVDisaggregated {
+	if d.decode >= 0 && s.cfg.KV.Mode == KVDisaggregated {
 		ep = d.decode
 	}
 	s.m.receipts[ep].Inc()

@@ -28,7 +28,7 @@ func FuzzHTTPRequest(f *testing.F) {
 	f.Add([]byte("CONNECT evil:443 HTTP/1.1\r\nHost: evil:443\r\n\r\n"))
 	f.Add([]byte("POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"))
 	cfg := testConfig("http://127.0.0.1:9")
-	cfg.MaxBodyBytes = 4096
+	cfg.Limits.MaxBodyBytes = 4096
 	s, err := New(cfg, Options{Logger: quietLog})
 	if err != nil {
 		f.Fatal(err)

@@ -12,7 +12,7 @@ import (
 // dead endpoint leaves the eligible set before a request fails on it.
 func (s *Server) healthLoop() {
 	defer s.wg.Done()
-	t := time.NewTicker(s.cfg.HealthInterval)
+	t := time.NewTicker(s.cfg.Health.Interval)
 	defer t.Stop()
 	for {
 		s.checkAll()
@@ -60,11 +60,11 @@ func (s *Server) probe(e *endpoint) bool {
 	res := protocol.AcquireResponse()
 	defer protocol.ReleaseRequest(req)
 	defer protocol.ReleaseResponse(res)
-	req.SetRequestURI(e.spec.URL + s.cfg.HealthPath)
+	req.SetRequestURI(e.spec.URL + s.cfg.Health.Path)
 	req.Header.SetMethod("GET")
-	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HealthTimeout)
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Health.Timeout)
 	defer cancel()
-	err := s.client.DoTimeout(ctx, req, res, s.cfg.HealthTimeout)
+	err := s.client.DoTimeout(ctx, req, res, s.cfg.Health.Timeout)
 	if err != nil {
 		return false
 	}

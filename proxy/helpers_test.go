@@ -138,16 +138,16 @@ func deadAddr(t *testing.T) string {
 
 func testConfig(urls ...string) Config {
 	cfg := Defaults()
-	cfg.HealthInterval = 0
-	cfg.ShutdownGrace = 5 * time.Second
-	cfg.UpstreamTimeout = 10 * time.Second
-	cfg.ConnectTimeout = time.Second
+	cfg.Health.Interval = 0
+	cfg.Shutdown.Grace = 5 * time.Second
+	cfg.Upstream.Timeout = 10 * time.Second
+	cfg.Upstream.ConnectTimeout = time.Second
 	for i, u := range urls {
 		sp, err := ParseEndpoint(fmt.Sprintf("name=e%d,url=%s", i, u))
 		if err != nil {
 			panic(err)
 		}
-		cfg.Endpoints = append(cfg.Endpoints, sp)
+		cfg.Fleet.Endpoints = append(cfg.Fleet.Endpoints, sp)
 	}
 	return cfg
 }
@@ -155,7 +155,7 @@ func testConfig(urls ...string) Config {
 func startProxy(t *testing.T, cfg Config) *Server {
 	t.Helper()
 	opt := Options{Logger: quietLog}
-	if cfg.KVMode != KVOff {
+	if cfg.KV.Mode != KVOff {
 		opt.Tokenizers = sharedPool(t)
 	}
 	s, err := New(cfg, opt)

@@ -66,7 +66,7 @@ func (k *kvRouter) groupKeys(c hashcore.Chain, dst []uint64, tokens []uint32, ex
 	v, ok := k.groupMemos.Load(c)
 	if !ok {
 		gm := &groupMemo{}
-		if b := k.s.cfg.KVChainMemoBytes; b > 0 && c.Name() != "kvgate/fast" {
+		if b := k.s.cfg.KV.ChainMemoBytes; b > 0 && c.Name() != "kvgate/fast" {
 			gm.m, _ = hashcore.NewChainMemo(c, b) // b was validated at start
 		}
 		v, _ = k.groupMemos.LoadOrStore(c, gm)
@@ -82,16 +82,16 @@ type loraAdapter struct{ name, base string }
 
 func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 	cfg := &s.cfg
-	k := &kvRouter{s: s, pool: tokenize.NewPool(), blockSize: cfg.KVBlockSize, mode: shard.Overlap,
-		minBlocks: int32((cfg.KVMinMatchTokens + cfg.KVBlockSize - 1) / cfg.KVBlockSize),
+	k := &kvRouter{s: s, pool: tokenize.NewPool(), blockSize: cfg.KV.BlockSize, mode: shard.Overlap,
+		minBlocks: int32((cfg.KV.MinMatchTokens + cfg.KV.BlockSize - 1) / cfg.KV.BlockSize),
 		lora:      map[string]loraAdapter{}}
-	if cfg.KVScorePrefix {
+	if cfg.KV.ScorePrefix {
 		k.mode = shard.Prefix
 	}
 	if pool != nil {
 		k.pool = pool
 	}
-	for _, t := range cfg.Tokenizers {
+	for _, t := range cfg.Models.Tokenizers {
 		if pool != nil {
 			if k.pool.Get(t.Model) == nil {
 				return nil, refuse("-tokenizer", "%s: not in the given tokenizer pool", t.Model)
@@ -102,13 +102,13 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 			return nil, refuse("-tokenizer", "%s=%s: %v", t.Model, t.Dir, err)
 		}
 	}
-	if cfg.TokenizeMemoBytes > 0 {
-		m, err := tokenize.NewMemo(cfg.TokenizeMemoBytes)
+	if cfg.Models.TokenizeMemoBytes > 0 {
+		m, err := tokenize.NewMemo(cfg.Models.TokenizeMemoBytes)
 		if err != nil {
 			return nil, refuse("-tokenize-memo-bytes", "%v", err)
 		}
 		k.memo = m
-		for _, t := range cfg.Tokenizers {
+		for _, t := range cfg.Models.Tokenizers {
 			if mdl := k.pool.Get(t.Model); mdl != nil {
 				if why := mdl.Tokenizer().MemoUnsupported(); why != "" {
 					s.log.Info("tokenize memo off for this model", "model", t.Model, "why", why)
@@ -116,44 +116,44 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 			}
 		}
 	}
-	for a, base := range cfg.LoRA {
+	for a, base := range cfg.Models.LoRA {
 		k.lora[a] = loraAdapter{name: a, base: base}
 	}
 	k.ranks = s.ranks
 	k.slotLoads, k.slotQueues = s.loads, s.queues
 	if k.ranks.ranked {
 		k.slotLoads = balance.NewLoads(k.ranks.cands)
-		k.slotQueues = route.NewQueues(k.ranks.cands, cfg.KVPrefillRate, cfg.KVEngineSlots, 3*s.scrapeEvery)
+		k.slotQueues = route.NewQueues(k.ranks.cands, cfg.KV.PrefillRate, cfg.KV.EngineSlots, 3*s.scrapeEvery)
 	}
-	inv, err := shard.New(shard.Config{Endpoints: k.ranks.slots(), MaxKeysPerEndpoint: cfg.KVMaxKeysPerEndpoint})
+	inv, err := shard.New(shard.Config{Endpoints: k.ranks.slots(), MaxKeysPerEndpoint: cfg.KV.MaxKeysPerEndpoint})
 	if err != nil {
 		return nil, fmt.Errorf("proxy: inventory: %w", err)
 	}
 	k.inv = inv
 	switch {
-	case cfg.KVMode == KVDisaggregated && cfg.PDPrefixTrieKeys > 0:
-		k.trie, err = newPrefixTrie(k.ranks.cands, cfg.PDPrefixTrieKeys, 0)
-	case cfg.KVMode == KVConverged && cfg.KVPendingTTL > 0 && cfg.KVPolicy == "cost":
-		k.trie, err = newPrefixTrie(k.ranks.cands, cfg.PDPrefixTrieKeys, cfg.KVPendingTTL)
+	case cfg.KV.Mode == KVDisaggregated && cfg.PD.PrefixTrieKeys > 0:
+		k.trie, err = newPrefixTrie(k.ranks.cands, cfg.PD.PrefixTrieKeys, 0)
+	case cfg.KV.Mode == KVConverged && cfg.KV.PendingTTL > 0 && cfg.KV.Policy == "cost":
+		k.trie, err = newPrefixTrie(k.ranks.cands, cfg.PD.PrefixTrieKeys, cfg.KV.PendingTTL)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("proxy: prefix trie: %w", err)
 	}
-	if cfg.KVPolicy == "overlap" {
-		k.sel = &route.Overlap{Loads: k.slotLoads, LoadFactor: cfg.LoadFactor}
+	if cfg.KV.Policy == "overlap" {
+		k.sel = &route.Overlap{Loads: k.slotLoads, LoadFactor: cfg.KV.LoadFactor}
 	} else {
-		if cfg.KVFairShare > 0 { // only the fair share reads the followers sketch
-			k.popular = route.NewPopularity(cfg.KVBlockSize)
+		if cfg.KV.FairShare > 0 { // only the fair share reads the followers sketch
+			k.popular = route.NewPopularity(cfg.KV.BlockSize)
 		}
-		k.sel = &route.Cost{Loads: k.slotLoads, Queues: k.slotQueues, Popular: k.popular, FairShare: cfg.KVFairShare}
-		k.loadOnMiss = cfg.KVMode == KVConverged && cfg.Select == SelectRR
+		k.sel = &route.Cost{Loads: k.slotLoads, Queues: k.slotQueues, Popular: k.popular, FairShare: cfg.KV.FairShare}
+		k.loadOnMiss = cfg.KV.Mode == KVConverged && cfg.Select.Kind == SelectRR
 		k.foldTrie = k.trie != nil
 	}
-	k.fast = hashcore.NewFast(cfg.KVBlockSize)
+	k.fast = hashcore.NewFast(cfg.KV.BlockSize)
 	// The rule's contract: the first vLLM or SGLang endpoint's at -kv-block-size (the
 	// chain memo's; endpoints of another contract or block size get their own).
 	var spec *hashcore.Spec
-	for _, e := range cfg.Endpoints {
+	for _, e := range cfg.Fleet.Endpoints {
 		if e.Engine == EngineVLLM || e.Engine == EngineSGLang {
 			e.BlockSize = 0
 			spec = endpointContract(cfg, e)
@@ -166,18 +166,18 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 			return nil, refuse(hashFlag(err), "%v", err)
 		}
 		k.chain = c
-		if cfg.KVChainMemoBytes > 0 {
-			if k.chainMemo, err = hashcore.NewChainMemo(c, cfg.KVChainMemoBytes); err != nil {
+		if cfg.KV.ChainMemoBytes > 0 {
+			if k.chainMemo, err = hashcore.NewChainMemo(c, cfg.KV.ChainMemoBytes); err != nil {
 				return nil, refuse("-kv-chain-memo-bytes", "%v", err)
 			}
 		}
 	}
-	keys, err := ingest.ParseKeyMode(cfg.KVKeys)
+	keys, err := ingest.ParseKeyMode(cfg.KV.Keys)
 	if err != nil {
 		return nil, refuse("-kv-keys", "%v", err)
 	}
-	eps := make([]ingest.EndpointConfig, len(cfg.Endpoints))
-	for i, e := range cfg.Endpoints {
+	eps := make([]ingest.EndpointConfig, len(cfg.Fleet.Endpoints))
+	for i, e := range cfg.Fleet.Endpoints {
 		if eps[i], err = k.ingestEndpoint(cfg, e, i); err != nil {
 			return nil, err
 		}
@@ -238,15 +238,15 @@ func (k *kvRouter) inventory(i int) (keys int, parity string, connected bool, la
 // each the way its engine does. nil: the rule's (a TensorRT-LLM endpoint without
 // block_size, whose keys are kvgate's fast chain at the rule's block size).
 func endpointContract(cfg *Config, e EndpointSpec) *hashcore.Spec {
-	bs := cfg.KVBlockSize
+	bs := cfg.KV.BlockSize
 	if e.BlockSize > 0 {
 		bs = e.BlockSize
 	}
 	switch e.Engine {
 	case EngineVLLM:
-		return &hashcore.Spec{Engine: "vllm", Algo: cfg.KVHashAlgo, BlockSize: bs, Seed: cfg.KVHashSeed, SeedSet: cfg.KVHashSeedSet}
+		return &hashcore.Spec{Engine: "vllm", Algo: cfg.KV.HashAlgo, BlockSize: bs, Seed: cfg.KV.HashSeed, SeedSet: cfg.KV.HashSeedSet}
 	case EngineSGLang:
-		algo := cfg.KVHashAlgo
+		algo := cfg.KV.HashAlgo
 		if algo != "sha256" && algo != "sha256-bigram" {
 			algo = "" // a vLLM algo names the rule's vLLM endpoints' hash, not SGLang's
 		}
@@ -340,7 +340,7 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 		p := oa.Value[openai.FPrompt]
 		textLen = p.End - p.Start
 	}
-	if max := s.cfg.KVMaxPromptBytes; max > 0 && int(textLen) > max {
+	if max := s.cfg.KV.MaxPromptBytes; max > 0 && int(textLen) > max {
 		k.miss(st, d, RouteMissTooLong)
 		return
 	}
@@ -515,7 +515,7 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 	}
 	*c = route.Candidates{Eligible: el, Matched: matched, Best: best, Tokens: len(st.tokens),
 		BlockSize: k.blockSize, MinBlocks: max(k.minBlocks, 1), Blocks: blocks,
-		CPU: cpu, Storage: sto, CPUCost: k.s.cfg.KVTierWeightCPU, StorageCost: k.s.cfg.KVTierWeightStorage}
+		CPU: cpu, Storage: sto, CPUCost: k.s.cfg.KV.TierWeightCPU, StorageCost: k.s.cfg.KV.TierWeightStorage}
 	defer st.meter.prompt(blocks)
 	if best < 0 || matched[best] < k.minBlocks {
 		r := RouteMissNoWorker

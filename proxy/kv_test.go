@@ -99,20 +99,20 @@ func (e *kvEngine) store(t *testing.T, c hashcore.Chain, toks []uint32, n int) {
 
 func kvConfig(t *testing.T, mode KVMode, specs ...string) Config {
 	cfg := Defaults()
-	cfg.HealthInterval = 0
-	cfg.ShutdownGrace = 5 * time.Second
-	cfg.ConnectTimeout = time.Second
-	cfg.KVMode = mode
-	cfg.KVBlockSize = blockSize
-	cfg.KVHashAlgo = "sha256_cbor"
-	cfg.Tokenizers = []TokenizerSpec{{Model: "qwen3", Dir: qwen3Dir(t), Aliases: []string{"Qwen/Qwen3-0.6B"}}}
-	cfg.LoRA = map[string]string{"qwen3-sql-lora": "qwen3"}
+	cfg.Health.Interval = 0
+	cfg.Shutdown.Grace = 5 * time.Second
+	cfg.Upstream.ConnectTimeout = time.Second
+	cfg.KV.Mode = mode
+	cfg.KV.BlockSize = blockSize
+	cfg.KV.HashAlgo = "sha256_cbor"
+	cfg.Models.Tokenizers = []TokenizerSpec{{Model: "qwen3", Dir: qwen3Dir(t), Aliases: []string{"Qwen/Qwen3-0.6B"}}}
+	cfg.Models.LoRA = map[string]string{"qwen3-sql-lora": "qwen3"}
 	for _, s := range specs {
 		sp, err := ParseEndpoint(s)
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg.Endpoints = append(cfg.Endpoints, sp)
+		cfg.Fleet.Endpoints = append(cfg.Fleet.Endpoints, sp)
 	}
 	return cfg
 }
@@ -225,7 +225,7 @@ func TestKVNextBestAfterConnectFailure(t *testing.T) {
 	dead := "http://" + deadAddr(t)
 	specB := fmt.Sprintf("name=b,url=%s,engine=vllm,events=%s", dead, b.pub.Addr())
 	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), specB, d.spec(2, "vllm", ""))
-	cfg.KVMinMatchTokens = 2 * blockSize
+	cfg.KV.MinMatchTokens = 2 * blockSize
 	s := startProxy(t, cfg)
 	toks := engineTokens(t, sharedPrefix)
 	b.store(t, c, toks, 6)
@@ -254,8 +254,8 @@ func TestKVLoadBound(t *testing.T) {
 	c := vllmChain(t)
 	a, b := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM)
 	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""))
-	cfg.LoadFactor = 0
-	cfg.KVPolicy = "overlap"
+	cfg.KV.LoadFactor = 0
+	cfg.KV.Policy = "overlap"
 	s := startProxy(t, cfg)
 	toks := engineTokens(t, sharedPrefix)
 	a.store(t, c, toks, 6)
@@ -284,8 +284,8 @@ func TestKVCostPolicy(t *testing.T) {
 	c := vllmChain(t)
 	a, b, e := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM), newKVEngine(t, "e", enginepub.VLLM)
 	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""), e.spec(2, "vllm", ""))
-	cfg.KVPrefillRate = 10000
-	cfg.KVPendingTTL = 0 // e would then hold what kvgate sent it (TestKVPendingEntries)
+	cfg.KV.PrefillRate = 10000
+	cfg.KV.PendingTTL = 0 // e would then hold what kvgate sent it (TestKVPendingEntries)
 	s := startProxy(t, cfg)
 	toks := engineTokens(t, sharedPrefix)
 	a.store(t, c, toks, 6)
@@ -347,9 +347,9 @@ func TestKVCostEngineReports(t *testing.T) {
 		return true
 	}
 	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""))
-	cfg.KVPrefillRate = 10000
-	cfg.KVLoadScrape = 20 * time.Millisecond
-	cfg.KVPendingTTL = 0 // b would keep the blocks kvgate sent it (TestKVPendingEntries)
+	cfg.KV.PrefillRate = 10000
+	cfg.KV.LoadScrape = 20 * time.Millisecond
+	cfg.KV.PendingTTL = 0 // b would keep the blocks kvgate sent it (TestKVPendingEntries)
 	s := startProxy(t, cfg)
 	toks := engineTokens(t, sharedPrefix)
 	a.store(t, c, toks, 6)
@@ -422,8 +422,8 @@ func TestKVCostReplicasAgree(t *testing.T) {
 	var replicas []*Server
 	for i := 0; i < 2; i++ {
 		cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""))
-		cfg.KVPrefillRate = 10000
-		cfg.KVLoadScrape = 20 * time.Millisecond
+		cfg.KV.PrefillRate = 10000
+		cfg.KV.LoadScrape = 20 * time.Millisecond
 		replicas = append(replicas, startProxy(t, cfg))
 	}
 	toks := engineTokens(t, sharedPrefix)
@@ -460,7 +460,7 @@ func TestKVCostReplicasAgree(t *testing.T) {
 func TestKVPendingEntries(t *testing.T) {
 	a, b, e := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM), newKVEngine(t, "e", enginepub.VLLM)
 	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""), e.spec(2, "vllm", ""))
-	cfg.KVPendingTTL = 300 * time.Millisecond
+	cfg.KV.PendingTTL = 300 * time.Millisecond
 	s := startProxy(t, cfg)
 	res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
 	first := res.Header.Get("x-kvgate-endpoint")

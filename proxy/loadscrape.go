@@ -115,7 +115,7 @@ func (s *Server) readReport(e *endpoint) (r route.Report, ranks []route.Report, 
 		req.SetRequestURI(e.spec.URL + "/metrics")
 	}
 	req.Header.SetMethod("GET")
-	timeout := min(s.scrapeEvery, s.cfg.HealthTimeout)
+	timeout := min(s.scrapeEvery, s.cfg.Health.Timeout)
 	ctx, cancel := context.WithTimeout(s.ctx, timeout)
 	defer cancel()
 	if err := s.client.DoTimeout(ctx, req, res, timeout); err != nil {

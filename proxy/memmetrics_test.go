@@ -63,7 +63,7 @@ func TestInventoryBoundPerEndpoint(t *testing.T) {
 	c := vllmChain(t)
 	a := newKVEngine(t, "a", enginepub.VLLM)
 	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""))
-	cfg.KVMaxKeysPerEndpoint = 3
+	cfg.KV.MaxKeysPerEndpoint = 3
 	s := startProxy(t, cfg)
 	a.store(t, c, engineTokens(t, sharedPrefix), 5)
 	waitFor(t, "events applied", func() bool {

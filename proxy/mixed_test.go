@@ -57,8 +57,8 @@ func TestKVMixedEngineAndFastKeys(t *testing.T) {
 func TestKVMissUsesCHWBL(t *testing.T) {
 	a, b := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM)
 	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""))
-	cfg.Select = SelectCHWBL
-	cfg.KVPendingTTL = 0 // a repeat would follow its own pending entries (TestKVPendingEntries)
+	cfg.Select.Kind = SelectCHWBL
+	cfg.KV.PendingTTL = 0 // a repeat would follow its own pending entries (TestKVPendingEntries)
 	s := startProxy(t, cfg)
 	body := `{"model":"qwen3","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"hi"}]}`
 	var first string

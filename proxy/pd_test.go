@@ -98,7 +98,7 @@ func TestPDSGLang(t *testing.T) {
 		return true
 	}
 	cfg := kvConfig(t, KVDisaggregated, p.spec(0, "sglang", ",role=prefill,bootstrap_port=9123"), dec.spec(1, "sglang", ",role=decode"))
-	cfg.KVHashAlgo = ""
+	cfg.KV.HashAlgo = ""
 	s := startProxy(t, cfg)
 	body := `{"model":"qwen3","prompt":"hello world","max_tokens":5}`
 	res, out := post(t, s.url("/v1/completions"), body)
@@ -229,7 +229,7 @@ func TestPDPrefixTrie(t *testing.T) {
 			}
 			p1.handle, p2.handle = prefill, prefill
 			cfg := kvConfig(t, KVDisaggregated, p1.spec(0, "vllm", ",role=prefill"), p2.spec(1, "vllm", ",role=prefill"), dec.spec(2, "vllm", ",role=decode"))
-			cfg.PDPrefixTrieKeys = trieKeys
+			cfg.PD.PrefixTrieKeys = trieKeys
 			s := startProxy(t, cfg)
 
 			res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix+"first question"))

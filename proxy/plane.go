@@ -42,10 +42,10 @@ func (c *Config) validatePlane() error {
 	default:
 		return refuse("-events-plane", "%q: want direct or jetstream", p.Kind)
 	}
-	if c.KVMode == KVOff {
+	if c.KV.Mode == KVOff {
 		return refuse("-events-plane", "the event plane carries KV events: it needs -kv-mode 3 or 1")
 	}
-	for _, e := range c.Endpoints {
+	for _, e := range c.Fleet.Endpoints {
 		if e.DP > 1 {
 			return refuse("-events-plane", "endpoint %q: dp=%d: the event plane carries one stream per endpoint, not per data-parallel rank; follow it directly (-events-plane direct)", e.Name, e.DP)
 		}

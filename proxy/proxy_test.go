@@ -175,7 +175,7 @@ func TestMalformedJSON400(t *testing.T) {
 func TestBodyLimit413(t *testing.T) {
 	a := newFakeEngine(t, "a")
 	cfg := testConfig(a.url())
-	cfg.MaxBodyBytes = 4096
+	cfg.Limits.MaxBodyBytes = 4096
 	s := startProxy(t, cfg)
 	big := `{"model":"m","prompt":"` + strings.Repeat("x", 5000) + `"}`
 	res, body := post(t, s.url("/v1/completions"), big)
@@ -205,8 +205,8 @@ func TestRetryAndBreaker(t *testing.T) {
 	b := newFakeEngine(t, "b")
 	dead := deadAddr(t)
 	cfg := testConfig("http://"+dead, b.url())
-	cfg.BreakerFailures = 2
-	cfg.BreakerOpenFor = 200 * time.Millisecond
+	cfg.Breaker.Failures = 2
+	cfg.Breaker.OpenFor = 200 * time.Millisecond
 	s := startProxy(t, cfg)
 	for i := 0; i < 6; i++ {
 		res, body := post(t, s.url("/v1/completions"), complBody)
@@ -251,8 +251,8 @@ func TestHealthCheckExcludes(t *testing.T) {
 	a, b := newFakeEngine(t, "a"), newFakeEngine(t, "b")
 	a.health.Store(503)
 	cfg := testConfig(a.url(), b.url())
-	cfg.HealthInterval = 50 * time.Millisecond
-	cfg.HealthTimeout = time.Second
+	cfg.Health.Interval = 50 * time.Millisecond
+	cfg.Health.Timeout = time.Second
 	s := startProxy(t, cfg)
 	waitFor(t, "health check", func() bool { return s.roster().eps[0].checked.Load() && !s.roster().eps[0].healthy.Load() })
 	for i := 0; i < 4; i++ {
@@ -284,7 +284,7 @@ func TestHealthCheckExcludes(t *testing.T) {
 func TestAdminDownUp(t *testing.T) {
 	a, b := newFakeEngine(t, "a"), newFakeEngine(t, "b")
 	cfg := testConfig(a.url(), b.url())
-	cfg.Endpoints[1].Down = true // starts drained
+	cfg.Fleet.Endpoints[1].Down = true // starts drained
 	s := startProxy(t, cfg)
 	for i := 0; i < 3; i++ {
 		post(t, s.url("/v1/completions"), complBody)
@@ -342,7 +342,7 @@ func TestUpstreamTimeout504(t *testing.T) {
 		return true
 	}
 	cfg := testConfig(a.url())
-	cfg.UpstreamTimeout = 300 * time.Millisecond
+	cfg.Upstream.Timeout = 300 * time.Millisecond
 	s := startProxy(t, cfg)
 	res, body := post(t, s.url("/v1/completions"), complBody)
 	if res.StatusCode != 504 {
@@ -396,7 +396,7 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 func TestCHWBLAffinity(t *testing.T) {
 	engines := []*fakeEngine{newFakeEngine(t, "a"), newFakeEngine(t, "b"), newFakeEngine(t, "c")}
 	cfg := testConfig(engines[0].url(), engines[1].url(), engines[2].url())
-	cfg.Select = SelectCHWBL
+	cfg.Select.Kind = SelectCHWBL
 	s := startProxy(t, cfg)
 	for _, sys := range []string{"You are a pirate.", "You are a lawyer.", "You are a poet.", "You are a chef."} {
 		var first string
@@ -578,8 +578,8 @@ func TestClientDisconnectCancelsNonStream(t *testing.T) {
 func TestAdminTokenAndHeaderLimit(t *testing.T) {
 	a := newFakeEngine(t, "a")
 	cfg := testConfig(a.url())
-	cfg.AdminToken = "s3cret"
-	cfg.MaxHeaderBytes = 2048
+	cfg.Listener.AdminToken = "s3cret"
+	cfg.Limits.MaxHeaderBytes = 2048
 	s := startProxy(t, cfg)
 	if code := getStatus(t, s.admURL("/debug/inventory")); code != 401 {
 		t.Errorf("no token: %d", code)
@@ -610,7 +610,7 @@ func TestAdminTokenAndHeaderLimit(t *testing.T) {
 func TestLargeBodyUnderLimit(t *testing.T) {
 	a := newFakeEngine(t, "a")
 	cfg := testConfig(a.url())
-	cfg.MaxBodyBytes = 8 << 20
+	cfg.Limits.MaxBodyBytes = 8 << 20
 	s := startProxy(t, cfg)
 	big := `{"model":"m","prompt":"` + strings.Repeat("y", 6<<20) + `"}`
 	res, body := post(t, s.url("/v1/completions"), big)

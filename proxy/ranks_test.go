@@ -73,11 +73,11 @@ func TestEndpointBlockSizeOption(t *testing.T) {
 		}
 	}
 	cfg := Defaults()
-	cfg.Endpoints = []EndpointSpec{e}
+	cfg.Fleet.Endpoints = []EndpointSpec{e}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	cfg.KVTierWeightCPU = 1.5
+	cfg.KV.TierWeightCPU = 1.5
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "-kv-tier-weight-cpu") {
 		t.Errorf("weight 1.5: %v", err)
 	}
@@ -93,21 +93,21 @@ func BenchmarkRouteKeyGroups(b *testing.B) {
 		edit func(*Config)
 	}{
 		{"one-contract", func(*Config) {}},
-		{"plus-vllm-32", func(cfg *Config) { cfg.Endpoints[2].BlockSize = 32 }},
+		{"plus-vllm-32", func(cfg *Config) { cfg.Fleet.Endpoints[2].BlockSize = 32 }},
 		{"plus-sglang-page-1", func(cfg *Config) {
-			cfg.Endpoints[2].Engine, cfg.Endpoints[2].BlockSize = EngineSGLang, 1
+			cfg.Fleet.Endpoints[2].Engine, cfg.Fleet.Endpoints[2].BlockSize = EngineSGLang, 1
 		}},
-		{"plus-dp-4", func(cfg *Config) { cfg.Endpoints[2].DP = 4 }},
+		{"plus-dp-4", func(cfg *Config) { cfg.Fleet.Endpoints[2].DP = 4 }},
 		// The same prompt again with the memos on: a follow-up's keys come from each
 		// group's chain memo.
 		{"plus-sglang-page-1-memos", func(cfg *Config) {
-			cfg.TokenizeMemoBytes, cfg.KVChainMemoBytes = tokenize.DefaultMemoBytes, hashcore.DefaultChainMemoBytes
-			cfg.Endpoints[2].Engine, cfg.Endpoints[2].BlockSize = EngineSGLang, 1
+			cfg.Models.TokenizeMemoBytes, cfg.KV.ChainMemoBytes = tokenize.DefaultMemoBytes, hashcore.DefaultChainMemoBytes
+			cfg.Fleet.Endpoints[2].Engine, cfg.Fleet.Endpoints[2].BlockSize = EngineSGLang, 1
 		}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			s, st := benchServerWith(b, chatBody4k(), func(cfg *Config) {
-				cfg.TokenizeMemoBytes, cfg.KVChainMemoBytes = 0, 0
+				cfg.Models.TokenizeMemoBytes, cfg.KV.ChainMemoBytes = 0, 0
 				c.edit(cfg)
 			})
 			var d decision
@@ -140,7 +140,7 @@ func TestWideFleetSlots(t *testing.T) {
 	if s.ranks.tiered || s.kv.inv.Endpoints() != 448 || len(s.roster().eps) != 448 || !strings.Contains(logs.String(), "lower-tier blocks are not indexed") {
 		t.Fatalf("tiered %v, inventory %d slots, log %s", s.ranks.tiered, s.kv.inv.Endpoints(), logs.String())
 	}
-	cfg.Endpoints[0].DP = 700
+	cfg.Fleet.Endpoints[0].DP = 700
 	if _, err := New(cfg, Options{Logger: quietLog, Tokenizers: sharedPool(t)}); err == nil || !strings.Contains(err.Error(), "-endpoint") {
 		t.Fatalf("1,099 candidates: %v", err)
 	}
@@ -152,8 +152,8 @@ func TestWideFleetSlots(t *testing.T) {
 // decision panicked indexing a tier slot.
 func TestTrieIgnoresTierSlots(t *testing.T) {
 	s, st := benchServerWith(t, chatBody4k(), func(cfg *Config) {
-		cfg.TokenizeMemoBytes, cfg.KVChainMemoBytes = 0, 0
-		cfg.KVKeys = "rehash"
+		cfg.Models.TokenizeMemoBytes, cfg.KV.ChainMemoBytes = 0, 0
+		cfg.KV.Keys = "rehash"
 	})
 	if s.kv.trie == nil || !s.ranks.tiered {
 		t.Fatal("want the pending trie and tier slots")
@@ -180,7 +180,7 @@ func TestTrieIgnoresTierSlots(t *testing.T) {
 // they are the keys the contract computes.
 func TestKeyGroupMemo(t *testing.T) {
 	s, st := benchServerWith(t, chatBody4k(), func(cfg *Config) {
-		cfg.Endpoints[2].Engine, cfg.Endpoints[2].BlockSize = EngineSGLang, 1
+		cfg.Fleet.Endpoints[2].Engine, cfg.Fleet.Endpoints[2].BlockSize = EngineSGLang, 1
 	})
 	var d decision
 	for i := 0; i < 2; i++ {

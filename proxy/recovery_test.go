@@ -23,7 +23,7 @@ func TestRecoveryResubscribesWhenHealthReturns(t *testing.T) {
 	go bsrv.Serve(bln)
 	spec := "name=b,url=http://" + baddr + ",engine=vllm,events=" + b.pub.Addr()
 	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), spec)
-	cfg.HealthInterval, cfg.HealthTimeout = 100*time.Millisecond, 500*time.Millisecond
+	cfg.Health.Interval, cfg.Health.Timeout = 100*time.Millisecond, 500*time.Millisecond
 	s, lb := startLogged(t, cfg, nil)
 	toks := engineTokens(t, sharedPrefix)
 	b.store(t, c, toks, 8)

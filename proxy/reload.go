@@ -28,7 +28,7 @@ func (s *Server) setAdminToken(token string) {
 // A rule that does not parse or validate is refused whole; the running fleet stays.
 func (s *Server) ReloadEndpoints(static []EndpointSpec) error {
 	ch := fleetChange{why: "SIGHUP", static: static, setStatic: true, resolve: true}
-	path := s.cfg.EndpointsFile
+	path := s.cfg.Fleet.EndpointsFile
 	if path != "" {
 		b, err := os.ReadFile(path)
 		if err != nil {

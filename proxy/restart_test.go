@@ -29,8 +29,8 @@ func TestFaultEngineKilledAndRestarted(t *testing.T) {
 	go bsrv.Serve(bln)
 	spec := "name=b,url=http://" + baddr + ",engine=vllm,events=" + b.pub.Addr()
 	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), spec)
-	cfg.BreakerFailures = 2
-	cfg.BreakerOpenFor = 100 * time.Millisecond
+	cfg.Breaker.Failures = 2
+	cfg.Breaker.OpenFor = 100 * time.Millisecond
 	s := startProxy(t, cfg)
 	toks := engineTokens(t, sharedPrefix)
 	b.store(t, c, toks, 8)

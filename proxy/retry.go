@@ -30,8 +30,8 @@ type tryPath interface {
 func (s *Server) tries(ctx context.Context, c *app.RequestContext, st *reqState, p tryPath) {
 	n := len(s.roster().eps)
 	limit := n
-	if s.cfg.MaxRetries > 0 && s.cfg.MaxRetries+1 < limit {
-		limit = s.cfg.MaxRetries + 1
+	if s.cfg.Upstream.MaxRetries > 0 && s.cfg.Upstream.MaxRetries+1 < limit {
+		limit = s.cfg.Upstream.MaxRetries + 1
 	}
 	var lastErr error
 	lastEp := -1
@@ -91,7 +91,7 @@ func (p *convergedPath) admit(s *Server, d *decision) int {
 }
 
 func (p *convergedPath) send(ctx context.Context, s *Server, c *app.RequestContext, st *reqState, d *decision, last bool) (outcome, int) {
-	st.canRetry = s.cfg.Retry5xx && !last && s.hasAlternative(st, d.ep)
+	st.canRetry = s.cfg.Upstream.Retry5xx && !last && s.hasAlternative(st, d.ep)
 	return s.forward(ctx, c, st, d, st.body), d.ep
 }
 

@@ -55,7 +55,7 @@ func (s *Server) decide(st *reqState, d *decision, _ bool) {
 func (s *Server) decideFallback(st *reqState, d *decision, el shard.Mask, key []byte) {
 	c := &st.cand
 	*c = route.Candidates{Eligible: el}
-	if s.cfg.Select == SelectCHWBL {
+	if s.cfg.Select.Kind == SelectCHWBL {
 		if key != nil {
 			c.Key = xxh3.Hash(key)
 		} else {
@@ -86,8 +86,8 @@ func (s *Server) chwblKey(st *reqState) uint64 {
 	} else {
 		content = st.oa.Value[openai.FPrompt].Bytes(b)
 	}
-	if len(content) > s.cfg.CHWBLPrefixBytes {
-		content = content[:s.cfg.CHWBLPrefixBytes]
+	if len(content) > s.cfg.Select.CHWBLPrefixBytes {
+		content = content[:s.cfg.Select.CHWBLPrefixBytes]
 	}
 	buf = append(buf, content...)
 	st.text = buf

@@ -41,7 +41,7 @@ func chatBody4k() []byte {
 func benchServer(tb testing.TB, body []byte) (*Server, *reqState) {
 	return benchServerWith(tb, body, func(cfg *Config) {
 		// The cold path: nothing memoized (BenchmarkRouteFollowup measures the memos).
-		cfg.TokenizeMemoBytes, cfg.KVChainMemoBytes = 0, 0
+		cfg.Models.TokenizeMemoBytes, cfg.KV.ChainMemoBytes = 0, 0
 	})
 }
 
@@ -51,17 +51,17 @@ func benchServerWith(tb testing.TB, body []byte, edit func(*Config)) (*Server, *
 		specs[i] = fmt.Sprintf("name=e%d,url=http://127.0.0.1:%d,engine=vllm,events=tcp://127.0.0.1:%d", i, 20000+i, 30000+i)
 	}
 	cfg := Defaults()
-	cfg.KVMode = KVConverged
-	cfg.KVBlockSize = blockSize
-	cfg.KVHashAlgo = "sha256_cbor"
-	cfg.HealthInterval = 0
-	cfg.Tokenizers = []TokenizerSpec{{Model: "qwen3", Dir: qwen3Dir(tb)}}
+	cfg.KV.Mode = KVConverged
+	cfg.KV.BlockSize = blockSize
+	cfg.KV.HashAlgo = "sha256_cbor"
+	cfg.Health.Interval = 0
+	cfg.Models.Tokenizers = []TokenizerSpec{{Model: "qwen3", Dir: qwen3Dir(tb)}}
 	for _, sp := range specs {
 		e, err := ParseEndpoint(sp)
 		if err != nil {
 			tb.Fatal(err)
 		}
-		cfg.Endpoints = append(cfg.Endpoints, e)
+		cfg.Fleet.Endpoints = append(cfg.Fleet.Endpoints, e)
 	}
 	edit(&cfg)
 	s, err := New(cfg, Options{Logger: quietLog, Tokenizers: sharedPool(tb)})
@@ -146,7 +146,7 @@ func BenchmarkRouteStages(b *testing.B) {
 		var d decision
 		for b.Loop() {
 			s.baseEligible(st, st.eligible, nil)
-			s.loads.Bound(st.eligible, s.cfg.LoadFactor)
+			s.loads.Bound(st.eligible, s.cfg.KV.LoadFactor)
 			d.ep = s.rr.Pick(st.eligible)
 		}
 	})

@@ -57,8 +57,8 @@ func TestRequestCannotChooseUpstream(t *testing.T) {
 // listener only (the public one passes those paths to an engine, which 404s them), and
 // the admin listener defaults to loopback.
 func TestAdminIsolation(t *testing.T) {
-	if d := Defaults(); !strings.HasPrefix(d.AdminListen, "127.0.0.1:") {
-		t.Errorf("default admin listener %q is not loopback", d.AdminListen)
+	if d := Defaults(); !strings.HasPrefix(d.Listener.AdminAddr, "127.0.0.1:") {
+		t.Errorf("default admin listener %q is not loopback", d.Listener.AdminAddr)
 	}
 	a := newFakeEngine(t, "a")
 	s := startProxy(t, testConfig(a.url()))

@@ -97,10 +97,10 @@ type Server struct {
 type Options struct {
 	Logger *slog.Logger
 	// PublicListener and AdminListener, when set, are used instead of listening on
-	// Config.Listen / Config.AdminListen (tests bind :0 first).
+	// Config.Listener.Addr / AdminAddr (tests bind :0 first).
 	PublicListener net.Listener
 	AdminListener  net.Listener
-	// Tokenizers, when set, is used instead of loading Config.Tokenizers (it must hold
+	// Tokenizers, when set, is used instead of loading Config.Models.Tokenizers (it must hold
 	// every model the rule names); tests and benchmarks share one loaded pool.
 	Tokenizers *tokenize.Pool
 	// Resolver, when set, answers discover=dns endpoints' lookups instead of
@@ -120,15 +120,15 @@ func New(cfg Config, opt Options) (*Server, error) {
 		log = slog.Default()
 	}
 	s := &Server{cfg: cfg, log: log}
-	s.accessLogOn.Store(cfg.AccessLog)
-	s.setAdminToken(cfg.AdminToken)
+	s.accessLogOn.Store(cfg.Listener.AccessLog)
+	s.setAdminToken(cfg.Listener.AdminToken)
 	s.fleet = newFleetCtl(s, opt.Resolver)
 	initial, err := s.fleet.initial()
 	if err != nil {
 		return nil, err
 	}
-	s.cfg.Endpoints = initial
-	n := slotsFor(len(initial), cfg.MaxEndpoints)
+	s.cfg.Fleet.Endpoints = initial
+	n := slotsFor(len(initial), cfg.Fleet.MaxEndpoints)
 	s.fleet.cap = n
 	names := make([]string, n)
 	weights := make([]int, n)
@@ -147,21 +147,21 @@ func New(cfg Config, opt Options) (*Server, error) {
 	s.ros.Store(ros)
 	s.gapWarned = make([]atomic.Int64, n)
 	s.loads = balance.NewLoads(n)
-	s.scrapeEvery = scrapeInterval(cfg.KVLoadScrape, n)
-	s.queues = route.NewQueues(n, cfg.KVPrefillRate, cfg.KVEngineSlots, 3*s.scrapeEvery)
+	s.scrapeEvery = scrapeInterval(cfg.KV.LoadScrape, n)
+	s.queues = route.NewQueues(n, cfg.KV.PrefillRate, cfg.KV.EngineSlots, 3*s.scrapeEvery)
 	s.rr, s.prefRR = balance.NewRR(n), balance.NewRR(n)
 	s.decodeSel = &route.Decode{Loads: s.loads, Queues: s.queues}
 	s.ring = balance.NewRing(names, weights)
 	s.fallback, s.fallbackRoute = &route.RR{RR: s.rr}, RouteRR
-	if cfg.Select == SelectCHWBL {
-		s.fallback = &route.CHWBL{Ring: s.ring, Loads: s.loads, LoadFactor: cfg.LoadFactor, RR: s.rr}
+	if cfg.Select.Kind == SelectCHWBL {
+		s.fallback = &route.CHWBL{Ring: s.ring, Loads: s.loads, LoadFactor: cfg.KV.LoadFactor, RR: s.rr}
 		s.fallbackRoute = RouteCHWBL
 	}
 	s.m = newProxyMetrics(names)
 	s.meter = &decisionMeter{m: s.m}
-	s.aff = newAffinity(cfg.AffinityTTL, cfg.AffinityMax)
+	s.aff = newAffinity(cfg.PD.AffinityTTL, cfg.PD.AffinityMax)
 	cpuTier, storageTier := cfg.tiersIndexed()
-	if cfg.planeRoutes() && (cfg.KVTierWeightCPU < 1 || cfg.KVTierWeightStorage < 1) {
+	if cfg.planeRoutes() && (cfg.KV.TierWeightCPU < 1 || cfg.KV.TierWeightStorage < 1) {
 		log.Warn("lower-tier blocks are not indexed on a route replica: the event plane carries the engines' GPU keys only (-kv-tier-weight-cpu and -kv-tier-weight-storage have no effect here)")
 	}
 	// The layout covers the whole slot table: a vacant slot is an endpoint of one rank,
@@ -169,26 +169,26 @@ func New(cfg Config, opt Options) (*Server, error) {
 	layout := make([]EndpointSpec, n)
 	copy(layout, initial)
 	s.ranks = newRankLayout(layout, cpuTier, storageTier)
-	if cfg.KVMode != KVOff && s.ranks.slots() > shard.MaxEndpoints && s.ranks.tiered {
+	if cfg.KV.Mode != KVOff && s.ranks.slots() > shard.MaxEndpoints && s.ranks.tiered {
 		// Each tier doubles the inventory's slots; a fleet this wide routes on GPU blocks.
 		log.Warn("lower-tier blocks are not indexed: the rule's endpoints and ranks leave no inventory slots for them (-kv-tier-weight-cpu and -kv-tier-weight-storage have no effect)",
 			"candidates", s.ranks.cands, "max_slots", shard.MaxEndpoints)
 		s.ranks = newRankLayout(layout, false, false)
 	}
-	if cfg.KVMode != KVOff && s.ranks.slots() > shard.MaxEndpoints {
+	if cfg.KV.Mode != KVOff && s.ranks.slots() > shard.MaxEndpoints {
 		return nil, refuse("-endpoint", "%d endpoints with their data-parallel ranks make %d candidates; the inventory holds at most %d", n, s.ranks.slots(), shard.MaxEndpoints)
 	}
 	slots := s.ranks.slots()
 	s.pool.New = func() any { return newReqState(slots) }
 	s.conns = newConnRegistry()
 
-	if cfg.TLSCert != "" {
-		if s.certs, err = newCertSource(cfg.TLSCert, cfg.TLSKey); err != nil {
+	if cfg.Listener.TLSCert != "" {
+		if s.certs, err = newCertSource(cfg.Listener.TLSCert, cfg.Listener.TLSKey); err != nil {
 			return nil, refuse("-tls-cert", "%v", err)
 		}
 	}
-	if cfg.APIKeysFile != "" {
-		if s.apiKeys, err = newAPIKeys(cfg.APIKeysFile); err != nil {
+	if cfg.Listener.APIKeysFile != "" {
+		if s.apiKeys, err = newAPIKeys(cfg.Listener.APIKeysFile); err != nil {
 			return nil, refuse("-api-keys-file", "%v", err)
 		}
 	}
@@ -204,8 +204,8 @@ func New(cfg Config, opt Options) (*Server, error) {
 		// engine sends into memory as it arrives, so a slow client reading a fast stream
 		// would grow the heap without bound. Blocking reads stop the engine instead.
 		client.WithDialer(connectDialer{Dialer: standard.NewDialer(), reg: s.conns}),
-		client.WithDialTimeout(cfg.ConnectTimeout),
-		client.WithClientReadTimeout(cfg.UpstreamTimeout),
+		client.WithDialTimeout(cfg.Upstream.ConnectTimeout),
+		client.WithClientReadTimeout(cfg.Upstream.Timeout),
 		client.WithResponseBodyStream(true),
 		client.WithMaxConnsPerHost(1<<16),
 		client.WithMaxIdleConnDuration(90*time.Second),
@@ -216,7 +216,7 @@ func New(cfg Config, opt Options) (*Server, error) {
 	}
 	s.client = c
 
-	if cfg.KVMode != KVOff {
+	if cfg.KV.Mode != KVOff {
 		kv, err := newKVRouter(s, opt.Tokenizers)
 		if err != nil {
 			return nil, err
@@ -232,9 +232,9 @@ func New(cfg Config, opt Options) (*Server, error) {
 // Shutdown. It returns once both listeners accept connections.
 func (s *Server) Start(ctx context.Context) error {
 	s.ctx, s.stop = context.WithCancel(ctx)
-	ln, err := net.Listen("tcp", s.cfg.Listen)
+	ln, err := net.Listen("tcp", s.cfg.Listener.Addr)
 	if err != nil {
-		return fmt.Errorf("-listen %s: %w", s.cfg.Listen, err)
+		return fmt.Errorf("-listen %s: %w", s.cfg.Listener.Addr, err)
 	}
 	s.publicLn = ln
 	return s.start()
@@ -248,11 +248,11 @@ func (s *Server) StartWith(ctx context.Context, public, admin net.Listener) erro
 }
 
 func (s *Server) start() error {
-	if s.adminLn == nil && s.cfg.AdminListen != "" {
-		ln, err := net.Listen("tcp", s.cfg.AdminListen)
+	if s.adminLn == nil && s.cfg.Listener.AdminAddr != "" {
+		ln, err := net.Listen("tcp", s.cfg.Listener.AdminAddr)
 		if err != nil {
 			s.publicLn.Close()
-			return fmt.Errorf("-admin-listen %s: %w", s.cfg.AdminListen, err)
+			return fmt.Errorf("-admin-listen %s: %w", s.cfg.Listener.AdminAddr, err)
 		}
 		s.adminLn = ln
 	}
@@ -264,11 +264,11 @@ func (s *Server) start() error {
 		s.wg.Add(1)
 		go s.states.run()
 	}
-	if s.cfg.HealthInterval > 0 {
+	if s.cfg.Health.Interval > 0 {
 		s.wg.Add(1)
 		go s.healthLoop()
 	}
-	if s.cfg.KVMode != KVOff && s.cfg.KVLoadScrape > 0 {
+	if s.cfg.KV.Mode != KVOff && s.cfg.KV.LoadScrape > 0 {
 		s.wg.Add(1)
 		go s.scrapeLoop()
 	}
@@ -277,8 +277,8 @@ func (s *Server) start() error {
 		server.WithStreamBody(true),
 		server.WithSenseClientDisconnection(true),
 		server.WithDisablePrintRoute(true),
-		server.WithExitWaitTime(s.cfg.ShutdownGrace),
-		server.WithMaxHeaderBytes(s.cfg.MaxHeaderBytes),
+		server.WithExitWaitTime(s.cfg.Shutdown.Grace),
+		server.WithMaxHeaderBytes(s.cfg.Limits.MaxHeaderBytes),
 		server.WithIdleTimeout(120 * time.Second),
 		// Only to answer hertz's own refusals as JSON (headerrors.go); no trace stats.
 		server.WithTracer(&headErrors{s: s}),
@@ -303,13 +303,13 @@ func (s *Server) start() error {
 		s.wg.Add(1)
 		go s.watchFiles(time.Second)
 	}
-	if s.cfg.EndpointsFile != "" && s.cfg.EndpointsWatch > 0 {
+	if s.cfg.Fleet.EndpointsFile != "" && s.cfg.Fleet.EndpointsWatch > 0 {
 		s.wg.Add(1)
-		go s.watchEndpointsFile(s.cfg.EndpointsWatch)
+		go s.watchEndpointsFile(s.cfg.Fleet.EndpointsWatch)
 	}
-	if s.cfg.DNSInterval > 0 {
+	if s.cfg.Fleet.DNSInterval > 0 {
 		s.wg.Add(1)
-		go s.watchDNS(s.cfg.DNSInterval)
+		go s.watchDNS(s.cfg.Fleet.DNSInterval)
 	}
 	s.routes()
 	errc := make(chan error, 1)
@@ -357,7 +357,7 @@ func (s *Server) AdminAddr() string {
 // (the caller waits -shutdown-delay, then calls Shutdown).
 func (s *Server) BeginDrain() {
 	if !s.draining.Swap(true) {
-		s.log.Warn("draining: /readyz answers 503, still serving until the drain delay ends", "delay", s.cfg.ShutdownDelay)
+		s.log.Warn("draining: /readyz answers 503, still serving until the drain delay ends", "delay", s.cfg.Shutdown.Delay)
 	}
 }
 
@@ -438,7 +438,7 @@ func (s *Server) routes() {
 	// prefill/decode protocols rewrite completions and chat bodies only, so in mode 1 it
 	// passes through to an endpoint by -select.
 	s.h.POST("/v1/responses", func(ctx context.Context, c *app.RequestContext) {
-		if s.cfg.KVMode == KVDisaggregated {
+		if s.cfg.KV.Mode == KVDisaggregated {
 			s.handlePassThrough(ctx, c)
 			return
 		}
@@ -576,7 +576,7 @@ func (s *Server) putState(st *reqState) {
 
 // readBody reads the request body into st.body, refusing more than the limit.
 func (s *Server) readBody(c *app.RequestContext, st *reqState) (ok bool) {
-	limit := s.cfg.MaxBodyBytes
+	limit := s.cfg.Limits.MaxBodyBytes
 	if !s.checkFraming(c) {
 		return false
 	}
@@ -631,7 +631,7 @@ func (s *Server) handleOpenAI(ctx context.Context, c *app.RequestContext, chat b
 		return
 	}
 	s.m.stage[StageParse].UpdateDuration(t0)
-	if s.cfg.KVMode == KVDisaggregated {
+	if s.cfg.KV.Mode == KVDisaggregated {
 		s.servePD(ctx, c, st)
 		return
 	}

@@ -96,7 +96,7 @@ func TestSoak(t *testing.T) {
 		engines = append(engines, soakEngine(t, release).URL)
 	}
 	cfg := testConfig(engines...)
-	cfg.UpstreamTimeout = time.Minute
+	cfg.Upstream.Timeout = time.Minute
 	s := startProxy(t, cfg)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}, Timeout: time.Minute}
 	defer client.CloseIdleConnections()

@@ -120,7 +120,7 @@ func (w *stateWatcher) scoredEP(e *endpoint) bool {
 	if s.kv == nil || e.vacant {
 		return false
 	}
-	return !(s.cfg.KVMode == KVDisaggregated && e.spec.Role == RoleDecode)
+	return !(s.cfg.KV.Mode == KVDisaggregated && e.spec.Role == RoleDecode)
 }
 
 // reset gives slot i's state to e, the endpoint taking it (the fleet, before e is
@@ -307,24 +307,24 @@ func explainReasons(reasons uint8, cause, events string) string {
 // hash contract each endpoint is matched under, so a log reader sees what KV-Exact assumes.
 func (s *Server) logRule() {
 	cfg := &s.cfg
-	mode := map[KVMode]string{KVOff: "off", KVConverged: "3 (converged pool)", KVDisaggregated: "1 (prefill/decode)"}[cfg.KVMode]
+	mode := map[KVMode]string{KVOff: "off", KVConverged: "3 (converged pool)", KVDisaggregated: "1 (prefill/decode)"}[cfg.KV.Mode]
 	sel := "rr"
-	if cfg.Select == SelectCHWBL {
+	if cfg.Select.Kind == SelectCHWBL {
 		sel = "chwbl"
 	}
-	models := make([]string, 0, len(cfg.Tokenizers))
-	for _, t := range cfg.Tokenizers {
+	models := make([]string, 0, len(cfg.Models.Tokenizers))
+	for _, t := range cfg.Models.Tokenizers {
 		m := t.Model
 		if len(t.Aliases) > 0 {
 			m += "(" + strings.Join(t.Aliases, ",") + ")"
 		}
 		models = append(models, m+"="+t.Dir)
 	}
-	lora := make([]string, 0, len(cfg.LoRA))
-	for a, b := range cfg.LoRA {
+	lora := make([]string, 0, len(cfg.Models.LoRA))
+	for a, b := range cfg.Models.LoRA {
 		lora = append(lora, a+"->"+b)
 	}
-	s.log.Info("kvgate rule", "kv_mode", mode, "select", sel, "endpoints", len(s.cfg.Endpoints), "slots", len(s.roster().eps),
+	s.log.Info("kvgate rule", "kv_mode", mode, "select", sel, "endpoints", len(s.cfg.Fleet.Endpoints), "slots", len(s.roster().eps),
 		"models", strings.Join(models, " "), "lora", strings.Join(lora, " "))
 	for i, e := range s.roster().eps {
 		if e.vacant {
@@ -333,12 +333,12 @@ func (s *Server) logRule() {
 		args := []any{"endpoint", e.spec.Name, "url", e.spec.URL, "engine", e.spec.Engine.String(),
 			"role", e.spec.Role.String(), "routing", s.states.initialState(i).String()}
 		if s.kv != nil && s.states.scored(i) {
-			bs := cfg.KVBlockSize
+			bs := cfg.KV.BlockSize
 			if e.spec.BlockSize > 0 {
 				bs = e.spec.BlockSize
 			}
 			args = append(args, "events", e.spec.Events, "contract", s.contractOf(i),
-				"block_size", bs, "keys", cfg.KVKeys)
+				"block_size", bs, "keys", cfg.KV.Keys)
 		}
 		s.log.Info("kvgate endpoint", args...)
 	}
@@ -347,7 +347,7 @@ func (s *Server) logRule() {
 // contractOf names the keys endpoint i's events are matched under.
 func (s *Server) contractOf(i int) string {
 	e := s.roster().eps[i]
-	if e.spec.Engine == EngineTRTLLM || s.kv.chain == nil || s.cfg.KVKeys == "rehash" {
+	if e.spec.Engine == EngineTRTLLM || s.kv.chain == nil || s.cfg.KV.Keys == "rehash" {
 		return "kvgate/fast (events' token_ids re-hashed)"
 	}
 	c := s.kv.chain.Name()
@@ -355,8 +355,8 @@ func (s *Server) contractOf(i int) string {
 		c = ec.Name() // its own (engine, block size), adopted ones included
 	}
 	if e.spec.Engine == EngineVLLM {
-		if s.cfg.KVHashSeedSet {
-			c += " PYTHONHASHSEED=" + s.cfg.KVHashSeed
+		if s.cfg.KV.HashSeedSet {
+			c += " PYTHONHASHSEED=" + s.cfg.KV.HashSeed
 		} else {
 			c += " PYTHONHASHSEED unset"
 		}

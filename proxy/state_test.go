@@ -54,7 +54,7 @@ func startLogged(t *testing.T, cfg Config, tune func(*Server)) (*Server, *logBuf
 	t.Helper()
 	lb := &logBuf{}
 	opt := Options{Logger: slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelInfo}))}
-	if cfg.KVMode != KVOff {
+	if cfg.KV.Mode != KVOff {
 		opt.Tokenizers = sharedPool(t)
 	}
 	s, err := New(cfg, opt)
@@ -221,7 +221,7 @@ func TestZeroHitWatchdog(t *testing.T) {
 	c := vllmChain(t)
 	a := newKVEngine(t, "a", enginepub.VLLM)
 	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""))
-	cfg.KVPendingTTL = 0 // repeats would follow their own pending entries (TestKVPendingEntries)
+	cfg.KV.PendingTTL = 0 // repeats would follow their own pending entries (TestKVPendingEntries)
 	s, lb := startLogged(t, cfg, func(s *Server) {
 		fastStates(s)
 		s.states.tun.zeroHitMisses = 5

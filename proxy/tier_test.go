@@ -38,9 +38,9 @@ func TestKVTierWeights(t *testing.T) {
 	for _, cpuWeight := range []float64{DefaultTierWeightCPU, 1} {
 		a, b := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM)
 		cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""))
-		cfg.KVPrefillRate = 10000
-		cfg.KVPendingTTL = 0
-		cfg.KVTierWeightCPU = cpuWeight
+		cfg.KV.PrefillRate = 10000
+		cfg.KV.PendingTTL = 0
+		cfg.KV.TierWeightCPU = cpuWeight
 		s := startProxy(t, cfg)
 		a.publish(t, enginepub.BlockStored{Hashes: keys[:2], TokenIDs: toks[:2*blockSize], BlockSize: blockSize})
 		a.publish(t, enginepub.BlockStored{Hashes: keys, TokenIDs: toks[:n*blockSize], BlockSize: blockSize, Medium: "CPU"})

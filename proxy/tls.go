@@ -205,22 +205,22 @@ func UpstreamTLS(cfg *Config) (*tls.Config, error) { return upstreamTLS(cfg) }
 // (system roots when unset) and an optional client certificate.
 func upstreamTLS(cfg *Config) (*tls.Config, error) {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}
-	if cfg.UpstreamCA != "" {
-		pem, err := os.ReadFile(cfg.UpstreamCA)
+	if cfg.Upstream.CA != "" {
+		pem, err := os.ReadFile(cfg.Upstream.CA)
 		if err != nil {
 			return nil, refuse("-upstream-ca", "%v", err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, refuse("-upstream-ca", "%s: no PEM certificate in it", cfg.UpstreamCA)
+			return nil, refuse("-upstream-ca", "%s: no PEM certificate in it", cfg.Upstream.CA)
 		}
 		tc.RootCAs = pool
 	}
-	if cfg.UpstreamCert != "" || cfg.UpstreamKey != "" {
-		if cfg.UpstreamCert == "" || cfg.UpstreamKey == "" {
+	if cfg.Upstream.Cert != "" || cfg.Upstream.Key != "" {
+		if cfg.Upstream.Cert == "" || cfg.Upstream.Key == "" {
 			return nil, refuse("-upstream-cert", "a client certificate needs both -upstream-cert and -upstream-key")
 		}
-		cert, err := tls.LoadX509KeyPair(cfg.UpstreamCert, cfg.UpstreamKey)
+		cert, err := tls.LoadX509KeyPair(cfg.Upstream.Cert, cfg.Upstream.Key)
 		if err != nil {
 			return nil, refuse("-upstream-cert", "%v", err)
 		}

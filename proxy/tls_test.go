@@ -88,7 +88,7 @@ func TestTLSListenerReloadsCertificate(t *testing.T) {
 	cert, key := pki.issue("srv", "kvgate-first")
 	a := newFakeEngine(t, "a")
 	cfg := testConfig(a.url())
-	cfg.TLSCert, cfg.TLSKey = cert, key
+	cfg.Listener.TLSCert, cfg.Listener.TLSKey = cert, key
 	s, lb := startLogged(t, cfg, nil)
 	url := "https://" + s.PublicAddr() + "/v1/completions"
 	code, body, v := curl(t, pki.path("ca.pem"), url, "-H", "Content-Type: application/json", "-d", complBody)
@@ -154,8 +154,8 @@ func TestTLSUpstreamWithClientCertificate(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := testConfig()
-	cfg.Endpoints = []EndpointSpec{sp}
-	cfg.UpstreamCA, cfg.UpstreamCert, cfg.UpstreamKey = pki.path("ca.pem"), cliCert, cliKey
+	cfg.Fleet.Endpoints = []EndpointSpec{sp}
+	cfg.Upstream.CA, cfg.Upstream.Cert, cfg.Upstream.Key = pki.path("ca.pem"), cliCert, cliKey
 	s := startProxy(t, cfg)
 	res, body := post(t, s.url("/v1/completions"), complBody)
 	if res.StatusCode != 200 || res.Header.Get("x-kvgate-endpoint") != "secure" || !strings.Contains(body, "cmpl-secure") {
@@ -166,7 +166,7 @@ func TestTLSUpstreamWithClientCertificate(t *testing.T) {
 	}
 
 	// Without the client certificate the engine refuses the handshake.
-	cfg.UpstreamCert, cfg.UpstreamKey = "", ""
+	cfg.Upstream.Cert, cfg.Upstream.Key = "", ""
 	s2 := startProxy(t, cfg)
 	res, body = post(t, s2.url("/v1/completions"), complBody)
 	if res.StatusCode != 502 {
@@ -181,7 +181,7 @@ func TestTLSUpstreamWithClientCertificate(t *testing.T) {
 	// A CA file that holds no certificate is refused at start, naming the flag.
 	bad := filepath.Join(t.TempDir(), "ca.pem")
 	os.WriteFile(bad, []byte("nothing"), 0o600)
-	cfg.UpstreamCA = bad
+	cfg.Upstream.CA = bad
 	if _, err := New(cfg, Options{Logger: quietLog}); err == nil || !strings.Contains(err.Error(), "-upstream-ca") {
 		t.Errorf("bad CA: %v", err)
 	}
@@ -195,7 +195,7 @@ func TestAPIKeysFromFile(t *testing.T) {
 	keys := filepath.Join(t.TempDir(), "keys")
 	os.WriteFile(keys, []byte("# team A\nsk-alpha\n\nsk-beta\n"), 0o600)
 	cfg := testConfig(a.url())
-	cfg.APIKeysFile = keys
+	cfg.Listener.APIKeysFile = keys
 	s, _ := startLogged(t, cfg, nil)
 
 	res, body := post(t, s.url("/v1/completions"), complBody)
@@ -229,9 +229,9 @@ func TestAPIKeysFromFile(t *testing.T) {
 		t.Errorf("a rotated-out key: %d", res.StatusCode)
 	}
 
-	cfg.ForwardAuthorization = false
+	cfg.Listener.ForwardAuthorization = false
 	b := newFakeEngine(t, "b")
-	cfg.Endpoints = testConfig(b.url()).Endpoints
+	cfg.Fleet.Endpoints = testConfig(b.url()).Fleet.Endpoints
 	s2 := startProxy(t, cfg)
 	if res, _ := post(t, s2.url("/v1/completions"), complBody, "Authorization", "Bearer sk-gamma"); res.StatusCode != 200 {
 		t.Fatalf("stripped: %d", res.StatusCode)

@@ -232,7 +232,7 @@ func (k *kvRouter) trieRoute(st *reqState, el shard.Mask, d *decision) {
 	if best < 0 || st.scores2[best] == 0 {
 		return
 	}
-	if st.scores2[best] < k.minBlocks || !k.slotLoads.Under(best, k.slotLoads.Bound(el, k.s.cfg.LoadFactor)) {
+	if st.scores2[best] < k.minBlocks || !k.slotLoads.Under(best, k.slotLoads.Bound(el, k.s.cfg.KV.LoadFactor)) {
 		return
 	}
 	// predicted stays 0: the trie is kvgate's memory, not an engine's report, and must

@@ -57,7 +57,7 @@ func TestTRTDrainOverHTTPS(t *testing.T) {
 	q.Stored(0, false, blocks...)
 
 	cfg := kvConfig(t, KVConverged, "name=t,url="+srv.URL+",engine=trtllm")
-	cfg.UpstreamCA, cfg.UpstreamCert, cfg.UpstreamKey = pki.path("ca.pem"), cliCert, cliKey
+	cfg.Upstream.CA, cfg.Upstream.Cert, cfg.Upstream.Key = pki.path("ca.pem"), cliCert, cliKey
 	s := startProxy(t, cfg)
 	waitFor(t, "the https drain", func() bool { return s.kv.inv.Count(0) == 4 && s.kv.mgr.Status(0).Connected })
 
@@ -67,7 +67,7 @@ func TestTRTDrainOverHTTPS(t *testing.T) {
 	s.Shutdown(ctx)
 	q.Stored(103, true, enginepub.TRTBlock{Hash: 200, Tokens: toks[4*blockSize : 5*blockSize]})
 	cfg2 := kvConfig(t, KVConverged, "name=t,url="+srv.URL+",engine=trtllm")
-	cfg2.UpstreamCA = pki.path("ca.pem")
+	cfg2.Upstream.CA = pki.path("ca.pem")
 	s2 := startProxy(t, cfg2)
 	waitFor(t, "refused drains", func() bool { return s2.kv.mgr.Status(0).DialFailures >= 2 })
 	if st := s2.kv.mgr.Status(0); st.Connected || s2.kv.inv.Count(0) != 0 {

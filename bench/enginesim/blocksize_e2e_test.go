@@ -20,21 +20,21 @@ func startRule(t *testing.T, sims []*Sim, extra []string) (pub, adm string) {
 	t.Helper()
 	_, pool := qwen3(t)
 	cfg := proxy.Defaults()
-	cfg.HealthInterval = 0
-	cfg.KVMode = proxy.KVConverged
-	cfg.KVBlockSize = 16
-	cfg.KVHashAlgo = "sha256_cbor"
-	cfg.KVLoadScrape = 0
-	cfg.KVPendingTTL = 0
+	cfg.Health.Interval = 0
+	cfg.KV.Mode = proxy.KVConverged
+	cfg.KV.BlockSize = 16
+	cfg.KV.HashAlgo = "sha256_cbor"
+	cfg.KV.LoadScrape = 0
+	cfg.KV.PendingTTL = 0
 	dir, _ := tokenize.StagedDir("qwen3")
-	cfg.Tokenizers = []proxy.TokenizerSpec{{Model: "qwen3", Dir: dir}}
+	cfg.Models.Tokenizers = []proxy.TokenizerSpec{{Model: "qwen3", Dir: dir}}
 	for i, s := range sims {
 		spec := fmt.Sprintf("name=%s,url=%s,engine=%s,events=%s%s", s.Config().Name, s.URL(), s.Config().Engine, s.EventsAddr(), extra[i])
 		ep, err := proxy.ParseEndpoint(spec)
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg.Endpoints = append(cfg.Endpoints, ep)
+		cfg.Fleet.Endpoints = append(cfg.Fleet.Endpoints, ep)
 	}
 	pubURL, admURL := startProxy(t, cfg, pool)
 	for _, s := range sims {

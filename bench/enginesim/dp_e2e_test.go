@@ -65,14 +65,14 @@ func startDP(t *testing.T, engine string) *dpRig {
 	}
 	_, pool := qwen3(t)
 	cfg := proxy.Defaults()
-	cfg.HealthInterval = 0
-	cfg.KVMode = proxy.KVConverged
-	cfg.KVBlockSize = 16
-	cfg.KVHashAlgo = "sha256_cbor"
-	cfg.KVLoadScrape = 20 * time.Millisecond
+	cfg.Health.Interval = 0
+	cfg.KV.Mode = proxy.KVConverged
+	cfg.KV.BlockSize = 16
+	cfg.KV.HashAlgo = "sha256_cbor"
+	cfg.KV.LoadScrape = 20 * time.Millisecond
 	dir, _ := tokenize.StagedDir("qwen3")
-	cfg.Tokenizers = []proxy.TokenizerSpec{{Model: "qwen3", Dir: dir}}
-	cfg.Endpoints = []proxy.EndpointSpec{ep}
+	cfg.Models.Tokenizers = []proxy.TokenizerSpec{{Model: "qwen3", Dir: dir}}
+	cfg.Fleet.Endpoints = []proxy.EndpointSpec{ep}
 	pubURL, admURL := startProxy(t, cfg, pool)
 	for _, s := range d.Ranks {
 		if err := s.WaitSubscribed(context.Background(), 10*time.Second); err != nil {

@@ -34,17 +34,17 @@ func TestProxyReadsEngineLoad(t *testing.T) {
 			}
 			_, pool := qwen3(t)
 			cfg := proxy.Defaults()
-			cfg.HealthInterval = 0
-			cfg.KVMode = proxy.KVConverged
-			cfg.KVBlockSize = 16
-			cfg.KVHashAlgo = "sha256_cbor"
+			cfg.Health.Interval = 0
+			cfg.KV.Mode = proxy.KVConverged
+			cfg.KV.BlockSize = 16
+			cfg.KV.HashAlgo = "sha256_cbor"
 			if engine == EngineSGLang {
-				cfg.KVHashAlgo = ""
+				cfg.KV.HashAlgo = ""
 			}
-			cfg.KVLoadScrape = 20 * time.Millisecond
+			cfg.KV.LoadScrape = 20 * time.Millisecond
 			dir, _ := tokenize.StagedDir("qwen3")
-			cfg.Tokenizers = []proxy.TokenizerSpec{{Model: "qwen3", Dir: dir}}
-			cfg.Endpoints = []proxy.EndpointSpec{ep}
+			cfg.Models.Tokenizers = []proxy.TokenizerSpec{{Model: "qwen3", Dir: dir}}
+			cfg.Fleet.Endpoints = []proxy.EndpointSpec{ep}
 			_, admURL := startProxy(t, cfg, pool)
 			// Three long requests straight to the engine: one runs, two wait.
 			ctx, cancel := context.WithCancel(context.Background())

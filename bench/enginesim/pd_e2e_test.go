@@ -94,18 +94,18 @@ func startPD(t *testing.T, pre, dec Spec, proxyEngine string) pdPair {
 	}
 	_, pool := qwen3(t)
 	cfg := proxy.Defaults()
-	cfg.HealthInterval = 0
-	cfg.ShutdownGrace = 5 * time.Second
-	cfg.ConnectTimeout = time.Second
-	cfg.KVMode = proxy.KVDisaggregated
-	cfg.KVBlockSize = 16
-	cfg.KVHashAlgo = "sha256_cbor"
+	cfg.Health.Interval = 0
+	cfg.Shutdown.Grace = 5 * time.Second
+	cfg.Upstream.ConnectTimeout = time.Second
+	cfg.KV.Mode = proxy.KVDisaggregated
+	cfg.KV.BlockSize = 16
+	cfg.KV.HashAlgo = "sha256_cbor"
 	if proxyEngine == EngineSGLang {
-		cfg.KVHashAlgo = ""
+		cfg.KV.HashAlgo = ""
 	}
 	dir, _ := tokenize.StagedDir("qwen3")
-	cfg.Tokenizers = []proxy.TokenizerSpec{{Model: "qwen3", Dir: dir}}
-	cfg.Endpoints = []proxy.EndpointSpec{endpoint(ps, "prefill"), endpoint(ds, "decode")}
+	cfg.Models.Tokenizers = []proxy.TokenizerSpec{{Model: "qwen3", Dir: dir}}
+	cfg.Fleet.Endpoints = []proxy.EndpointSpec{endpoint(ps, "prefill"), endpoint(ds, "decode")}
 	pubURL, _ := startProxy(t, cfg, pool)
 	return pdPair{pre: ps, dec: ds, url: pubURL}
 }

@@ -143,18 +143,18 @@ func splitDoctorArgs(args []string) (own, rule []string) {
 func (d *doctor) run(stderr io.Writer) int {
 	hlog.SetLevel(hlog.LevelError) // hertz's start/stop lines are not findings
 	d.pool = tokenize.NewPool()
-	for _, t := range d.cfg.Tokenizers {
+	for _, t := range d.cfg.Models.Tokenizers {
 		if err := d.pool.Add(t.Model, t.Dir, t.Aliases...); err != nil {
 			fmt.Fprintf(stderr, "kvgate doctor: -tokenizer %s=%s: %v\n", t.Model, t.Dir, err)
 			return 2
 		}
 	}
 	ctx := context.Background()
-	if d.cfg.KVMode != proxy.KVOff {
+	if d.cfg.KV.Mode != proxy.KVOff {
 		// The rule's own ingest path follows the events: the same subscriber, contract
 		// and attestation `kvgate serve` would run, on no public port anyone uses.
 		cfg := d.cfg
-		cfg.Listen, cfg.AdminListen, cfg.HealthInterval, cfg.ShutdownDelay = "127.0.0.1:0", "", 0, 0
+		cfg.Listener.Addr, cfg.Listener.AdminAddr, cfg.Health.Interval, cfg.Shutdown.Delay = "127.0.0.1:0", "", 0, 0
 		s, err := proxy.New(cfg, proxy.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Tokenizers: d.pool})
 		if err != nil {
 			fmt.Fprintln(stderr, "kvgate doctor:", err)
@@ -170,10 +170,10 @@ func (d *doctor) run(stderr io.Writer) int {
 			s.Shutdown(sctx) //nolint:errcheck
 		}()
 		d.server = s
-		d.cfg.Endpoints = s.Endpoints()    // discover=dns names expanded, in the server's slots
-		time.Sleep(300 * time.Millisecond) // let subscribers connect before the probe request
+		d.cfg.Fleet.Endpoints = s.Endpoints() // discover=dns names expanded, in the server's slots
+		time.Sleep(300 * time.Millisecond)    // let subscribers connect before the probe request
 	}
-	for _, ep := range d.cfg.Endpoints {
+	for _, ep := range d.cfg.Fleet.Endpoints {
 		model := d.checkModels(ep)
 		d.checkMetrics(ep)
 		d.checkTokenize(ep, model)
@@ -183,7 +183,7 @@ func (d *doctor) run(stderr io.Writer) int {
 	}
 	if d.server != nil {
 		time.Sleep(d.wait)
-		for i, ep := range d.cfg.Endpoints {
+		for i, ep := range d.cfg.Fleet.Endpoints {
 			d.checkEvents(i, ep)
 		}
 	}
@@ -234,7 +234,7 @@ func (d *doctor) post(ep proxy.EndpointSpec, path string, body any) (int, []byte
 // ruleNames is every served name the rule maps to a tokenizer, by tokenizer model.
 func (d *doctor) ruleNames() map[string]string {
 	out := map[string]string{}
-	for _, t := range d.cfg.Tokenizers {
+	for _, t := range d.cfg.Models.Tokenizers {
 		out[t.Model] = t.Model
 		for _, a := range t.Aliases {
 			out[a] = t.Model
@@ -248,8 +248,8 @@ func (d *doctor) ruleNames() map[string]string {
 func (d *doctor) checkModels(ep proxy.EndpointSpec) string {
 	names := d.ruleNames()
 	fallback := ""
-	if len(d.cfg.Tokenizers) > 0 {
-		fallback = d.cfg.Tokenizers[0].Model
+	if len(d.cfg.Models.Tokenizers) > 0 {
+		fallback = d.cfg.Models.Tokenizers[0].Model
 	}
 	code, body, err := d.get(ep, "/v1/models")
 	if err != nil || code != 200 {
@@ -273,7 +273,7 @@ func (d *doctor) checkModels(ep proxy.EndpointSpec) string {
 		served = append(served, m.ID)
 		if m.Parent != nil && *m.Parent != "" && *m.Parent != m.ID {
 			// A LoRA adapter (vLLM: parent is the base model).
-			if base, ok := d.cfg.LoRA[m.ID]; !ok {
+			if base, ok := d.cfg.Models.LoRA[m.ID]; !ok {
 				d.add(ep.Name, "lora", vDrift, "engine serves adapter %q (base %q) the rule has no -lora for: its requests would hash without the LoRA name and miss", m.ID, *m.Parent)
 			} else if names[*m.Parent] != names[base] {
 				d.add(ep.Name, "lora", vDrift, "adapter %q: engine base %q, rule base %q", m.ID, *m.Parent, base)
@@ -288,7 +288,7 @@ func (d *doctor) checkModels(ep proxy.EndpointSpec) string {
 			unknown = append(unknown, m.ID)
 		}
 	}
-	for a := range d.cfg.LoRA {
+	for a := range d.cfg.Models.LoRA {
 		found := false
 		for _, s := range served {
 			found = found || s == a
@@ -298,7 +298,7 @@ func (d *doctor) checkModels(ep proxy.EndpointSpec) string {
 		}
 	}
 	switch {
-	case use == "" && len(d.cfg.Tokenizers) > 0:
+	case use == "" && len(d.cfg.Models.Tokenizers) > 0:
 		d.add(ep.Name, "models", vDrift, "engine serves %s; the rule's -model names none of them", strings.Join(served, ", "))
 		return fallback
 	case len(unknown) > 0:
@@ -326,20 +326,20 @@ func (d *doctor) checkMetrics(ep proxy.EndpointSpec) {
 	if v := labels["enable_prefix_caching"]; v != "" && v != "True" && v != "true" {
 		d.add(ep.Name, "prefix-caching", vDrift, "engine runs with prefix caching off (enable_prefix_caching=%s): nothing to route to", v)
 	}
-	if d.cfg.KVMode == proxy.KVOff {
+	if d.cfg.KV.Mode == proxy.KVOff {
 		d.add(ep.Name, "metrics", vOK, "cache_config_info read (KV-Exact off: block size and hash not compared)")
 		return
 	}
 	if bs, err := strconv.Atoi(labels["block_size"]); err == nil {
-		if bs != d.cfg.KVBlockSize {
-			d.add(ep.Name, "block-size", vDrift, "engine block_size=%d, rule -kv-block-size %d", bs, d.cfg.KVBlockSize)
+		if bs != d.cfg.KV.BlockSize {
+			d.add(ep.Name, "block-size", vDrift, "engine block_size=%d, rule -kv-block-size %d", bs, d.cfg.KV.BlockSize)
 		} else {
 			d.add(ep.Name, "block-size", vOK, "%d", bs)
 		}
 	}
 	if ep.Engine == proxy.EngineVLLM {
 		if algo := labels["prefix_caching_hash_algo"]; algo != "" {
-			want := d.cfg.KVHashAlgo
+			want := d.cfg.KV.HashAlgo
 			if want == "" {
 				want = "sha256" // vLLM's default, which the rule assumes when the flag is unset
 			}

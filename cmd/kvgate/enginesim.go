@@ -146,12 +146,6 @@ func runEngineSimDP(sp enginesim.Spec, n int, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// flagGroup is a titled run of flags in -h output.
-type flagGroup struct {
-	title string
-	names []string
-}
-
 // engineSimFlagGroups orders engine-sim's -h by the part of the engine a flag sets. Every
 // flag is in exactly one group (TestEngineSimHelpGroupsEveryFlag).
 var engineSimFlagGroups = []flagGroup{
@@ -160,47 +154,4 @@ var engineSimFlagGroups = []flagGroup{
 	{"Latency (scheduler and timing model)", []string{"max-batch", "prefill-base", "prefill-per-token", "prefill-shared", "decode-per-token"}},
 	{"P/D (prefill/decode disaggregation)", []string{"role", "disaggregation-bootstrap-port", "bootstrap-timeout"}},
 	{"Events (KV cache events)", []string{"kv-events", "kv-replay", "kv-topic", "event-layout", "kv-replay-buffer"}},
-}
-
-// printFlagGroups writes fs's flags under their group titles, in the groups' order, in
-// the layout of flag.PrintDefaults; flags no group names follow under "Other".
-func printFlagGroups(w io.Writer, fs *flag.FlagSet, groups []flagGroup) {
-	seen := map[string]bool{}
-	print := func(title string, names []string) {
-		if len(names) == 0 {
-			return
-		}
-		fmt.Fprintf(w, "\n%s:\n", title)
-		for _, n := range names {
-			f := fs.Lookup(n)
-			if f == nil {
-				continue
-			}
-			seen[n] = true
-			kind, usage := flag.UnquoteUsage(f)
-			line := "  -" + f.Name
-			if kind != "" {
-				line += " " + kind
-			}
-			line += "\n    \t" + strings.ReplaceAll(usage, "\n", "\n    \t")
-			switch {
-			case f.DefValue == "" || f.DefValue == "false" || f.DefValue == "0":
-			case kind == "string":
-				line += fmt.Sprintf(" (default %q)", f.DefValue)
-			default:
-				line += " (default " + f.DefValue + ")"
-			}
-			fmt.Fprintln(w, line)
-		}
-	}
-	for _, g := range groups {
-		print(g.title, g.names)
-	}
-	var rest []string
-	fs.VisitAll(func(f *flag.Flag) {
-		if !seen[f.Name] {
-			rest = append(rest, f.Name)
-		}
-	})
-	print("Other", rest)
 }

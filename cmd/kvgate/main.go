@@ -5,6 +5,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -17,6 +18,55 @@ type repeatable []string
 
 func (r *repeatable) String() string     { return strings.Join(*r, " ") }
 func (r *repeatable) Set(v string) error { *r = append(*r, v); return nil }
+
+// flagGroup is a titled run of flags in -h output.
+type flagGroup struct {
+	title string
+	names []string
+}
+
+// printFlagGroups writes fs's flags under their group titles, in the groups' order, in
+// the layout of flag.PrintDefaults; flags no group names follow under "Other".
+func printFlagGroups(w io.Writer, fs *flag.FlagSet, groups []flagGroup) {
+	seen := map[string]bool{}
+	print := func(title string, names []string) {
+		if len(names) == 0 {
+			return
+		}
+		fmt.Fprintf(w, "\n%s:\n", title)
+		for _, n := range names {
+			f := fs.Lookup(n)
+			if f == nil {
+				continue
+			}
+			seen[n] = true
+			kind, usage := flag.UnquoteUsage(f)
+			line := "  -" + f.Name
+			if kind != "" {
+				line += " " + kind
+			}
+			line += "\n    \t" + strings.ReplaceAll(usage, "\n", "\n    \t")
+			switch {
+			case f.DefValue == "" || f.DefValue == "false" || f.DefValue == "0":
+			case kind == "string":
+				line += fmt.Sprintf(" (default %q)", f.DefValue)
+			default:
+				line += " (default " + f.DefValue + ")"
+			}
+			fmt.Fprintln(w, line)
+		}
+	}
+	for _, g := range groups {
+		print(g.title, g.names)
+	}
+	var rest []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if !seen[f.Name] {
+			rest = append(rest, f.Name)
+		}
+	})
+	print("Other", rest)
+}
 
 // command is one kvgate subcommand. run gets the arguments after the subcommand name
 // and returns the process exit code (0 ok, 1 runtime failure, 2 bad usage or input).

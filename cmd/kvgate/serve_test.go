@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"syscall"
@@ -70,6 +71,78 @@ func TestServeHelpDocumentsDefaults(t *testing.T) {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("help lacks %q", want)
 		}
+	}
+}
+
+// -h lists every registered flag once, under the heading of the proxy.Config part it
+// sets, headings in serveFlagGroups' order, each flag with its default, and nothing under
+// "Other" (a new flag must be put in a group).
+func TestServeHelpGroupsEveryFlag(t *testing.T) {
+	var stderr bytes.Buffer
+	if code := runServe([]string{"-h"}, nil, io.Discard, &stderr); code != 0 {
+		t.Fatalf("-h exit %d", code)
+	}
+	help := stderr.String()
+	if i := strings.Index(help, "\nOther:\n"); i >= 0 {
+		t.Errorf("flags outside every group:\n%s", help[i:])
+	}
+	at := 0
+	listed := map[string]int{}
+	for _, g := range serveFlagGroups {
+		i := strings.Index(help, "\n"+g.title+":\n")
+		if i < at {
+			t.Fatalf("group %q missing or out of order:\n%s", g.title, help)
+		}
+		at = i
+		for _, n := range g.names {
+			listed[n]++
+		}
+	}
+	lines := strings.Split(help, "\n")
+	shown := 0
+	for i, line := range lines {
+		name, ok := strings.CutPrefix(line, "  -")
+		if !ok || strings.HasPrefix(line, "  -  ") {
+			continue
+		}
+		name, _, _ = strings.Cut(name, " ")
+		if listed[name] != 1 {
+			t.Errorf("-%s is in %d groups", name, listed[name])
+		}
+		if i+1 >= len(lines) || !strings.Contains(lines[i+1], "(default ") {
+			t.Errorf("-%s states no default", name)
+		}
+		shown++
+	}
+	if shown != len(listed) || shown < 60 {
+		t.Errorf("%d flags shown, %d grouped", shown, len(listed))
+	}
+	if !strings.Contains(help, "Listener (") || !strings.Contains(help, "-listen string\n    \tpublic listener address (OpenAI API) (default \":8080\")") {
+		t.Errorf("-listen's default is not :8080:\n%s", help)
+	}
+}
+
+// The flags' defaults are proxy.Defaults(), stated there once: a rule of nothing but an
+// endpoint parses to Defaults() with that endpoint, and -listen keeps the :8080 users have.
+func TestServeDefaultsAreProxyDefaults(t *testing.T) {
+	cfg, level, err := serveFlags([]string{"-endpoint", "url=http://127.0.0.1:1"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := proxy.Defaults()
+	ep, err := proxy.ParseEndpoint("url=http://127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want.Fleet.Endpoints = []proxy.EndpointSpec{ep}
+	got, exp := reflect.ValueOf(cfg), reflect.ValueOf(want)
+	for i := range got.NumField() {
+		if g, w := got.Field(i).Interface(), exp.Field(i).Interface(); !reflect.DeepEqual(g, w) {
+			t.Errorf("%s: the flags' defaults differ from proxy.Defaults():\n got %+v\nwant %+v", got.Type().Field(i).Name, g, w)
+		}
+	}
+	if cfg.Listener.Addr != ":8080" || level != "info" {
+		t.Errorf("listen %q, log level %q", cfg.Listener.Addr, level)
 	}
 }
 
@@ -150,16 +223,16 @@ access-log = true
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Listen != "127.0.0.1:18080" || cfg.Select != proxy.SelectCHWBL || cfg.BreakerFailures != 7 ||
-		cfg.ShutdownDelay != 2*time.Second || !cfg.AccessLog || len(cfg.Endpoints) != 4 || cfg.Endpoints[3].Name != "d" {
+	if cfg.Listener.Addr != "127.0.0.1:18080" || cfg.Select.Kind != proxy.SelectCHWBL || cfg.Breaker.Failures != 7 ||
+		cfg.Shutdown.Delay != 2*time.Second || !cfg.Listener.AccessLog || len(cfg.Fleet.Endpoints) != 4 || cfg.Fleet.Endpoints[3].Name != "d" {
 		t.Errorf("from the file: %+v", cfg)
 	}
 	cfg, _, err = serveFlags([]string{"-config", conf, "-endpoint", "name=z,url=http://10.0.0.9:8000"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cfg.Endpoints) != 3 || cfg.Endpoints[0].Name != "z" {
-		t.Errorf("command-line -endpoint should replace the file's: %v", cfg.Endpoints)
+	if len(cfg.Fleet.Endpoints) != 3 || cfg.Fleet.Endpoints[0].Name != "z" {
+		t.Errorf("command-line -endpoint should replace the file's: %v", cfg.Fleet.Endpoints)
 	}
 	for body, want := range map[string]string{
 		"listen = :1\nno-such-flag = 1\n": "kvgate.conf:2: no flag -no-such-flag",
@@ -182,8 +255,8 @@ func TestServeAdminTokenFile(t *testing.T) {
 	os.WriteFile(f, []byte("  s3cret\n"), 0o600)
 	ep := "name=a,url=http://10.0.0.1:8000"
 	cfg, _, err := serveFlags([]string{"-admin-token-file", f, "-endpoint", ep}, io.Discard)
-	if err != nil || cfg.AdminToken != "s3cret" {
-		t.Fatalf("%v %q", err, cfg.AdminToken)
+	if err != nil || cfg.Listener.AdminToken != "s3cret" {
+		t.Fatalf("%v %q", err, cfg.Listener.AdminToken)
 	}
 	if _, _, err := serveFlags([]string{"-admin-token-file", f, "-admin-token", "x", "-endpoint", ep}, io.Discard); err == nil || !strings.Contains(err.Error(), "-admin-token-file") {
 		t.Errorf("both: %v", err)
