@@ -47,7 +47,7 @@ func TestTrieAddSkipsHeldRunExactly(t *testing.T) {
 			if rng.IntN(4) == 0 {
 				ep = rng.IntN(eps)
 			}
-			from := rng.IntN(len(keys)) // where the engine's reported blocks end
+			from := rng.IntN(len(keys))             // where the engine's reported blocks end
 			if rng.IntN(10) == 0 && len(keys) > 2 { // a hole in what was recorded
 				j := rng.IntN(len(keys))
 				k := keys[j : j+1]
