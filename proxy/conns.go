@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/cloudwego/hertz/pkg/network"
@@ -44,6 +45,11 @@ type trackedConn struct {
 	addr string
 	reg  *connRegistry
 	idle time.Duration // read timeout hertz asked for, applied per read (0: none)
+	// A request header held back so that it leaves in one write with its body (see
+	// WriteBinary), and the pooled buffer that joined them until it is flushed.
+	hdr    []byte
+	held   bool
+	joined *[]byte
 }
 
 // SetReadTimeout makes the timeout an idle timeout: the standard transport would set
@@ -96,16 +102,91 @@ const hdrConnTag = "X-Kvgate-Exchange"
 
 var connTagLine = []byte("\r\n" + hdrConnTag + ": ")
 
-// WriteBinary sees the request header (hertz writes it in one call) and records the
-// connection under its exchange tag.
+// Header and body in one write: hertz's standard transport writes the request header
+// into its buffer and a body of 4 KiB or more as a buffer node of its own, and its Flush
+// issues one write(2) per node. A chat request is mostly such a body, so each upstream
+// request cost two writes, and at the engine often two reads and wakeups, where nginx
+// sends one. trackedConn holds the header back and, when a large body follows, hands
+// hertz one pooled buffer holding both (a copy of the body, far cheaper than the
+// syscall); any other write or a Flush first releases a held header, so the bytes on the
+// wire and their order are hertz's.
+const (
+	joinMinBody = 4 << 10  // hertz's own threshold: smaller bodies share the header's node
+	joinMax     = 64 << 10 // larger requests keep two writes (no large pooled buffers)
+)
+
+var joinPool = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
+
+// WriteBinary sees the request header (hertz writes it in one call), records the
+// connection under its exchange tag and holds the header back for its body.
 func (c *trackedConn) WriteBinary(b []byte) (int, error) {
 	if i := bytes.Index(b, connTagLine); i >= 0 {
 		id := b[i+len(connTagLine):]
 		if j := bytes.IndexByte(id, '\r'); j >= 0 {
 			c.reg.set(c.addr, id[:j], c)
 		}
+		if !c.held && len(b) < joinMax {
+			c.hdr, c.held = append(c.hdr[:0], b...), true
+			return len(b), nil
+		}
+	}
+	if c.held {
+		c.held = false
+		if len(b) >= joinMinBody && len(c.hdr)+len(b) <= joinMax && c.joined == nil {
+			buf := joinPool.Get().(*[]byte)
+			*buf = append(append((*buf)[:0], c.hdr...), b...)
+			c.joined = buf
+			if _, err := c.Conn.WriteBinary(*buf); err != nil {
+				return 0, err
+			}
+			return len(b), nil
+		}
+		if _, err := c.Conn.WriteBinary(c.hdr); err != nil {
+			return 0, err
+		}
 	}
 	return c.Conn.WriteBinary(b)
+}
+
+// release passes a held header on to hertz's buffer.
+func (c *trackedConn) release() error {
+	if !c.held {
+		return nil
+	}
+	c.held = false
+	_, err := c.Conn.WriteBinary(c.hdr)
+	return err
+}
+
+func (c *trackedConn) Malloc(n int) ([]byte, error) {
+	if err := c.release(); err != nil {
+		return nil, err
+	}
+	return c.Conn.Malloc(n)
+}
+
+func (c *trackedConn) Write(b []byte) (int, error) {
+	if err := c.release(); err != nil {
+		return 0, err
+	}
+	return c.Conn.Write(b)
+}
+
+// Flush sends what hertz buffered; a joined buffer goes back to the pool once written
+// (hertz keeps no use of a node it flushed). After a failed write the connection is
+// dropped and so is the buffer: hertz may still hold it.
+func (c *trackedConn) Flush() error {
+	if err := c.release(); err != nil {
+		return err
+	}
+	err := c.Conn.Flush()
+	if c.joined != nil {
+		if err == nil {
+			joinPool.Put(c.joined)
+		}
+		c.joined = nil
+	}
+	return err
 }
 
 // ToHertzError keeps hertz's error normalization (it recognizes stale pooled

@@ -248,8 +248,7 @@ func BenchmarkProxyRoundTrip(b *testing.B) {
 	}
 	defer s.Shutdown(context.Background())
 	cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
-	body := complBody
-	run := func(b *testing.B, url string) {
+	run := func(b *testing.B, url, body string) {
 		b.ReportAllocs()
 		for b.Loop() {
 			res, err := cl.Post(url, "application/json", strings.NewReader(body))
@@ -260,8 +259,12 @@ func BenchmarkProxyRoundTrip(b *testing.B) {
 			res.Body.Close()
 		}
 	}
-	b.Run("direct", func(b *testing.B) { run(b, engine.URL+"/v1/completions") })
-	b.Run("kvgate", func(b *testing.B) { run(b, s.url("/v1/completions")) })
+	// 16k: a 4k-token prompt's body, sent upstream as its own buffer by hertz.
+	large := `{"model":"m","prompt":"` + strings.Repeat("cache ", 16<<10/6) + `"}`
+	b.Run("direct", func(b *testing.B) { run(b, engine.URL+"/v1/completions", complBody) })
+	b.Run("kvgate", func(b *testing.B) { run(b, s.url("/v1/completions"), complBody) })
+	b.Run("direct-16k", func(b *testing.B) { run(b, engine.URL+"/v1/completions", large) })
+	b.Run("kvgate-16k", func(b *testing.B) { run(b, s.url("/v1/completions"), large) })
 }
 
 func listenBench(b *testing.B) net.Listener {

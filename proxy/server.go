@@ -483,6 +483,7 @@ type reqState struct {
 	ex         hashcore.Extras
 	engMask    shard.Mask
 	fastMask   shard.Mask
+	recMask    shard.Mask // the one slot whose pending keys trieRecord scores
 	slotEl     shard.Mask // the eligible endpoints' inventory slots (data-parallel ranks)
 	// groups are the eligible endpoints under neither the rule's contract nor its fast
 	// chain (another block size or engine), one per chain; ngroups are in use. Reused.
@@ -541,6 +542,7 @@ func newReqState(n int) *reqState {
 		scratch:  shard.NewMask(n),
 		engMask:  shard.NewMask(n),
 		fastMask: shard.NewMask(n),
+		recMask:  shard.NewMask(n),
 		slotEl:   shard.NewMask(n),
 		relay:    make([]byte, 8<<10), // held per open stream: SSE events are small
 	}

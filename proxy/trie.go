@@ -64,8 +64,14 @@ func newPrefixTrie(endpoints, maxKeys int, ttl time.Duration) (*prefixTrie, erro
 	return t, nil
 }
 
-// add records keys as sent to ep, turning the generations when a TTL has passed.
-func (t *prefixTrie) add(ep int, keys []uint64) {
+// add records keys as sent to ep, turning the generations when a TTL has passed. mask
+// and scores are scratch (the trie's endpoints long).
+//
+// A follow-up turn re-sends its earlier turns, whose keys the current generation holds
+// for ep already, and Add finds each of those held and changes nothing, after taking its
+// shard's lock. A lock-free Prefix score over the current generation skips that leading
+// run first, so Add sees only the keys past it: the same inventory afterwards.
+func (t *prefixTrie) add(ep int, keys []uint64, mask shard.Mask, scores []int32) {
 	if t.ttl > 0 {
 		if now := time.Now().UnixNano(); now-t.turned.Load() >= int64(t.ttl) {
 			t.mu.Lock()
@@ -83,7 +89,13 @@ func (t *prefixTrie) add(ep int, keys []uint64) {
 			t.mu.Unlock()
 		}
 	}
-	t.cur.Load().Add(ep, keys)
+	cur := t.cur.Load()
+	clear(mask)
+	mask.Set(ep)
+	cur.Score(keys, mask, shard.Prefix, scores)
+	if held := int(scores[ep]); held < len(keys) {
+		cur.Add(ep, keys[held:])
+	}
 }
 
 // clearEndpoint forgets what kvgate sent to ep (it left the fleet; its slot is reused).
@@ -253,6 +265,7 @@ func (k *kvRouter) trieRecord(st *reqState, ep int) { // ep: the inventory slot
 		from = min(int(st.scores[ep]), len(keys))
 	}
 	if from < len(keys) {
-		k.trie.add(ep, keys[from:])
+		n := k.ranks.cands
+		k.trie.add(ep, keys[from:], st.recMask, st.scores3[:n])
 	}
 }
