@@ -35,6 +35,7 @@ type counters struct {
 	gapsFilled                                       *metrics.Counter
 	modeSwitches                                     *metrics.Counter
 	decodeErrors, topicSkipped, duplicates           *metrics.Counter
+	protocolErrors                                   *metrics.Counter
 	parityOK, parityMismatch, paritySkipped, orphans *metrics.Counter
 	unkeyable                                        *metrics.Counter
 	badEvents                                        [numBadReasons]*metrics.Counter
@@ -84,6 +85,10 @@ type EndpointStatus struct {
 	GapsKept, GapsCleared, Restarts, ClearedByEngine, ModeSwitches uint64
 	GapsFilled                                                     uint64 // gaps closed from the replay buffer
 	DecodeErrors, TopicSkipped, Duplicates                         uint64
+	// ProtocolErrors counts connections (or dials) the engine's event socket broke the
+	// ZMTP protocol on: not a PUB, not ZMTP 3.x, a malformed or oversize frame (a WARN
+	// names the error).
+	ProtocolErrors uint64
 	// BadEvents counts events skipped because they do not decode, by reason ("type",
 	// "range"); their batches were applied otherwise.
 	BadEvents                                                   map[string]uint64
@@ -230,6 +235,7 @@ func newEndpoint(m *Manager, cfg EndpointConfig) *endpoint {
 		decodeErrors:    ctr("kvgate_ingest_decode_errors_total", ""),
 		topicSkipped:    ctr("kvgate_ingest_topic_skipped_total", ""),
 		duplicates:      ctr("kvgate_ingest_duplicate_batches_total", ""),
+		protocolErrors:  ctr("kvgate_ingest_protocol_errors_total", ""),
 		parityOK:        ctr("kvgate_ingest_parity_checks_total", `result="ok"`),
 		parityMismatch:  ctr("kvgate_ingest_parity_checks_total", `result="mismatch"`),
 		paritySkipped:   ctr("kvgate_ingest_parity_checks_total", `result="skipped"`),
@@ -313,6 +319,7 @@ func (e *endpoint) status() EndpointStatus {
 	s.GapsFilled = c.gapsFilled.Get()
 	s.ClearedByEngine, s.ModeSwitches = c.clearedByEngine.Get(), c.modeSwitches.Get()
 	s.DecodeErrors, s.TopicSkipped, s.Duplicates = c.decodeErrors.Get(), c.topicSkipped.Get(), c.duplicates.Get()
+	s.ProtocolErrors = c.protocolErrors.Get()
 	s.ParityOK, s.ParityMismatch, s.ParitySkipped = c.parityOK.Get(), c.parityMismatch.Get(), c.paritySkipped.Get()
 	s.Orphans, s.Unkeyable = c.orphans.Get(), c.unkeyable.Get()
 	s.RefEvictions = c.refEvictions.Get()
