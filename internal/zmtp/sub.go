@@ -44,19 +44,17 @@ type Options struct {
 // Sub is one subscriber connection to a PUB (or XPUB) peer. Recv is not safe for
 // concurrent use; Close may be called from any goroutine, and unblocks Recv.
 type Sub struct {
+	frameReader
 	conn   net.Conn // nil when the stream is not a net.Conn (tests, fuzzing)
-	rd     *bufio.Reader
 	w      io.Writer
 	maxMsg int
 
 	major, minor byte
 	peerType     string
 
-	hdr    [9]byte
 	body   []byte   // the current message's frame bodies, end to end
 	ends   []int    // each frame's end offset in body
 	frames [][]byte // Recv's result: subslices of body
-	cmd    []byte   // the current command frame's body
 	out    []byte   // scratch for what we write (PONG)
 }
 
@@ -90,7 +88,7 @@ func Handshake(ctx context.Context, rw io.ReadWriter, opt Options) (*Sub, error)
 	if opt.ReadBuffer <= 0 {
 		opt.ReadBuffer = DefaultReadBuffer
 	}
-	s := &Sub{rd: bufio.NewReaderSize(rw, opt.ReadBuffer), w: rw, maxMsg: opt.MaxMessage}
+	s := &Sub{frameReader: frameReader{rd: bufio.NewReaderSize(rw, opt.ReadBuffer)}, w: rw, maxMsg: opt.MaxMessage}
 	if c, ok := rw.(net.Conn); ok {
 		s.conn = c
 		if opt.Timeout > 0 {
@@ -114,70 +112,10 @@ func Handshake(ctx context.Context, rw io.ReadWriter, opt Options) (*Sub, error)
 }
 
 func (s *Sub) handshake(topics []string) error {
-	// Our whole greeting and READY at once: we need no backwards detection (37/ZMTP
-	// "Backwards Interoperability": a peer that does not SHOULD send its full greeting),
-	// and with NULL the connecting peer sends READY first. A peer that turns out not to
-	// speak 3.x NULL is closed anyway.
-	s.out = appendGreeting(s.out[:0])
-	s.out = appendReady(s.out, "SUB")
-	if _, err := s.w.Write(s.out); err != nil {
-		return fmt.Errorf("zmtp: sending greeting: %w", err)
-	}
-	var g [greetingSize]byte
-	// The signature and major version first: a ZMTP 1.0 or 2.0 peer sends fewer than 64
-	// octets and would wait for us.
-	if _, err := io.ReadFull(s.rd, g[:sigSize+1]); err != nil {
-		return fmt.Errorf("zmtp: reading greeting: %w", readErr(err))
-	}
-	if g[0] != 0xFF || g[9]&1 == 0 {
-		return fmt.Errorf("%w: signature % x is not ZMTP 2.0 or later", ErrGreeting, g[:sigSize])
-	}
-	if g[10] < 3 {
-		return fmt.Errorf("%w: peer speaks ZMTP major version %d, need 3", ErrVersion, g[10])
-	}
-	if _, err := io.ReadFull(s.rd, g[sigSize+1:]); err != nil {
-		return fmt.Errorf("zmtp: reading greeting: %w", readErr(err))
-	}
-	s.major, s.minor = g[10], g[11]
-	mech := bytes.TrimRight(g[mechOffset:mechOffset+mechSize], "\x00")
-	if string(mech) != "NULL" {
-		return fmt.Errorf("%w: peer offers %q", ErrMechanism, mech)
-	}
-	// The peer's first frame: READY, or ERROR if it refused ours.
-	flags, size, err := s.readHeader()
-	if err != nil {
-		return fmt.Errorf("zmtp: reading READY: %w", err)
-	}
-	if flags&flagCommand == 0 {
-		return fmt.Errorf("%w: first frame after the greeting is a message, want READY", ErrFrame)
-	}
-	if err := s.readCommand(size); err != nil {
-		return err
-	}
-	name, data, err := parseCommand(s.cmd)
+	var err error
+	s.major, s.minor, s.peerType, s.out, err = s.greet(s.w, s.out, "SUB", "PUB", "XPUB")
 	if err != nil {
 		return err
-	}
-	switch string(name) {
-	case "READY":
-	case "ERROR":
-		return fmt.Errorf("%w: %q", ErrPeer, errorReason(data))
-	default:
-		return fmt.Errorf("%w: first command is %q, want READY", ErrFrame, name)
-	}
-	typ, found, err := readyProperty(data, "Socket-Type")
-	if err != nil {
-		return err
-	}
-	s.peerType = string(typ)
-	if !found || !(equalFold(typ, "PUB") || equalFold(typ, "XPUB")) {
-		// 37/ZMTP: a peer that rejects the socket type SHOULD say so with ERROR.
-		s.out = appendCommand(s.out[:0], "ERROR", []byte{byte(len("invalid socket type"))}, []byte("invalid socket type"))
-		s.w.Write(s.out) //nolint:errcheck // closing anyway
-		if !found {
-			return fmt.Errorf("%w: READY has no Socket-Type", ErrSocketType)
-		}
-		return fmt.Errorf("%w: peer is %q, want PUB or XPUB", ErrSocketType, typ)
 	}
 	s.out = s.out[:0]
 	for _, t := range topics {
@@ -189,6 +127,86 @@ func (s *Sub) handshake(topics []string) error {
 		}
 	}
 	return nil
+}
+
+// frameReader reads greetings and frames from a buffered stream.
+type frameReader struct {
+	rd  *bufio.Reader
+	hdr [9]byte
+	cmd []byte // the current command frame's body
+}
+
+// greet runs the greeting and NULL handshake as a socket of type own, accepting a peer
+// of one of the types peers: it writes our greeting and READY (through out, returned
+// for reuse), reads and checks the peer's, and returns the peer's version and type.
+func (r *frameReader) greet(w io.Writer, out []byte, own string, peers ...string) (major, minor byte, peerType string, _ []byte, err error) {
+	// Our whole greeting and READY at once: we need no backwards detection (37/ZMTP
+	// "Backwards Interoperability": a peer that does not SHOULD send its full greeting),
+	// and with NULL the connecting peer sends READY first, the other may as soon as it
+	// has read ours. A peer that turns out not to speak 3.x NULL is closed anyway.
+	out = appendGreeting(out[:0])
+	out = appendReady(out, own)
+	if _, err := w.Write(out); err != nil {
+		return 0, 0, "", out, fmt.Errorf("zmtp: sending greeting: %w", err)
+	}
+	var g [greetingSize]byte
+	// The signature and major version first: a ZMTP 1.0 or 2.0 peer sends fewer than 64
+	// octets and would wait for us.
+	if _, err := io.ReadFull(r.rd, g[:sigSize+1]); err != nil {
+		return 0, 0, "", out, fmt.Errorf("zmtp: reading greeting: %w", readErr(err))
+	}
+	if g[0] != 0xFF || g[9]&1 == 0 {
+		return 0, 0, "", out, fmt.Errorf("%w: signature % x is not ZMTP 2.0 or later", ErrGreeting, g[:sigSize])
+	}
+	if g[10] < 3 {
+		return 0, 0, "", out, fmt.Errorf("%w: peer speaks ZMTP major version %d, need 3", ErrVersion, g[10])
+	}
+	if _, err := io.ReadFull(r.rd, g[sigSize+1:]); err != nil {
+		return 0, 0, "", out, fmt.Errorf("zmtp: reading greeting: %w", readErr(err))
+	}
+	major, minor = g[10], g[11]
+	mech := bytes.TrimRight(g[mechOffset:mechOffset+mechSize], "\x00")
+	if string(mech) != "NULL" {
+		return 0, 0, "", out, fmt.Errorf("%w: peer offers %q", ErrMechanism, mech)
+	}
+	// The peer's first frame: READY, or ERROR if it refused ours.
+	flags, size, err := r.readHeader()
+	if err != nil {
+		return 0, 0, "", out, fmt.Errorf("zmtp: reading READY: %w", err)
+	}
+	if flags&flagCommand == 0 {
+		return 0, 0, "", out, fmt.Errorf("%w: first frame after the greeting is a message, want READY", ErrFrame)
+	}
+	if err := r.readCommand(size); err != nil {
+		return 0, 0, "", out, err
+	}
+	name, data, err := parseCommand(r.cmd)
+	if err != nil {
+		return 0, 0, "", out, err
+	}
+	switch string(name) {
+	case "READY":
+	case "ERROR":
+		return 0, 0, "", out, fmt.Errorf("%w: %q", ErrPeer, errorReason(data))
+	default:
+		return 0, 0, "", out, fmt.Errorf("%w: first command is %q, want READY", ErrFrame, name)
+	}
+	typ, found, err := readyProperty(data, "Socket-Type")
+	if err != nil {
+		return 0, 0, "", out, err
+	}
+	for _, p := range peers {
+		if found && equalFold(typ, p) {
+			return major, minor, string(typ), out, nil
+		}
+	}
+	// 37/ZMTP: a peer that rejects the socket type SHOULD say so with ERROR.
+	out = appendCommand(out[:0], "ERROR", []byte{byte(len("invalid socket type"))}, []byte("invalid socket type"))
+	w.Write(out) //nolint:errcheck // closing anyway
+	if !found {
+		return 0, 0, "", out, fmt.Errorf("%w: READY has no Socket-Type", ErrSocketType)
+	}
+	return 0, 0, "", out, fmt.Errorf("%w: peer is %q, want %s", ErrSocketType, typ, strings.Join(peers, " or "))
 }
 
 func errorReason(data []byte) []byte {
@@ -222,8 +240,8 @@ func (s *Sub) Close() error {
 }
 
 // readHeader reads a frame's flags and size.
-func (s *Sub) readHeader() (flags byte, size uint64, err error) {
-	flags, err = s.rd.ReadByte()
+func (r *frameReader) readHeader() (flags byte, size uint64, err error) {
+	flags, err = r.rd.ReadByte()
 	if err != nil {
 		return 0, 0, err // io.EOF here is a clean close between frames
 	}
@@ -231,16 +249,16 @@ func (s *Sub) readHeader() (flags byte, size uint64, err error) {
 		return 0, 0, fmt.Errorf("%w: reserved flag bits set (flags %#02x)", ErrFrame, flags)
 	}
 	if flags&flagLong == 0 {
-		b, err := s.rd.ReadByte()
+		b, err := r.rd.ReadByte()
 		if err != nil {
 			return 0, 0, readErr(io.ErrUnexpectedEOF)
 		}
 		return flags, uint64(b), nil
 	}
-	if _, err := io.ReadFull(s.rd, s.hdr[:8]); err != nil {
+	if _, err := io.ReadFull(r.rd, r.hdr[:8]); err != nil {
 		return 0, 0, readErr(noEOF(err))
 	}
-	size = binary.BigEndian.Uint64(s.hdr[:8])
+	size = binary.BigEndian.Uint64(r.hdr[:8])
 	if size > 1<<63-1 {
 		return 0, 0, fmt.Errorf("%w: frame size %d is over 2^63-1", ErrFrame, size)
 	}
@@ -255,25 +273,25 @@ func noEOF(err error) error {
 }
 
 // readCommand reads a command frame's body of size octets into s.cmd.
-func (s *Sub) readCommand(size uint64) error {
+func (r *frameReader) readCommand(size uint64) error {
 	if size > maxCommand {
 		return fmt.Errorf("%w: command frame of %d octets (limit %d)", ErrTooLarge, size, maxCommand)
 	}
 	var err error
-	s.cmd, err = s.readBody(s.cmd[:0], int(size))
+	r.cmd, err = r.readBody(r.cmd[:0], int(size))
 	return err
 }
 
 // readBody appends n octets from the stream to dst, growing it as the octets arrive (a
 // peer that announces a large frame and sends less costs what it sent, not what it
 // announced).
-func (s *Sub) readBody(dst []byte, n int) ([]byte, error) {
+func (r *frameReader) readBody(dst []byte, n int) ([]byte, error) {
 	for n > 0 {
 		if len(dst) == cap(dst) {
 			dst = slices.Grow(dst, min(n, max(cap(dst), 4096)))
 		}
 		chunk := min(n, cap(dst)-len(dst))
-		m, err := io.ReadFull(s.rd, dst[len(dst):len(dst)+chunk])
+		m, err := io.ReadFull(r.rd, dst[len(dst):len(dst)+chunk])
 		dst = dst[:len(dst)+m]
 		if err != nil {
 			return dst, readErr(noEOF(err))
