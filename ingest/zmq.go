@@ -176,13 +176,15 @@ func (s *rankSub) run(ctx context.Context) {
 			s.protocolError(log, "ingest: event stream broke the ZMTP protocol: redialing", err)
 			backoff(ctx, delay, s.e.wake)
 		default:
+			s.lastProtoErr = "" // a connection that kept the protocol: WARN again next time
 			log.Info("ingest: connection lost, redialing", "err", err)
 		}
 	}
 }
 
 // protocolError counts a peer that broke ZMTP and WARNs when the error differs from the
-// last one WARNed (a misconfigured endpoint redialing every few seconds says so once).
+// last one WARNed since a connection last ended cleanly (a misconfigured endpoint
+// redialing every few seconds says so once).
 func (s *rankSub) protocolError(log *slog.Logger, msg string, err error) {
 	s.e.c.protocolErrors.Inc()
 	if text := err.Error(); text != s.lastProtoErr {
