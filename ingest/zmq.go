@@ -177,6 +177,7 @@ func (s *rankSub) run(ctx context.Context) {
 			backoff(ctx, delay, s.e.wake)
 		default:
 			s.lastProtoErr = "" // a connection that kept the protocol: WARN again next time
+			s.e.protoErr.Store(nil)
 			log.Info("ingest: connection lost, redialing", "err", err)
 		}
 	}
@@ -187,7 +188,9 @@ func (s *rankSub) run(ctx context.Context) {
 // redialing every few seconds says so once).
 func (s *rankSub) protocolError(log *slog.Logger, msg string, err error) {
 	s.e.c.protocolErrors.Inc()
-	if text := err.Error(); text != s.lastProtoErr {
+	text := err.Error()
+	s.e.protoErr.Store(&text)
+	if text != s.lastProtoErr {
 		s.lastProtoErr = text
 		log.Warn(msg, "err", err)
 	}

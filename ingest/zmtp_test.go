@@ -62,7 +62,7 @@ func TestWrongSocketTypeWarnsOnce(t *testing.T) {
 	if w := log.warns("does not speak ZMTP 3.x PUB"); len(w) != 1 || !strings.Contains(w[0], "ROUTER") {
 		t.Fatalf("want one WARN naming the ROUTER, got %q", w)
 	}
-	if s := m.Status(0); s.Connected || s.DialFailures < 3 {
+	if s := m.Status(0); s.Connected || s.DialFailures < 3 || !strings.Contains(s.LastProtocolError, "ROUTER") {
 		t.Fatalf("status %+v", s)
 	}
 	var pub *enginepub.Publisher
@@ -155,7 +155,8 @@ func TestMalformedStreamReconnects(t *testing.T) {
 	if got := invKeys(inv, 0); !slices.Equal(got, []uint64{1, 2, 3, 4}) {
 		t.Fatalf("inventory %v", got)
 	}
-	if s.ProtocolErrors != 2 || s.Reconnects != 2 || s.GapsCleared+s.Restarts != 0 || !s.Connected {
+	if s.ProtocolErrors != 2 || s.Reconnects != 2 || s.GapsCleared+s.Restarts != 0 || !s.Connected ||
+		!strings.Contains(s.LastProtocolError, "size limit") {
 		t.Fatalf("status %+v", s)
 	}
 	w := log.warns("broke the ZMTP protocol")
