@@ -31,7 +31,8 @@ import (
 
 // The fleet simulator: one kvgate (a child `kvgate serve`, so its CPU and memory are its
 // own) subscribed to N lightweight engine publishers, each a real ZeroMQ PUB socket
-// speaking vLLM's event wire format (enginepub, msgpack array layout, vLLM framing).
+// speaking vLLM's event wire format (enginepub, msgpack array layout, vLLM framing):
+// internal/zmtp's load-generation PUB by default, go-zeromq's with Publishers "zmq4".
 //
 // Per N: fill the inventory to Entries (key, endpoint) entries, then churn at EventRate
 // batches per second per endpoint (each a BlockStored of 16 new blocks, plus a
@@ -64,6 +65,11 @@ type FleetConfig struct {
 	// LoadScrape is kvgate's -kv-load-scrape (each engine's /metrics read this often;
 	// 0: off). The stub engine answers it with vLLM's gauges, as a real engine would.
 	LoadScrape time.Duration
+	// Publishers is what the engines publish through: "zmtp" (the default, "" too):
+	// internal/zmtp's load-generation PUB, which writes each batch from the engine's
+	// goroutine; "zmq4": go-zeromq's PUB, a writer goroutine and queue per socket, which
+	// could not generate 1M keys/s at 1,024 engines on two cores (bench/RESULTS.md).
+	Publishers string
 	Kvgate     string    // kvgate binary
 	Model      string    // served model name
 	Tokenizer  string    // tokenizer directory kvgate loads for Model
@@ -119,6 +125,9 @@ func RunFleet(ctx context.Context, cfg FleetConfig) ([]FleetRow, error) {
 	}
 	if cfg.Entries < 0 || cfg.EventRate < 0 || cfg.Markers < 0 || cfg.Decisions < 0 {
 		return nil, errors.New("fleet: entries, event rate, markers and decisions must be >= 0")
+	}
+	if cfg.Publishers != "" && cfg.Publishers != "zmtp" && cfg.Publishers != "zmq4" {
+		return nil, fmt.Errorf("fleet: publishers %q: want zmtp or zmq4", cfg.Publishers)
 	}
 	if cfg.Kvgate == "" || cfg.Tokenizer == "" || cfg.Model == "" {
 		return nil, errors.New("fleet: needs a kvgate binary, a model name and its tokenizer directory")
@@ -231,7 +240,8 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 		}
 	}()
 	for i := range engines {
-		pub, err := enginepub.New(enginepub.Config{Endpoint: "tcp://127.0.0.1:0", Format: enginepub.Format{Flavor: enginepub.VLLM}})
+		pub, err := enginepub.New(enginepub.Config{Endpoint: "tcp://127.0.0.1:0", Format: enginepub.Format{Flavor: enginepub.VLLM},
+			Lightweight: cfg.Publishers != "zmq4"})
 		if err != nil {
 			return row, fmt.Errorf("publisher %d: %w", i, err)
 		}

@@ -17,9 +17,18 @@ import (
 // with is kvgate's), every decision must be a KV hit on the endpoints holding the
 // prompt, the entries kvgate reports must be what the publishers hold, and the table
 // and plots must be written.
+// Both publisher kinds: internal/zmtp's (the default) and zmq4's.
 func TestFleetRunner(t *testing.T) {
+	kvgate := buildKvgate(t)
+	for _, pubs := range []string{"zmtp", "zmq4"} {
+		t.Run(pubs, func(t *testing.T) { testFleetRunner(t, kvgate, pubs) })
+	}
+}
+
+func testFleetRunner(t *testing.T, kvgate, pubs string) {
 	cfg := FleetConfig{Sizes: []int{4}, Entries: 4096, EventRate: 100, Measure: 1500 * time.Millisecond,
-		Markers: 8, Decisions: 5, Kvgate: buildKvgate(t), Model: "qwen3", Tokenizer: testfix.TokenizerDir(t, "qwen3"), Seed: 1}
+		Markers: 8, Decisions: 5, Kvgate: kvgate, Model: "qwen3", Tokenizer: testfix.TokenizerDir(t, "qwen3"), Seed: 1,
+		Publishers: pubs}
 	var progress bytes.Buffer
 	cfg.Progress = &progress
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -75,6 +84,7 @@ func TestFleetRejectsBadConfig(t *testing.T) {
 		"size 1025":     func(c *FleetConfig) { c.Sizes = []int{8, 1025} },
 		"negative rate": func(c *FleetConfig) { c.EventRate = -1 },
 		"no kvgate":     func(c *FleetConfig) { c.Kvgate = "" },
+		"publishers":    func(c *FleetConfig) { c.Publishers = "libzmq" },
 	} {
 		c := ok
 		mut(&c)

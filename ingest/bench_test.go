@@ -169,12 +169,24 @@ func TestDecodeApplyZeroAlloc(t *testing.T) {
 }
 
 // BenchmarkZMQLoopback: batches of 16 BlockStored x 16 keys from a Go PUB to the
-// manager's SUB over TCP on 127.0.0.1, decoded and applied (engine keys).
+// manager's SUB over TCP on 127.0.0.1, decoded and applied (engine keys). The PUB is
+// zmq4's (a writer goroutine and queue) or internal/zmtp's load-generation one (direct
+// writes), which leaves more of the two cores to the subscriber measured.
 func BenchmarkZMQLoopback(b *testing.B) {
+	for _, lite := range []bool{false, true} {
+		name := "zmq4-pub"
+		if lite {
+			name = "zmtp-pub"
+		}
+		b.Run(name, func(b *testing.B) { benchZMQLoopback(b, lite) })
+	}
+}
+
+func benchZMQLoopback(b *testing.B, lite bool) {
 	stored, removed := benchPayloads(b, vllmChain(b))
 	inv, _ := shard.New(shard.Config{Endpoints: 4})
 	addr := freeAddr(b, 1)
-	pub := newPub(b, enginepub.Config{Endpoint: addr})
+	pub := newPub(b, enginepub.Config{Endpoint: addr, Lightweight: lite})
 	cfg := testConfig(inv)
 	m, err := NewManager(cfg, []EndpointConfig{{Name: "z", Engine: "vllm", Events: addr}})
 	if err != nil {

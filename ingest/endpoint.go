@@ -35,6 +35,7 @@ type counters struct {
 	gapsFilled                                       *metrics.Counter
 	modeSwitches                                     *metrics.Counter
 	decodeErrors, topicSkipped, duplicates           *metrics.Counter
+	protocolErrors                                   *metrics.Counter
 	parityOK, parityMismatch, paritySkipped, orphans *metrics.Counter
 	unkeyable                                        *metrics.Counter
 	badEvents                                        [numBadReasons]*metrics.Counter
@@ -84,6 +85,13 @@ type EndpointStatus struct {
 	GapsKept, GapsCleared, Restarts, ClearedByEngine, ModeSwitches uint64
 	GapsFilled                                                     uint64 // gaps closed from the replay buffer
 	DecodeErrors, TopicSkipped, Duplicates                         uint64
+	// ProtocolErrors counts connections (or dials) the engine's event socket broke the
+	// ZMTP protocol on: not a PUB, not ZMTP 3.x, a malformed or oversize frame (a WARN
+	// names the error).
+	ProtocolErrors uint64
+	// LastProtocolError is the last such error on any rank ("" = none since a connection
+	// last ended without one).
+	LastProtocolError string
 	// BadEvents counts events skipped because they do not decode, by reason ("type",
 	// "range"); their batches were applied otherwise.
 	BadEvents                                                   map[string]uint64
@@ -98,13 +106,14 @@ type endpoint struct {
 	set  *metrics.Set
 	keys KeyMode
 
-	ct      atomic.Pointer[contract] // the keys its events are attested and re-hashed under
-	fast    atomic.Bool              // inventory holds fast keys
-	parity  atomic.Int32             // parityUnknown/OK/Mismatch
-	cause   atomic.Pointer[string]
-	ranksUp atomic.Int32
-	lastSeq atomic.Int64
-	tiers   [numMedia]atomic.Int64
+	ct       atomic.Pointer[contract] // the keys its events are attested and re-hashed under
+	fast     atomic.Bool              // inventory holds fast keys
+	parity   atomic.Int32             // parityUnknown/OK/Mismatch
+	cause    atomic.Pointer[string]
+	protoErr atomic.Pointer[string] // the last ZMTP protocol error (rankSub.protocolError)
+	ranksUp  atomic.Int32
+	lastSeq  atomic.Int64
+	tiers    [numMedia]atomic.Int64
 
 	// wake cuts a redial backoff short (Manager.Redial): one token per rank.
 	wake chan struct{}
@@ -230,6 +239,7 @@ func newEndpoint(m *Manager, cfg EndpointConfig) *endpoint {
 		decodeErrors:    ctr("kvgate_ingest_decode_errors_total", ""),
 		topicSkipped:    ctr("kvgate_ingest_topic_skipped_total", ""),
 		duplicates:      ctr("kvgate_ingest_duplicate_batches_total", ""),
+		protocolErrors:  ctr("kvgate_ingest_protocol_errors_total", ""),
 		parityOK:        ctr("kvgate_ingest_parity_checks_total", `result="ok"`),
 		parityMismatch:  ctr("kvgate_ingest_parity_checks_total", `result="mismatch"`),
 		paritySkipped:   ctr("kvgate_ingest_parity_checks_total", `result="skipped"`),
@@ -313,6 +323,10 @@ func (e *endpoint) status() EndpointStatus {
 	s.GapsFilled = c.gapsFilled.Get()
 	s.ClearedByEngine, s.ModeSwitches = c.clearedByEngine.Get(), c.modeSwitches.Get()
 	s.DecodeErrors, s.TopicSkipped, s.Duplicates = c.decodeErrors.Get(), c.topicSkipped.Get(), c.duplicates.Get()
+	s.ProtocolErrors = c.protocolErrors.Get()
+	if p := e.protoErr.Load(); p != nil {
+		s.LastProtocolError = *p
+	}
 	s.ParityOK, s.ParityMismatch, s.ParitySkipped = c.parityOK.Get(), c.parityMismatch.Get(), c.paritySkipped.Get()
 	s.Orphans, s.Unkeyable = c.orphans.Get(), c.unkeyable.Get()
 	s.RefEvictions = c.refEvictions.Get()

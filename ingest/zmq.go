@@ -4,14 +4,19 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/kvgate/kvgate/internal/zmqlog"
+	"github.com/kvgate/kvgate/internal/zmtp"
 )
 
-// zmq4 (pure Go) behaviours this file guards against:
+// The live event stream (a SUB to the engine's PUB) is read by internal/zmtp: one
+// goroutine and one buffered reader per connection, frames into reused buffers. The
+// replay DEALER, a rare path, stays on zmq4 (pure Go), whose behaviours this file guards
+// against:
 //   - Dial retries 10 times with sleeps that ignore the context: we dial once per attempt
 //     (WithDialerMaxRetries(0)) and run our own backoff loop.
 //   - The ZMTP handshake has no deadline: a peer that accepts TCP but never greets would
@@ -30,22 +35,11 @@ type zsock struct {
 	cancel context.CancelFunc
 }
 
-func dialZMQ(ctx context.Context, typ zmq4.SocketType, addr, topic string, timeout time.Duration) (*zsock, error) {
+// dialDealer connects a zmq4 DEALER to addr (the engine's replay ROUTER).
+func dialDealer(ctx context.Context, addr string, timeout time.Duration) (*zsock, error) {
 	sctx, cancel := context.WithCancel(ctx)
-	opts := []zmq4.Option{zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(timeout),
-		zmq4.WithLogger(zmqlog.Discard), zmq4.WithAutomaticReconnect(false)}
-	var s zmq4.Socket
-	switch typ {
-	case zmq4.Sub:
-		s = zmq4.NewSub(sctx, opts...)
-		if err := s.SetOption(zmq4.OptionSubscribe, topic); err != nil {
-			cancel()
-			s.Close()
-			return nil, err
-		}
-	default:
-		s = zmq4.NewDealer(sctx, opts...)
-	}
+	s := zmq4.NewDealer(sctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(timeout),
+		zmq4.WithLogger(zmqlog.Discard), zmq4.WithAutomaticReconnect(false))
 	done := make(chan error, 1)
 	go func() { done <- s.Dial(addr) }()
 	t := time.NewTimer(timeout)
@@ -97,6 +91,8 @@ type rankSub struct {
 	last     int64 // last applied seq, -1 = none yet
 	dupFrom  int64 // after a replay, live seqs in [dupFrom, dupUntil] are duplicates
 	dupUntil int64
+	// lastProtoErr is the protocol error last WARNed about (protocolError).
+	lastProtoErr string
 }
 
 func newRankSub(e *endpoint, r *rankState) *rankSub {
@@ -135,14 +131,19 @@ func (s *rankSub) run(ctx context.Context) {
 	delay := cfg.RetryInterval
 	everUp := false
 	s.ctx = ctx
+	opt := zmtp.Options{Subscribe: []string{s.e.cfg.Topic}, Timeout: cfg.DialTimeout}
 	for ctx.Err() == nil {
-		z, err := dialZMQ(ctx, zmq4.Sub, s.addr, s.e.cfg.Topic, cfg.DialTimeout)
+		z, err := zmtp.Dial(ctx, s.addr, opt)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
 			s.e.c.dialFailures.Inc()
-			log.Debug("ingest: dial failed", "err", err, "retry_in", delay)
+			if errors.Is(err, zmtp.ErrProtocol) {
+				s.protocolError(log, "ingest: the engine's event socket does not speak ZMTP 3.x PUB: redialing", err)
+			} else {
+				log.Debug("ingest: dial failed", "err", err, "retry_in", delay)
+			}
 			if backoff(ctx, delay, s.e.wake) {
 				log.Info("ingest: engine is back (health check): redialing now")
 				delay = cfg.RetryInterval
@@ -158,28 +159,51 @@ func (s *rankSub) run(ctx context.Context) {
 		everUp = true
 		s.e.ranksUp.Add(1)
 		log.Info("ingest: subscribed")
+		stop := context.AfterFunc(ctx, func() { z.Close() }) // unblocks Recv
 		if s.replayAddr != "" {
 			s.replay(ctx, -1)
 		}
-		s.loop(z)
+		err = s.loop(z)
+		stop()
 		s.e.ranksUp.Add(-1)
-		z.close()
-		if ctx.Err() == nil {
-			log.Info("ingest: connection lost, redialing")
+		z.Close()
+		switch {
+		case ctx.Err() != nil:
+		case errors.Is(err, zmtp.ErrProtocol):
+			// The stream broke the protocol (an oversize or malformed frame, an ERROR):
+			// what it held up to here stays; redial after the retry interval (a peer that
+			// breaks every connection at once must not spin this loop).
+			s.protocolError(log, "ingest: event stream broke the ZMTP protocol: redialing", err)
+			backoff(ctx, delay, s.e.wake)
+		default:
+			s.lastProtoErr = "" // a connection that kept the protocol: WARN again next time
+			s.e.protoErr.Store(nil)
+			log.Info("ingest: connection lost, redialing", "err", err)
 		}
 	}
 }
 
-func (s *rankSub) loop(z *zsock) {
+// protocolError counts a peer that broke ZMTP and WARNs when the error differs from the
+// last one WARNed since a connection last ended cleanly (a misconfigured endpoint
+// redialing every few seconds says so once).
+func (s *rankSub) protocolError(log *slog.Logger, msg string, err error) {
+	s.e.c.protocolErrors.Inc()
+	text := err.Error()
+	s.e.protoErr.Store(&text)
+	if text != s.lastProtoErr {
+		s.lastProtoErr = text
+		log.Warn(msg, "err", err)
+	}
+}
+
+// loop applies live messages until the connection ends, and returns why it ended.
+func (s *rankSub) loop(z *zmtp.Sub) error {
 	for {
-		msg, err := z.s.Recv()
+		frames, err := z.Recv()
 		if err != nil {
-			return
+			return err
 		}
-		if msg.Type == zmq4.CmdMsg {
-			continue
-		}
-		s.handle(msg.Frames)
+		s.handle(frames) // frames are z's buffers: nothing keeps them past this call
 	}
 }
 
@@ -256,7 +280,7 @@ func (s *rankSub) replay(ctx context.Context, upTo int64) {
 	cfg := &s.e.m.cfg
 	rctx, cancel := context.WithTimeout(ctx, cfg.ReplayTimeout)
 	defer cancel()
-	z, err := dialZMQ(rctx, zmq4.Dealer, s.replayAddr, "", cfg.DialTimeout)
+	z, err := dialDealer(rctx, s.replayAddr, cfg.DialTimeout)
 	if err != nil {
 		cfg.Logger.Info("ingest: replay unavailable", "endpoint", s.e.cfg.Name, "rank", s.rank, "err", err)
 		return

@@ -13,6 +13,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/kvgate/kvgate/internal/zmqlog"
+	"github.com/kvgate/kvgate/internal/zmtp"
 )
 
 // Config describes one engine publisher (one data-parallel rank).
@@ -33,6 +34,11 @@ type Config struct {
 	// Backlog batches are put in the replay buffer before the sockets listen, as if they
 	// had been published while nobody was subscribed (e.g. during a subscriber's outage).
 	Backlog [][]Event
+	// Lightweight publishes through internal/zmtp's load-generation PUB instead of
+	// zmq4's: each Publish writes to the subscribers' sockets from the caller's goroutine
+	// (no queue, no writer goroutine per socket) and never drops. For load generation
+	// (the fleet simulator's 1,024 engines); no replay socket.
+	Lightweight bool
 }
 
 type replayEntry struct {
@@ -44,6 +50,7 @@ type replayEntry struct {
 type Publisher struct {
 	cfg    Config
 	pub    zmq4.Socket
+	lite   *zmtp.Pub // instead of pub (Config.Lightweight)
 	router zmq4.Socket
 	addr   string
 	raddr  string
@@ -68,6 +75,17 @@ func New(cfg Config) (*Publisher, error) {
 		payload := cfg.Format.AppendBatch(nil, 0, evs)
 		p.ring = append(p.ring, replayEntry{seq: p.seq, payload: payload})
 		p.seq++
+	}
+	if cfg.Lightweight {
+		if cfg.Replay != "" {
+			return nil, errors.New("enginepub: a lightweight publisher has no replay socket")
+		}
+		lite, err := zmtp.Listen(cfg.Endpoint)
+		if err != nil {
+			return nil, err
+		}
+		p.lite, p.addr = lite, lite.Addr()
+		return p, nil
 	}
 	p.pub = zmq4.NewPub(context.Background(), zmq4.WithLogger(zmqlog.Discard))
 	if err := p.pub.Listen(cfg.Endpoint); err != nil {
@@ -168,12 +186,18 @@ func (p *Publisher) PublishRaw(payload []byte) error {
 	p.mu.Unlock()
 	var s [8]byte
 	binary.BigEndian.PutUint64(s[:], seq)
+	if p.lite != nil {
+		return p.lite.Send([]byte(p.cfg.Topic), s[:], payload)
+	}
 	return p.pub.SendMulti(zmq4.NewMsgFrom([]byte(p.cfg.Topic), s[:], payload))
 }
 
 // WaitSubscribed blocks until at least one subscriber has sent its subscription (ZeroMQ
 // PUB drops messages sent before that: the "slow joiner").
 func (p *Publisher) WaitSubscribed(ctx context.Context) error {
+	if p.lite != nil {
+		return p.lite.WaitSubscribed(ctx)
+	}
 	t, ok := p.pub.(zmq4.Topics)
 	if !ok {
 		return errors.New("enginepub: PUB socket does not report topics")
@@ -257,6 +281,9 @@ func (p *Publisher) Close() error {
 	p.mu.Lock()
 	p.isClosed = true
 	p.mu.Unlock()
+	if p.lite != nil {
+		return p.lite.Close()
+	}
 	err := p.pub.Close()
 	if p.router != nil {
 		if e := p.router.Close(); e != nil && err == nil {

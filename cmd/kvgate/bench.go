@@ -42,6 +42,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.DurationVar(&fc.Measure, "fleet-measure", 5*time.Second, "fleet: churn window over which ingest CPU is measured")
 	fs.IntVar(&fc.Markers, "fleet-markers", 100, "fleet: event-lag markers per fleet size")
 	fs.IntVar(&fc.Decisions, "fleet-decisions", 200, "fleet: 8,192-token decision requests per fleet size")
+	fs.StringVar(&fc.Publishers, "fleet-pub", "zmtp", "fleet: the engines' PUB sockets: zmtp (kvgate's own load-generation writer: direct writes, never drops) or zmq4 (go-zeromq's, a writer goroutine per socket)")
 	fs.DurationVar(&fc.LoadScrape, "fleet-load-scrape", 50*time.Millisecond, "fleet: kvgate's -kv-load-scrape (its default; every engine's /metrics read this often, the stub answers vLLM's gauges; 0: off)")
 	out := fs.String("out", "bench/out", "directory for report.md and the SVG plots")
 	engines := fs.Int("engines", 4, "simulated engines per policy run")
@@ -146,6 +147,10 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 				fmt.Fprintf(stderr, "bench: %s must be >= 0\n", name)
 				return 2
 			}
+		}
+		if fc.Publishers != "zmtp" && fc.Publishers != "zmq4" {
+			fmt.Fprintf(stderr, "bench: -fleet-pub %q: want zmtp or zmq4\n", fc.Publishers)
+			return 2
 		}
 		fc.Kvgate, fc.Model, fc.Tokenizer, fc.Seed = bin, *model, *tokDir, *seed
 		if *progress {

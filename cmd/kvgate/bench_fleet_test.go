@@ -18,6 +18,7 @@ func TestBenchFleetRefusesBadFlags(t *testing.T) {
 		{[]string{"-fleet", "8,x"}, "-fleet"},
 		{[]string{"-fleet", "8", "-fleet-entries", "-1"}, "-fleet-entries"},
 		{[]string{"-fleet", "8", "-fleet-rate", "-2"}, "-fleet-rate"},
+		{[]string{"-fleet", "8", "-fleet-pub", "libzmq"}, "-fleet-pub"},
 		{[]string{"-fleet", "8", "-tokenizer", "words"}, "-tokenizer"},
 	} {
 		var out, errb bytes.Buffer
