@@ -260,7 +260,7 @@ func (s *Server) serveInventory(w http.ResponseWriter, r *http.Request) {
 				ie.Scrape = sc
 			}
 			ist := s.kv.mgr.Status(i)
-			ie.Why = explainReasons(reasons, ist.Cause, e.spec.Events)
+			ie.Why = explainReasons(reasons, &ist, e.spec.Events)
 			ie.Ranks = s.kv.rankInventory(i)
 			kv := &keyingView{Contract: ist.Contract, BlockSize: ist.BlockSize, Source: "rule",
 				EngineBlockSize: ist.EngineBlockSize, Mismatch: ist.BlockSizeMismatch}

@@ -227,7 +227,7 @@ func (w *stateWatcher) evaluateOne(i int, now time.Time, tokRecent bool) {
 	es.cur.Store(packState(state, reasons))
 	s.log.Warn("endpoint routing state changed", "endpoint", s.roster().eps[i].spec.Name,
 		"from", stateLabel(oldState, oldReasons), "to", stateLabel(state, reasons),
-		"why", explainReasons(reasons, st.Cause, s.roster().eps[i].spec.Events))
+		"why", explainReasons(reasons, &st, s.roster().eps[i].spec.Events))
 }
 
 // watchZeroHits warns once per episode when KV-Exact keeps missing although the
@@ -278,7 +278,7 @@ func reasonList(reasons uint8) []string {
 }
 
 // explainReasons says in words what each reason means for this endpoint.
-func explainReasons(reasons uint8, cause, events string) string {
+func explainReasons(reasons uint8, st *ingest.EndpointStatus, events string) string {
 	var parts []string
 	for r := DegradedReason(0); r < numReasons; r++ {
 		if reasons&(1<<r) == 0 {
@@ -286,9 +286,13 @@ func explainReasons(reasons uint8, cause, events string) string {
 		}
 		switch r {
 		case ReasonEventsNotConnected:
-			parts = append(parts, "cannot subscribe to "+events+" (check events= and that the engine publishes KV events); its inventory is not updated")
+			why := "cannot subscribe to " + events + " (check events= and that the engine publishes KV events); its inventory is not updated"
+			if st.LastProtocolError != "" { // a peer that answers but does not speak a ZeroMQ PUB
+				why += "; last protocol error: " + st.LastProtocolError
+			}
+			parts = append(parts, why)
 		case ReasonParityMismatch, ReasonBlockSize:
-			parts = append(parts, "engine keys differ from the rule's contract: "+cause)
+			parts = append(parts, "engine keys differ from the rule's contract: "+st.Cause)
 		case ReasonUnkeyableEvents:
 			parts = append(parts, "recent BlockStored events could not be keyed (no token_ids or unknown parents)")
 		case ReasonTokenizerFailed:

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -117,9 +118,13 @@ func TestRoutingStatePerEndpoint(t *testing.T) {
 	big := newKVEngine(t, "big", enginepub.VLLM)
 	lost := newFakeEngine(t, "lost")
 	lostSpec := "name=lost,url=" + lost.url() + ",engine=vllm,events=tcp://" + deadAddr(t)
+	// http's events= answers, but as an HTTP server would, not as a ZeroMQ PUB: its reason
+	// says so.
+	wrong := newFakeEngine(t, "http")
+	wrongSpec := "name=http,url=" + wrong.url() + ",engine=vllm,events=tcp://" + httpAnswerer(t)
 	// big pins the rule's block size (block_size=16): unpinned it would adopt the 32 its
 	// events prove (bench/enginesim TestBlockSizePerEndpoint).
-	cfg := kvConfig(t, KVConverged, good.spec(0, "vllm", ""), drift.spec(1, "vllm", ""), big.spec(2, "vllm", ",block_size=16"), lostSpec)
+	cfg := kvConfig(t, KVConverged, good.spec(0, "vllm", ""), drift.spec(1, "vllm", ""), big.spec(2, "vllm", ",block_size=16"), lostSpec, wrongSpec)
 	s, lb := startLogged(t, cfg, fastStates)
 
 	if l := lb.lines("kvgate rule", "kv_mode=\"3 (converged pool)\"", "qwen3"); len(l) != 1 {
@@ -148,7 +153,8 @@ func TestRoutingStatePerEndpoint(t *testing.T) {
 	big.pub.Publish(enginepub.BlockStored{Hashes: hashcore.Keys(c32, nil, toks[:64], nil), TokenIDs: toks[:64], BlockSize: 32})
 
 	want := map[string]string{"good": "exact", "drift": "degraded(parity_mismatch)",
-		"big": "degraded(block_size)", "lost": "degraded(events_not_connected)"}
+		"big": "degraded(block_size)", "lost": "degraded(events_not_connected)",
+		"http": "degraded(events_not_connected)"}
 	defer func() {
 		if t.Failed() {
 			t.Logf("inventory %+v\nlog:\n%s", inventoryStates(t, s), lb.String())
@@ -177,6 +183,9 @@ func TestRoutingStatePerEndpoint(t *testing.T) {
 	if w := inventoryStates(t, s)["lost"].Why; !strings.Contains(w, "cannot subscribe to tcp://") {
 		t.Errorf("lost why: %q", w)
 	}
+	waitFor(t, "http's why naming the peer's protocol error", func() bool {
+		return strings.Contains(inventoryStates(t, s)["http"].Why, "; last protocol error: ")
+	})
 	m := scrapeMetrics(t, s)
 	for _, series := range []string{
 		`kvgate_routing_state{endpoint="good",state="exact"}`,
@@ -201,6 +210,28 @@ func TestRoutingStatePerEndpoint(t *testing.T) {
 	if res.StatusCode != 200 || !strings.Contains(string(body), "lost: events_not_connected") {
 		t.Errorf("/readyz %d %q: want 200 naming the degraded endpoints", res.StatusCode, body)
 	}
+}
+
+// httpAnswerer listens on 127.0.0.1 and answers every connection with an HTTP error
+// response, as an events= pointed at an engine's HTTP port would; it returns host:port.
+func httpAnswerer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")) //nolint:errcheck
+			c.Close()
+		}
+	}()
+	return ln.Addr().String()
 }
 
 // kv-mode off: every endpoint is off, and stays so.
