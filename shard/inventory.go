@@ -223,12 +223,12 @@ func (inv *Inventory) Add(ep int, keys []uint64) (added int) {
 		keys = keys[len(chunk):]
 		c.locate(inv, chunk, true)
 		for r := 0; r < len(chunk); {
-			s := int(c.shard[c.order[r]])
+			s := chunkShard(c.order[r])
 			sh := &inv.shards[s]
 			sh.mu.Lock()
 			cnt.locked(inv)
-			for ; r < len(chunk) && int(c.shard[c.order[r]]) == s; r++ {
-				i := c.order[r]
+			for ; r < len(chunk) && chunkShard(c.order[r]) == s; r++ {
+				i := chunkPos(c.order[r])
 				switch inv.addLocked(s, sh, ep, chunk[i], c.hash[i], c.tab[i], c.home[i], &cnt) {
 				case addNew:
 					added++
@@ -258,50 +258,67 @@ func (inv *Inventory) Add(ep int, keys []uint64) (added int) {
 	return added
 }
 
-// writeChunk is up to scoreBatch keys of an Add or Remove batch, located (hash, shard,
-// and home bucket in the shard's table of the moment) with the lines their writes will
-// read prefetched, and ordered by shard so that each shard's keys are applied in one
-// hold of its mutex. A table rebuilt between locate and lock moves the home, which the
-// writer then computes again.
+// writeChunk is up to scoreBatch keys of an Add or Remove batch, located (hash and home
+// bucket in the shard's table of the moment) with the lines their writes will read
+// prefetched, and ordered by shard so that each shard's keys are applied in one hold of
+// its mutex. A table rebuilt between locate and lock moves the home, which the writer
+// then computes again.
 type writeChunk struct {
-	hash  [scoreBatch]uint64
-	tab   [scoreBatch]*table
-	home  [scoreBatch]uint64
-	shard [scoreBatch]uint16 // MaxShards fits
-	order [scoreBatch]uint8  // chunk positions, by shard (stable: a key repeated in a chunk keeps its order)
+	hash [scoreBatch]uint64
+	tab  [scoreBatch]*table
+	home [scoreBatch]uint64
+	// order is shard<<4 | position of each key, ascending: the keys of a shard are
+	// adjacent, in batch order (a key repeated in a chunk keeps its order).
+	order [scoreBatch]uint16
 }
 
-// locate fills c for keys (at most scoreBatch) and prefetches, per key, its home bucket
-// and the word of the overflow bitmap that bucket's bit is in: at fleet sizes the bitmap
-// is megabytes, and a full bucket's bit is read by every insert that passes it and by
-// the tail trim of a remove. Inserts (insert) also prefetch the bucket after the home,
-// where a fresh key goes when its home is full. Each is one cache miss fewer waited for
-// under the mutex: measured at 100M entries, each of the two added prefetches gains about
-// 4% (bench/RESULTS.md, Session 5).
+// An order entry holds a shard index above a chunk position.
+var _ [1<<16 - MaxShards*scoreBatch]struct{}
+
+func chunkShard(o uint16) int { return int(o >> 4) }
+func chunkPos(o uint16) int   { return int(o & (scoreBatch - 1)) }
+
+// locate fills c for keys (at most scoreBatch) and prefetches each key's home bucket.
+// Tables of 4-slot buckets (rules of more than 32 endpoints, fleets among them) also get
+// the word of the overflow bitmap that the home bucket's bit is in, and inserts (insert)
+// the bucket after the home: a 4-slot bucket is full often enough that an insert walks
+// on past it and a remove's tail trim reads its bit, and at fleet sizes the bitmap is
+// megabytes, so each is a cache miss otherwise waited for under the mutex (measured at
+// 100M entries: each gains about 4%, bench/RESULTS.md Session 5). Buckets of 5 to 7
+// slots rarely overflow, and their rules' bitmaps are small: those lines would be
+// prefetches spent for nothing.
 func (c *writeChunk) locate(inv *Inventory, keys []uint64, insert bool) {
-	var lines [3 * scoreBatch]unsafe.Pointer
-	n := 0
-	for i, k := range keys[:min(len(keys), scoreBatch)] {
+	keys = keys[:min(len(keys), scoreBatch)]
+	var homes, ovfs, nexts [scoreBatch]unsafe.Pointer
+	more := inv.lay.kpb == 4
+	for i, k := range keys {
 		h, s := inv.shardOf(k)
 		t := inv.tabs[s].Load()
 		b := t.home(h, inv.shardBits)
-		c.hash[i], c.tab[i], c.home[i], c.shard[i] = h, t, b, uint16(s)
-		lines[n], lines[n+1] = unsafe.Pointer(&t.buckets[b]), unsafe.Pointer(&t.ovf[b/64])
-		n += 2
-		if insert {
-			if b++; b == t.nb {
-				b = 0
+		c.hash[i], c.tab[i], c.home[i] = h, t, b
+		homes[i] = unsafe.Pointer(&t.buckets[b])
+		if more {
+			ovfs[i] = unsafe.Pointer(&t.ovf[b/64])
+			next := b + 1
+			if next == t.nb {
+				next = 0
 			}
-			lines[n] = unsafe.Pointer(&t.buckets[b])
-			n++
+			nexts[i] = unsafe.Pointer(&t.buckets[next])
 		}
+		o := uint16(s)<<4 | uint16(i)
 		j := i
-		for ; j > 0 && c.shard[c.order[j-1]] > uint16(s); j-- {
+		for ; j > 0 && c.order[j-1] > o; j-- {
 			c.order[j] = c.order[j-1]
 		}
-		c.order[j] = uint8(i)
+		c.order[j] = o
 	}
-	prefetchLines(&lines[0], n)
+	prefetchLines(&homes[0], len(keys))
+	if more {
+		prefetchLines(&ovfs[0], len(keys))
+		if insert {
+			prefetchLines(&nexts[0], len(keys))
+		}
+	}
 }
 
 // epCount is a batch's change to one endpoint's key count, added to the shared count
@@ -465,14 +482,14 @@ func (inv *Inventory) Remove(ep int, keys []uint64) (removed int) {
 		keys = keys[len(chunk):]
 		c.locate(inv, chunk, false)
 		for r := 0; r < len(chunk); {
-			s := int(c.shard[c.order[r]])
+			s := chunkShard(c.order[r])
 			sh := &inv.shards[s]
 			sh.mu.Lock()
 			cnt.locked(inv)
 			t := inv.tabs[s].Load()
 			before := cnt.pending
-			for ; r < len(chunk) && int(c.shard[c.order[r]]) == s; r++ {
-				i := c.order[r]
+			for ; r < len(chunk) && chunkShard(c.order[r]) == s; r++ {
+				i := chunkPos(c.order[r])
 				home := c.home[i]
 				if t != c.tab[i] {
 					home = t.home(c.hash[i], inv.shardBits)
