@@ -322,8 +322,8 @@ func (c *writeChunk) locate(inv *Inventory, keys []uint64, insert bool) {
 }
 
 // epCount is a batch's change to one endpoint's key count, added to the shared count
-// once per chunk instead of once per key (an atomic add per key was a third of the
-// writers' atomics). Why the count stays exact: every other writer's change is a sum,
+// once per chunk instead of once per key (one atomic add on a line that every shard's
+// writers of ep share). Why the count stays exact: every other writer's change is a sum,
 // which commutes, except ClearAll's reset to zero, which it makes holding every shard's
 // mutex after bumping clearEpoch. The change is added holding the chunk's last shard
 // mutex, so no ClearAll falls between the last epoch check and the add; and it is
