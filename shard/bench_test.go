@@ -218,6 +218,31 @@ func BenchmarkScore(b *testing.B) {
 	}
 }
 
+// BenchmarkScoreCached scores one 512-key query again and again against the 1M-key
+// inventory, so its home buckets stay in cache: the request path's case of a prompt
+// scored while its blocks are hot (bench's BenchmarkDecisionStages/score), where the
+// probes find their lines in cache and the prefetch window is pure overhead.
+func BenchmarkScoreCached(b *testing.B) {
+	inventory1M(b)
+	q := benchQueries(1 << 20)[0]
+	elig := NewMask(benchEndpoints)
+	elig.SetAll(benchEndpoints)
+	scores := make([]int32, benchEndpoints)
+	for _, mode := range []Mode{Overlap, Prefix} {
+		b.Run(fmt.Sprintf("%v/keys=%d/endpoints=%d/inventory=1M", mode, benchQueryLen, benchEndpoints), func(b *testing.B) {
+			b.ReportAllocs()
+			cpu0 := processCPU()
+			for b.Loop() {
+				bench1M.inv.Score(q, elig, mode, scores)
+			}
+			reportPerKey(b, looked(mode), cpu0)
+			if scores[3] != benchQueryHit {
+				b.Fatalf("score of endpoint 3 = %d, want %d", scores[3], benchQueryHit)
+			}
+		})
+	}
+}
+
 // looked is the number of keys a query looks up: prefix stops at the first key that no
 // endpoint still in the run holds.
 func looked(mode Mode) int {

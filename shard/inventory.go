@@ -25,6 +25,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // DefaultMaxKeysPerEndpoint is the per-endpoint bound used when Config leaves it 0:
@@ -64,7 +65,8 @@ type Config struct {
 	// was missed. Each such eviction is counted in Stats.EvictedAtBound. When no victim
 	// is found within the scan, the new key is not added and is counted in
 	// Stats.DroppedAtBound. Concurrent writers of one endpoint may overshoot the bound by
-	// at most one key each.
+	// at most one chunk of a batch (16 keys) each: a writer's count changes reach the
+	// others once per chunk (see epCount).
 	MaxKeysPerEndpoint int
 }
 
@@ -93,12 +95,22 @@ type Stats struct {
 // pointers in Inventory.tabs, never touch these lines).
 type shardState struct {
 	mu   sync.Mutex
-	live atomic.Int64 // keys with a non-zero mask (including key 0)
-	used int          // claimed slots: live + tombstones (key 0 excluded); under mu
+	live int // keys with a non-zero mask (including key 0); under mu
+	used int // claimed slots: live + tombstones (key 0 excluded); under mu
+	// liveGauge mirrors live for the lock-free readers (Len, Stats), stored once per
+	// hold of mu that changed it rather than once per key.
+	liveGauge atomic.Int64
 	// usedGauge mirrors used for Stats, which must not read used without the mutex;
 	// it is refreshed every 64 claims and on every rebuild.
 	usedGauge atomic.Int64
-	_         [128 - 8 - 8 - 8 - 8]byte
+	_         [128 - 8 - 8 - 8 - 8 - 8]byte
+}
+
+// publishLive refreshes liveGauge after a hold of mu that may have changed live.
+func (sh *shardState) publishLive() {
+	if n := int64(sh.live); sh.liveGauge.Load() != n {
+		sh.liveGauge.Store(n)
+	}
 }
 
 type paddedCount struct {
@@ -119,6 +131,9 @@ type Inventory struct {
 	tabs   []atomic.Pointer[table] // read side, written only on rebuild and ClearAll
 	shards []shardState
 	counts []paddedCount // keys held per endpoint
+	// clearEpoch counts ClearAll calls; written holding every shard's mutex, so read
+	// under any one of them (epCount).
+	clearEpoch uint64
 
 	added, removed, evicted, dropped, badEP, rebuilds, epClears, allClears atomic.Uint64
 }
@@ -192,31 +207,43 @@ func (inv *Inventory) validEP(ep int) bool {
 
 // Add records that endpoint ep holds keys and returns how many it did not hold before
 // (and now does). Keys it already holds are no-ops; an out-of-range ep adds nothing.
+//
+// The batch goes in chunks of scoreBatch keys: a chunk's home buckets are located and
+// prefetched before any lock is taken (their misses overlap), then its keys are applied
+// one shard at a time, each shard's mutex taken once for all of the chunk's keys in it.
 func (inv *Inventory) Add(ep int, keys []uint64) (added int) {
 	if !inv.validEP(ep) {
 		return 0
 	}
 	var evicted, dropped int
-	cnt := &inv.counts[ep].n
-	for i, k := range keys {
-		// Touch the next batch's home buckets before locking for any of them, so their
-		// cache misses overlap (see probeWindow).
-		if i%scoreBatch == 0 {
-			inv.touch(keys[i:])
-		}
-		h, s := inv.shardOf(k)
-		sh := &inv.shards[s]
-		sh.mu.Lock()
-		r := inv.addLocked(s, sh, ep, k, h, cnt)
-		sh.mu.Unlock()
-		switch r {
-		case addNew:
-			added++
-		case addEvicted:
-			added++
-			evicted++
-		case addDropped:
-			dropped++
+	cnt := epCount{n: &inv.counts[ep].n}
+	var c writeChunk
+	for len(keys) > 0 {
+		chunk := keys[:min(len(keys), scoreBatch)]
+		keys = keys[len(chunk):]
+		c.locate(inv, chunk, true)
+		for r := 0; r < len(chunk); {
+			s := chunkShard(c.order[r])
+			sh := &inv.shards[s]
+			sh.mu.Lock()
+			cnt.locked(inv)
+			for ; r < len(chunk) && chunkShard(c.order[r]) == s; r++ {
+				i := chunkPos(c.order[r])
+				switch inv.addLocked(s, sh, ep, chunk[i], c.hash[i], c.tab[i], c.home[i], &cnt) {
+				case addNew:
+					added++
+				case addEvicted:
+					added++
+					evicted++
+				case addDropped:
+					dropped++
+				}
+			}
+			sh.publishLive()
+			if r == len(chunk) {
+				cnt.flush()
+			}
+			sh.mu.Unlock()
 		}
 	}
 	if added > 0 {
@@ -231,6 +258,101 @@ func (inv *Inventory) Add(ep int, keys []uint64) (added int) {
 	return added
 }
 
+// writeChunk is up to scoreBatch keys of an Add or Remove batch, located (hash and home
+// bucket in the shard's table of the moment) with the lines their writes will read
+// prefetched, and ordered by shard so that each shard's keys are applied in one hold of
+// its mutex. A table rebuilt between locate and lock moves the home, which the writer
+// then computes again.
+type writeChunk struct {
+	hash [scoreBatch]uint64
+	tab  [scoreBatch]*table
+	home [scoreBatch]uint64
+	// order is shard<<4 | position of each key, ascending: the keys of a shard are
+	// adjacent, in batch order (a key repeated in a chunk keeps its order).
+	order [scoreBatch]uint16
+}
+
+// An order entry holds a shard index above a chunk position.
+var _ [1<<16 - MaxShards*scoreBatch]struct{}
+
+func chunkShard(o uint16) int { return int(o >> 4) }
+func chunkPos(o uint16) int   { return int(o & (scoreBatch - 1)) }
+
+// locate fills c for keys (at most scoreBatch) and prefetches each key's home bucket.
+// Tables of 4-slot buckets (rules of more than 32 endpoints, fleets among them) also get
+// the word of the overflow bitmap that the home bucket's bit is in, and inserts (insert)
+// the bucket after the home: a 4-slot bucket is full often enough that an insert walks
+// on past it and a remove's tail trim reads its bit, and at fleet sizes the bitmap is
+// megabytes, so each is a cache miss otherwise waited for under the mutex (measured at
+// 100M entries: each gains about 4%, bench/RESULTS.md Session 5). Buckets of 5 to 7
+// slots rarely overflow, and their rules' bitmaps are small: those lines would be
+// prefetches spent for nothing.
+func (c *writeChunk) locate(inv *Inventory, keys []uint64, insert bool) {
+	keys = keys[:min(len(keys), scoreBatch)]
+	var homes, ovfs, nexts [scoreBatch]unsafe.Pointer
+	more := inv.lay.kpb == 4
+	for i, k := range keys {
+		h, s := inv.shardOf(k)
+		t := inv.tabs[s].Load()
+		b := t.home(h, inv.shardBits)
+		c.hash[i], c.tab[i], c.home[i] = h, t, b
+		homes[i] = unsafe.Pointer(&t.buckets[b])
+		if more {
+			ovfs[i] = unsafe.Pointer(&t.ovf[b/64])
+			next := b + 1
+			if next == t.nb {
+				next = 0
+			}
+			nexts[i] = unsafe.Pointer(&t.buckets[next])
+		}
+		o := uint16(s)<<4 | uint16(i)
+		j := i
+		for ; j > 0 && c.order[j-1] > o; j-- {
+			c.order[j] = c.order[j-1]
+		}
+		c.order[j] = o
+	}
+	prefetchLines(&homes[0], len(keys))
+	if more {
+		prefetchLines(&ovfs[0], len(keys))
+		if insert {
+			prefetchLines(&nexts[0], len(keys))
+		}
+	}
+}
+
+// epCount is a batch's change to one endpoint's key count, added to the shared count
+// once per chunk instead of once per key (one atomic add on a line that every shard's
+// writers of ep share). Why the count stays exact: every other writer's change is a sum,
+// which commutes, except ClearAll's reset to zero, which it makes holding every shard's
+// mutex after bumping clearEpoch. The change is added holding the chunk's last shard
+// mutex, so no ClearAll falls between the last epoch check and the add; and it is
+// dropped when a mutex taken since it began shows a new epoch: ClearAll emptied the
+// tables the change was made in.
+type epCount struct {
+	n       *atomic.Int64
+	pending int64
+	epoch   uint64
+}
+
+// held is the endpoint's count including this batch's pending change.
+func (c *epCount) held() int64 { return c.n.Load() + c.pending }
+
+// locked is called on taking a shard's mutex.
+func (c *epCount) locked(inv *Inventory) {
+	if inv.clearEpoch != c.epoch {
+		c.pending, c.epoch = 0, inv.clearEpoch
+	}
+}
+
+// flush adds the pending change, under a shard's mutex.
+func (c *epCount) flush() {
+	if c.pending != 0 {
+		c.n.Add(c.pending)
+		c.pending = 0
+	}
+}
+
 const (
 	addHeld = iota
 	addNew
@@ -238,27 +360,33 @@ const (
 	addDropped
 )
 
-func (inv *Inventory) addLocked(s int, sh *shardState, ep int, k, h uint64, cnt *atomic.Int64) int {
+// addLocked adds k (hash h) for ep in shard s; home is k's home bucket in table located,
+// which is still the shard's table unless a rebuild came between.
+func (inv *Inventory) addLocked(s int, sh *shardState, ep int, k, h uint64, located *table, home uint64, cnt *epCount) int {
 	t := inv.tabs[s].Load()
-	slot, ok, free, reuse := t.findForInsert(k, t.home(h, inv.shardBits))
+	if t != located {
+		home = t.home(h, inv.shardBits)
+	}
+	slot, ok, free, reuse := t.findForInsert(k, home)
 	if ok && t.has(slot, ep) {
 		return addHeld
 	}
 	r := addNew
-	if cnt.Load() >= inv.maxPerEP {
-		if !inv.evictLocked(t, sh, ep, k, h, cnt) {
+	if cnt.held() >= inv.maxPerEP {
+		if !inv.evictLocked(t, sh, ep, k, h) {
 			return addDropped
 		}
+		cnt.pending--
 		r = addEvicted
-		slot, ok, free, reuse = t.findForInsert(k, t.home(h, inv.shardBits))
+		slot, ok, free, reuse = t.findForInsert(k, home)
 	}
 	switch {
 	case !ok && reuse:
 		t.reuse(free, k, ep) // a tombstone: stays counted in used
-		sh.live.Add(1)
+		sh.live++
 	case !ok:
 		if sh.used+1 > t.maxUsed() || free < 0 {
-			t = inv.rebuildLocked(s, sh, int(sh.live.Load())+1)
+			t = inv.rebuildLocked(s, sh, sh.live+1)
 			free = t.freeSlot(t.home(h, inv.shardBits))
 		}
 		// The free slot's mask words are zero: set the bit, then publish the key.
@@ -268,19 +396,20 @@ func (inv *Inventory) addLocked(s int, sh *shardState, ep int, k, h uint64, cnt 
 		if sh.used%64 == 0 {
 			sh.usedGauge.Store(int64(sh.used)) // a gauge: coarse is enough
 		}
-		sh.live.Add(1)
+		sh.live++
 	default:
 		if !t.live(slot) {
-			sh.live.Add(1)
+			sh.live++
 		}
 		t.setBit(slot, ep)
 	}
-	cnt.Add(1)
+	cnt.pending++
 	return r
 }
 
 // evictLocked clears ep's bit on one other key of t, scanning from a point k's hash picks.
-func (inv *Inventory) evictLocked(t *table, sh *shardState, ep int, k, h uint64, cnt *atomic.Int64) bool {
+// The caller counts the eviction.
+func (inv *Inventory) evictLocked(t *table, sh *shardState, ep int, k, h uint64) bool {
 	b := t.home(h*0x9e3779b97f4a7c15, 0)
 	n := uint64(evictScanBuckets)
 	if n > t.nb {
@@ -290,7 +419,7 @@ func (inv *Inventory) evictLocked(t *table, sh *shardState, ep int, k, h uint64,
 		for j := 0; j < t.kpb; j++ {
 			slot := slotOf(b, j)
 			if vk := t.key(slot); vk != 0 && vk != k && t.has(slot, ep) {
-				inv.clearLocked(t, sh, slot, ep, cnt)
+				inv.clearLocked(t, sh, slot, ep)
 				return true
 			}
 		}
@@ -299,18 +428,18 @@ func (inv *Inventory) evictLocked(t *table, sh *shardState, ep int, k, h uint64,
 		}
 	}
 	if k != 0 && t.has(zeroSlot, ep) {
-		inv.clearLocked(t, sh, zeroSlot, ep, cnt)
+		inv.clearLocked(t, sh, zeroSlot, ep)
 		return true
 	}
 	return false
 }
 
-// clearLocked clears ep's bit on slot, which holds it.
-func (inv *Inventory) clearLocked(t *table, sh *shardState, slot, ep int, cnt *atomic.Int64) {
+// clearLocked clears ep's bit on slot, which holds it; the caller counts it off ep's
+// count.
+func (inv *Inventory) clearLocked(t *table, sh *shardState, slot, ep int) {
 	t.clearBit(slot, ep)
-	cnt.Add(-1)
 	if !t.live(slot) {
-		sh.live.Add(-1)
+		sh.live--
 		if n := t.trimTail(slot); n > 0 {
 			sh.used -= n
 			sh.usedGauge.Store(int64(sh.used))
@@ -334,32 +463,52 @@ func (inv *Inventory) rebuildLocked(s int, sh *shardState, want int) *table {
 // maybeShrinkLocked rebuilds a table whose live keys fill under 1/shrinkLoadDen of it.
 func (inv *Inventory) maybeShrinkLocked(s int, sh *shardState) {
 	t := inv.tabs[s].Load()
-	live := int(sh.live.Load())
+	live := sh.live
 	if t.nb > minBuckets && live*shrinkLoadDen < t.capacity() && bucketsFor(live, inv.lay) < t.nb {
 		inv.rebuildLocked(s, sh, live)
 	}
 }
 
 // Remove records that endpoint ep no longer holds keys and returns how many it held.
+// It goes in chunks as Add does.
 func (inv *Inventory) Remove(ep int, keys []uint64) (removed int) {
 	if !inv.validEP(ep) {
 		return 0
 	}
-	cnt := &inv.counts[ep].n
-	for i, k := range keys {
-		if i%scoreBatch == 0 {
-			inv.touch(keys[i:])
+	cnt := epCount{n: &inv.counts[ep].n}
+	var c writeChunk
+	for len(keys) > 0 {
+		chunk := keys[:min(len(keys), scoreBatch)]
+		keys = keys[len(chunk):]
+		c.locate(inv, chunk, false)
+		for r := 0; r < len(chunk); {
+			s := chunkShard(c.order[r])
+			sh := &inv.shards[s]
+			sh.mu.Lock()
+			cnt.locked(inv)
+			t := inv.tabs[s].Load()
+			before := cnt.pending
+			for ; r < len(chunk) && chunkShard(c.order[r]) == s; r++ {
+				i := chunkPos(c.order[r])
+				home := c.home[i]
+				if t != c.tab[i] {
+					home = t.home(c.hash[i], inv.shardBits)
+				}
+				if slot, ok := t.find(chunk[i], home); ok && t.has(slot, ep) {
+					inv.clearLocked(t, sh, slot, ep)
+					cnt.pending--
+				}
+			}
+			if cnt.pending != before {
+				removed += int(before - cnt.pending)
+				inv.maybeShrinkLocked(s, sh)
+				sh.publishLive()
+			}
+			if r == len(chunk) {
+				cnt.flush()
+			}
+			sh.mu.Unlock()
 		}
-		h, s := inv.shardOf(k)
-		sh := &inv.shards[s]
-		sh.mu.Lock()
-		t := inv.tabs[s].Load()
-		if slot, ok := t.find(k, t.home(h, inv.shardBits)); ok && t.has(slot, ep) {
-			inv.clearLocked(t, sh, slot, ep, cnt)
-			removed++
-			inv.maybeShrinkLocked(s, sh)
-		}
-		sh.mu.Unlock()
 	}
 	if removed > 0 {
 		inv.removed.Add(uint64(removed))
@@ -392,7 +541,7 @@ func (inv *Inventory) ClearEndpoint(ep int) {
 		sh := &inv.shards[s]
 		var seen *table
 		restarts := 0
-		for pos := 0; ; {
+		for pos, cleared := 0, int64(0); ; {
 			sh.mu.Lock()
 			t := inv.tabs[s].Load()
 			if t != seen {
@@ -403,7 +552,8 @@ func (inv *Inventory) ClearEndpoint(ep int) {
 				}
 				seen, pos = t, 0
 				if t.has(zeroSlot, ep) {
-					inv.clearLocked(t, sh, zeroSlot, ep, cnt)
+					inv.clearLocked(t, sh, zeroSlot, ep)
+					cleared++
 				}
 			}
 			chunk := clearChunkSlots
@@ -415,7 +565,8 @@ func (inv *Inventory) ClearEndpoint(ep int) {
 			end := min(pos+chunk, t.slots())
 			for slot := pos; slot < end; slot++ {
 				if t.key(slot) != 0 && t.has(slot, ep) {
-					inv.clearLocked(t, sh, slot, ep, cnt)
+					inv.clearLocked(t, sh, slot, ep)
+					cleared++
 				}
 			}
 			pos = end
@@ -423,6 +574,13 @@ func (inv *Inventory) ClearEndpoint(ep int) {
 			if done {
 				inv.maybeShrinkLocked(s, sh)
 			}
+			// Counted in the hold that cleared them, so ClearAll's reset cannot fall
+			// between (see epCount).
+			if cleared > 0 {
+				cnt.Add(-cleared)
+				cleared = 0
+			}
+			sh.publishLive()
 			sh.mu.Unlock()
 			if done {
 				break
@@ -442,11 +600,13 @@ func (inv *Inventory) ClearAll() {
 	for s := range inv.shards {
 		inv.shards[s].mu.Lock()
 	}
+	inv.clearEpoch++
 	for s := range inv.shards {
 		inv.tabs[s].Store(newTable(minBuckets, inv.words, inv.lay))
 		inv.shards[s].used = 0
 		inv.shards[s].usedGauge.Store(0)
-		inv.shards[s].live.Store(0)
+		inv.shards[s].live = 0
+		inv.shards[s].liveGauge.Store(0)
 	}
 	for i := range inv.counts {
 		inv.counts[i].n.Store(0)
@@ -468,7 +628,7 @@ func (inv *Inventory) Count(ep int) int {
 func (inv *Inventory) Len() int {
 	n := int64(0)
 	for s := range inv.shards {
-		n += inv.shards[s].live.Load()
+		n += inv.shards[s].liveGauge.Load()
 	}
 	return int(n)
 }

@@ -280,3 +280,32 @@ func TestKeysArbitraryCursor(t *testing.T) {
 		t.Errorf("listing = %v", got)
 	}
 }
+
+// TestWritesAllocateNothing: Add and Remove locate and apply a batch's chunks on the
+// stack, so once the tables are sized (a rebuild allocates one, by design) a batch of
+// writes allocates nothing, narrow masks and sparse sets alike.
+func TestWritesAllocateNothing(t *testing.T) {
+	for _, eps := range []int{8, 1024} {
+		inv, _ := New(Config{Endpoints: eps})
+		keys := make([]uint64, 4096)
+		for i := range keys {
+			keys[i] = benchKey(uint64(i))
+		}
+		inv.Add(1, keys)
+		batch := keys[:40] // two whole chunks and part of a third
+		rebuilds := inv.Stats().Rebuilds
+		if a := testing.AllocsPerRun(100, func() {
+			if inv.Remove(1, batch) != len(batch) || inv.Add(1, batch) != len(batch) {
+				t.Fatal("a batch was not applied whole")
+			}
+		}); a != 0 {
+			t.Errorf("endpoints=%d: %.1f allocations per batch, want 0", eps, a)
+		}
+		if inv.Stats().Rebuilds != rebuilds {
+			t.Errorf("endpoints=%d: the churn rebuilt a table, so the test proves nothing", eps)
+		}
+		if inv.Count(1) != len(keys) || inv.Len() != len(keys) {
+			t.Errorf("endpoints=%d: Count %d Len %d, want %d", eps, inv.Count(1), inv.Len(), len(keys))
+		}
+	}
+}

@@ -11,3 +11,12 @@ import "unsafe"
 //
 //go:noescape
 func prefetch(p unsafe.Pointer)
+
+// prefetchLines prefetches the cache lines at lines[0:n], the window's home buckets, in
+// one call. Why one call for all of them: an assembly function is never inlined, and Go
+// has no callee-saved registers, so every call makes the loop around it spill and reload
+// what it keeps in registers; a call per key cost a cache-resident table's probes more
+// than the prefetch saved (bench/RESULTS.md, Session 5).
+//
+//go:noescape
+func prefetchLines(lines *unsafe.Pointer, n int)

@@ -264,7 +264,8 @@ func checkRanking(fail func(string, ...any), scores []int32, best, second, keys 
 }
 
 // TestConcurrentClearAll: ClearAll racing writers and readers leaves no negative counts,
-// no out-of-range scores, and an empty inventory once it runs last.
+// no out-of-range scores, every count equal to the keys held once writers stop, and an
+// empty inventory once it runs last.
 func TestConcurrentClearAll(t *testing.T) {
 	inv, _ := New(Config{Endpoints: 8, Shards: 2})
 	var wg sync.WaitGroup
@@ -320,6 +321,13 @@ func TestConcurrentClearAll(t *testing.T) {
 	wg.Wait()
 	if v := bad.Load(); v != nil {
 		t.Fatal(v)
+	}
+	// Writers count their changes once per chunk (epCount): a change made before a
+	// ClearAll and counted after it would leave a count off by it.
+	for ep := 0; ep < raceWriters; ep++ {
+		if c, held := inv.Count(ep), len(listAll(t, inv, ep, 0)); c != held {
+			t.Fatalf("endpoint %d: Count %d, but it holds %d keys", ep, c, held)
+		}
 	}
 	inv.ClearAll()
 	if inv.Len() != 0 {

@@ -98,50 +98,46 @@ func (inv *Inventory) prefix1(keys []uint64, run uint64, scores []int32) {
 	}
 }
 
-// scoreBatch is how far ahead of the key being probed Score locates and touches keys.
+// scoreBatch is how many keys Score locates and prefetches at a time.
 const scoreBatch = 16
 
-// probeWindow keeps the table and home bucket of the next scoreBatch keys, each home
-// bucket prefetched when the key entered the window. The prefetches do not depend on one
-// another or on the probes, so the CPU keeps up to scoreBatch cache misses in flight
-// instead of one per probe (memory-level parallelism). Go has no prefetch intrinsic:
-// prefetch_amd64.s issues the instruction (a dropped load, the portable form, blocks
-// retirement until its line arrives, so a window of them stalls the probes behind it);
-// it writes nothing shared, so concurrent Score calls do not contend.
+// probeWindow keeps the table and home bucket of up to two batches of scoreBatch keys:
+// the batch being probed and the next one, whose home buckets were prefetched when the
+// batch before it began. The prefetches do not depend on one another or on the probes,
+// so the CPU keeps up to scoreBatch cache misses in flight instead of one per probe
+// (memory-level parallelism), and each has a batch of probes' time to arrive. Go has no
+// prefetch intrinsic: prefetch_amd64.s issues the instruction (a dropped load, the
+// portable form, blocks retirement until its line arrives, so a window of them stalls
+// the probes behind it), one call per batch (see prefetchLines); it writes nothing
+// shared, so concurrent Score calls do not contend.
 type probeWindow struct {
-	tabs  [scoreBatch]*table
-	homes [scoreBatch]uint64
+	tabs  [2 * scoreBatch]*table
+	homes [2 * scoreBatch]uint64
 }
 
-func (w *probeWindow) fill(inv *Inventory, slot int, k uint64) {
-	h := mix(k)
-	t := inv.tabs[h>>inv.shift].Load()
-	b := t.home(h, inv.shardBits)
-	w.tabs[slot], w.homes[slot] = t, b
-	prefetch(unsafe.Pointer(&t.buckets[b]))
-}
-
-func (w *probeWindow) prime(inv *Inventory, keys []uint64) {
-	for i, k := range keys[:min(len(keys), scoreBatch)] {
-		w.fill(inv, i, k)
+// locate fills the window for keys[from:from+scoreBatch] and prefetches their home buckets.
+func (w *probeWindow) locate(inv *Inventory, keys []uint64, from int) {
+	var lines [scoreBatch]unsafe.Pointer
+	n := 0
+	for i := from; i < len(keys) && n < scoreBatch; i, n = i+1, n+1 {
+		h := mix(keys[i])
+		t := inv.tabs[h>>inv.shift].Load()
+		b := t.home(h, inv.shardBits)
+		w.tabs[i%(2*scoreBatch)], w.homes[i%(2*scoreBatch)] = t, b
+		lines[n] = unsafe.Pointer(&t.buckets[b])
 	}
+	prefetchLines(&lines[0], n)
 }
 
-// next returns key i's table and home bucket and refills its place with key i+scoreBatch.
+func (w *probeWindow) prime(inv *Inventory, keys []uint64) { w.locate(inv, keys, 0) }
+
+// next returns key i's table and home bucket; the first key of a batch starts the
+// next batch's prefetches.
 func (w *probeWindow) next(inv *Inventory, keys []uint64, i int) (*table, uint64) {
-	slot := i % scoreBatch
-	t, b := w.tabs[slot], w.homes[slot]
-	if j := i + scoreBatch; j < len(keys) {
-		w.fill(inv, slot, keys[j])
+	if i%scoreBatch == 0 && i+scoreBatch < len(keys) {
+		w.locate(inv, keys, i+scoreBatch)
 	}
-	return t, b
-}
-
-// touch prefetches the home buckets of up to scoreBatch keys: the writers' form of
-// probeWindow (Add and Remove call it once per scoreBatch keys, before locking).
-func (inv *Inventory) touch(keys []uint64) {
-	var w probeWindow
-	w.prime(inv, keys)
+	return w.tabs[i%(2*scoreBatch)], w.homes[i%(2*scoreBatch)]
 }
 
 // overlapSparse is the overlap loop of rules of more than 64 endpoints (sparse sets):

@@ -472,7 +472,12 @@ func (t *table) trimTail(slot int) int {
 	b := uint64(slot >> slotShift)
 	j := slot & (1<<slotShift - 1)
 	bk := &t.buckets[b]
-	if (j+1 < t.kpb && bk[(j+1)&(bucketWords-1)] != 0) || t.overflowed(b) {
+	if j+1 < t.kpb && bk[(j+1)&(bucketWords-1)] != 0 {
+		return 0
+	}
+	// Only a full bucket can have overflowed (an overflowed bucket is never trimmed), so
+	// the overflow bit, a second cache miss at fleet sizes, is read only for a full one.
+	if j+1 == t.kpb && t.overflowed(b) {
 		return 0
 	}
 	n := 0
