@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -42,10 +43,14 @@ import (
 //     window, percent of one core, with no request traffic;
 //   - RSS (process_resident_memory_bytes) and the inventory's bytes per entry
 //     (kvgate_inventory_memory_bytes / the entries kvgate reports);
-//   - event lag, publish -> applied: a publisher sends a marker block (a fresh root block
-//     of 16 random token ids, keyed with the rule's contract) in its next batch and the
-//     runner sends those tokens through kvgate until it routes them to that endpoint as
-//     a KV hit; the lag is an upper bound, to within one such round trip;
+//   - event lag, publish -> applied, of every batch in the churn window: each batch's ts
+//     (the publisher's clock at publish, as engines stamp it) against kvgate's clock when
+//     it was applied, from kvgate's kvgate_ingest_event_lag_seconds histogram (p50 and
+//     p99 interpolated within its buckets, as Prometheus's histogram_quantile does);
+//   - routed lag, publish -> visible to routing: a publisher sends a marker block (a fresh
+//     root block of 16 random token ids, keyed with the rule's contract) in its next batch
+//     and the runner sends those tokens through kvgate until it routes them to that
+//     endpoint as a KV hit; an upper bound, to within one such round trip;
 //   - decision latency: 8,192-token completions (token-id prompts, 512 blocks) sent
 //     through kvgate to a stub engine, timed by kvgate's own stage histograms: hash +
 //     score + select (DESIGN.md's decision; the full route, parse included, is kept
@@ -83,15 +88,18 @@ type FleetRow struct {
 	Entries        int64
 	RSSMB          float64
 	BytesPerEntry  float64
-	IngestCPU      float64 // percent of one core
-	RunnerCPU      float64 // the runner's own CPU (publishers, load generation), percent of one core, same window
-	EventsPerSec   float64 // batches applied per second in the churn window
-	LagP50, LagP99 time.Duration
-	LagLost        int           // markers never seen within fleetMarkerTimeout
-	PollRTT        time.Duration // median marker poll round trip: the lag's resolution
-	Decision       time.Duration // kvgate's hash + score + select stages, mean (DESIGN.md's decision)
-	Route          time.Duration // kvgate_route_seconds mean: parse and token ids too
-	Hits           int           // decisions kvgate routed as kv-hit
+	IngestCPU      float64       // percent of one core
+	RunnerCPU      float64       // the runner's own CPU (publishers, load generation), percent of one core, same window
+	EventsPerSec   float64       // batches applied per second in the churn window
+	LagP50, LagP99 time.Duration // publish -> applied, every batch of the churn window
+	LagBatches     float64       // batches the lag histogram counted in the window
+	// RoutedP50 and RoutedP99 are the markers' publish -> routed-to-their-holder times.
+	RoutedP50, RoutedP99 time.Duration
+	LagLost              int           // markers never seen within fleetMarkerTimeout
+	PollRTT              time.Duration // median marker poll round trip: the routed lag's resolution
+	Decision             time.Duration // kvgate's hash + score + select stages, mean (DESIGN.md's decision)
+	Route                time.Duration // kvgate_route_seconds mean: parse and token ids too
+	Hits                 int           // decisions kvgate routed as kv-hit
 }
 
 const (
@@ -409,6 +417,8 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 		row.RunnerCPU = (self1 - self0).Seconds() / el * 100
 		row.EventsPerSec = (m1.batches - m0.batches) / el
 	}
+	row.LagP50, row.LagP99, row.LagBatches = lagQuantile(m0, m1, 0.50), lagQuantile(m0, m1, 0.99), m1.lagCount()-m0.lagCount()
+	say("lag, publish -> applied: p50 %.2f ms p99 %.2f ms (%.0f batches)", ms64(row.LagP50), ms64(row.LagP99), row.LagBatches)
 	say("churn: %.0f batches/s applied (%.0f keys/s), kvgate CPU %.1f%%, runner CPU %.1f%%", row.EventsPerSec,
 		row.EventsPerSec*2*fleetGroup, row.IngestCPU, row.RunnerCPU)
 
@@ -436,9 +446,9 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 	}
 	slices.Sort(lags)
 	slices.Sort(rtts)
-	row.LagP50, row.LagP99, row.PollRTT = Percentile(lags, 50), Percentile(lags, 99), Percentile(rtts, 50)
-	say("lag p50 %.2f ms p99 %.2f ms (%d markers, %d lost; poll round trip p50 %.2f ms)",
-		ms64(row.LagP50), ms64(row.LagP99), len(lags), row.LagLost, ms64(row.PollRTT))
+	row.RoutedP50, row.RoutedP99, row.PollRTT = Percentile(lags, 50), Percentile(lags, 99), Percentile(rtts, 50)
+	say("routed lag p50 %.2f ms p99 %.2f ms (%d markers, %d lost; poll round trip p50 %.2f ms)",
+		ms64(row.RoutedP50), ms64(row.RoutedP99), len(lags), row.LagLost, ms64(row.PollRTT))
 
 	// Decisions: real requests through kvgate to the stub, timed by kvgate itself.
 	body, _ := json.Marshal(map[string]any{"model": cfg.Model, "prompt": prompt, "max_tokens": 1})
@@ -566,6 +576,52 @@ type fleetScrape struct {
 	batches              float64
 	routeSum, routeCount float64
 	stages               map[string]stageSum
+	// lagLE and lagCum are kvgate_ingest_event_lag_seconds's buckets: upper bounds and
+	// cumulative counts, in exposition order (ascending, +Inf last).
+	lagLE, lagCum []float64
+}
+
+func (s *fleetScrape) lagCount() float64 {
+	if len(s.lagCum) == 0 {
+		return 0
+	}
+	return s.lagCum[len(s.lagCum)-1]
+}
+
+// lagQuantile is the q-quantile of the event lag observed between scrapes a and b, linear
+// within the bucket it falls in (0 when no batch was observed; the largest finite bound
+// when it falls in +Inf).
+func lagQuantile(a, b fleetScrape, q float64) time.Duration {
+	if len(b.lagCum) == 0 || len(a.lagCum) != 0 && len(a.lagCum) != len(b.lagCum) {
+		return 0
+	}
+	delta := func(i int) float64 {
+		if len(a.lagCum) == 0 {
+			return b.lagCum[i]
+		}
+		return b.lagCum[i] - a.lagCum[i]
+	}
+	n := delta(len(b.lagCum) - 1)
+	if n <= 0 {
+		return 0
+	}
+	rank := q * n
+	lo, below := 0.0, 0.0
+	for i, le := range b.lagLE {
+		c := delta(i)
+		if c >= rank {
+			if math.IsInf(le, 1) {
+				return time.Duration(lo * float64(time.Second))
+			}
+			frac := 1.0
+			if c > below {
+				frac = (rank - below) / (c - below)
+			}
+			return time.Duration((lo + (le-lo)*frac) * float64(time.Second))
+		}
+		lo, below = le, c
+	}
+	return time.Duration(lo * float64(time.Second))
 }
 
 func scrapeFleet(url string) fleetScrape {
@@ -580,10 +636,21 @@ func scrapeFleet(url string) fleetScrape {
 			return
 		}
 		name := l[:sp]
+		labels := ""
 		if i := strings.IndexByte(name, '{'); i >= 0 {
-			name = name[:i]
+			name, labels = name[:i], name[i:]
 		}
 		switch name {
+		case "kvgate_ingest_event_lag_seconds_bucket":
+			le, ok := strings.CutPrefix(labels, `{le="`)
+			if !ok {
+				return
+			}
+			bound, err := strconv.ParseFloat(strings.TrimSuffix(le, `"}`), 64) // "+Inf" parses
+			if err != nil {
+				return
+			}
+			s.lagLE, s.lagCum = append(s.lagLE, bound), append(s.lagCum, v)
 		case "process_cpu_seconds_total":
 			s.cpu = v
 		case "process_resident_memory_bytes":
@@ -668,15 +735,16 @@ func (s *stubEngine) Close() error { return s.srv.Close() }
 
 // WriteFleetTable writes the rows as a markdown table.
 func WriteFleetTable(w io.Writer, rows []FleetRow) {
-	fmt.Fprintln(w, "| endpoints | entries | RSS MB | B/entry | ingest CPU % | lag p50 ms | lag p99 ms | decision us |")
-	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| endpoints | entries | RSS MB | B/entry | ingest CPU % | lag p50 ms | lag p99 ms | decision us | routed lag p50 ms | routed lag p99 ms |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rows {
 		lost := ""
 		if r.LagLost > 0 {
 			lost = fmt.Sprintf(" (%d lost)", r.LagLost)
 		}
-		fmt.Fprintf(w, "| %d | %d | %.1f | %.1f | %.1f | %.2f | %.2f%s | %.1f |\n", r.Endpoints, r.Entries, r.RSSMB,
-			r.BytesPerEntry, r.IngestCPU, ms64(r.LagP50), ms64(r.LagP99), lost, float64(r.Decision)/1e3)
+		fmt.Fprintf(w, "| %d | %d | %.1f | %.1f | %.1f | %.2f | %.2f | %.1f | %.2f | %.2f%s |\n", r.Endpoints, r.Entries, r.RSSMB,
+			r.BytesPerEntry, r.IngestCPU, ms64(r.LagP50), ms64(r.LagP99), float64(r.Decision)/1e3,
+			ms64(r.RoutedP50), ms64(r.RoutedP99), lost)
 	}
 }
 
@@ -707,7 +775,8 @@ func WriteFleetPlotsAs(dir, ext string, rows []FleetRow) ([]string, error) {
 			[]series{{"CPU", func(r FleetRow) float64 { return r.IngestCPU }}}},
 		{"fleet-lag", "Event lag, publish to applied", "ms", []series{
 			{"p50", func(r FleetRow) float64 { return ms64(r.LagP50) }},
-			{"p99", func(r FleetRow) float64 { return ms64(r.LagP99) }}}},
+			{"p99", func(r FleetRow) float64 { return ms64(r.LagP99) }},
+			{"routed p99", func(r FleetRow) float64 { return ms64(r.RoutedP99) }}}},
 		{"fleet-decision", "Decision (parse, hash, score, select), 8,192 tokens", "us",
 			[]series{{"mean", func(r FleetRow) float64 { return float64(r.Decision) / 1e3 }}}},
 		{"fleet-entries", "Inventory entries", "entries",

@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -47,8 +48,13 @@ func testFleetRunner(t *testing.T, kvgate, pubs string) {
 	if want := int64(4096 + 384 + 256 + 128 + cfg.Markers*fleetMarkerBlocks); r.Entries != want {
 		t.Errorf("entries %d, want %d", r.Entries, want)
 	}
-	if r.LagLost != 0 || r.LagP50 <= 0 || r.LagP99 < r.LagP50 || r.LagP99 > fleetMarkerTimeout {
-		t.Errorf("lag p50 %v p99 %v, %d lost", r.LagP50, r.LagP99, r.LagLost)
+	if r.LagLost != 0 || r.RoutedP50 <= 0 || r.RoutedP99 < r.RoutedP50 || r.RoutedP99 > fleetMarkerTimeout {
+		t.Errorf("routed lag p50 %v p99 %v, %d lost", r.RoutedP50, r.RoutedP99, r.LagLost)
+	}
+	// Every churn batch of the window is in kvgate's lag histogram (the window's batches
+	// applied, to within the batches in flight at its two scrapes).
+	if r.LagBatches <= 0 || r.LagP50 <= 0 || r.LagP99 < r.LagP50 || r.LagP99 > time.Second {
+		t.Errorf("lag p50 %v p99 %v over %.0f batches", r.LagP50, r.LagP99, r.LagBatches)
 	}
 	if r.Hits != cfg.Decisions || r.Decision <= 0 {
 		t.Errorf("%d of %d decisions were kv-hit, decision %v", r.Hits, cfg.Decisions, r.Decision)
@@ -58,7 +64,7 @@ func testFleetRunner(t *testing.T, kvgate, pubs string) {
 	}
 	var tbl bytes.Buffer
 	WriteFleetTable(&tbl, rows)
-	if !strings.HasPrefix(tbl.String(), "| endpoints | entries | RSS MB | B/entry | ingest CPU % | lag p50 ms | lag p99 ms | decision us |") ||
+	if !strings.HasPrefix(tbl.String(), "| endpoints | entries | RSS MB | B/entry | ingest CPU % | lag p50 ms | lag p99 ms | decision us | routed lag p50 ms | routed lag p99 ms |") ||
 		strings.Count(tbl.String(), "\n") != 3 {
 		t.Errorf("table:\n%s", tbl.String())
 	}
@@ -91,5 +97,31 @@ func TestFleetRejectsBadConfig(t *testing.T) {
 		if _, err := RunFleet(context.Background(), c); err == nil {
 			t.Errorf("%s: no error", name)
 		}
+	}
+}
+
+// TestLagQuantile: quantiles of a histogram's growth between two scrapes, linear within
+// the bucket, worked by hand: 100 batches, 50 in (0, 1 ms], 40 in (1, 2], 9 in (2, 5], 1
+// past 10 ms.
+func TestLagQuantile(t *testing.T) {
+	le := []float64{0.001, 0.002, 0.005, 0.01, math.Inf(1)}
+	a := fleetScrape{lagLE: le, lagCum: []float64{10, 10, 10, 10, 10}}
+	b := fleetScrape{lagLE: le, lagCum: []float64{60, 100, 109, 109, 110}}
+	for _, c := range []struct {
+		q    float64
+		want time.Duration
+	}{
+		{0.25, 500 * time.Microsecond},  // rank 25 of the first bucket's 50
+		{0.50, 1 * time.Millisecond},    // rank 50: the first bucket's top
+		{0.70, 1500 * time.Microsecond}, // rank 70: 20 of the second bucket's 40
+		{0.99, 5 * time.Millisecond},    // rank 99: the third bucket's top
+		{1.00, 10 * time.Millisecond},   // rank 100 lies in +Inf: the largest finite bound
+	} {
+		if got := lagQuantile(a, b, c.q); got != c.want {
+			t.Errorf("q %.2f: %v, want %v", c.q, got, c.want)
+		}
+	}
+	if got := lagQuantile(b, b, 0.99); got != 0 {
+		t.Errorf("no batches: %v, want 0", got)
 	}
 }

@@ -3,6 +3,7 @@ package ingest
 import (
 	"context"
 	"fmt"
+	"github.com/VictoriaMetrics/metrics"
 	"sync"
 	"sync/atomic"
 
@@ -23,6 +24,10 @@ type Manager struct {
 	chains  map[hashcore.Spec]hashcore.Chain
 	fasts   map[int]hashcore.Chain
 
+	// eventLag is kvgate_ingest_event_lag_seconds: each live batch's publish-to-applied
+	// time, from the batch's own ts (eventlag.go).
+	eventLag *metrics.PrometheusHistogram
+
 	mu      sync.Mutex // eps, ctx, started
 	eps     []*endpoint
 	ctx     context.Context
@@ -39,6 +44,7 @@ func NewManager(cfg Config, eps []EndpointConfig) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{cfg: cfg, chains: map[hashcore.Spec]hashcore.Chain{}, fasts: map[int]hashcore.Chain{}}
+	m.eventLag = newEventLag(cfg.Metrics)
 	if cfg.Chain != nil && cfg.Spec != nil {
 		m.chains[*cfg.Spec] = cfg.Chain
 	}

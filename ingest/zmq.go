@@ -236,7 +236,9 @@ func (s *rankSub) handle(frames [][]byte) {
 		}
 	}
 	if s.accept(seq, false) {
-		s.a.apply(frames[2])
+		if s.a.apply(frames[2]) == nil {
+			s.e.m.observeLag(s.a.dec.Timestamp())
+		}
 		s.e.noteSeq(seq)
 	}
 }

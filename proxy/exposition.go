@@ -86,6 +86,7 @@ var familyHelp = map[string]string{
 	"kvgate_ingest_topic_skipped_total":          "Event messages skipped for another topic.",
 	"kvgate_ingest_duplicate_batches_total":      "Live batches already applied from a replay.",
 	"kvgate_ingest_protocol_errors_total":        "Event-socket dials and connections that broke the ZMTP protocol (not a ZMTP 3.x PUB, malformed or oversize frames).",
+	"kvgate_ingest_event_lag_seconds":            "Live event batches from the engine's publish (the batch's ts, the engine's wall clock) to applied in kvgate's inventory; across hosts it includes the clocks' offset.",
 	"kvgate_ingest_parity_checks_total":          "Parity attestations of engine keys against the rule's contract, by result.",
 	"kvgate_ingest_orphan_events_total":          "BlockStored events whose parent block is unknown.",
 	"kvgate_ingest_unkeyable_events_total":       "BlockStored events kvgate could not key.",

@@ -59,7 +59,6 @@ type Publisher struct {
 	seq      uint64
 	buf      []byte
 	ring     []replayEntry // bounded replay buffer, oldest first
-	start    time.Time
 	isClosed bool
 
 	wg sync.WaitGroup
@@ -70,7 +69,7 @@ func New(cfg Config) (*Publisher, error) {
 	if cfg.ReplayBuffer <= 0 {
 		cfg.ReplayBuffer = 10000
 	}
-	p := &Publisher{cfg: cfg, start: time.Now(), seq: cfg.Seq}
+	p := &Publisher{cfg: cfg, seq: cfg.Seq}
 	for _, evs := range cfg.Backlog {
 		payload := cfg.Format.AppendBatch(nil, 0, evs)
 		p.ring = append(p.ring, replayEntry{seq: p.seq, payload: payload})
@@ -148,8 +147,7 @@ func (p *Publisher) ResetReplay() {
 // Publish encodes events as one batch and sends it with the next sequence number.
 func (p *Publisher) Publish(events ...Event) error {
 	p.mu.Lock()
-	ts := time.Since(p.start).Seconds()
-	p.buf = p.cfg.Format.AppendBatch(p.buf[:0], ts, events)
+	p.buf = p.cfg.Format.AppendBatch(p.buf[:0], wallSeconds(), events)
 	payload := append([]byte(nil), p.buf...)
 	p.mu.Unlock()
 	return p.PublishRaw(payload)
@@ -160,10 +158,14 @@ func (p *Publisher) Publish(events ...Event) error {
 func (p *Publisher) Drop(events ...Event) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	payload := p.cfg.Format.AppendBatch(nil, time.Since(p.start).Seconds(), events)
+	payload := p.cfg.Format.AppendBatch(nil, wallSeconds(), events)
 	p.keepLocked(p.seq, payload)
 	p.seq++
 }
+
+// wallSeconds is a batch's ts as the engines stamp it: Unix time in seconds (Python's
+// time.time()), which kvgate's event-lag histogram reads against its own clock.
+func wallSeconds() float64 { return float64(time.Now().UnixNano()) / 1e9 }
 
 func (p *Publisher) keepLocked(seq uint64, payload []byte) {
 	if p.router == nil {
