@@ -95,6 +95,7 @@ func (c *Cost) Select(cd *Candidates, obs Observer) int {
 	}
 	start := rotatedStart(cd.Eligible, n, eligible, c.rot.Add(1))
 	within, all := pick{i: -1, blockSize: cd.BlockSize}, pick{i: -1, blockSize: cd.BlockSize}
+	var terms Terms
 	for j := 0; j < n; j++ {
 		i := start + j
 		if i >= n {
@@ -109,7 +110,9 @@ func (c *Cost) Select(cd *Candidates, obs Observer) int {
 			cached = int(m) * cd.BlockSize
 		}
 		load := c.Loads.Get(i)
-		t := c.Queues.Predict(i, uncached, load, now)
+		t := &terms
+		*t = Terms{}
+		c.Queues.Predict(t, i, uncached, load, now)
 		t.Matched = cd.Matched[i]
 		if cd.CPU != nil {
 			t.CPU, t.Storage = cd.CPU[i], cd.Storage[i]
@@ -127,14 +130,14 @@ func (c *Cost) Select(cd *Candidates, obs Observer) int {
 			}
 		}
 		if obs != nil {
-			obs.Endpoint(i, t)
+			obs.Endpoint(i, *t)
 		}
-		all.offer(i, &t, load)
+		all.offer(i, t, load)
 		// A cached prefix whose recent followers brought less work than copying it
 		// elsewhere costs is private to this endpoint: it stays.
 		private := cached > 0 && t.Followers*int64(uncached) < int64(cached)
 		if !t.OverShare || private {
-			within.offer(i, &t, load)
+			within.offer(i, t, load)
 		}
 	}
 	if within.i >= 0 {

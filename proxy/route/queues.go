@@ -287,12 +287,16 @@ func (q *Queues) Ahead(ep int, inflight int64, now time.Time) (ahead int64, from
 // delayed by as much as u of its remaining work, min(Q, n x u) in all. Cost adds that
 // delay to the request's own time: the first-token time the whole pool loses by the
 // choice, which is what placing one request should minimize.
-func (q *Queues) Predict(ep, uncached int, inflight int64, now time.Time) Terms {
+//
+// It fills t's queue and prediction fields in place: the cost policy's loop over a fleet
+// reuses one Terms rather than copy one out per candidate (at 1,024 endpoints the copies
+// were half of Select).
+func (q *Queues) Predict(t *Terms, ep, uncached int, inflight int64, now time.Time) {
 	e := &q.eps[ep]
 	queued := max(e.queued.Load(), 0)
 	waiting := max(e.prefills.Load(), 0)
 	rate := loadF(&e.rate)
-	t := Terms{Uncached: uncached, Queued: queued, Waiting: waiting, InFlight: inflight, Rate: rate, Source: "kvgate"}
+	t.Uncached, t.Queued, t.Waiting, t.InFlight, t.Rate, t.Source = uncached, queued, waiting, inflight, rate, "kvgate"
 	ahead, eng := q.Ahead(ep, inflight, now)
 	if eng {
 		t.Source = "engine"
@@ -308,7 +312,6 @@ func (q *Queues) Predict(ep, uncached int, inflight int64, now time.Time) Terms 
 	t.Predicted = sec * 1000
 	t.Delays = shared / rate * 1000
 	t.Cost = t.Predicted + t.Delays
-	return t
 }
 
 // EndpointView is one endpoint's learned and reported state, for /debug/inventory.

@@ -118,7 +118,8 @@ func TestSlotWaitFromEngineReport(t *testing.T) {
 	if ahead != 9 || !eng {
 		t.Fatalf("ahead %d engine %v", ahead, eng)
 	}
-	tm := q.Predict(0, 32, 0, now)
+	var tm Terms
+	q.Predict(&tm, 0, 32, 0, now)
 	want := (32.0/10000 + 9*0.4/8) * 1000
 	if math.Abs(tm.Predicted-want) > 0.01 || tm.Source != "engine" {
 		t.Fatalf("predicted %+v, want %.2f ms", tm, want)
@@ -361,11 +362,12 @@ func TestPredictSharesPrefill(t *testing.T) {
 	q.Sent(0, 20000)
 	q.Sent(0, 30000)
 	now := time.Now()
-	small := q.Predict(0, 100, 2, now) // 100 own + 2 x 100 of the others'
+	var small, big Terms
+	q.Predict(&small, 0, 100, 2, now) // 100 own + 2 x 100 of the others'
 	if math.Abs(small.Predicted-30) > 0.01 || math.Abs(small.Delays-20) > 0.01 || small.Waiting != 2 {
 		t.Fatalf("small %+v", small)
 	}
-	big := q.Predict(0, 40000, 2, now) // all 50,000 queued tokens first
+	q.Predict(&big, 0, 40000, 2, now) // all 50,000 queued tokens first
 	if math.Abs(big.Predicted-9000) > 0.01 || math.Abs(big.Delays-5000) > 0.01 {
 		t.Fatalf("big %+v", big)
 	}
@@ -394,5 +396,25 @@ func TestRuleSelectors(t *testing.T) {
 	loads.Inc(first) // over ceil(1 x 2/4) = 1: the next endpoint on the ring takes it
 	if got := ch.Select(c, nil); got == first || got < 0 {
 		t.Fatalf("chwbl over its bound: got %d (first %d)", got, first)
+	}
+}
+
+// BenchmarkCostSelectFleet: the cost policy over a 1,024-endpoint fleet where three
+// endpoints hold some of an 8,192-token prompt (the fleet bench's decision).
+func BenchmarkCostSelectFleet(b *testing.B) {
+	const n = 1024
+	q := NewQueues(n, 0, 0, time.Second)
+	c := &Cost{Loads: balance.NewLoads(n), Queues: q, Popular: NewPopularity(16), FairShare: DefaultFairShare}
+	matched := make([]int32, n)
+	matched[5], matched[300], matched[900] = 384, 256, 128
+	for i := 0; i < n; i++ {
+		q.Sent(i, 100*(i%7))
+	}
+	cd := candidates(n, matched, 8192)
+	cd.Blocks = chain(1, 512, 256, 2)
+	c.Popular.Record(cd.Blocks, time.Now())
+	b.ReportAllocs()
+	for b.Loop() {
+		c.Select(cd, nil)
 	}
 }
