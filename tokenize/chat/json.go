@@ -1,8 +1,6 @@
 package chat
 
 import (
-	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -11,6 +9,8 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 	"unsafe"
+
+	"github.com/kvgate/kvgate/internal/jsonlex"
 )
 
 // parseJSON decodes one JSON document into template values, keeping object key order (as
@@ -76,16 +76,7 @@ func (p *jsonParser) next(closing byte, container string) (done bool, err error)
 	return false, p.errf("expected ',' or '%c'", closing)
 }
 
-func (p *jsonParser) ws() {
-	for p.i < len(p.b) {
-		switch p.b[p.i] {
-		case ' ', '\t', '\n', '\r':
-			p.i++
-		default:
-			return
-		}
-	}
-}
+func (p *jsonParser) ws() { p.i = jsonlex.SkipWS(p.b, p.i) }
 
 func (p *jsonParser) value(depth int) (Value, error) {
 	if depth > maxJSONDepth {
@@ -186,58 +177,23 @@ func (p *jsonParser) value(depth int) (Value, error) {
 }
 
 func (p *jsonParser) lit(word string, v Value) (Value, error) {
-	if len(p.b)-p.i >= len(word) && string(p.b[p.i:p.i+len(word)]) == word {
-		p.i += len(word)
-		return v, nil
+	end, e := jsonlex.Literal(p.b, p.i, word)
+	if e != jsonlex.OK {
+		return undefined, p.errf("invalid literal")
 	}
-	return undefined, p.errf("invalid literal")
+	p.i = end
+	return v, nil
 }
 
 func (p *jsonParser) number() (Value, error) {
 	start := p.i
-	if p.b[p.i] == '-' {
-		p.i++
-	}
-	if p.i >= len(p.b) {
+	end, isInt, e := jsonlex.ScanNumber(p.b, p.i)
+	p.i = end
+	if e != jsonlex.OK {
 		return undefined, p.errf("bad number")
 	}
-	if p.b[p.i] == '0' {
-		p.i++
-	} else if p.b[p.i] >= '1' && p.b[p.i] <= '9' {
-		for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
-			p.i++
-		}
-	} else {
-		return undefined, p.errf("bad number")
-	}
-	isFloat := false
-	if p.i < len(p.b) && p.b[p.i] == '.' {
-		isFloat = true
-		p.i++
-		d := p.i
-		for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
-			p.i++
-		}
-		if p.i == d {
-			return undefined, p.errf("bad number")
-		}
-	}
-	if p.i < len(p.b) && (p.b[p.i] == 'e' || p.b[p.i] == 'E') {
-		isFloat = true
-		p.i++
-		if p.i < len(p.b) && (p.b[p.i] == '+' || p.b[p.i] == '-') {
-			p.i++
-		}
-		d := p.i
-		for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
-			p.i++
-		}
-		if p.i == d {
-			return undefined, p.errf("bad number")
-		}
-	}
-	text := string(p.b[start:p.i])
-	if !isFloat {
+	text := string(p.b[start:end])
+	if isInt {
 		if n, err := strconv.ParseInt(text, 10, 64); err == nil {
 			return intVal(n), nil
 		}
@@ -250,180 +206,48 @@ func (p *jsonParser) number() (Value, error) {
 	return floatVal(f), nil
 }
 
-// str decodes the string at p.i. Message contents are long, so it finds the closing quote
-// and the backslashes with bytes.IndexByte (vectorized) and checks the runs between them
-// for control bytes eight at a time; a string without escapes points into the input.
+// str decodes the string at p.i. A string without escapes points into the input (arena) or
+// is one copy of it; escapes decode into the arena's string slab (room for the raw length,
+// which decoding never exceeds), else a fresh buffer.
 func (p *jsonParser) str() (string, error) {
-	p.i++ // opening quote
-	start := p.i
-	b := p.b
-	// Short strings (keys, roles) end before a vectorized search would pay off.
-	i := start
-	for end := min(i+16, len(b)); i < end && jsonPlain[b[i]]; i++ {
+	start := p.i + 1 // after the opening quote
+	end, esc, e := jsonlex.ScanStringLax(p.b, p.i)
+	if e != jsonlex.OK {
+		return "", p.strErr(e, end)
 	}
-	if i < len(b) && b[i] == '"' {
-		p.i = i + 1
-		if i == start {
-			return "", nil
-		}
+	p.i = end
+	raw := p.b[start : end-1]
+	if len(raw) == 0 {
+		return "", nil
+	}
+	if !esc {
 		if p.a != nil {
-			return unsafe.String(&b[start], i-start), nil
+			return unsafe.String(&raw[0], len(raw)), nil
 		}
-		return string(b[start:i]), nil
+		return string(raw), nil
 	}
-	q := bytes.IndexByte(b[i:], '"')
-	if q < 0 {
-		p.i = len(b)
-		return "", p.errf("unterminated string")
+	if p.a == nil || !p.a.room(len(raw)) {
+		return string(jsonlex.AppendUnescaped(nil, raw)), nil
 	}
-	q += i
-	run := q
-	if j := bytes.IndexByte(b[i:q], '\\'); j >= 0 {
-		run = i + j
-	}
-	if c := ctlIndex(b[i:run]); c >= 0 {
-		p.i = i + c
-		return "", p.errf("control character in string")
-	}
-	if run == q {
-		p.i = q + 1
-		if q == start {
-			return "", nil
-		}
-		if p.a != nil {
-			return unsafe.String(&b[start], q-start), nil
-		}
-		return string(b[start:q]), nil
-	}
-	// Decode into the arena's string slab (appending only past its end), else a fresh buffer.
-	var buf []byte
-	inArena := p.a != nil && p.a.room(q-start+16)
-	if inArena {
-		buf = p.a.bytes
-	}
-	n := len(buf)
-	buf = append(buf, b[start:run]...)
-	p.i = run
-	for {
-		// b[p.i] is a backslash.
-		p.i++
-		if p.i >= len(b) {
-			return "", p.errf("unterminated escape")
-		}
-		e := b[p.i]
-		p.i++
-		switch e {
-		case '"', '\\', '/':
-			buf = append(buf, e)
-		case 'b':
-			buf = append(buf, '\b')
-		case 'f':
-			buf = append(buf, '\f')
-		case 'n':
-			buf = append(buf, '\n')
-		case 'r':
-			buf = append(buf, '\r')
-		case 't':
-			buf = append(buf, '\t')
-		case 'u':
-			r, ok := p.hex4()
-			if !ok {
-				return "", p.errf("bad \\u escape")
-			}
-			if utf16.IsSurrogate(r) && p.i+6 <= len(b) && b[p.i] == '\\' && b[p.i+1] == 'u' {
-				save := p.i
-				p.i += 2
-				r2, ok2 := p.hex4()
-				if dec := utf16.DecodeRune(r, r2); ok2 && dec != utf8.RuneError {
-					r = dec
-				} else {
-					p.i = save
-				}
-			}
-			buf = utf8.AppendRune(buf, r)
-		default:
-			return "", p.errf("bad escape \\%c", e)
-		}
-		if p.i > q { // the quote was escaped: the string goes on to the next one
-			j := bytes.IndexByte(b[p.i:], '"')
-			if j < 0 {
-				p.i = len(b)
-				return "", p.errf("unterminated string")
-			}
-			q = p.i + j
-		}
-		// The plain run up to the next escape or the closing quote, copied at once.
-		run = q
-		if j := bytes.IndexByte(b[p.i:q], '\\'); j >= 0 {
-			run = p.i + j
-		}
-		if c := ctlIndex(b[p.i:run]); c >= 0 {
-			p.i += c
-			return "", p.errf("control character in string")
-		}
-		buf = append(buf, b[p.i:run]...)
-		p.i = run
-		if run == q {
-			p.i++
-			if !inArena {
-				return string(buf), nil
-			}
-			p.a.bytes = buf
-			return unsafe.String(&buf[n], len(buf)-n), nil
-		}
-	}
+	n := len(p.a.bytes)
+	p.a.bytes = jsonlex.AppendUnescaped(p.a.bytes, raw)
+	return unsafe.String(&p.a.bytes[n], len(p.a.bytes)-n), nil
 }
 
-// ctlIndex returns the index of the first control byte (below 0x20, which a JSON string
-// must escape) in s, or -1.
-func ctlIndex(s []byte) int {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	rest := s
-	// A byte below 0x20 borrows into its high bit; one from 0x80 is masked out by &^ x.
-	for len(rest) >= 32 {
-		w, x := binary.LittleEndian.Uint64(rest), binary.LittleEndian.Uint64(rest[8:])
-		y, z := binary.LittleEndian.Uint64(rest[16:]), binary.LittleEndian.Uint64(rest[24:])
-		if ((w-0x20*ones)&^w|(x-0x20*ones)&^x|(y-0x20*ones)&^y|(z-0x20*ones)&^z)&highs != 0 {
-			break
-		}
-		rest = rest[32:]
+// strErr reports the string fault kind found at offset at.
+func (p *jsonParser) strErr(e jsonlex.Err, at int) error {
+	p.i = at
+	switch e {
+	case jsonlex.Control:
+		return p.errf("control character in string")
+	case jsonlex.BadEscape:
+		p.i = at + 2 // past the escape's letter
+		return p.errf("bad escape \\%c", p.b[at+1])
+	case jsonlex.BadHex:
+		p.i = at + 2
+		return p.errf("bad \\u escape")
 	}
-	for i, c := range rest {
-		if c < 0x20 {
-			return len(s) - len(rest) + i
-		}
-	}
-	return -1
-}
-
-// jsonPlain marks the bytes a JSON string holds without an escape.
-var jsonPlain = func() (t [256]bool) {
-	for c := 0x20; c < 256; c++ {
-		t[c] = c != '"' && c != '\\'
-	}
-	return t
-}()
-
-func (p *jsonParser) hex4() (rune, bool) {
-	if p.i+4 > len(p.b) {
-		return 0, false
-	}
-	var r rune
-	for _, c := range p.b[p.i : p.i+4] {
-		r <<= 4
-		switch {
-		case c >= '0' && c <= '9':
-			r |= rune(c - '0')
-		case c >= 'a' && c <= 'f':
-			r |= rune(c - 'a' + 10)
-		case c >= 'A' && c <= 'F':
-			r |= rune(c - 'A' + 10)
-		default:
-			return 0, false
-		}
-	}
-	p.i += 4
-	return r, true
+	return p.errf("unterminated string")
 }
 
 // jsonOpts are the json.dumps arguments transformers' tojson filter forwards.
