@@ -144,9 +144,9 @@ func Scan(body []byte, r *Request) error {
 			return ErrSyntax
 		}
 		keyStart := i
-		kEnd, esc, err := skipString(body, i)
-		if err != nil {
-			return err
+		kEnd, esc, le := jsonlex.ScanString(body, i)
+		if le != jsonlex.OK {
+			return lexErrors[le]
 		}
 		f := numFields
 		if !esc {
@@ -292,23 +292,14 @@ func promptKind(v []byte) PromptKind {
 	return PromptNone
 }
 
-// skipString returns the index after the closing quote of the string at b[i] and
-// whether it held escapes; jsonlex validates escapes, control bytes and UTF-8.
-func skipString(b []byte, i int) (int, bool, error) {
-	end, esc, e := jsonlex.ScanString(b, i)
-	if e != jsonlex.OK {
-		return 0, false, lexError(e)
+// lexErrors are the error values the lexical faults count as (none for jsonlex.OK).
+var lexErrors = func() (t [256]error) {
+	for e := range t[1:] {
+		t[e+1] = ErrSyntax
 	}
-	return end, esc, nil
-}
-
-// lexError is the error value a lexical fault counts as.
-func lexError(e jsonlex.Err) error {
-	if e == jsonlex.BadUTF8 {
-		return ErrUTF8
-	}
-	return ErrSyntax
-}
+	t[jsonlex.BadUTF8] = ErrUTF8
+	return t
+}()
 
 // skipValue validates the JSON value at b[i] and returns the index after it.
 func skipValue(b []byte, i, depth int) (int, error) {
@@ -317,8 +308,8 @@ func skipValue(b []byte, i, depth int) (int, error) {
 	}
 	switch c := b[i]; {
 	case c == '"':
-		e, _, err := skipString(b, i)
-		return e, err
+		e, _, le := jsonlex.ScanString(b, i)
+		return e, lexErrors[le]
 	case c == '{':
 		if depth >= MaxDepth {
 			return 0, ErrDepth
@@ -331,14 +322,15 @@ func skipValue(b []byte, i, depth int) (int, error) {
 			if i >= len(b) || b[i] != '"' {
 				return 0, ErrSyntax
 			}
-			e, _, err := skipString(b, i)
-			if err != nil {
-				return 0, err
+			e, _, le := jsonlex.ScanString(b, i)
+			if le != jsonlex.OK {
+				return 0, lexErrors[le]
 			}
 			i = jsonlex.SkipWS(b, e)
 			if i >= len(b) || b[i] != ':' {
 				return 0, ErrSyntax
 			}
+			var err error
 			if i, err = skipValue(b, jsonlex.SkipWS(b, i+1), depth+1); err != nil {
 				return 0, err
 			}
@@ -393,16 +385,10 @@ func skipValue(b []byte, i, depth int) (int, error) {
 
 func literal(b []byte, i int, lit string) (int, error) {
 	end, e := jsonlex.Literal(b, i, lit)
-	if e != jsonlex.OK {
-		return 0, ErrSyntax
-	}
-	return end, nil
+	return end, lexErrors[e]
 }
 
 func skipNumber(b []byte, i int) (int, error) {
 	end, _, e := jsonlex.ScanNumber(b, i)
-	if e != jsonlex.OK {
-		return 0, ErrSyntax
-	}
-	return end, nil
+	return end, lexErrors[e]
 }

@@ -15,8 +15,8 @@ func Member(v []byte, key string) (start, end int, ok bool) {
 		return 0, 0, false
 	}
 	for i < len(v) && v[i] == '"' {
-		ke, _, err := skipString(v, i)
-		if err != nil {
+		ke, _, le := jsonlex.ScanString(v, i)
+		if le != jsonlex.OK {
 			return 0, 0, false
 		}
 		match := string(v[i+1:ke-1]) == key
@@ -278,8 +278,8 @@ func AppendObjectWith(dst, obj []byte, key string, val []byte) []byte {
 	}
 	i = jsonlex.SkipWS(obj, i+1)
 	for i < len(obj) && obj[i] == '"' {
-		ke, _, err := skipString(obj, i)
-		if err != nil {
+		ke, _, le := jsonlex.ScanString(obj, i)
+		if le != jsonlex.OK {
 			break
 		}
 		k := obj[i:ke]
