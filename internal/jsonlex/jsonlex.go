@@ -58,28 +58,36 @@ func SkipWS(b []byte, i int) int {
 // closing quote and whether it holds escapes. It validates escapes, control bytes and UTF-8.
 // On a fault end is where it was found: the control byte, the first byte of the bad UTF-8
 // sequence, the backslash of the bad escape, or len(b) for a missing closing quote.
-func ScanString(b []byte, i int) (end int, esc bool, err Err) { return scanString(b, i, true) }
+func ScanString(b []byte, i int) (end int, esc bool, err Err) {
+	// Short strings (keys, roles) end before a vectorized search would pay off, and end
+	// here: one call, no mode to test.
+	j := i + 1
+	for e := min(j+16, len(b)); j < e && plainASCII[b[j]]; j++ {
+	}
+	if j < len(b) && b[j] == '"' {
+		return j + 1, false, OK
+	}
+	return scanRest(b, j, true)
+}
 
 // ScanStringLax is ScanString without the UTF-8 check: any byte from 0x20 up other than the
 // quote and the backslash stands for itself (tokenize/chat passes invalid UTF-8 through, as
 // it reaches Python's json module already decoded).
-func ScanStringLax(b []byte, i int) (end int, esc bool, err Err) { return scanString(b, i, false) }
+func ScanStringLax(b []byte, i int) (end int, esc bool, err Err) {
+	j := i + 1
+	for e := min(j+16, len(b)); j < e && plainLax[b[j]]; j++ {
+	}
+	if j < len(b) && b[j] == '"' {
+		return j + 1, false, OK
+	}
+	return scanRest(b, j, false)
+}
 
-// scanString finds the next quote and backslash with bytes.IndexByte (vectorized: prompts are
-// long strings) and checks the plain run between them eight bytes at a time, instead of
-// walking every byte.
-func scanString(b []byte, i int, strict bool) (int, bool, Err) {
-	i++
-	// Short strings (keys, roles) end before a vectorized search would pay off.
-	plain := &plainLax
-	if strict {
-		plain = &plainASCII
-	}
-	for end := min(i+16, len(b)); i < end && plain[b[i]]; i++ {
-	}
-	if i < len(b) && b[i] == '"' {
-		return i + 1, false, OK
-	}
+// scanRest goes on from b[i], inside a string, to its end (strict: with the UTF-8 check).
+// It finds the next quote and backslash with bytes.IndexByte (vectorized: prompts are long
+// strings) and checks the plain run between them eight bytes at a time, instead of walking
+// every byte.
+func scanRest(b []byte, i int, strict bool) (int, bool, Err) {
 	esc := false
 	for {
 		q := bytes.IndexByte(b[i:], '"')
@@ -278,40 +286,42 @@ func ScanNumber(b []byte, i int) (end int, isInt bool, err Err) {
 	if i < len(b) && b[i] == '-' {
 		i++
 	}
-	if i < len(b) && b[i] == '0' {
-		i++
-	} else if j := digits(b, i); j > i {
-		i = j
-	} else {
+	// The integer part: one 0, or digits that do not start with 0.
+	s := i
+	i = digits(b, i)
+	switch {
+	case i == s:
 		return i, false, BadNumber
+	case b[s] == '0':
+		i = s + 1
 	}
-	isInt = true
-	if i < len(b) && b[i] == '.' {
-		isInt = false
+	if i >= len(b) || b[i] != '.' && b[i] != 'e' && b[i] != 'E' {
+		return i, true, OK
+	}
+	if b[i] == '.' {
 		j := digits(b, i+1)
 		if j == i+1 {
 			return j, false, BadNumber
 		}
 		i = j
+		if i >= len(b) || b[i] != 'e' && b[i] != 'E' {
+			return i, false, OK
+		}
 	}
-	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
-		isInt = false
+	i++ // the exponent's e
+	if i < len(b) && (b[i] == '+' || b[i] == '-') {
 		i++
-		if i < len(b) && (b[i] == '+' || b[i] == '-') {
-			i++
-		}
-		j := digits(b, i)
-		if j == i {
-			return i, false, BadNumber
-		}
-		i = j
 	}
-	return i, isInt, OK
+	j := digits(b, i)
+	if j == i {
+		return i, false, BadNumber
+	}
+	return j, false, OK
 }
 
 // digits returns the offset after the run of digits at b[i] (i itself when there is none).
 func digits(b []byte, i int) int {
-	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+	for i < len(b) && b[i]-'0' <= 9 {
 		i++
 	}
 	return i

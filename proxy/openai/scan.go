@@ -309,7 +309,10 @@ func skipValue(b []byte, i, depth int) (int, error) {
 	switch c := b[i]; {
 	case c == '"':
 		e, _, le := jsonlex.ScanString(b, i)
-		return e, lexErrors[le]
+		if le != jsonlex.OK {
+			return 0, lexErrors[le]
+		}
+		return e, nil
 	case c == '{':
 		if depth >= MaxDepth {
 			return 0, ErrDepth
