@@ -58,37 +58,19 @@ func SkipWS(b []byte, i int) int {
 // closing quote and whether it holds escapes. It validates escapes, control bytes and UTF-8.
 // On a fault end is where it was found: the control byte, the first byte of the bad UTF-8
 // sequence, the backslash of the bad escape, or len(b) for a missing closing quote.
-func ScanString(b []byte, i int) (end int, esc bool, err Err) {
-	// Short strings (keys, roles) end before a vectorized search would pay off, and end
-	// here: one call, no mode to test.
-	j := i + 1
-	for e := min(j+16, len(b)); j < e && plainASCII[b[j]]; j++ {
-	}
-	if j < len(b) && b[j] == '"' {
-		return j + 1, false, OK
-	}
-	return scanRest(b, j, true)
-}
-
-// ScanStringLax is ScanString without the UTF-8 check: any byte from 0x20 up other than the
-// quote and the backslash stands for itself (tokenize/chat passes invalid UTF-8 through, as
-// it reaches Python's json module already decoded).
-func ScanStringLax(b []byte, i int) (end int, esc bool, err Err) {
-	j := i + 1
-	for e := min(j+16, len(b)); j < e && plainLax[b[j]]; j++ {
-	}
-	if j < len(b) && b[j] == '"' {
-		return j + 1, false, OK
-	}
-	return scanRest(b, j, false)
-}
-
-// scanRest goes on from b[i], inside a string, to its end (strict: with the UTF-8 check).
+//
 // It finds the next quote and backslash with bytes.IndexByte (vectorized: prompts are long
 // strings) and checks the plain run between them eight bytes at a time, instead of walking
-// every byte.
-func scanRest(b []byte, i int, strict bool) (int, bool, Err) {
-	esc := false
+// every byte. ScanPlainLax and AppendEscapedLax are the same walk for the other reader; each is one tight loop
+// because the request path pays for every call and test a shared one adds (measured).
+func ScanString(b []byte, i int) (end int, esc bool, err Err) {
+	i++
+	// Short strings (keys, roles) end before a vectorized search would pay off.
+	for e := min(i+16, len(b)); i < e && plainASCII[b[i]]; i++ {
+	}
+	if i < len(b) && b[i] == '"' {
+		return i + 1, false, OK
+	}
 	for {
 		q := bytes.IndexByte(b[i:], '"')
 		if q < 0 {
@@ -102,38 +84,154 @@ func scanRest(b []byte, i int, strict bool) (int, bool, Err) {
 			if j := bytes.IndexByte(b[i:q], '\\'); j >= 0 {
 				run = i + j
 			}
-			if strict {
-				if k, err := checkUTF8Run(b[i:run]); err != OK {
-					return i + k, false, err
-				}
-			} else if k := ctlIndex(b[i:run]); k >= 0 {
-				return i + k, false, Control
+			if k, err := checkUTF8Run(b[i:run]); err != OK {
+				return i + k, false, err
 			}
 			if run == q {
 				return q + 1, esc, OK
 			}
 			esc = true
-			i = run
-			// A backslash before q has a byte after it.
-			switch b[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i += 2
-			case 'u':
-				if i+6 > len(b) {
-					return i, false, BadHex
-				}
-				if _, ok := hex4(b[i+2 : i+6]); !ok {
-					return i, false, BadHex
-				}
-				i += 6
-			default:
-				return i, false, BadEscape
+			n := escapeLen(b[run:]) // a backslash before q has a byte after it
+			if n == 0 {
+				return run, false, escapeErr(b[run+1])
 			}
-			if i > q {
+			if i = run + n; i > q {
 				break // the quote was escaped: find the next one
 			}
 		}
 	}
+}
+
+// ScanPlainLax checks the string whose opening quote is b[i] as ScanString does but without
+// the UTF-8 check (any byte from 0x20 up other than the quote and the backslash stands for
+// itself: tokenize/chat passes invalid UTF-8 through, as it reaches Python's json module
+// already decoded), up to its closing quote or its first escape. Without escapes it returns
+// the offset after the closing quote; with one, esc and the offset of its backslash, where
+// AppendEscapedLax goes on. Faults are ScanString's. It is split from the decoding so that a
+// plain string (most of them) costs one small call.
+func ScanPlainLax(b []byte, i int) (end int, esc bool, err Err) {
+	i++
+	for e := min(i+16, len(b)); i < e && plainLax[b[i]]; i++ {
+	}
+	if i < len(b) && b[i] == '"' {
+		return i + 1, false, OK
+	}
+	q := bytes.IndexByte(b[i:], '"')
+	if q < 0 {
+		return len(b), false, Unterminated
+	}
+	q += i
+	run := q
+	if j := bytes.IndexByte(b[i:q], '\\'); j >= 0 {
+		run = i + j
+	}
+	if k := ctlIndex(b[i:run]); k >= 0 {
+		return i + k, false, Control
+	}
+	if run == q {
+		return q + 1, false, OK
+	}
+	return run, true, OK
+}
+
+// AppendEscapedLax decodes the rest of a string ScanPlainLax stopped in, from the backslash
+// at b[i] on (its contents began at b[from]), checking it as ScanPlainLax does, in one pass:
+// it appends the whole decoded contents to dst (as AppendUnescaped would) and returns the
+// offset after the closing quote. Faults are ScanString's.
+func AppendEscapedLax(dst, b []byte, from, i int) (out []byte, end int, err Err) {
+	dst = append(dst, b[from:i]...)
+	for {
+		q := bytes.IndexByte(b[i:], '"')
+		if q < 0 {
+			return dst, len(b), Unterminated
+		}
+		q += i
+		for {
+			run := q
+			if j := bytes.IndexByte(b[i:q], '\\'); j >= 0 {
+				run = i + j
+			}
+			if k := ctlIndex(b[i:run]); k >= 0 {
+				return dst, i + k, Control
+			}
+			dst = append(dst, b[i:run]...)
+			if run == q {
+				return dst, q + 1, OK
+			}
+			var n int // a backslash before q has a byte after it
+			if dst, n = appendEscape(dst, b[run:]); n == 0 {
+				return dst, run, escapeErr(b[run+1])
+			}
+			if i = run + n; i > q {
+				break // the quote was escaped: find the next one
+			}
+		}
+	}
+}
+
+func escapeErr(letter byte) Err {
+	if letter == 'u' {
+		return BadHex
+	}
+	return BadEscape
+}
+
+// escapeLen returns the length of the valid escape s starts with (s[0] is a backslash), or 0.
+func escapeLen(s []byte) int {
+	if len(s) < 2 {
+		return 0
+	}
+	switch s[1] {
+	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+		return 2
+	case 'u':
+		if len(s) >= 6 {
+			if _, ok := hex4(s[2:6]); ok {
+				return 6
+			}
+		}
+	}
+	return 0
+}
+
+// appendEscape appends what the escape s starts with stands for and returns its length: a
+// \u escape of a UTF-16 surrogate pair takes the pair, a lone surrogate stands for U+FFFD.
+// 0 when s starts with no valid escape.
+func appendEscape(dst, s []byte) ([]byte, int) {
+	if len(s) < 2 {
+		return dst, 0
+	}
+	switch c := s[1]; c {
+	case '"', '\\', '/':
+		return append(dst, c), 2
+	case 'b':
+		return append(dst, '\b'), 2
+	case 'f':
+		return append(dst, '\f'), 2
+	case 'n':
+		return append(dst, '\n'), 2
+	case 'r':
+		return append(dst, '\r'), 2
+	case 't':
+		return append(dst, '\t'), 2
+	case 'u':
+		if len(s) < 6 {
+			return dst, 0
+		}
+		r, ok := hex4(s[2:6])
+		if !ok {
+			return dst, 0
+		}
+		if utf16.IsSurrogate(r) && len(s) >= 12 && s[6] == '\\' && s[7] == 'u' {
+			if lo, ok := hex4(s[8:12]); ok {
+				if pair := utf16.DecodeRune(r, lo); pair != utf8.RuneError {
+					return utf8.AppendRune(dst, pair), 12
+				}
+			}
+		}
+		return utf8.AppendRune(dst, r), 6 // a lone surrogate appends U+FFFD
+	}
+	return dst, 0
 }
 
 // checkUTF8Run validates a run of string bytes holding no quote or backslash: no control
@@ -226,56 +324,22 @@ func hex4(h []byte) (rune, bool) {
 	return r, true
 }
 
-// AppendUnescaped appends the decoded bytes of s, the contents of a string ScanString or
-// ScanStringLax accepted (without its quotes), to dst. A \u escape of a UTF-16 surrogate pair
-// decodes to its code point; a lone surrogate decodes to U+FFFD, as encoding/json and the
-// engines' tokenizers see it. Bytes that are not escapes are copied as they are. On bytes no
-// scan accepted it stops at the first broken escape, without panicking.
+// AppendUnescaped appends the decoded bytes of s, the contents of a string ScanString
+// accepted (without its quotes), to dst. A \u escape of a UTF-16 surrogate pair decodes to
+// its code point; a lone surrogate decodes to U+FFFD, as encoding/json and the engines'
+// tokenizers see it. Bytes that are not escapes are copied as they are. On bytes no scan
+// accepted it stops at the first broken escape, without panicking.
 func AppendUnescaped(dst, s []byte) []byte {
 	for {
 		j := bytes.IndexByte(s, '\\')
 		if j < 0 {
 			return append(dst, s...)
 		}
-		dst = append(dst, s[:j]...)
-		s = s[j:]
-		if len(s) < 2 {
+		var n int
+		if dst, n = appendEscape(append(dst, s[:j]...), s[j:]); n == 0 {
 			return dst
 		}
-		switch c := s[1]; c {
-		case 'b':
-			dst = append(dst, '\b')
-		case 'f':
-			dst = append(dst, '\f')
-		case 'n':
-			dst = append(dst, '\n')
-		case 'r':
-			dst = append(dst, '\r')
-		case 't':
-			dst = append(dst, '\t')
-		case 'u':
-			if len(s) < 6 {
-				return dst
-			}
-			r, ok := hex4(s[2:6])
-			if !ok {
-				return dst
-			}
-			s = s[6:]
-			if utf16.IsSurrogate(r) && len(s) >= 6 && s[0] == '\\' && s[1] == 'u' {
-				if lo, ok := hex4(s[2:6]); ok {
-					if pair := utf16.DecodeRune(r, lo); pair != utf8.RuneError {
-						r = pair
-						s = s[6:]
-					}
-				}
-			}
-			dst = utf8.AppendRune(dst, r) // a lone surrogate appends U+FFFD
-			continue
-		default: // " \ /
-			dst = append(dst, c)
-		}
-		s = s[2:]
+		s = s[j+n:]
 	}
 }
 

@@ -15,7 +15,7 @@ func TestScanString(t *testing.T) {
 		end     int // the fault's offset when err != OK
 		esc     bool
 		err     Err
-		laxSame bool // ScanStringLax gives the same answer
+		laxSame bool // AppendStringLax gives the same answer
 	}{
 		{`""`, 2, false, OK, true},
 		{`"abc" x`, 5, false, OK, true},
@@ -42,14 +42,28 @@ func TestScanString(t *testing.T) {
 		if end != c.end || esc != c.esc || err != c.err {
 			t.Errorf("ScanString(%q) = %d, %v, %v; want %d, %v, %v", c.in, end, esc, err, c.end, c.esc, c.err)
 		}
-		lend, lesc, lerr := ScanStringLax(b, 0)
+		_, lend, lesc, lerr := appendStringLax(nil, b, 0)
 		if c.laxSame && (lend != end || lesc != esc || lerr != err) {
-			t.Errorf("ScanStringLax(%q) = %d, %v, %v; ScanString %d, %v, %v", c.in, lend, lesc, lerr, end, esc, err)
+			t.Errorf("appendStringLax(%q) = %d, %v, %v; ScanString %d, %v, %v", c.in, lend, lesc, lerr, end, esc, err)
 		}
 		if !c.laxSame && (lerr != OK || lend != len(b)) {
-			t.Errorf("ScanStringLax(%q) = %d, %v; want the whole string", c.in, lend, lerr)
+			t.Errorf("appendStringLax(%q) = %d, %v; want the whole string", c.in, lend, lerr)
 		}
 	}
+}
+
+// appendStringLax is what tokenize/chat does with a string: ScanPlainLax, then
+// AppendEscapedLax when it holds escapes.
+func appendStringLax(dst, b []byte, i int) ([]byte, int, bool, Err) {
+	end, esc, err := ScanPlainLax(b, i)
+	if err != OK || !esc {
+		return dst, end, false, err
+	}
+	dst, end, err = AppendEscapedLax(dst, b, i+1, end)
+	if err != OK {
+		return dst, end, false, err
+	}
+	return dst, end, true, OK
 }
 
 func TestScanNumber(t *testing.T) {
@@ -119,12 +133,19 @@ func TestAppendUnescapedRandom(t *testing.T) {
 		if string(dst) != "keep"+want {
 			t.Fatalf("%q: got %q want %q", b, dst[4:], want)
 		}
+		dst, lend, esc, lerr := appendStringLax(append(dst[:0], "keep"...), b, 0)
+		if !esc {
+			dst = append(dst, b[1:lend-1]...)
+		}
+		if lerr != OK || lend != end || string(dst) != "keep"+want {
+			t.Fatalf("%q: AppendStringLax %d %v %q want %q", b, lend, lerr, dst, "keep"+want)
+		}
 	}
 }
 
 func TestAppendUnescapedBroken(t *testing.T) {
 	// Bytes no scan accepted: no panic, a stop at the broken escape.
-	for in, want := range map[string]string{`ab\`: "ab", `ab\u12`: "ab", `ab\uxyz1cd`: "ab", `a\qb`: "aqb"} {
+	for in, want := range map[string]string{`ab\`: "ab", `ab\u12`: "ab", `ab\uxyz1cd`: "ab", `a\qb`: "a"} {
 		if got := string(AppendUnescaped(nil, []byte(in))); got != want {
 			t.Errorf("AppendUnescaped(%q) = %q, want %q", in, got, want)
 		}
@@ -140,8 +161,9 @@ func TestZeroAllocs(t *testing.T) {
 		if err != OK {
 			t.Fatal(err)
 		}
-		if _, _, err := ScanStringLax(long, 0); err != OK {
-			t.Fatal(err)
+		var err2 Err
+		if dst, _, _, err2 = appendStringLax(dst[:0], long, 0); err2 != OK {
+			t.Fatal(err2)
 		}
 		if _, _, err := ScanNumber(num, 0); err != OK {
 			t.Fatal(err)
@@ -188,10 +210,10 @@ func FuzzLex(f *testing.F) {
 			if ref := valid && utf8.Valid(data); ok != ref {
 				t.Fatalf("%q: ScanString %d %v, json.Valid&&utf8.Valid=%v", data, end, err, ref)
 			}
-			lend, lesc, lerr := ScanStringLax(data, i)
+			decoded, lend, lesc, lerr := appendStringLax(nil, data, i)
 			checkFault(t, data, i, lend, lerr)
 			if lok := lerr == OK && SkipWS(data, lend) == len(data); lok != valid {
-				t.Fatalf("%q: ScanStringLax %d %v, json.Valid=%v", data, lend, lerr, valid)
+				t.Fatalf("%q: AppendStringLax %d %v, json.Valid=%v", data, lend, lerr, valid)
 			}
 			if err == OK && (lend != end || lesc != esc) {
 				t.Fatalf("%q: strict %d %v, lax %d %v", data, end, esc, lend, lesc)
@@ -209,6 +231,12 @@ func FuzzLex(f *testing.F) {
 				}
 				if got := AppendUnescaped(nil, data[i+1:lend-1]); string(got) != want {
 					t.Fatalf("%q: unescaped %q, json.Unmarshal %q", data, got, want)
+				}
+				if !lesc {
+					decoded = data[i+1 : lend-1]
+				}
+				if string(decoded) != want {
+					t.Fatalf("%q: AppendStringLax decoded %q, json.Unmarshal %q", data, decoded, want)
 				}
 			}
 			return

@@ -206,32 +206,46 @@ func (p *jsonParser) number() (Value, error) {
 	return floatVal(f), nil
 }
 
-// str decodes the string at p.i. A string without escapes points into the input (arena) or
-// is one copy of it; escapes decode into the arena's string slab (room for the raw length,
-// which decoding never exceeds), else a fresh buffer.
+// str decodes the string at p.i in one pass. A string without escapes points into the input
+// (arena) or is one copy of it; escapes decode past the end of the arena's string slab, and
+// a string that outgrows the slab moves to a new one.
 func (p *jsonParser) str() (string, error) {
 	start := p.i + 1 // after the opening quote
-	end, esc, e := jsonlex.ScanStringLax(p.b, p.i)
+	end, esc, e := jsonlex.ScanPlainLax(p.b, p.i)
+	if e != jsonlex.OK {
+		return "", p.strErr(e, end)
+	}
+	if !esc {
+		p.i = end
+		switch {
+		case end-1 == start:
+			return "", nil
+		case p.a != nil:
+			return unsafe.String(&p.b[start], end-1-start), nil
+		}
+		return string(p.b[start : end-1]), nil
+	}
+	var slab []byte
+	if p.a != nil {
+		slab = p.a.bytes
+	}
+	out, end, e := jsonlex.AppendEscapedLax(slab, p.b, start, end)
 	if e != jsonlex.OK {
 		return "", p.strErr(e, end)
 	}
 	p.i = end
-	raw := p.b[start : end-1]
-	if len(raw) == 0 {
-		return "", nil
-	}
-	if !esc {
-		if p.a != nil {
-			return unsafe.String(&raw[0], len(raw)), nil
-		}
-		return string(raw), nil
-	}
-	if p.a == nil || !p.a.room(len(raw)) {
-		return string(jsonlex.AppendUnescaped(nil, raw)), nil
-	}
-	n := len(p.a.bytes)
-	p.a.bytes = jsonlex.AppendUnescaped(p.a.bytes, raw)
-	return unsafe.String(&p.a.bytes[n], len(p.a.bytes)-n), nil
+	s := out[len(slab):]
+	switch {
+	case p.a == nil:
+		return string(s), nil
+	case cap(out) == cap(slab): // decoded in place
+		p.a.bytes = out
+	case p.a.room(len(s)):
+		n := len(p.a.bytes)
+		p.a.bytes = append(p.a.bytes, s...)
+		s = p.a.bytes[n:]
+	} // else over the render's budget: out is a fresh buffer, the string's own
+	return unsafe.String(&s[0], len(s)), nil
 }
 
 // strErr reports the string fault kind found at offset at.
