@@ -99,9 +99,13 @@ func (p *jsonParser) value(depth int) (Value, error) {
 			if p.i >= len(p.b) || p.b[p.i] != '"' {
 				return undefined, p.errf("expected a string key")
 			}
-			k, err := p.str()
-			if err != nil {
-				return undefined, err
+			end, esc, e := jsonlex.ScanPlainLax(p.b, p.i)
+			k, ok := p.view(end, esc, e)
+			if !ok {
+				var err error
+				if k, err = p.str(end, esc, e); err != nil {
+					return undefined, err
+				}
 			}
 			p.ws()
 			if p.i >= len(p.b) || p.b[p.i] != ':' {
@@ -154,7 +158,11 @@ func (p *jsonParser) value(depth int) (Value, error) {
 			}
 		}
 	case c == '"':
-		s, err := p.str()
+		end, esc, e := jsonlex.ScanPlainLax(p.b, p.i)
+		if s, ok := p.view(end, esc, e); ok {
+			return strVal(s), nil
+		}
+		s, err := p.str(end, esc, e)
 		return strVal(s), err
 	case c == 't':
 		return p.lit("true", vTrue)
@@ -206,15 +214,30 @@ func (p *jsonParser) number() (Value, error) {
 	return floatVal(f), nil
 }
 
-// str decodes the string at p.i in one pass. A string without escapes points into the input
-// (arena) or is one copy of it; escapes decode past the end of the arena's string slab, and
-// a string that outgrows the slab moves to a new one.
-func (p *jsonParser) str() (string, error) {
-	start := p.i + 1 // after the opening quote
-	end, esc, e := jsonlex.ScanPlainLax(p.b, p.i)
+// A string costs one call into jsonlex, as the containers' loop is hot: value scans it with
+// jsonlex.ScanPlainLax itself, view (which inlines) takes a plain one in the arena, and str
+// the rest.
+
+// view returns the string at p.i that ScanPlainLax found plain up to end, pointing into the
+// input, and moves past it; ok is false when str has to: a fault, escapes, no arena.
+func (p *jsonParser) view(end int, esc bool, e jsonlex.Err) (s string, ok bool) {
+	if e != jsonlex.OK || esc || p.a == nil {
+		return "", false
+	}
+	s = unsafe.String(unsafe.SliceData(p.b[p.i+1:]), end-p.i-2)
+	p.i = end
+	return s, true
+}
+
+// str returns the string at p.i that ScanPlainLax scanned (to end, esc, e) and moves past it.
+// A plain string is one copy of the input (no arena); escapes decode, in one pass with their
+// check, past the end of the arena's string slab, and a string that outgrows the slab moves
+// to a new one.
+func (p *jsonParser) str(end int, esc bool, e jsonlex.Err) (string, error) {
 	if e != jsonlex.OK {
 		return "", p.strErr(e, end)
 	}
+	start := p.i + 1 // after the opening quote
 	if !esc {
 		p.i = end
 		switch {
