@@ -91,9 +91,11 @@ func ScanString(b []byte, i int) (end int, esc bool, err Err) {
 				return q + 1, esc, OK
 			}
 			esc = true
-			n := escapeLen(b[run:]) // a backslash before q has a byte after it
-			if n == 0 {
-				return run, false, escapeErr(b[run+1])
+			n := 2 // a backslash before q has a byte after it
+			if simpleEscape[b[run+1]] == 0 {
+				if n = escapeLen(b[run:]); n == 0 {
+					return run, false, escapeErr(b[run+1])
+				}
 			}
 			if i = run + n; i > q {
 				break // the quote was escaped: find the next one
@@ -158,8 +160,10 @@ func AppendEscapedLax(dst, b []byte, from, i int) (out []byte, end int, err Err)
 			if run == q {
 				return dst, q + 1, OK
 			}
-			var n int // a backslash before q has a byte after it
-			if dst, n = appendEscape(dst, b[run:]); n == 0 {
+			n := 2 // a backslash before q has a byte after it
+			if c := simpleEscape[b[run+1]]; c != 0 {
+				dst = append(dst, c)
+			} else if dst, n = appendEscape(dst, b[run:]); n == 0 {
 				return dst, run, escapeErr(b[run+1])
 			}
 			if i = run + n; i > q {
@@ -168,6 +172,10 @@ func AppendEscapedLax(dst, b []byte, from, i int) (out []byte, end int, err Err)
 		}
 	}
 }
+
+// simpleEscape maps the letter of each two-byte escape to the byte it stands for (0: none),
+// so that the loops decode the common escapes without a call.
+var simpleEscape = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
 
 func escapeErr(letter byte) Err {
 	if letter == 'u' {
@@ -335,8 +343,11 @@ func AppendUnescaped(dst, s []byte) []byte {
 		if j < 0 {
 			return append(dst, s...)
 		}
-		var n int
-		if dst, n = appendEscape(append(dst, s[:j]...), s[j:]); n == 0 {
+		dst = append(dst, s[:j]...)
+		n := 2
+		if j+1 < len(s) && simpleEscape[s[j+1]] != 0 {
+			dst = append(dst, simpleEscape[s[j+1]])
+		} else if dst, n = appendEscape(dst, s[j:]); n == 0 {
 			return dst
 		}
 		s = s[j+n:]
