@@ -4,10 +4,9 @@
 package openai
 
 import (
-	"bytes"
-	"encoding/binary"
 	"errors"
-	"unicode/utf8"
+
+	"github.com/kvgate/kvgate/internal/jsonlex"
 )
 
 // MaxDepth bounds nesting so a hostile body cannot drive the scanner deep.
@@ -126,7 +125,7 @@ func (r *Request) Reset() { *r = Request{AddGenerationPrompt: true} }
 // uses. Unknown members are validated and skipped. It allocates nothing.
 func Scan(body []byte, r *Request) error {
 	r.Reset()
-	i := skipWS(body, 0)
+	i := jsonlex.SkipWS(body, 0)
 	if i >= len(body) {
 		return ErrSyntax
 	}
@@ -136,7 +135,7 @@ func Scan(body []byte, r *Request) error {
 		}
 		return ErrNotObj
 	}
-	i = skipWS(body, i+1)
+	i = jsonlex.SkipWS(body, i+1)
 	if i < len(body) && body[i] == '}' {
 		return trailing(body, i+1)
 	}
@@ -145,19 +144,19 @@ func Scan(body []byte, r *Request) error {
 			return ErrSyntax
 		}
 		keyStart := i
-		kEnd, esc, err := skipString(body, i)
-		if err != nil {
-			return err
+		kEnd, esc, le := jsonlex.ScanString(body, i)
+		if le != jsonlex.OK {
+			return lexErrors[le]
 		}
 		f := numFields
 		if !esc {
 			f = lookup(body[keyStart+1 : kEnd-1])
 		}
-		i = skipWS(body, kEnd)
+		i = jsonlex.SkipWS(body, kEnd)
 		if i >= len(body) || body[i] != ':' {
 			return ErrSyntax
 		}
-		i = skipWS(body, i+1)
+		i = jsonlex.SkipWS(body, i+1)
 		vStart := i
 		vEnd, err := skipValue(body, i, 1)
 		if err != nil {
@@ -169,12 +168,12 @@ func Scan(body []byte, r *Request) error {
 			}
 			r.Member[f] = Span{int32(keyStart), int32(vEnd)}
 		}
-		i = skipWS(body, vEnd)
+		i = jsonlex.SkipWS(body, vEnd)
 		if i >= len(body) {
 			return ErrSyntax
 		}
 		if body[i] == ',' {
-			i = skipWS(body, i+1)
+			i = jsonlex.SkipWS(body, i+1)
 			continue
 		}
 		if body[i] == '}' {
@@ -185,7 +184,7 @@ func Scan(body []byte, r *Request) error {
 }
 
 func trailing(body []byte, i int) error {
-	if skipWS(body, i) != len(body) {
+	if jsonlex.SkipWS(body, i) != len(body) {
 		return ErrTrailing
 	}
 	return nil
@@ -278,7 +277,7 @@ func promptKind(v []byte) PromptKind {
 	case '"':
 		return PromptString
 	case '[':
-		j := skipWS(v, 1)
+		j := jsonlex.SkipWS(v, 1)
 		switch {
 		case j >= len(v):
 			return PromptNone
@@ -293,137 +292,14 @@ func promptKind(v []byte) PromptKind {
 	return PromptNone
 }
 
-func hasEscape(s []byte) bool {
-	for _, c := range s {
-		if c == '\\' {
-			return true
-		}
+// lexErrors are the error values the lexical faults count as (none for jsonlex.OK).
+var lexErrors = func() (t [256]error) {
+	for e := range t[1:] {
+		t[e+1] = ErrSyntax
 	}
-	return false
-}
-
-func skipWS(b []byte, i int) int {
-	for i < len(b) {
-		switch b[i] {
-		case ' ', '\t', '\n', '\r':
-			i++
-		default:
-			return i
-		}
-	}
-	return i
-}
-
-// skipString returns the index after the closing quote of the string at b[i] and
-// whether it held escapes. It validates escapes and UTF-8. Prompts are long strings, so
-// it finds the next quote and backslash with bytes.IndexByte (vectorized) and checks the
-// plain run between them eight bytes at a time, instead of walking every byte.
-func skipString(b []byte, i int) (int, bool, error) {
-	i++
-	// Short strings (keys, roles) end before a vectorized search would pay off.
-	for end := min(i+16, len(b)); i < end && plainASCII[b[i]]; i++ {
-	}
-	if i < len(b) && b[i] == '"' {
-		return i + 1, false, nil
-	}
-	esc := false
-	for {
-		q := bytes.IndexByte(b[i:], '"')
-		if q < 0 {
-			return 0, false, ErrSyntax
-		}
-		q += i
-		// Every backslash before q starts an escape; one may escape q itself, and then the
-		// string goes on past it.
-		for {
-			run := q
-			if j := bytes.IndexByte(b[i:q], '\\'); j >= 0 {
-				run = i + j
-			}
-			if err := checkPlain(b[i:run]); err != nil {
-				return 0, false, err
-			}
-			if run == q {
-				return q + 1, esc, nil
-			}
-			esc = true
-			i = run
-			if i+1 >= len(b) {
-				return 0, false, ErrSyntax
-			}
-			switch b[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i += 2
-			case 'u':
-				if i+6 > len(b) || !isHex4(b[i+2:i+6]) {
-					return 0, false, ErrSyntax
-				}
-				i += 6
-			default:
-				return 0, false, ErrSyntax
-			}
-			if i > q {
-				break // the quote was escaped: find the next one
-			}
-		}
-	}
-}
-
-// checkPlain validates a run of string bytes holding no quote or backslash: no control
-// byte, valid UTF-8. Runs of ASCII go eight bytes at a time.
-func checkPlain(s []byte) error {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	for len(s) > 0 {
-		// A byte below 0x20 borrows into its high bit; a byte from 0x80 has it set.
-		for len(s) >= 16 {
-			x, y := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:])
-			if ((x-0x20*ones)|x|(y-0x20*ones)|y)&highs != 0 {
-				break
-			}
-			s = s[16:]
-		}
-		for len(s) >= 8 {
-			if x := binary.LittleEndian.Uint64(s); ((x-0x20*ones)|x)&highs != 0 {
-				break
-			}
-			s = s[8:]
-		}
-		if len(s) == 0 {
-			return nil
-		}
-		switch c := s[0]; {
-		case c < 0x20:
-			return ErrSyntax
-		case c < 0x80:
-			s = s[1:]
-		default:
-			r, n := utf8.DecodeRune(s)
-			if r == utf8.RuneError && n <= 1 {
-				return ErrUTF8
-			}
-			s = s[n:]
-		}
-	}
-	return nil
-}
-
-// plainASCII marks bytes a JSON string holds as themselves: printable ASCII other
-// than the quote and the backslash.
-var plainASCII = func() (t [256]bool) {
-	for c := 0x20; c < 0x80; c++ {
-		t[c] = c != '"' && c != '\\'
-	}
+	t[jsonlex.BadUTF8] = ErrUTF8
 	return t
 }()
-
-func isHex4(h []byte) bool {
-	for _, c := range h {
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
-			return false
-		}
-	}
-	return true
-}
 
 // skipValue validates the JSON value at b[i] and returns the index after it.
 func skipValue(b []byte, i, depth int) (int, error) {
@@ -432,13 +308,16 @@ func skipValue(b []byte, i, depth int) (int, error) {
 	}
 	switch c := b[i]; {
 	case c == '"':
-		e, _, err := skipString(b, i)
-		return e, err
+		e, _, le := jsonlex.ScanString(b, i)
+		if le != jsonlex.OK {
+			return 0, lexErrors[le]
+		}
+		return e, nil
 	case c == '{':
 		if depth >= MaxDepth {
 			return 0, ErrDepth
 		}
-		i = skipWS(b, i+1)
+		i = jsonlex.SkipWS(b, i+1)
 		if i < len(b) && b[i] == '}' {
 			return i + 1, nil
 		}
@@ -446,18 +325,19 @@ func skipValue(b []byte, i, depth int) (int, error) {
 			if i >= len(b) || b[i] != '"' {
 				return 0, ErrSyntax
 			}
-			e, _, err := skipString(b, i)
-			if err != nil {
-				return 0, err
+			e, _, le := jsonlex.ScanString(b, i)
+			if le != jsonlex.OK {
+				return 0, lexErrors[le]
 			}
-			i = skipWS(b, e)
+			i = jsonlex.SkipWS(b, e)
 			if i >= len(b) || b[i] != ':' {
 				return 0, ErrSyntax
 			}
-			if i, err = skipValue(b, skipWS(b, i+1), depth+1); err != nil {
+			var err error
+			if i, err = skipValue(b, jsonlex.SkipWS(b, i+1), depth+1); err != nil {
 				return 0, err
 			}
-			i = skipWS(b, i)
+			i = jsonlex.SkipWS(b, i)
 			if i >= len(b) {
 				return 0, ErrSyntax
 			}
@@ -467,13 +347,13 @@ func skipValue(b []byte, i, depth int) (int, error) {
 			if b[i] != ',' {
 				return 0, ErrSyntax
 			}
-			i = skipWS(b, i+1)
+			i = jsonlex.SkipWS(b, i+1)
 		}
 	case c == '[':
 		if depth >= MaxDepth {
 			return 0, ErrDepth
 		}
-		i = skipWS(b, i+1)
+		i = jsonlex.SkipWS(b, i+1)
 		if i < len(b) && b[i] == ']' {
 			return i + 1, nil
 		}
@@ -482,7 +362,7 @@ func skipValue(b []byte, i, depth int) (int, error) {
 			if i, err = skipValue(b, i, depth+1); err != nil {
 				return 0, err
 			}
-			i = skipWS(b, i)
+			i = jsonlex.SkipWS(b, i)
 			if i >= len(b) {
 				return 0, ErrSyntax
 			}
@@ -492,7 +372,7 @@ func skipValue(b []byte, i, depth int) (int, error) {
 			if b[i] != ',' {
 				return 0, ErrSyntax
 			}
-			i = skipWS(b, i+1)
+			i = jsonlex.SkipWS(b, i+1)
 		}
 	case c == 't':
 		return literal(b, i, "true")
@@ -507,42 +387,11 @@ func skipValue(b []byte, i, depth int) (int, error) {
 }
 
 func literal(b []byte, i int, lit string) (int, error) {
-	if i+len(lit) > len(b) || string(b[i:i+len(lit)]) != lit {
-		return 0, ErrSyntax
-	}
-	return i + len(lit), nil
+	end, e := jsonlex.Literal(b, i, lit)
+	return end, lexErrors[e]
 }
 
 func skipNumber(b []byte, i int) (int, error) {
-	if b[i] == '-' {
-		i++
-	}
-	digits := func() int {
-		s := i
-		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			i++
-		}
-		return i - s
-	}
-	if i < len(b) && b[i] == '0' {
-		i++
-	} else if digits() == 0 {
-		return 0, ErrSyntax
-	}
-	if i < len(b) && b[i] == '.' {
-		i++
-		if digits() == 0 {
-			return 0, ErrSyntax
-		}
-	}
-	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
-		i++
-		if i < len(b) && (b[i] == '+' || b[i] == '-') {
-			i++
-		}
-		if digits() == 0 {
-			return 0, ErrSyntax
-		}
-	}
-	return i, nil
+	end, _, e := jsonlex.ScanNumber(b, i)
+	return end, lexErrors[e]
 }

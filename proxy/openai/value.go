@@ -1,32 +1,30 @@
 package openai
 
-import (
-	"unicode/utf8"
-)
+import "github.com/kvgate/kvgate/internal/jsonlex"
 
 // Member finds key among the members of the JSON object v (no escapes in key) and
 // returns the value's bounds relative to v; ok is false when v is not an object or
 // lacks key. It validates only what it walks.
 func Member(v []byte, key string) (start, end int, ok bool) {
-	i := skipWS(v, 0)
+	i := jsonlex.SkipWS(v, 0)
 	if i >= len(v) || v[i] != '{' {
 		return 0, 0, false
 	}
-	i = skipWS(v, i+1)
+	i = jsonlex.SkipWS(v, i+1)
 	if i < len(v) && v[i] == '}' {
 		return 0, 0, false
 	}
 	for i < len(v) && v[i] == '"' {
-		ke, _, err := skipString(v, i)
-		if err != nil {
+		ke, _, le := jsonlex.ScanString(v, i)
+		if le != jsonlex.OK {
 			return 0, 0, false
 		}
 		match := string(v[i+1:ke-1]) == key
-		i = skipWS(v, ke)
+		i = jsonlex.SkipWS(v, ke)
 		if i >= len(v) || v[i] != ':' {
 			return 0, 0, false
 		}
-		vs := skipWS(v, i+1)
+		vs := jsonlex.SkipWS(v, i+1)
 		ve, err := skipValue(v, vs, 1)
 		if err != nil {
 			return 0, 0, false
@@ -34,11 +32,11 @@ func Member(v []byte, key string) (start, end int, ok bool) {
 		if match {
 			return vs, ve, true
 		}
-		i = skipWS(v, ve)
+		i = jsonlex.SkipWS(v, ve)
 		if i >= len(v) || v[i] != ',' {
 			return 0, 0, false
 		}
-		i = skipWS(v, i+1)
+		i = jsonlex.SkipWS(v, i+1)
 	}
 	return 0, 0, false
 }
@@ -88,11 +86,11 @@ func Int(v []byte) (int64, bool) {
 
 // Elements calls fn with each element of the JSON array v until fn returns false.
 func Elements(v []byte, fn func(elem []byte) bool) bool {
-	i := skipWS(v, 0)
+	i := jsonlex.SkipWS(v, 0)
 	if i >= len(v) || v[i] != '[' {
 		return false
 	}
-	i = skipWS(v, i+1)
+	i = jsonlex.SkipWS(v, i+1)
 	if i < len(v) && v[i] == ']' {
 		return true
 	}
@@ -104,11 +102,11 @@ func Elements(v []byte, fn func(elem []byte) bool) bool {
 		if !fn(v[i:e]) {
 			return true
 		}
-		i = skipWS(v, e)
+		i = jsonlex.SkipWS(v, e)
 		if i >= len(v) || v[i] != ',' {
 			return i < len(v) && v[i] == ']'
 		}
-		i = skipWS(v, i+1)
+		i = jsonlex.SkipWS(v, i+1)
 	}
 	return false
 }
@@ -116,11 +114,11 @@ func Elements(v []byte, fn func(elem []byte) bool) bool {
 // AppendTokens appends the integers of the JSON array v (a token-id prompt) to dst.
 // For a batch ([[...],[...]]) it takes the first list. Values outside uint32 fail.
 func AppendTokens(dst []uint32, v []byte) ([]uint32, bool) {
-	i := skipWS(v, 0)
+	i := jsonlex.SkipWS(v, 0)
 	if i >= len(v) || v[i] != '[' {
 		return dst, false
 	}
-	i = skipWS(v, i+1)
+	i = jsonlex.SkipWS(v, i+1)
 	if i < len(v) && v[i] == '[' {
 		e, err := skipValue(v, i, 1)
 		if err != nil {
@@ -138,84 +136,22 @@ func AppendTokens(dst []uint32, v []byte) ([]uint32, bool) {
 			return dst, false
 		}
 		dst = append(dst, uint32(n))
-		i = skipWS(v, e)
+		i = jsonlex.SkipWS(v, e)
 		if i < len(v) && v[i] == ',' {
-			i = skipWS(v, i+1)
+			i = jsonlex.SkipWS(v, i+1)
 		}
 	}
 	return dst, true
 }
 
-// AppendUnquoted appends the decoded contents of the JSON string s (with quotes) to
-// dst. Invalid surrogates decode to U+FFFD, as Python's json does not but engines'
-// tokenizers would see anyway; only routing depends on it.
+// AppendUnquoted appends the decoded contents of the JSON string s (with quotes), which
+// Scan validated, to dst. Invalid surrogates decode to U+FFFD, as Python's json does not
+// but engines' tokenizers would see anyway; only routing depends on it.
 func AppendUnquoted(dst []byte, s []byte) []byte {
 	if len(s) < 2 {
 		return dst
 	}
-	s = s[1 : len(s)-1]
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c != '\\' {
-			j := i + 1
-			for j < len(s) && s[j] != '\\' {
-				j++
-			}
-			dst = append(dst, s[i:j]...)
-			i = j
-			continue
-		}
-		if i+1 >= len(s) {
-			break
-		}
-		switch s[i+1] {
-		case 'n':
-			dst = append(dst, '\n')
-		case 't':
-			dst = append(dst, '\t')
-		case 'r':
-			dst = append(dst, '\r')
-		case 'b':
-			dst = append(dst, '\b')
-		case 'f':
-			dst = append(dst, '\f')
-		case 'u':
-			if i+6 > len(s) {
-				return dst
-			}
-			r := rune(hex4(s[i+2 : i+6]))
-			i += 6
-			if r >= 0xD800 && r < 0xDC00 && i+6 <= len(s) && s[i] == '\\' && s[i+1] == 'u' {
-				lo := rune(hex4(s[i+2 : i+6]))
-				if lo >= 0xDC00 && lo < 0xE000 {
-					r = 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00)
-					i += 6
-				}
-			}
-			dst = utf8.AppendRune(dst, r)
-			continue
-		default: // " \ /
-			dst = append(dst, s[i+1])
-		}
-		i += 2
-	}
-	return dst
-}
-
-func hex4(h []byte) uint32 {
-	var n uint32
-	for _, c := range h {
-		n <<= 4
-		switch {
-		case c >= '0' && c <= '9':
-			n |= uint32(c - '0')
-		case c >= 'a' && c <= 'f':
-			n |= uint32(c - 'a' + 10)
-		case c >= 'A' && c <= 'F':
-			n |= uint32(c - 'A' + 10)
-		}
-	}
-	return n
+	return jsonlex.AppendUnescaped(dst, s[1:len(s)-1])
 }
 
 // MessageContent returns the content of the first message with the given role in the
@@ -257,7 +193,7 @@ func quotedEq(q []byte, s string) bool {
 // members extra (`"k":v,...`, may be empty) inserted first. body must have been Scanned
 // into r. Engines see the same object with those members replaced.
 func AppendRewritten(dst, body []byte, r *Request, extra []byte, drop ...Field) []byte {
-	open := skipWS(body, 0)
+	open := jsonlex.SkipWS(body, 0)
 	close := len(body) - 1
 	for close > open && body[close] != '}' {
 		close--
@@ -278,7 +214,7 @@ func AppendRewritten(dst, body []byte, r *Request, extra []byte, drop ...Field) 
 	m := 0 // cuts[:m] are final, merged and sorted
 	for i := 0; i < n; i++ {
 		s, e := cuts[i][0], cuts[i][1]
-		k := skipWS(body, e)
+		k := jsonlex.SkipWS(body, e)
 		if k < close && body[k] == ',' {
 			e = k + 1
 		} else {
@@ -315,7 +251,7 @@ func AppendRewritten(dst, body []byte, r *Request, extra []byte, drop ...Field) 
 		}
 		seg := body[pos:end]
 		if sep {
-			if j := skipWS(seg, 0); j < len(seg) {
+			if j := jsonlex.SkipWS(seg, 0); j < len(seg) {
 				dst = append(dst, ',')
 				seg = seg[j:]
 				sep = false
@@ -336,22 +272,22 @@ func AppendObjectWith(dst, obj []byte, key string, val []byte) []byte {
 	dst = append(dst, key...)
 	dst = append(dst, '"', ':')
 	dst = append(dst, val...)
-	i := skipWS(obj, 0)
+	i := jsonlex.SkipWS(obj, 0)
 	if i >= len(obj) || obj[i] != '{' {
 		return append(dst, '}')
 	}
-	i = skipWS(obj, i+1)
+	i = jsonlex.SkipWS(obj, i+1)
 	for i < len(obj) && obj[i] == '"' {
-		ke, _, err := skipString(obj, i)
-		if err != nil {
+		ke, _, le := jsonlex.ScanString(obj, i)
+		if le != jsonlex.OK {
 			break
 		}
 		k := obj[i:ke]
-		j := skipWS(obj, ke)
+		j := jsonlex.SkipWS(obj, ke)
 		if j >= len(obj) || obj[j] != ':' {
 			break
 		}
-		vs := skipWS(obj, j+1)
+		vs := jsonlex.SkipWS(obj, j+1)
 		ve, err := skipValue(obj, vs, 1)
 		if err != nil {
 			break
@@ -362,9 +298,9 @@ func AppendObjectWith(dst, obj []byte, key string, val []byte) []byte {
 			dst = append(dst, ':')
 			dst = append(dst, obj[vs:ve]...)
 		}
-		i = skipWS(obj, ve)
+		i = jsonlex.SkipWS(obj, ve)
 		if i < len(obj) && obj[i] == ',' {
-			i = skipWS(obj, i+1)
+			i = jsonlex.SkipWS(obj, i+1)
 		}
 	}
 	return append(dst, '}')
@@ -374,21 +310,21 @@ func AppendObjectWith(dst, obj []byte, key string, val []byte) []byte {
 // looks at the bytes after the bracket only: FirstElement would walk the whole first
 // element (a long system prompt) to find where it ends.
 func HasElements(v []byte) bool {
-	i := skipWS(v, 0)
+	i := jsonlex.SkipWS(v, 0)
 	if i >= len(v) || v[i] != '[' {
 		return false
 	}
-	i = skipWS(v, i+1)
+	i = jsonlex.SkipWS(v, i+1)
 	return i < len(v) && v[i] != ']'
 }
 
 // FirstElement returns the first element of the JSON array v, or nil.
 func FirstElement(v []byte) []byte {
-	i := skipWS(v, 0)
+	i := jsonlex.SkipWS(v, 0)
 	if i >= len(v) || v[i] != '[' {
 		return nil
 	}
-	i = skipWS(v, i+1)
+	i = jsonlex.SkipWS(v, i+1)
 	e, err := skipValue(v, i, 1)
 	if err != nil {
 		return nil

@@ -1,8 +1,6 @@
 package chat
 
 import (
-	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -11,6 +9,8 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 	"unsafe"
+
+	"github.com/kvgate/kvgate/internal/jsonlex"
 )
 
 // parseJSON decodes one JSON document into template values, keeping object key order (as
@@ -76,16 +76,7 @@ func (p *jsonParser) next(closing byte, container string) (done bool, err error)
 	return false, p.errf("expected ',' or '%c'", closing)
 }
 
-func (p *jsonParser) ws() {
-	for p.i < len(p.b) {
-		switch p.b[p.i] {
-		case ' ', '\t', '\n', '\r':
-			p.i++
-		default:
-			return
-		}
-	}
-}
+func (p *jsonParser) ws() { p.i = jsonlex.SkipWS(p.b, p.i) }
 
 func (p *jsonParser) value(depth int) (Value, error) {
 	if depth > maxJSONDepth {
@@ -108,9 +99,13 @@ func (p *jsonParser) value(depth int) (Value, error) {
 			if p.i >= len(p.b) || p.b[p.i] != '"' {
 				return undefined, p.errf("expected a string key")
 			}
-			k, err := p.str()
-			if err != nil {
-				return undefined, err
+			end, esc, e := jsonlex.ScanPlainLax(p.b, p.i)
+			k, ok := p.view(end, esc, e)
+			if !ok {
+				var err error
+				if k, err = p.str(end, esc, e); err != nil {
+					return undefined, err
+				}
 			}
 			p.ws()
 			if p.i >= len(p.b) || p.b[p.i] != ':' {
@@ -163,7 +158,11 @@ func (p *jsonParser) value(depth int) (Value, error) {
 			}
 		}
 	case c == '"':
-		s, err := p.str()
+		end, esc, e := jsonlex.ScanPlainLax(p.b, p.i)
+		if s, ok := p.view(end, esc, e); ok {
+			return strVal(s), nil
+		}
+		s, err := p.str(end, esc, e)
 		return strVal(s), err
 	case c == 't':
 		return p.lit("true", vTrue)
@@ -186,58 +185,23 @@ func (p *jsonParser) value(depth int) (Value, error) {
 }
 
 func (p *jsonParser) lit(word string, v Value) (Value, error) {
-	if len(p.b)-p.i >= len(word) && string(p.b[p.i:p.i+len(word)]) == word {
-		p.i += len(word)
-		return v, nil
+	end, e := jsonlex.Literal(p.b, p.i, word)
+	if e != jsonlex.OK {
+		return undefined, p.errf("invalid literal")
 	}
-	return undefined, p.errf("invalid literal")
+	p.i = end
+	return v, nil
 }
 
 func (p *jsonParser) number() (Value, error) {
 	start := p.i
-	if p.b[p.i] == '-' {
-		p.i++
-	}
-	if p.i >= len(p.b) {
+	end, isInt, e := jsonlex.ScanNumber(p.b, p.i)
+	p.i = end
+	if e != jsonlex.OK {
 		return undefined, p.errf("bad number")
 	}
-	if p.b[p.i] == '0' {
-		p.i++
-	} else if p.b[p.i] >= '1' && p.b[p.i] <= '9' {
-		for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
-			p.i++
-		}
-	} else {
-		return undefined, p.errf("bad number")
-	}
-	isFloat := false
-	if p.i < len(p.b) && p.b[p.i] == '.' {
-		isFloat = true
-		p.i++
-		d := p.i
-		for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
-			p.i++
-		}
-		if p.i == d {
-			return undefined, p.errf("bad number")
-		}
-	}
-	if p.i < len(p.b) && (p.b[p.i] == 'e' || p.b[p.i] == 'E') {
-		isFloat = true
-		p.i++
-		if p.i < len(p.b) && (p.b[p.i] == '+' || p.b[p.i] == '-') {
-			p.i++
-		}
-		d := p.i
-		for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
-			p.i++
-		}
-		if p.i == d {
-			return undefined, p.errf("bad number")
-		}
-	}
-	text := string(p.b[start:p.i])
-	if !isFloat {
+	text := string(p.b[start:end])
+	if isInt {
 		if n, err := strconv.ParseInt(text, 10, 64); err == nil {
 			return intVal(n), nil
 		}
@@ -250,180 +214,77 @@ func (p *jsonParser) number() (Value, error) {
 	return floatVal(f), nil
 }
 
-// str decodes the string at p.i. Message contents are long, so it finds the closing quote
-// and the backslashes with bytes.IndexByte (vectorized) and checks the runs between them
-// for control bytes eight at a time; a string without escapes points into the input.
-func (p *jsonParser) str() (string, error) {
-	p.i++ // opening quote
-	start := p.i
-	b := p.b
-	// Short strings (keys, roles) end before a vectorized search would pay off.
-	i := start
-	for end := min(i+16, len(b)); i < end && jsonPlain[b[i]]; i++ {
+// A string costs one call into jsonlex, as the containers' loop is hot: value scans it with
+// jsonlex.ScanPlainLax itself, view (which inlines) takes a plain one in the arena, and str
+// the rest.
+
+// view returns the string at p.i that ScanPlainLax found plain up to end, pointing into the
+// input, and moves past it; ok is false when str has to: a fault, escapes, no arena.
+func (p *jsonParser) view(end int, esc bool, e jsonlex.Err) (s string, ok bool) {
+	if e != jsonlex.OK || esc || p.a == nil {
+		return "", false
 	}
-	if i < len(b) && b[i] == '"' {
-		p.i = i + 1
-		if i == start {
-			return "", nil
-		}
-		if p.a != nil {
-			return unsafe.String(&b[start], i-start), nil
-		}
-		return string(b[start:i]), nil
-	}
-	q := bytes.IndexByte(b[i:], '"')
-	if q < 0 {
-		p.i = len(b)
-		return "", p.errf("unterminated string")
-	}
-	q += i
-	run := q
-	if j := bytes.IndexByte(b[i:q], '\\'); j >= 0 {
-		run = i + j
-	}
-	if c := ctlIndex(b[i:run]); c >= 0 {
-		p.i = i + c
-		return "", p.errf("control character in string")
-	}
-	if run == q {
-		p.i = q + 1
-		if q == start {
-			return "", nil
-		}
-		if p.a != nil {
-			return unsafe.String(&b[start], q-start), nil
-		}
-		return string(b[start:q]), nil
-	}
-	// Decode into the arena's string slab (appending only past its end), else a fresh buffer.
-	var buf []byte
-	inArena := p.a != nil && p.a.room(q-start+16)
-	if inArena {
-		buf = p.a.bytes
-	}
-	n := len(buf)
-	buf = append(buf, b[start:run]...)
-	p.i = run
-	for {
-		// b[p.i] is a backslash.
-		p.i++
-		if p.i >= len(b) {
-			return "", p.errf("unterminated escape")
-		}
-		e := b[p.i]
-		p.i++
-		switch e {
-		case '"', '\\', '/':
-			buf = append(buf, e)
-		case 'b':
-			buf = append(buf, '\b')
-		case 'f':
-			buf = append(buf, '\f')
-		case 'n':
-			buf = append(buf, '\n')
-		case 'r':
-			buf = append(buf, '\r')
-		case 't':
-			buf = append(buf, '\t')
-		case 'u':
-			r, ok := p.hex4()
-			if !ok {
-				return "", p.errf("bad \\u escape")
-			}
-			if utf16.IsSurrogate(r) && p.i+6 <= len(b) && b[p.i] == '\\' && b[p.i+1] == 'u' {
-				save := p.i
-				p.i += 2
-				r2, ok2 := p.hex4()
-				if dec := utf16.DecodeRune(r, r2); ok2 && dec != utf8.RuneError {
-					r = dec
-				} else {
-					p.i = save
-				}
-			}
-			buf = utf8.AppendRune(buf, r)
-		default:
-			return "", p.errf("bad escape \\%c", e)
-		}
-		if p.i > q { // the quote was escaped: the string goes on to the next one
-			j := bytes.IndexByte(b[p.i:], '"')
-			if j < 0 {
-				p.i = len(b)
-				return "", p.errf("unterminated string")
-			}
-			q = p.i + j
-		}
-		// The plain run up to the next escape or the closing quote, copied at once.
-		run = q
-		if j := bytes.IndexByte(b[p.i:q], '\\'); j >= 0 {
-			run = p.i + j
-		}
-		if c := ctlIndex(b[p.i:run]); c >= 0 {
-			p.i += c
-			return "", p.errf("control character in string")
-		}
-		buf = append(buf, b[p.i:run]...)
-		p.i = run
-		if run == q {
-			p.i++
-			if !inArena {
-				return string(buf), nil
-			}
-			p.a.bytes = buf
-			return unsafe.String(&buf[n], len(buf)-n), nil
-		}
-	}
+	s = unsafe.String(unsafe.SliceData(p.b[p.i+1:]), end-p.i-2)
+	p.i = end
+	return s, true
 }
 
-// ctlIndex returns the index of the first control byte (below 0x20, which a JSON string
-// must escape) in s, or -1.
-func ctlIndex(s []byte) int {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	rest := s
-	// A byte below 0x20 borrows into its high bit; one from 0x80 is masked out by &^ x.
-	for len(rest) >= 32 {
-		w, x := binary.LittleEndian.Uint64(rest), binary.LittleEndian.Uint64(rest[8:])
-		y, z := binary.LittleEndian.Uint64(rest[16:]), binary.LittleEndian.Uint64(rest[24:])
-		if ((w-0x20*ones)&^w|(x-0x20*ones)&^x|(y-0x20*ones)&^y|(z-0x20*ones)&^z)&highs != 0 {
-			break
-		}
-		rest = rest[32:]
+// str returns the string at p.i that ScanPlainLax scanned (to end, esc, e) and moves past it.
+// A plain string is one copy of the input (no arena); escapes decode, in one pass with their
+// check, past the end of the arena's string slab, and a string that outgrows the slab moves
+// to a new one.
+func (p *jsonParser) str(end int, esc bool, e jsonlex.Err) (string, error) {
+	if e != jsonlex.OK {
+		return "", p.strErr(e, end)
 	}
-	for i, c := range rest {
-		if c < 0x20 {
-			return len(s) - len(rest) + i
-		}
-	}
-	return -1
-}
-
-// jsonPlain marks the bytes a JSON string holds without an escape.
-var jsonPlain = func() (t [256]bool) {
-	for c := 0x20; c < 256; c++ {
-		t[c] = c != '"' && c != '\\'
-	}
-	return t
-}()
-
-func (p *jsonParser) hex4() (rune, bool) {
-	if p.i+4 > len(p.b) {
-		return 0, false
-	}
-	var r rune
-	for _, c := range p.b[p.i : p.i+4] {
-		r <<= 4
+	start := p.i + 1 // after the opening quote
+	if !esc {
+		p.i = end
 		switch {
-		case c >= '0' && c <= '9':
-			r |= rune(c - '0')
-		case c >= 'a' && c <= 'f':
-			r |= rune(c - 'a' + 10)
-		case c >= 'A' && c <= 'F':
-			r |= rune(c - 'A' + 10)
-		default:
-			return 0, false
+		case end-1 == start:
+			return "", nil
+		case p.a != nil:
+			return unsafe.String(&p.b[start], end-1-start), nil
 		}
+		return string(p.b[start : end-1]), nil
 	}
-	p.i += 4
-	return r, true
+	var slab []byte
+	if p.a != nil {
+		slab = p.a.bytes
+	}
+	out, end, e := jsonlex.AppendEscapedLax(slab, p.b, start, end)
+	if e != jsonlex.OK {
+		return "", p.strErr(e, end)
+	}
+	p.i = end
+	s := out[len(slab):]
+	switch {
+	case p.a == nil:
+		return string(s), nil
+	case cap(out) == cap(slab): // decoded in place
+		p.a.bytes = out
+	case p.a.room(len(s)):
+		n := len(p.a.bytes)
+		p.a.bytes = append(p.a.bytes, s...)
+		s = p.a.bytes[n:]
+	} // else over the render's budget: out is a fresh buffer, the string's own
+	return unsafe.String(&s[0], len(s)), nil
+}
+
+// strErr reports the string fault kind found at offset at.
+func (p *jsonParser) strErr(e jsonlex.Err, at int) error {
+	p.i = at
+	switch e {
+	case jsonlex.Control:
+		return p.errf("control character in string")
+	case jsonlex.BadEscape:
+		p.i = at + 2 // past the escape's letter
+		return p.errf("bad escape \\%c", p.b[at+1])
+	case jsonlex.BadHex:
+		p.i = at + 2
+		return p.errf("bad \\u escape")
+	}
+	return p.errf("unterminated string")
 }
 
 // jsonOpts are the json.dumps arguments transformers' tojson filter forwards.

@@ -34,6 +34,31 @@ func TestJSONStringsRoundTrip(t *testing.T) {
 	}
 }
 
+// TestJSONFaultOffsets pins where each lexical fault is reported (offsets worked out by
+// hand from the input), for strings as values and as keys, with and without an arena.
+func TestJSONFaultOffsets(t *testing.T) {
+	for in, want := range map[string]string{
+		`"abc`:           "offset 4: unterminated string",
+		`"a\"`:           "offset 4: unterminated string",
+		`"ab\q"`:         `offset 5: bad escape \q`,
+		`"ab\u12"`:       `offset 5: bad \u escape`,
+		"\"ab\x01\"":     "offset 3: control character in string",
+		`["x", "\u12x"]`: `offset 9: bad \u escape`,
+		`{"k\q":1}`:      `offset 5: bad escape \q`,
+		`["` + strings.Repeat("y", 30) + `\"` + "\x1f" + `"]`: "offset 34: control character in string",
+		`[1.]`:  "offset 3: bad number",
+		`-`:     "offset 1: bad number",
+		`[tru]`: "offset 1: invalid literal",
+	} {
+		for _, a := range []*arena{nil, {}} {
+			_, err := parseJSONIn(a, []byte(in))
+			if err == nil || err.Error() != "chat: invalid JSON at "+want {
+				t.Errorf("%q: %v, want %s", in, err, want)
+			}
+		}
+	}
+}
+
 func FuzzParseJSON(f *testing.F) {
 	f.Add([]byte(`{"a":[1,2.5,-0,1e400,"x\u00e9\ud83d\ude00",null,true,{"b":{}}],"a":false}`))
 	f.Add([]byte(`"\ud800"`))
