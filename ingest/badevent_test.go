@@ -37,6 +37,17 @@ func (h *recordingHandler) Handle(_ context.Context, r slog.Record) error {
 	return nil
 }
 
+// warns returns the WARN records that contain s.
+func (h *recordingHandler) warns(s string) []string {
+	var out []string
+	for _, r := range h.matching(s) {
+		if strings.HasPrefix(r, "WARN ") {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 func (h *recordingHandler) matching(s string) []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -10,7 +10,8 @@ import (
 	"slices"
 	"syscall"
 	"testing"
-	"time"
+
+	"github.com/kvgate/kvgate/internal/testfix"
 )
 
 // floodEngine is a libzmq (pyzmq) vLLM publisher whose PUB has a tiny send high-water
@@ -92,17 +93,7 @@ func TestFaultFloodPastHighWaterMark(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		in.Close()
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
+	testfix.ReapOnCleanup(t, cmd, in)
 	out := bufio.NewScanner(outp)
 	if !out.Scan() || out.Text() != "ready" {
 		t.Fatalf("flood engine: %q", out.Text())

@@ -10,7 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
+
+	"github.com/kvgate/kvgate/internal/testfix"
 )
 
 // pyEngine drives testdata/ingest/pyzmq_engine.py: a KV-event publisher on libzmq.
@@ -43,17 +44,7 @@ func startPyEngine(t *testing.T) *pyEngine {
 		t.Fatal(err)
 	}
 	p := &pyEngine{t: t, cmd: cmd, in: in, out: bufio.NewScanner(out)}
-	t.Cleanup(func() {
-		in.Close()
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
+	testfix.ReapOnCleanup(t, cmd, in)
 	return p
 }
 

@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"log/slog"
@@ -17,31 +16,6 @@ import (
 	"github.com/kvgate/kvgate/internal/zmqlog"
 )
 
-// syncLog collects log lines from the Manager's goroutines.
-type syncLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-// lines returns the WARN lines that contain s.
-func (l *syncLog) warns(s string) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-	for _, ln := range strings.Split(l.buf.String(), "\n") {
-		if strings.Contains(ln, "level=WARN") && strings.Contains(ln, s) {
-			out = append(out, ln)
-		}
-	}
-	return out
-}
-
 // TestWrongSocketTypeWarnsOnce: the events address is a ROUTER (a replay port put in the
 // events field): every dial fails the handshake, counted as a protocol error, with one
 // WARN naming the socket type however many redials; once a PUB takes the port, the
@@ -54,8 +28,8 @@ func TestWrongSocketTypeWarnsOnce(t *testing.T) {
 	}
 	inv := newInv(t)
 	cfg := testConfig(inv)
-	var log syncLog
-	cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
+	log := &recordingHandler{}
+	cfg.Logger = slog.New(log)
 	m := startManager(t, cfg, EndpointConfig{Name: "e", Engine: "vllm", Events: addr})
 	waitFor(t, "three refused handshakes", func() bool { return m.Status(0).ProtocolErrors >= 3 })
 	router.Close()
@@ -147,8 +121,8 @@ func TestMalformedStreamReconnects(t *testing.T) {
 	)
 	inv := newInv(t)
 	cfg := testConfig(inv)
-	var log syncLog
-	cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
+	log := &recordingHandler{}
+	cfg.Logger = slog.New(log)
 	m := startManager(t, cfg, EndpointConfig{Name: "e", Engine: "vllm", Events: addr, Topic: "kv"})
 	waitFor(t, "the third connection's batch", func() bool { return m.Status(0).LastSeq == 2 })
 	s := m.Status(0)

@@ -121,7 +121,11 @@ func TestRoutingStatePerEndpoint(t *testing.T) {
 	// http's events= answers, but as an HTTP server would, not as a ZeroMQ PUB: its reason
 	// says so.
 	wrong := newFakeEngine(t, "http")
-	wrongSpec := "name=http,url=" + wrong.url() + ",engine=vllm,events=tcp://" + httpAnswerer(t)
+	answerer := rawEngine(t, func(c net.Conn) {
+		c.Write([]byte("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")) //nolint:errcheck
+		c.Close()
+	})
+	wrongSpec := "name=http,url=" + wrong.url() + ",engine=vllm,events=tcp://" + strings.TrimPrefix(answerer, "http://")
 	// big pins the rule's block size (block_size=16): unpinned it would adopt the 32 its
 	// events prove (bench/enginesim TestBlockSizePerEndpoint).
 	cfg := kvConfig(t, KVConverged, good.spec(0, "vllm", ""), drift.spec(1, "vllm", ""), big.spec(2, "vllm", ",block_size=16"), lostSpec, wrongSpec)
@@ -210,28 +214,6 @@ func TestRoutingStatePerEndpoint(t *testing.T) {
 	if res.StatusCode != 200 || !strings.Contains(string(body), "lost: events_not_connected") {
 		t.Errorf("/readyz %d %q: want 200 naming the degraded endpoints", res.StatusCode, body)
 	}
-}
-
-// httpAnswerer listens on 127.0.0.1 and answers every connection with an HTTP error
-// response, as an events= pointed at an engine's HTTP port would; it returns host:port.
-func httpAnswerer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")) //nolint:errcheck
-			c.Close()
-		}
-	}()
-	return ln.Addr().String()
 }
 
 // kv-mode off: every endpoint is off, and stays so.

@@ -83,40 +83,7 @@ func TestServeHelpGroupsEveryFlag(t *testing.T) {
 		t.Fatalf("-h exit %d", code)
 	}
 	help := stderr.String()
-	if i := strings.Index(help, "\nOther:\n"); i >= 0 {
-		t.Errorf("flags outside every group:\n%s", help[i:])
-	}
-	at := 0
-	listed := map[string]int{}
-	for _, g := range serveFlagGroups {
-		i := strings.Index(help, "\n"+g.title+":\n")
-		if i < at {
-			t.Fatalf("group %q missing or out of order:\n%s", g.title, help)
-		}
-		at = i
-		for _, n := range g.names {
-			listed[n]++
-		}
-	}
-	lines := strings.Split(help, "\n")
-	shown := 0
-	for i, line := range lines {
-		name, ok := strings.CutPrefix(line, "  -")
-		if !ok || strings.HasPrefix(line, "  -  ") {
-			continue
-		}
-		name, _, _ = strings.Cut(name, " ")
-		if listed[name] != 1 {
-			t.Errorf("-%s is in %d groups", name, listed[name])
-		}
-		if i+1 >= len(lines) || !strings.Contains(lines[i+1], "(default ") {
-			t.Errorf("-%s states no default", name)
-		}
-		shown++
-	}
-	if shown != len(listed) || shown < 60 {
-		t.Errorf("%d flags shown, %d grouped", shown, len(listed))
-	}
+	checkFlagGroups(t, help, serveFlagGroups, 60, true)
 	if !strings.Contains(help, "Listener (") || !strings.Contains(help, "-listen string\n    \tpublic listener address (OpenAI API) (default \":8080\")") {
 		t.Errorf("-listen's default is not :8080:\n%s", help)
 	}

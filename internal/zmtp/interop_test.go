@@ -19,6 +19,8 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/kvgate/kvgate/internal/zmqlog"
+
+	"github.com/kvgate/kvgate/internal/testfix"
 )
 
 func freeTCP(t *testing.T) string {
@@ -59,17 +61,7 @@ func startPython(t *testing.T, script string, args ...string) (io.WriteCloser, *
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		in.Close()
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
+	testfix.ReapOnCleanup(t, cmd, in)
 	return in, bufio.NewScanner(out)
 }
 
