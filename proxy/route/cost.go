@@ -55,22 +55,28 @@ type pick struct {
 	ms, rate  float64
 	load      int64
 	blockSize int
+	// reach is the highest cost that can still beat or tie the pick: ms plus the widest
+	// band any candidate can have against it (the band narrows as the faster rate of the
+	// two grows), so a candidate past it is turned away without computing its band.
+	reach float64
 }
 
 // offer makes i the pick if it costs clearly less, or ties and has fewer in flight.
 func (p *pick) offer(i int, t *Terms, load int64) {
-	if p.i < 0 {
-		p.i, p.ms, p.load, p.rate = i, t.Cost, load, t.Rate
-		return
-	}
-	band := 1000 * float64(p.blockSize) / max(t.Rate, p.rate)
-	switch {
-	case t.Cost < p.ms-band:
-	case t.Cost <= p.ms+band && load < p.load:
-	default:
-		return
+	if p.i >= 0 {
+		if t.Cost > p.reach { // most of a fleet: far costlier than the pick
+			return
+		}
+		band := 1000 * float64(p.blockSize) / max(t.Rate, p.rate)
+		switch {
+		case t.Cost < p.ms-band:
+		case t.Cost <= p.ms+band && load < p.load:
+		default:
+			return
+		}
 	}
 	p.i, p.ms, p.load, p.rate = i, t.Cost, load, t.Rate
+	p.reach = p.ms + 1000*float64(p.blockSize)/p.rate
 }
 
 func (c *Cost) Select(cd *Candidates, obs Observer) int {
