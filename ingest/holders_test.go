@@ -9,6 +9,8 @@ import (
 
 	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/hashcore"
+
+	"github.com/kvgate/kvgate/shard"
 )
 
 type holderStream struct {
@@ -158,11 +160,16 @@ func TestRefTableGrows(t *testing.T) {
 	}
 }
 
-// TestBlockSizeFindingWARNs: a vLLM endpoint whose blocks are not a multiple of the
-// rule's, and a TensorRT-LLM endpoint whose blocks are not the fast chain's, each WARN
-// once naming the endpoint and the block size the events prove, and show it in the
-// status (TensorRT-LLM used to index nothing silently).
-func TestBlockSizeFindingWARNs(t *testing.T) {
+// trtStored32 is a TensorRT-LLM drain answer storing one 32-token block (hash 5).
+var trtStored32 = `[{"event_id":0,"data":{"type":"stored","parent_hash":null,"blocks":[` +
+	`{"type":"stored_block","block_hash":5,"tokens":[` + strings.Repeat(`{"type":"unique_token","token_id":1,"token_extra_id":0},`, 31) +
+	`{"type":"unique_token","token_id":1,"token_extra_id":0}],"cache_level":0,"priority":35}]},"window_size":4096}]`
+
+// blockSizeRule is a 12-token vLLM sha256_cbor rule over a vLLM endpoint (slot 0), fed
+// its 16-token vllm-ok stream, and a TensorRT-LLM endpoint (slot 1), both with their
+// block sizes pinned (fixed) or left to adopt.
+func blockSizeRule(t *testing.T, fixed bool) (*Manager, *shard.Inventory, *recordingHandler) {
+	t.Helper()
 	ss := loadStreams(t)
 	inv := newInv(t)
 	logs := &recordingHandler{}
@@ -171,8 +178,8 @@ func TestBlockSizeFindingWARNs(t *testing.T) {
 	cfg.Keys = KeysAuto
 	cfg.Chain, cfg.Spec = ruleChain(t, "vllm", "sha256_cbor", 12)
 	m, err := NewManager(cfg, []EndpointConfig{
-		{Name: "v12", Index: 0, Engine: "vllm", Events: "tcp://127.0.0.1:1", FixedBlockSize: true},
-		{Name: "trt", Index: 1, Engine: "trtllm", URL: "http://127.0.0.1:1", FixedBlockSize: true},
+		{Name: "v12", Index: 0, Engine: "vllm", Events: "tcp://127.0.0.1:1", FixedBlockSize: fixed},
+		{Name: "trt", Index: 1, Engine: "trtllm", URL: "http://127.0.0.1:1", FixedBlockSize: fixed},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -181,6 +188,15 @@ func TestBlockSizeFindingWARNs(t *testing.T) {
 	for _, ev := range ss["vllm-ok"].pubEvents(t) {
 		a.apply(fmtBatch(ev))
 	}
+	return m, inv, logs
+}
+
+// TestBlockSizeFindingWARNs: a vLLM endpoint whose blocks are not a multiple of the
+// rule's, and a TensorRT-LLM endpoint whose blocks are not the fast chain's, each WARN
+// once naming the endpoint and the block size the events prove, and show it in the
+// status (TensorRT-LLM used to index nothing silently).
+func TestBlockSizeFindingWARNs(t *testing.T) {
+	m, _, logs := blockSizeRule(t, true)
 	st := m.Status(0)
 	if st.EngineBlockSize != 16 || !st.BlockSizeMismatch || !strings.Contains(st.Cause, "16-token blocks, the rule hashes 12") {
 		t.Fatalf("vllm status %+v", st)
@@ -189,11 +205,8 @@ func TestBlockSizeFindingWARNs(t *testing.T) {
 	if len(w) != 1 || !strings.Contains(w[0], "endpoint=v12") || !strings.Contains(w[0], "engine_block_size=16") || !strings.Contains(w[0], "rule_block_size=12") {
 		t.Fatalf("WARNs %q", w)
 	}
-	var trt []trtEvent
-	body := `[{"event_id":0,"data":{"type":"stored","parent_hash":null,"blocks":[` +
-		`{"type":"stored_block","block_hash":5,"tokens":[` + strings.Repeat(`{"type":"unique_token","token_id":1,"token_extra_id":0},`, 31) +
-		`{"type":"unique_token","token_id":1,"token_extra_id":0}],"cache_level":0,"priority":35}]},"window_size":4096}]`
-	if trt, err = parseTRTEvents([]byte(body)); err != nil {
+	trt, err := parseTRTEvents([]byte(trtStored32))
+	if err != nil {
 		t.Fatal(err)
 	}
 	ta := newTRTApplier(m.eps[1])
@@ -212,39 +225,19 @@ func TestBlockSizeFindingWARNs(t *testing.T) {
 // 16-token blocks under a 12-token rule, and the TensorRT-LLM endpoint keys its 32-token
 // blocks with a 32-token fast chain instead of none.
 func TestBlockSizeAdopted(t *testing.T) {
-	ss := loadStreams(t)
-	inv := newInv(t)
-	logs := &recordingHandler{}
-	cfg := testConfig(inv)
-	cfg.Logger = slog.New(logs)
-	cfg.Keys = KeysAuto
-	cfg.Chain, cfg.Spec = ruleChain(t, "vllm", "sha256_cbor", 12)
-	m, err := NewManager(cfg, []EndpointConfig{
-		{Name: "v12", Index: 0, Engine: "vllm", Events: "tcp://127.0.0.1:1"},
-		{Name: "trt", Index: 1, Engine: "trtllm", URL: "http://127.0.0.1:1"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := newApplier(m.eps[0], m.eps[0].rk[0])
-	for _, ev := range ss["vllm-ok"].pubEvents(t) {
-		a.apply(fmtBatch(ev))
-	}
+	m, inv, logs := blockSizeRule(t, false)
 	st := m.Status(0)
 	if st.BlockSize != 16 || !st.BlockSizeAdopted || st.BlockSizeMismatch || st.Parity != "ok" || st.Rehash || st.Keys == 0 {
 		t.Fatalf("vllm status %+v", st)
 	}
-	if c, f := m.Contract(0); c == nil || c.BlockSize() != 16 || f.BlockSize() != 16 || c == cfg.Chain {
+	if c, f := m.Contract(0); c == nil || c.BlockSize() != 16 || f.BlockSize() != 16 || c == m.cfg.Chain {
 		t.Fatalf("contract %v %v", c, f)
 	}
 	if w := logs.matching("adopted the engine's block size"); len(w) != 1 || !strings.Contains(w[0], "endpoint=v12") ||
 		!strings.Contains(w[0], "engine_block_size=16") || !strings.Contains(w[0], "rule_block_size=12") {
 		t.Fatalf("WARNs %q", w)
 	}
-	body := `[{"event_id":0,"data":{"type":"stored","parent_hash":null,"blocks":[` +
-		`{"type":"stored_block","block_hash":5,"tokens":[` + strings.Repeat(`{"type":"unique_token","token_id":1,"token_extra_id":0},`, 31) +
-		`{"type":"unique_token","token_id":1,"token_extra_id":0}],"cache_level":0,"priority":35}]},"window_size":4096}]`
-	trt, err := parseTRTEvents([]byte(body))
+	trt, err := parseTRTEvents([]byte(trtStored32))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -540,24 +540,6 @@ func parseEndpointsFile(path string, b []byte) ([]EndpointSpec, map[string]int, 
 	return out, lines, nil
 }
 
-// watchEndpointsFile polls -endpoints-file every interval and reloads it when its
-// content changed. Polling (not inotify) sees every kind of change on every filesystem,
-// including a Kubernetes ConfigMap's symlink swap; the content hash makes a rewrite
-// with the same size and mtime count, and a touch without change not.
-func (s *Server) watchEndpointsFile(every time.Duration) {
-	defer s.wg.Done()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.ctx.Done():
-			return
-		case <-t.C:
-		}
-		s.reloadEndpointsFile() //nolint:errcheck // WARNed
-	}
-}
-
 // reloadEndpointsFile reads -endpoints-file and applies it when its content changed. A
 // file that does not parse or validate is refused whole, with a WARN naming the file and
 // line; the running fleet stays.
@@ -620,21 +602,14 @@ func fileLineOf(path string, lines map[string]int, err error) string {
 	return fmt.Sprintf("%s:%d", path, best)
 }
 
-// watchDNS looks discover=dns names up again every interval. A failed lookup keeps the
-// last answer (a DNS blip must not empty the fleet), with a WARN once per episode.
-func (s *Server) watchDNS(every time.Duration) {
-	defer s.wg.Done()
-	t := time.NewTicker(every)
-	defer t.Stop()
+// dnsTicker is one DNS round for Server.every: discover=dns names looked up again. A
+// failed lookup keeps the last answer (a DNS blip must not empty the fleet), with a WARN
+// once per episode.
+func (s *Server) dnsTicker() func() {
 	failing := false
-	for {
-		select {
-		case <-s.ctx.Done():
-			return
-		case <-t.C:
-		}
+	return func() {
 		if !s.fleet.hasDiscovery() {
-			continue
+			return
 		}
 		err := s.fleet.change(fleetChange{why: "dns", resolve: true})
 		switch {

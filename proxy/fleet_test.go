@@ -618,30 +618,6 @@ func (l *logBuf) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
-// startWith starts a proxy with explicit options.
-func startWith(t *testing.T, cfg Config, opt Options) *Server {
-	t.Helper()
-	if opt.Logger == nil {
-		opt.Logger = quietLog
-	}
-	if cfg.KV.Mode != KVOff && opt.Tokenizers == nil {
-		opt.Tokenizers = sharedPool(t)
-	}
-	s, err := New(cfg, opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.StartWith(context.Background(), listenLocal(t), listenLocal(t)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		s.Shutdown(ctx)
-	})
-	return s
-}
-
 // Slots are reused only once freed: with -max-endpoints 2 a third endpoint is refused
 // while b drains; once b's slot is freed (keys cleared, series gone) c takes it and
 // starts with nothing of b's: no keys, no hits, a fresh queue.

@@ -154,8 +154,16 @@ func testConfig(urls ...string) Config {
 
 func startProxy(t *testing.T, cfg Config) *Server {
 	t.Helper()
-	opt := Options{Logger: quietLog}
-	if cfg.KV.Mode != KVOff {
+	return startWith(t, cfg, Options{})
+}
+
+// startWith starts a proxy with explicit options.
+func startWith(t *testing.T, cfg Config, opt Options) *Server {
+	t.Helper()
+	if opt.Logger == nil {
+		opt.Logger = quietLog
+	}
+	if cfg.KV.Mode != KVOff && opt.Tokenizers == nil {
 		opt.Tokenizers = sharedPool(t)
 	}
 	s, err := New(cfg, opt)

@@ -261,8 +261,7 @@ func (s *Server) start() error {
 		if err := s.kv.start(s.ctx); err != nil {
 			return err
 		}
-		s.wg.Add(1)
-		go s.states.run()
+		s.every(s.states.tun.every, func() { s.states.evaluate(time.Now()) })
 	}
 	if s.cfg.Health.Interval > 0 {
 		s.wg.Add(1)
@@ -300,16 +299,16 @@ func (s *Server) start() error {
 		c.SetConnectionClose()
 	}
 	if s.certs != nil || s.apiKeys != nil {
-		s.wg.Add(1)
-		go s.watchFiles(time.Second)
+		s.every(time.Second, s.reloadFiles)
 	}
 	if s.cfg.Fleet.EndpointsFile != "" && s.cfg.Fleet.EndpointsWatch > 0 {
-		s.wg.Add(1)
-		go s.watchEndpointsFile(s.cfg.Fleet.EndpointsWatch)
+		// Polling (not inotify) sees every kind of change on every filesystem, a
+		// Kubernetes ConfigMap's symlink swap included; the content hash makes a rewrite
+		// of the same size and mtime count, and a touch without change not.
+		s.every(s.cfg.Fleet.EndpointsWatch, func() { s.reloadEndpointsFile() }) //nolint:errcheck // WARNed
 	}
 	if s.cfg.Fleet.DNSInterval > 0 {
-		s.wg.Add(1)
-		go s.watchDNS(s.cfg.Fleet.DNSInterval)
+		s.every(s.cfg.Fleet.DNSInterval, s.dnsTicker())
 	}
 	s.routes()
 	errc := make(chan error, 1)
@@ -664,4 +663,23 @@ func (s *Server) hasAlternative(st *reqState, ep int) bool {
 		}
 	}
 	return false
+}
+
+// every runs f each interval on its own goroutine until the server stops (the periodic
+// watchers: routing states, certificate and key files, the endpoints file, DNS).
+func (s *Server) every(interval time.Duration, f func()) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-t.C:
+			}
+			f()
+		}
+	}()
 }

@@ -133,20 +133,6 @@ func (w *stateWatcher) reset(i int, e *endpoint) {
 	w.eps[i].cur.Store(packState(st, 0))
 }
 
-func (w *stateWatcher) run() {
-	defer w.s.wg.Done()
-	t := time.NewTicker(w.tun.every)
-	defer t.Stop()
-	for {
-		select {
-		case <-w.s.ctx.Done():
-			return
-		case <-t.C:
-		}
-		w.evaluate(time.Now())
-	}
-}
-
 // evaluate recomputes every endpoint's state once (the watcher goroutine only).
 func (w *stateWatcher) evaluate(now time.Time) {
 	s := w.s

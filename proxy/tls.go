@@ -169,30 +169,21 @@ func (s *Server) checkAPIKey(c *app.RequestContext) bool {
 	return false
 }
 
-// watchFiles reloads the listener certificate and the API keys when their files change.
-func (s *Server) watchFiles(every time.Duration) {
-	defer s.wg.Done()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.ctx.Done():
-			return
-		case <-t.C:
+// reloadFiles reloads the listener certificate and the API keys whose files changed
+// (each second, Server.every).
+func (s *Server) reloadFiles() {
+	if c := s.certs; c != nil && c.changed() {
+		if err := c.load(); err != nil {
+			s.log.Warn("-tls-cert/-tls-key changed but do not load: keeping the previous certificate", "err", err)
+		} else {
+			s.log.Info("listener certificate reloaded", "cert", c.certFile)
 		}
-		if c := s.certs; c != nil && c.changed() {
-			if err := c.load(); err != nil {
-				s.log.Warn("-tls-cert/-tls-key changed but do not load: keeping the previous certificate", "err", err)
-			} else {
-				s.log.Info("listener certificate reloaded", "cert", c.certFile)
-			}
-		}
-		if k := s.apiKeys; k != nil && k.changed() {
-			if err := k.load(); err != nil {
-				s.log.Warn("-api-keys-file changed but does not load: keeping the previous keys", "err", err)
-			} else {
-				s.log.Info("API keys reloaded", "file", k.path, "keys", len(*k.cur.Load()))
-			}
+	}
+	if k := s.apiKeys; k != nil && k.changed() {
+		if err := k.load(); err != nil {
+			s.log.Warn("-api-keys-file changed but does not load: keeping the previous keys", "err", err)
+		} else {
+			s.log.Info("API keys reloaded", "file", k.path, "keys", len(*k.cur.Load()))
 		}
 	}
 }

@@ -11,23 +11,15 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/proxy"
-	"github.com/kvgate/kvgate/tokenize"
 )
 
 // startRule runs kvgate (-kv-block-size 16, vLLM sha256_cbor) over the given sims, each
 // declared with its extra endpoint options, and returns its public and admin URLs.
 func startRule(t *testing.T, sims []*Sim, extra []string) (pub, adm string) {
 	t.Helper()
-	_, pool := qwen3(t)
-	cfg := proxy.Defaults()
-	cfg.Health.Interval = 0
-	cfg.KV.Mode = proxy.KVConverged
-	cfg.KV.BlockSize = 16
-	cfg.KV.HashAlgo = "sha256_cbor"
+	cfg, pool := kvRule(t, proxy.KVConverged, EngineVLLM)
 	cfg.KV.LoadScrape = 0
 	cfg.KV.PendingTTL = 0
-	dir, _ := tokenize.StagedDir("qwen3")
-	cfg.Models.Tokenizers = []proxy.TokenizerSpec{{Model: "qwen3", Dir: dir}}
 	for i, s := range sims {
 		spec := fmt.Sprintf("name=%s,url=%s,engine=%s,events=%s%s", s.Config().Name, s.URL(), s.Config().Engine, s.EventsAddr(), extra[i])
 		ep, err := proxy.ParseEndpoint(spec)

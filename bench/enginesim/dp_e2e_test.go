@@ -13,7 +13,6 @@ import (
 
 	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/proxy"
-	"github.com/kvgate/kvgate/tokenize"
 )
 
 // consecutivePorts is tcp://127.0.0.1:p with p..p+n-1 free (rank r publishes on p+r).
@@ -63,15 +62,8 @@ func startDP(t *testing.T, engine string) *dpRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, pool := qwen3(t)
-	cfg := proxy.Defaults()
-	cfg.Health.Interval = 0
-	cfg.KV.Mode = proxy.KVConverged
-	cfg.KV.BlockSize = 16
-	cfg.KV.HashAlgo = "sha256_cbor"
+	cfg, pool := kvRule(t, proxy.KVConverged, EngineVLLM)
 	cfg.KV.LoadScrape = 20 * time.Millisecond
-	dir, _ := tokenize.StagedDir("qwen3")
-	cfg.Models.Tokenizers = []proxy.TokenizerSpec{{Model: "qwen3", Dir: dir}}
 	cfg.Fleet.Endpoints = []proxy.EndpointSpec{ep}
 	pubURL, admURL := startProxy(t, cfg, pool)
 	for _, s := range d.Ranks {

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/proxy"
-	"github.com/kvgate/kvgate/tokenize"
 )
 
 // kvgate reads each engine's own load report the way it serves it (vLLM and SGLang
@@ -32,18 +31,8 @@ func TestProxyReadsEngineLoad(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, pool := qwen3(t)
-			cfg := proxy.Defaults()
-			cfg.Health.Interval = 0
-			cfg.KV.Mode = proxy.KVConverged
-			cfg.KV.BlockSize = 16
-			cfg.KV.HashAlgo = "sha256_cbor"
-			if engine == EngineSGLang {
-				cfg.KV.HashAlgo = ""
-			}
+			cfg, pool := kvRule(t, proxy.KVConverged, engine)
 			cfg.KV.LoadScrape = 20 * time.Millisecond
-			dir, _ := tokenize.StagedDir("qwen3")
-			cfg.Models.Tokenizers = []proxy.TokenizerSpec{{Model: "qwen3", Dir: dir}}
 			cfg.Fleet.Endpoints = []proxy.EndpointSpec{ep}
 			_, admURL := startProxy(t, cfg, pool)
 			// Three long requests straight to the engine: one runs, two wait.

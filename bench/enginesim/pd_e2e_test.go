@@ -92,19 +92,9 @@ func startPD(t *testing.T, pre, dec Spec, proxyEngine string) pdPair {
 		}
 		return e
 	}
-	_, pool := qwen3(t)
-	cfg := proxy.Defaults()
-	cfg.Health.Interval = 0
+	cfg, pool := kvRule(t, proxy.KVDisaggregated, proxyEngine)
 	cfg.Shutdown.Grace = 5 * time.Second
 	cfg.Upstream.ConnectTimeout = time.Second
-	cfg.KV.Mode = proxy.KVDisaggregated
-	cfg.KV.BlockSize = 16
-	cfg.KV.HashAlgo = "sha256_cbor"
-	if proxyEngine == EngineSGLang {
-		cfg.KV.HashAlgo = ""
-	}
-	dir, _ := tokenize.StagedDir("qwen3")
-	cfg.Models.Tokenizers = []proxy.TokenizerSpec{{Model: "qwen3", Dir: dir}}
 	cfg.Fleet.Endpoints = []proxy.EndpointSpec{endpoint(ps, "prefill"), endpoint(ds, "decode")}
 	pubURL, _ := startProxy(t, cfg, pool)
 	return pdPair{pre: ps, dec: ds, url: pubURL}
@@ -368,6 +358,25 @@ func TestPDRefusalsAtTheEngine(t *testing.T) {
 
 // startProxy runs kvgate with cfg on loopback for the rest of the test and returns its
 // public and admin base URLs.
+// kvRule is the rule every end-to-end rig starts from: KV-Exact in mode over 16-token
+// blocks, hashed as vLLM's sha256_cbor (engine SGLang: SGLang's own page hash), the qwen3
+// tokenizer, no health checks; with the staged pool startProxy takes.
+func kvRule(t *testing.T, mode proxy.KVMode, engine string) (proxy.Config, *tokenize.Pool) {
+	t.Helper()
+	_, pool := qwen3(t)
+	cfg := proxy.Defaults()
+	cfg.Health.Interval = 0
+	cfg.KV.Mode = mode
+	cfg.KV.BlockSize = 16
+	cfg.KV.HashAlgo = "sha256_cbor"
+	if engine == EngineSGLang {
+		cfg.KV.HashAlgo = ""
+	}
+	dir, _ := tokenize.StagedDir("qwen3")
+	cfg.Models.Tokenizers = []proxy.TokenizerSpec{{Model: "qwen3", Dir: dir}}
+	return cfg, pool
+}
+
 func startProxy(t *testing.T, cfg proxy.Config, pool *tokenize.Pool) (public, admin string) {
 	t.Helper()
 	srv, err := proxy.New(cfg, proxy.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Tokenizers: pool})

@@ -276,10 +276,7 @@ func (p *Pool) Release(a *Alloc) {
 func (p *Pool) Reset() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for i := range p.blocks {
-		p.blocks[i].hashed = false
-	}
-	clear(p.index)
+	p.forgetLocked()
 	p.evs = append(p.evs[:0], Event{Kind: Cleared})
 	p.flush()
 }
@@ -289,6 +286,10 @@ func (p *Pool) Reset() {
 func (p *Pool) forget() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.forgetLocked()
+}
+
+func (p *Pool) forgetLocked() {
 	for i := range p.blocks {
 		p.blocks[i].hashed = false
 	}
