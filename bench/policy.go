@@ -5,13 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/kvgate/kvgate/bench/enginesim"
+	"github.com/kvgate/kvgate/internal/freeport"
 )
 
 // Target decides where one request goes: the base URL (http://host:port) of kvgate or of
@@ -105,15 +105,9 @@ func PolicyByName(name string) (Policy, bool) {
 	return Policy{}, false
 }
 
-// freePort reserves a loopback port number for a child process.
-func freePort() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
+// freePort picks a loopback port for a child process (internal/freeport: below the
+// ephemeral range, so no outgoing connection takes it before the child binds it).
+func freePort() (string, error) { return freeport.Addr() }
 
 // syncBuffer collects a child's output for error messages.
 type syncBuffer struct {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"runtime"
 	"slices"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/bench/enginepub"
+	"github.com/kvgate/kvgate/internal/freeport"
 	"github.com/kvgate/kvgate/shard"
 )
 
@@ -19,28 +19,11 @@ import (
 // free (data-parallel ranks use base+r).
 func freeAddr(t testing.TB, n int) string {
 	t.Helper()
-	for try := 0; try < 50; try++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		ok := true
-		for r := 1; r < n; r++ {
-			l2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port+r))
-			if err != nil {
-				ok = false
-				break
-			}
-			l2.Close()
-		}
-		if ok {
-			return fmt.Sprintf("tcp://127.0.0.1:%d", port)
-		}
+	p, err := freeport.Pick(n)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no free ports")
-	return ""
+	return fmt.Sprintf("tcp://127.0.0.1:%d", p)
 }
 
 func newInv(t testing.TB) *shard.Inventory {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,17 +15,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/freeport"
 	"github.com/kvgate/kvgate/internal/testfix"
 	"github.com/kvgate/kvgate/proxy"
 )
 
 func freeAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := freeport.Addr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := ln.Addr().String()
-	ln.Close()
 	return a
 }
 
