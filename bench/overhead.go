@@ -56,9 +56,13 @@ type OverheadRow struct {
 	RPS          float64
 }
 
-// StageRow is the mean time of one routing stage at one prompt size.
+// StageRow is the mean time of one routing stage at one prompt size in one phase of the
+// run: "sequential" (the latency requests after the warm-up: one at a time, as the added
+// p50 sees them; warm-up excluded) or "loaded" (the req/s clients, more of them than cores, so a stage's
+// wall time there includes waiting for a CPU).
 type StageRow struct {
 	PromptTokens int
+	Phase        string
 	Stage        string
 	Mean         time.Duration
 	Count        int64
@@ -178,7 +182,7 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 	defer hc.CloseIdleConnections()
 	metricsURL := "http://" + admin + "/metrics"
 	for _, size := range cfg.PromptTokens {
-		before := scrapeStages(metricsURL)
+		var before map[string]stageSum // after the warm-up
 		routeBefore := scrapeBuckets(metricsURL, "kvgate_route_seconds_bucket")
 		system := Text(cfg.Words, uint64(size), size)
 		body := func(i int) []byte {
@@ -193,6 +197,9 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 		for i := 0; i < total; i++ {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
+			}
+			if i == cfg.Warmup {
+				before = scrapeStages(metricsURL)
 			}
 			b := body(i)
 			// Interleave the paths so machine noise hits them alike.
@@ -222,6 +229,8 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 			rr.PromptTokens = tokens
 			res.Routes = append(res.Routes, rr)
 		}
+		sequential := scrapeStages(metricsURL)
+		res.Stages = appendStages(res.Stages, tokens, "sequential", before, sequential)
 		// req/s: pre-built bodies, paths alternating over three rounds so that machine noise
 		// (other processes on the box) hits them alike.
 		bodies := make([][]byte, 64)
@@ -249,16 +258,21 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 			}
 			res.Rows = append(res.Rows, row)
 		}
-		after := scrapeStages(metricsURL)
-		for _, st := range sortedKeys(after) {
-			a, b := after[st], before[st]
-			if n := a.count - b.count; n > 0 {
-				res.Stages = append(res.Stages, StageRow{PromptTokens: tokens, Stage: st, Count: int64(n),
-					Mean: time.Duration((a.sum - b.sum) / n * float64(time.Second))})
-			}
-		}
+		res.Stages = appendStages(res.Stages, tokens, "loaded", sequential, scrapeStages(metricsURL))
 	}
 	return res, nil
+}
+
+// appendStages appends the mean of each stage observed between two scrapes.
+func appendStages(rows []StageRow, tokens int, phase string, before, after map[string]stageSum) []StageRow {
+	for _, st := range sortedKeys(after) {
+		a, b := after[st], before[st]
+		if n := a.count - b.count; n > 0 {
+			rows = append(rows, StageRow{PromptTokens: tokens, Phase: phase, Stage: st, Count: int64(n),
+				Mean: time.Duration((a.sum - b.sum) / n * float64(time.Second))})
+		}
+	}
+	return rows
 }
 
 // doOnce sends one non-streaming request and returns its latency and prompt tokens.
@@ -594,10 +608,10 @@ func (r *OverheadResult) WriteRoutes(w io.Writer) {
 
 // WriteStages writes the per-stage breakdown.
 func (r *OverheadResult) WriteStages(w io.Writer) {
-	fmt.Fprintln(w, "| prompt (engine tokens) | stage | requests | mean us |")
-	fmt.Fprintln(w, "|---:|---|---:|---:|")
+	fmt.Fprintln(w, "| prompt (engine tokens) | phase | stage | requests | mean us |")
+	fmt.Fprintln(w, "|---:|---|---|---:|---:|")
 	for _, s := range r.Stages {
-		fmt.Fprintf(w, "| %d | %s | %d | %.1f |\n", s.PromptTokens, s.Stage, s.Count, float64(s.Mean)/float64(time.Microsecond))
+		fmt.Fprintf(w, "| %d | %s | %s | %d | %.1f |\n", s.PromptTokens, s.Phase, s.Stage, s.Count, float64(s.Mean)/float64(time.Microsecond))
 	}
 }
 
