@@ -200,8 +200,9 @@ func TestEndToEndReport(t *testing.T) {
 	}
 }
 
-// A short overhead run: direct and kvgate rows for one prompt size, no errors, kvgate's
-// stage histograms read back, nginx reported as skipped when its binary is absent.
+// A short overhead run: direct, kvgate and kvgate-plain rows for one prompt size, no
+// errors, each path's process CPU read on Linux, kvgate's stage histograms read back per
+// phase, nginx reported as skipped when its binary is absent.
 func TestOverheadShape(t *testing.T) {
 	dir := testfix.TokenizerDir(t, "qwen3")
 	enc, err := enginesim.LoadEncoder("qwen3", dir)
@@ -216,8 +217,16 @@ func TestOverheadShape(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Rows) != 2 || res.Rows[0].Path != "direct" || res.Rows[1].Path != "kvgate" {
+	if len(res.Rows) != 3 || res.Rows[0].Path != "direct" || res.Rows[1].Path != "kvgate" || res.Rows[2].Path != "kvgate-plain" {
 		t.Fatalf("rows %+v", res.Rows)
+	}
+	if runtime.GOOS == "linux" {
+		for _, r := range res.Rows {
+			// A request costs a proxy at least a few microseconds and less than a second.
+			if r.CPU < time.Microsecond || r.CPU > time.Second || r.CPULoaded < time.Microsecond || r.CPULoaded > time.Second {
+				t.Errorf("%s: CPU per request %v sequential, %v loaded", r.Path, r.CPU, r.CPULoaded)
+			}
+		}
 	}
 	for _, r := range res.Rows {
 		// 256 single-token words in the system message plus the Qwen3 template's tokens.
@@ -225,8 +234,15 @@ func TestOverheadShape(t *testing.T) {
 			t.Fatalf("row %+v", r)
 		}
 	}
-	if len(res.Stages) == 0 {
-		t.Fatal("no per-stage timing read from kvgate's /metrics")
+	phases := map[string]int64{}
+	for _, st := range res.Stages {
+		if st.Stage == "tokenize" {
+			phases[st.Phase] += st.Count
+		}
+	}
+	// The sequential phase counts the 20 requests after the warm-up, exactly.
+	if phases["sequential"] != 20 || phases["loaded"] <= 0 {
+		t.Fatalf("tokenize stage counts per phase %v (stages %+v)", phases, res.Stages)
 	}
 	// Every sequential kvgate request made exactly one first decision: 3 warm-up + 20.
 	if len(res.Routes) != 1 || res.Routes[0].Count != 23 || res.Routes[0].P50 <= 0 || res.Routes[0].P99 < res.Routes[0].P50 {

@@ -54,11 +54,22 @@ type OverheadRow struct {
 	AddedP50     time.Duration // vs direct
 	AddedP99     time.Duration
 	RPS          float64
+	// On-CPU time of the path's process (the proxy; the engine for direct) per request,
+	// over the sequential requests after the warm-up (CPU; the engine's per request of
+	// any path, as it serves them all) and the req/s rounds (CPULoaded); 0 where /proc
+	// cannot be read. Less load-dependent than wall times. A KV-Exact kvgate also ingests
+	// the engine's KV events of every path's requests, and idle-to-busy transitions
+	// (the Go scheduler's spinning) count in the sequential figure.
+	CPU, CPULoaded time.Duration
 }
 
-// StageRow is the mean time of one routing stage at one prompt size.
+// StageRow is the mean time of one routing stage at one prompt size in one phase of the
+// run: "sequential" (the latency requests after the warm-up: one at a time, as the added
+// p50 sees them; warm-up excluded) or "loaded" (the req/s clients, more of them than cores, so a stage's
+// wall time there includes waiting for a CPU).
 type StageRow struct {
 	PromptTokens int
+	Phase        string
 	Stage        string
 	Mean         time.Duration
 	Count        int64
@@ -87,6 +98,22 @@ type OverheadResult struct {
 type ohPath struct {
 	name string
 	url  string
+	pid  int // the process serving the path (the engine's for direct), for its CPU time
+}
+
+// startOverheadKvgate runs one kvgate in front of env's engine and returns its process id
+// and URL.
+func startOverheadKvgate(ctx context.Context, env *Env, withEvents bool, flags []string, admin string) (int, string, func() error, error) {
+	listen, err := freePort()
+	if err != nil {
+		return 0, "", nil, err
+	}
+	args := ServeArgs(env, listen, admin, withEvents, flags)
+	pid, stop, err := startProc(ctx, env.Kvgate, args, "http://"+admin+"/readyz")
+	if err != nil {
+		return 0, "", nil, fmt.Errorf("kvgate: %w", err)
+	}
+	return pid, "http://" + listen, stop, nil
 }
 
 // RunOverhead runs the measurement and stops everything it started.
@@ -133,7 +160,7 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 	if sp.SeedSet {
 		simArgs = append(simArgs, "-hash-seed", sp.HashSeed)
 	}
-	stopSim, err := startChild(ctx, cfg.Kvgate, simArgs, "http://"+simAddr+"/health")
+	simPID, stopSim, err := startProc(ctx, cfg.Kvgate, simArgs, "http://"+simAddr+"/health")
 	if err != nil {
 		return nil, fmt.Errorf("engine-sim: %w", err)
 	}
@@ -155,21 +182,34 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 		mode = "-kv-mode off (no tokenizer given): proxying cost only, no routing work"
 		flags = []string{"-select", "rr", "-kv-mode", "off"}
 	}
-	target, stopKv, err := startKvgateAt(ctx, env, cfg.Tokenizer != "", flags, admin)
+	kvPID, kvURL, stopKv, err := startOverheadKvgate(ctx, env, cfg.Tokenizer != "", flags, admin)
 	if err != nil {
 		return nil, err
 	}
 	defer stopKv()
-	kvURL, _ := target.Route(nil, true)
-	paths := []ohPath{{"direct", "http://" + simAddr}, {"kvgate", kvURL}}
+	paths := []ohPath{{"direct", "http://" + simAddr, simPID}, {"kvgate", kvURL, kvPID}}
+	if cfg.Tokenizer != "" {
+		// The same proxy doing no routing work: its added latency is the HTTP path's
+		// alone, so kvgate's minus kvgate-plain's is what routing adds.
+		plainAdmin, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		pid, url, stop, err := startOverheadKvgate(ctx, env, false, []string{"-select", "rr", "-kv-mode", "off"}, plainAdmin)
+		if err != nil {
+			return nil, err
+		}
+		defer stop()
+		paths = append(paths, ohPath{"kvgate-plain", url, pid})
+	}
 	res := &OverheadResult{Procs: runtime.GOMAXPROCS(0), Mode: mode}
 	if st, err := os.Stat(cfg.Nginx); err == nil && !st.IsDir() {
-		url, stopNg, err := startNginx(ctx, cfg.Nginx, simAddr)
+		pid, url, stopNg, err := startNginx(ctx, cfg.Nginx, simAddr)
 		if err != nil {
 			res.Note = fmt.Sprintf("nginx baseline failed to start: %v", err)
 		} else {
 			defer stopNg()
-			paths = append(paths, ohPath{"nginx", url})
+			paths = append(paths, ohPath{"nginx", url, pid})
 		}
 	} else {
 		res.Note = fmt.Sprintf("nginx baseline skipped: %s not installed", cfg.Nginx)
@@ -178,7 +218,7 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 	defer hc.CloseIdleConnections()
 	metricsURL := "http://" + admin + "/metrics"
 	for _, size := range cfg.PromptTokens {
-		before := scrapeStages(metricsURL)
+		var before map[string]stageSum // after the warm-up
 		routeBefore := scrapeBuckets(metricsURL, "kvgate_route_seconds_bucket")
 		system := Text(cfg.Words, uint64(size), size)
 		body := func(i int) []byte {
@@ -188,11 +228,18 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 		}
 		lat := make([][]time.Duration, len(paths))
 		errs := make([]int, len(paths))
+		cpuSeq := make([]time.Duration, len(paths))
 		tokens := 0
 		total := cfg.Warmup + cfg.Requests
 		for i := 0; i < total; i++ {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
+			}
+			if i == cfg.Warmup {
+				before = scrapeStages(metricsURL)
+				for j, p := range paths {
+					cpuSeq[j] = -procCPU(p.pid)
+				}
 			}
 			b := body(i)
 			// Interleave the paths so machine noise hits them alike.
@@ -222,6 +269,11 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 			rr.PromptTokens = tokens
 			res.Routes = append(res.Routes, rr)
 		}
+		for j, p := range paths {
+			cpuSeq[j] += procCPU(p.pid)
+		}
+		sequential := scrapeStages(metricsURL)
+		res.Stages = appendStages(res.Stages, tokens, "sequential", before, sequential)
 		// req/s: pre-built bodies, paths alternating over three rounds so that machine noise
 		// (other processes on the box) hits them alike.
 		bodies := make([][]byte, 64)
@@ -230,9 +282,12 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 		}
 		counts := make([]int64, len(paths))
 		spent := make([]time.Duration, len(paths))
+		cpuLoad := make([]time.Duration, len(paths))
 		for round := 0; round < 3; round++ {
 			for j, p := range paths {
+				c0 := procCPU(p.pid)
 				n, d := throughput(ctx, hc, p.url+"/v1/chat/completions", bodies, cfg.Concurrency, cfg.ThroughputFor/3)
+				cpuLoad[j] += procCPU(p.pid) - c0
 				counts[j] += n
 				spent[j] += d
 			}
@@ -242,6 +297,19 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 			slices.Sort(lat[j])
 			row := OverheadRow{PromptTokens: size, Tokens: tokens, Path: p.name, N: len(lat[j]), Errors: errs[j],
 				P50: Percentile(lat[j], 50), P99: Percentile(lat[j], 99), RPS: float64(counts[j]) / spent[j].Seconds()}
+			n := len(lat[j]) + errs[j]
+			if j == 0 { // the engine serves every path's requests
+				n = 0
+				for k := range paths {
+					n += len(lat[k]) + errs[k]
+				}
+			}
+			if n > 0 && cpuSeq[j] > 0 {
+				row.CPU = cpuSeq[j] / time.Duration(n)
+			}
+			if counts[j] > 0 && cpuLoad[j] > 0 {
+				row.CPULoaded = cpuLoad[j] / time.Duration(counts[j])
+			}
 			if j == 0 {
 				base = row
 			} else {
@@ -249,16 +317,21 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 			}
 			res.Rows = append(res.Rows, row)
 		}
-		after := scrapeStages(metricsURL)
-		for _, st := range sortedKeys(after) {
-			a, b := after[st], before[st]
-			if n := a.count - b.count; n > 0 {
-				res.Stages = append(res.Stages, StageRow{PromptTokens: tokens, Stage: st, Count: int64(n),
-					Mean: time.Duration((a.sum - b.sum) / n * float64(time.Second))})
-			}
-		}
+		res.Stages = appendStages(res.Stages, tokens, "loaded", sequential, scrapeStages(metricsURL))
 	}
 	return res, nil
+}
+
+// appendStages appends the mean of each stage observed between two scrapes.
+func appendStages(rows []StageRow, tokens int, phase string, before, after map[string]stageSum) []StageRow {
+	for _, st := range sortedKeys(after) {
+		a, b := after[st], before[st]
+		if n := a.count - b.count; n > 0 {
+			rows = append(rows, StageRow{PromptTokens: tokens, Phase: phase, Stage: st, Count: int64(n),
+				Mean: time.Duration((a.sum - b.sum) / n * float64(time.Second))})
+		}
+	}
+	return rows
 }
 
 // doOnce sends one non-streaming request and returns its latency and prompt tokens.
@@ -436,11 +509,17 @@ func sortedKeys(m map[string]stageSum) []string {
 
 // startChild runs a child process and waits until readyURL answers 200.
 func startChild(ctx context.Context, bin string, args []string, readyURL string) (func() error, error) {
+	_, stop, err := startProc(ctx, bin, args, readyURL)
+	return stop, err
+}
+
+// startProc is startChild that also returns the child's process id.
+func startProc(ctx context.Context, bin string, args []string, readyURL string) (int, func() error, error) {
 	cmd := exec.Command(bin, args...)
 	var out syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
@@ -464,33 +543,33 @@ func startChild(ctx context.Context, bin string, args []string, readyURL string)
 		select {
 		case err := <-exited:
 			exited <- err
-			return nil, fmt.Errorf("%s exited: %v\n%s", strings.Join(args, " "), err, tail(out.String(), 2000))
+			return 0, nil, fmt.Errorf("%s exited: %v\n%s", strings.Join(args, " "), err, tail(out.String(), 2000))
 		default:
 		}
 		if resp, err := hc.Get(readyURL); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return stop, nil
+				return cmd.Process.Pid, stop, nil
 			}
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			stop()
-			return nil, fmt.Errorf("%s not ready: %s", strings.Join(args, " "), tail(out.String(), 2000))
+			return 0, nil, fmt.Errorf("%s not ready: %s", strings.Join(args, " "), tail(out.String(), 2000))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 }
 
 // startNginx runs nginx in the foreground with a proxy_pass config to upstream.
-func startNginx(ctx context.Context, bin, upstream string) (string, func() error, error) {
+func startNginx(ctx context.Context, bin, upstream string) (int, string, func() error, error) {
 	dir, err := os.MkdirTemp("", "kvgate-bench-nginx-")
 	if err != nil {
-		return "", nil, err
+		return 0, "", nil, err
 	}
 	listen, err := freePort()
 	if err != nil {
 		os.RemoveAll(dir)
-		return "", nil, err
+		return 0, "", nil, err
 	}
 	conf := fmt.Sprintf(`worker_processes auto;
 daemon off;
@@ -521,14 +600,14 @@ http {
 	cpath := filepath.Join(dir, "nginx.conf")
 	if err := os.WriteFile(cpath, []byte(conf), 0o644); err != nil {
 		os.RemoveAll(dir)
-		return "", nil, err
+		return 0, "", nil, err
 	}
 	cmd := exec.Command(bin, "-p", dir, "-c", cpath, "-e", filepath.Join(dir, "error.log"))
 	var out syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		os.RemoveAll(dir)
-		return "", nil, err
+		return 0, "", nil, err
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
@@ -552,17 +631,17 @@ http {
 		case err := <-exited:
 			exited <- err
 			stop()
-			return "", nil, fmt.Errorf("nginx exited: %v\n%s", err, out.String())
+			return 0, "", nil, fmt.Errorf("nginx exited: %v\n%s", err, out.String())
 		default:
 		}
 		resp, err := http.Get(url + "/health")
 		if err == nil {
 			resp.Body.Close()
-			return url, stop, nil
+			return cmd.Process.Pid, url, stop, nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			stop()
-			return "", nil, fmt.Errorf("nginx not answering on %s", listen)
+			return 0, "", nil, fmt.Errorf("nginx not answering on %s", listen)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -570,15 +649,15 @@ http {
 
 // WriteTable writes the overhead table.
 func (r *OverheadResult) WriteTable(w io.Writer) {
-	fmt.Fprintln(w, "| prompt (engine tokens) | path | requests | errors | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s |")
-	fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| prompt (engine tokens) | path | requests | errors | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s | CPU us/req | CPU us/req loaded |")
+	fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, row := range r.Rows {
 		added50, added99 := "-", "-"
 		if row.Path != "direct" {
 			added50, added99 = fmt.Sprintf("%.3f", ms64(row.AddedP50)), fmt.Sprintf("%.3f", ms64(row.AddedP99))
 		}
-		fmt.Fprintf(w, "| %d | %s | %d | %d | %.3f | %.3f | %s | %s | %.0f |\n", row.Tokens, row.Path, row.N, row.Errors,
-			ms64(row.P50), ms64(row.P99), added50, added99, row.RPS)
+		fmt.Fprintf(w, "| %d | %s | %d | %d | %.3f | %.3f | %s | %s | %.0f | %s | %s |\n", row.Tokens, row.Path, row.N, row.Errors,
+			ms64(row.P50), ms64(row.P99), added50, added99, row.RPS, usOrDash(row.CPU), usOrDash(row.CPULoaded))
 	}
 }
 
@@ -594,11 +673,55 @@ func (r *OverheadResult) WriteRoutes(w io.Writer) {
 
 // WriteStages writes the per-stage breakdown.
 func (r *OverheadResult) WriteStages(w io.Writer) {
-	fmt.Fprintln(w, "| prompt (engine tokens) | stage | requests | mean us |")
-	fmt.Fprintln(w, "|---:|---|---:|---:|")
+	fmt.Fprintln(w, "| prompt (engine tokens) | phase | stage | requests | mean us |")
+	fmt.Fprintln(w, "|---:|---|---|---:|---:|")
 	for _, s := range r.Stages {
-		fmt.Fprintf(w, "| %d | %s | %d | %.1f |\n", s.PromptTokens, s.Stage, s.Count, float64(s.Mean)/float64(time.Microsecond))
+		fmt.Fprintf(w, "| %d | %s | %s | %d | %.1f |\n", s.PromptTokens, s.Phase, s.Stage, s.Count, float64(s.Mean)/float64(time.Microsecond))
 	}
+}
+
+func usOrDash(d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", float64(d)/float64(time.Microsecond))
+}
+
+// procCPU is the on-CPU time of process pid and of its direct children (nginx's workers)
+// so far: the sum over their threads of /proc's schedstat run time (nanoseconds, unlike
+// the 10 ms ticks of /proc/PID/stat). 0 when /proc cannot be read.
+func procCPU(pid int) time.Duration {
+	if pid <= 0 {
+		return 0
+	}
+	total := threadsCPU(pid)
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	for _, f := range tasks {
+		b, _ := os.ReadFile(f)
+		for _, c := range strings.Fields(string(b)) {
+			if cp, err := strconv.Atoi(c); err == nil {
+				total += threadsCPU(cp)
+			}
+		}
+	}
+	return total
+}
+
+func threadsCPU(pid int) time.Duration {
+	files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var total time.Duration
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // the thread exited
+		}
+		if f, _, ok := strings.Cut(string(b), " "); ok {
+			if ns, err := strconv.ParseInt(f, 10, 64); err == nil {
+				total += time.Duration(ns)
+			}
+		}
+	}
+	return total
 }
 
 func ms64(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -609,6 +732,7 @@ func (r *OverheadResult) WriteReport(w io.Writer) {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "Chat requests (max_tokens 1, not streamed) to a zero-latency engine simulator, sequential and interleaved across paths; req/s with concurrent clients. GOMAXPROCS=%d.\n", r.Procs)
 	fmt.Fprintf(w, "kvgate runs %s.\n", r.Mode)
+	fmt.Fprintln(w, "kvgate-plain is the same binary with -kv-mode off: its added latency and CPU are the HTTP path's alone, so kvgate's minus kvgate-plain's is what routing adds. CPU us/req is the path's own process (the engine's for direct), from /proc schedstat.")
 	fmt.Fprintln(w)
 	r.WriteTable(w)
 	fmt.Fprintln(w)

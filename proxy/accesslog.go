@@ -11,7 +11,7 @@ import (
 // off by default: kvgate logs no per-request lines unless asked.
 func (s *Server) accessLog(c *app.RequestContext, st *reqState, d *decision, status int, dur, ttft time.Duration) {
 	attrs := []slog.Attr{
-		slog.String("request_id", string(requestID(c))),
+		slog.String("request_id", string(requestID(c, nil))),
 		slog.String("path", string(c.Request.URI().Path())),
 		slog.String("endpoint", s.roster().eps[d.ep].spec.Name),
 		slog.String("route", d.route.String()),

@@ -226,8 +226,9 @@ func (r *connRegistry) take(key string) *trackedConn {
 // do runs one upstream exchange until its response headers; if ctx ends first (the
 // client left), the request's connection is closed so the engine stops.
 func (s *Server) do(ctx context.Context, host string, req *protocol.Request, res *protocol.Response) error {
-	id := strconv.AppendUint(make([]byte, 0, 20), s.exchanges.Add(1), 10)
-	req.Header.SetBytesKV(connTagKey, id)
+	var tag [20]byte
+	id := strconv.AppendUint(tag[:0], s.exchanges.Add(1), 10)
+	req.Header.SetCanonical(connTagKey, id) // copies; the name is canonical
 	key := regKey(host, id)
 	stop := context.AfterFunc(ctx, func() {
 		if c := s.conns.take(key); c != nil {

@@ -3,13 +3,16 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -74,7 +77,12 @@ var (
 	hdrRequestIDb = []byte(hdrRequestID)
 )
 
-// buildUpstream fills req from the client's request for endpoint ep with body.
+// buildUpstream fills req (fresh from AcquireRequest) from the client's request for
+// endpoint ep with body. It runs on every request, so the URI, X-Forwarded-For and the
+// request id are built in a pooled buffer and handed to setters that copy them (hertz's
+// setters keep their value arguments from the compiler's view, so a stack buffer would
+// move to the heap), and headers are set by their canonical names (SetBytesKV
+// allocates a copy of the name to normalize it).
 func (s *Server) buildUpstream(c *app.RequestContext, req *protocol.Request, ep *endpoint, body []byte, path []byte) {
 	c.Request.Header.CopyTo(&req.Header)
 	stripHop(&req.Header, c.Request.Header.Peek("Connection"))
@@ -82,33 +90,26 @@ func (s *Server) buildUpstream(c *app.RequestContext, req *protocol.Request, ep 
 	if !s.cfg.Listener.ForwardAuthorization {
 		req.Header.Del("Authorization") // kvgate checked it; the engine wants none
 	}
-	uri := make([]byte, 0, 64)
-	uri = append(uri, ep.spec.scheme...)
+	scratch := hdrScratch.Get().(*[]byte)
+	defer hdrScratch.Put(scratch)
+	uri := append((*scratch)[:0], ep.spec.scheme...)
 	uri = append(uri, "://"...)
 	uri = append(uri, ep.spec.host...)
 	if path == nil {
 		path = c.Request.URI().RequestURI()
 	}
 	uri = append(uri, path...)
-	req.SetRequestURI(string(uri))
+	req.SetRequestURI(bstr(uri)) // copies
 	req.Header.SetHost(ep.spec.host)
 	req.Header.SetMethodBytes(c.Request.Header.Method())
-	var ip []byte
-	if ra := c.RemoteAddr(); ra != nil {
-		if ta, ok := ra.(*net.TCPAddr); ok {
-			ip = []byte(ta.IP.String())
-		} else if h, _, err := net.SplitHostPort(ra.String()); err == nil {
-			ip = []byte(h)
-		}
+	xff := uri[:0]
+	if prior := c.Request.Header.Peek("X-Forwarded-For"); len(prior) > 0 {
+		xff = append(append(xff, prior...), ", "...)
 	}
-	if len(ip) > 0 {
-		if prior := c.Request.Header.Peek("X-Forwarded-For"); len(prior) > 0 {
-			xff := append(append(append([]byte{}, prior...), ", "...), ip...)
-			req.Header.SetBytesKV(hdrXFF, xff)
-		} else {
-			req.Header.SetBytesKV(hdrXFF, ip)
-		}
+	if appendClientIP(c, &xff) { // without an address, the copied prior value stays
+		req.Header.SetCanonical(hdrXFF, xff) // copies
 	}
+	*scratch = xff[:0] // keep what it grew to
 	if len(req.Header.Peek("X-Forwarded-Proto")) == 0 {
 		if s.certs != nil {
 			req.Header.Set("X-Forwarded-Proto", "https")
@@ -116,24 +117,59 @@ func (s *Server) buildUpstream(c *app.RequestContext, req *protocol.Request, ep 
 			req.Header.Set("X-Forwarded-Proto", "http")
 		}
 	}
-	req.Header.SetBytesKV(hdrRequestIDb, requestID(c))
+	req.Header.SetCanonical(hdrRequestIDb, requestID(c, scratch))
 	// Borrowed, not copied (a 4k-token body is ~16 KB): body must stay unchanged until req
 	// is sent. forward sends synchronously; a P/D leg that runs beside a rewrite copies.
 	req.SetBodyRaw(body)
 }
 
-// requestID returns the client's X-Request-Id or makes one, and keeps it on the request
-// so both legs of a P/D flow and the response carry the same value.
-func requestID(c *app.RequestContext) []byte {
+// appendClientIP appends the client's IP address to *dst, as net.IP.String writes it
+// (an IPv4-mapped address in dotted form, no zone), and reports whether there was one.
+func appendClientIP(c *app.RequestContext, dst *[]byte) bool {
+	ra := c.RemoteAddr()
+	if ra == nil {
+		return false
+	}
+	if ta, ok := ra.(*net.TCPAddr); ok {
+		a, ok := netip.AddrFromSlice(ta.IP)
+		if !ok {
+			return false
+		}
+		*dst = a.Unmap().AppendTo(*dst)
+		return true
+	}
+	if h, _, err := net.SplitHostPort(ra.String()); err == nil && h != "" {
+		*dst = append(*dst, h...)
+		return true
+	}
+	return false
+}
+
+// requestID returns the client's X-Request-Id or makes one (128 random bits in hex), and
+// keeps it on the request so both legs of a P/D flow and the response carry the same
+// value. The bits come from math/rand/v2's runtime generator (ChaCha8 per thread, seeded
+// by the OS), not crypto/rand, whose call cost 3 us of every request: the id only
+// correlates logs and headers, and a client may send its own, so nothing may trust it
+// and uniqueness is all it needs.
+// scratch: a pooled buffer for the new id (nil: one is taken from the pool).
+func requestID(c *app.RequestContext, scratch *[]byte) []byte {
 	if id := c.Request.Header.Peek(hdrRequestID); len(id) > 0 && len(id) <= 256 {
 		return id
 	}
-	var b [16]byte
-	rand.Read(b[:]) //nolint:errcheck // crypto/rand never fails on Linux
-	id := hex.AppendEncode(nil, b[:])
-	c.Request.Header.SetBytesKV(hdrRequestIDb, id)
-	return id
+	if scratch == nil {
+		scratch = hdrScratch.Get().(*[]byte)
+		defer hdrScratch.Put(scratch)
+	}
+	b := binary.LittleEndian.AppendUint64((*scratch)[:0], rand.Uint64())
+	b = binary.LittleEndian.AppendUint64(b, rand.Uint64())
+	b = hex.AppendEncode(b, b[:16])
+	c.Request.Header.SetCanonical(hdrRequestIDb, b[16:]) // copies
+	*scratch = b[:0]
+	return c.Request.Header.Peek(hdrRequestID)
 }
+
+// hdrScratch holds the buffers buildUpstream and requestID build header values in.
+var hdrScratch = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
 
 // classify turns a client.Do error into the upstream error kind.
 func classify(ctx context.Context, err error) UpstreamError {
@@ -311,7 +347,7 @@ func (s *Server) finished(d *decision) {
 func setDecisionHeaders(c *app.RequestContext, ep *endpoint, d *decision) {
 	c.Response.Header.Set(hdrEndpoint, ep.spec.Name)
 	c.Response.Header.Set(hdrRoute, d.route.String())
-	c.Response.Header.SetBytesV(hdrRequestID, requestID(c))
+	c.Response.Header.SetBytesV(hdrRequestID, requestID(c, nil))
 	if d.prefill > 0 {
 		c.Response.Header.Set(hdrPrefill, prefillName(d))
 	}

@@ -90,7 +90,7 @@ func sessionKey(c *app.RequestContext, st *reqState) []byte {
 // the engine's two-step protocol, under the one retry policy (retry.go).
 func (s *Server) servePD(ctx context.Context, c *app.RequestContext, st *reqState) {
 	st.sessKey = append(st.sessKey[:0], sessionKey(c, st)...)
-	requestID(c) // fix the id before legs may run concurrently
+	requestID(c, nil) // fix the id before legs may run concurrently
 	s.tries(ctx, c, st, disaggregatedPath)
 }
 
