@@ -9,35 +9,36 @@ import (
 
 // The fleet's apply path without its network: 1,024 endpoints, each an engine whose
 // cache is full (122 groups of 16 blocks, about 2M entries across the fleet, as
-// `kvgate bench -fleet 1024` fills), each batch one BlockStored of 16 new blocks and one
-// BlockRemoved of the endpoint's oldest 16, no token_ids (parity skipped: engine keys),
-// the endpoints taking turns. What kvgate's CPU per applied key is in the fleet, less
-// the read syscalls and the scheduler.
+// `kvgate bench -fleet 1024` fills), each batch one BlockStored of 16 new blocks (keys
+// never seen before, as the fleet's) and one BlockRemoved of the endpoint's oldest 16,
+// no token_ids (parity skipped: engine keys), the endpoints taking turns. What kvgate's
+// CPU per applied key is in the fleet, less the read syscalls and the scheduler.
 const (
 	fleetBenchEndpoints = 1024
 	fleetBenchKeep      = 122 // groups held per endpoint
-	fleetBenchGroups    = 128 // groups cycled per endpoint: a ring of 128 batches
 )
 
-// fleetGroupKeys is group g of endpoint e: 16 distinct keys (splitmix64).
-func fleetGroupKeys(e, g int) []uint64 {
-	keys := make([]uint64, 16)
-	for j := range keys {
+// fleetGroupKeys appends group g of endpoint e to dst: 16 distinct keys (splitmix64).
+func fleetGroupKeys(dst []uint64, e, g int) []uint64 {
+	for j := 0; j < 16; j++ {
 		z := uint64(e)<<40 ^ uint64(g)<<8 ^ uint64(j) + 1
 		z = z*0x9e3779b97f4a7c15 + 0x2545f4914f6cdd1d
 		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
 		z = (z ^ z>>27) * 0x94d049bb133111eb
-		keys[j] = z ^ z>>31
+		dst = append(dst, z^z>>31)
 	}
-	return keys
+	return dst
 }
 
-// fleetBench is a filled fleet and its ring of churn batches: batch t of endpoint e
-// stores group (keep+t) mod groups and removes group t mod groups.
+// fleetBench is a filled fleet; round r's batch of endpoint e stores group keep+r and
+// removes group r.
 type fleetBench struct {
 	inv      *shard.Inventory
 	appliers []*applier
-	batches  [][][]byte // [endpoint][t]
+	f        enginepub.Format
+	round    int
+	batches  [][]byte // the current round's, one per endpoint
+	st, rm   []uint64
 }
 
 func newFleetBench(tb testing.TB) *fleetBench {
@@ -53,21 +54,15 @@ func newFleetBench(tb testing.TB) *fleetBench {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	f := enginepub.Format{Flavor: enginepub.VLLM}
-	fb := &fleetBench{inv: inv, batches: make([][][]byte, fleetBenchEndpoints)}
+	fb := &fleetBench{inv: inv, f: enginepub.Format{Flavor: enginepub.VLLM}, batches: make([][]byte, fleetBenchEndpoints)}
 	for e := range eps {
 		a := newApplier(m.eps[e], m.eps[e].rk[0])
 		fb.appliers = append(fb.appliers, a)
 		for g := 0; g < fleetBenchKeep; g++ {
-			if err := a.apply(f.AppendBatch(nil, 1, []enginepub.Event{enginepub.BlockStored{Hashes: fleetGroupKeys(e, g), BlockSize: 16}})); err != nil {
+			fb.st = fleetGroupKeys(fb.st[:0], e, g)
+			if err := a.apply(fb.f.AppendBatch(nil, 1, []enginepub.Event{enginepub.BlockStored{Hashes: fb.st, BlockSize: 16}})); err != nil {
 				tb.Fatal(err)
 			}
-		}
-		for t := 0; t < fleetBenchGroups; t++ {
-			fb.batches[e] = append(fb.batches[e], f.AppendBatch(nil, 1, []enginepub.Event{
-				enginepub.BlockStored{Hashes: fleetGroupKeys(e, (fleetBenchKeep+t)%fleetBenchGroups), BlockSize: 16},
-				enginepub.BlockRemoved{Hashes: fleetGroupKeys(e, t%fleetBenchGroups)},
-			}))
 		}
 	}
 	return fb
@@ -85,41 +80,64 @@ func itoa(i int) string {
 	}
 }
 
-// step applies the i-th batch of the churn (endpoints in turn).
-func (fb *fleetBench) step(tb testing.TB, i int) {
-	e, t := i%fleetBenchEndpoints, i/fleetBenchEndpoints%fleetBenchGroups
-	if err := fb.appliers[e].apply(fb.batches[e][t]); err != nil {
-		tb.Fatal(err)
+// encodeRound encodes the next round's batches.
+func (fb *fleetBench) encodeRound() {
+	r := fb.round
+	fb.round++
+	for e := range fb.batches {
+		fb.st = fleetGroupKeys(fb.st[:0], e, fleetBenchKeep+r)
+		fb.rm = fleetGroupKeys(fb.rm[:0], e, r)
+		fb.batches[e] = fb.f.AppendBatch(fb.batches[e][:0], 1, []enginepub.Event{
+			enginepub.BlockStored{Hashes: fb.st, BlockSize: 16}, enginepub.BlockRemoved{Hashes: fb.rm}})
+	}
+}
+
+// applyRound applies the current round's batches, endpoints in turn.
+func (fb *fleetBench) applyRound(tb testing.TB) {
+	for e, a := range fb.appliers {
+		if err := a.apply(fb.batches[e]); err != nil {
+			tb.Fatal(err)
+		}
 	}
 }
 
 // BenchmarkFleetApply: one op decodes and applies one fleet batch (16 keys stored, 16
-// removed); ns/key is per applied key. The first full turn of the ring warms every
-// table to its churning size.
+// removed); ns/key is per applied key. A round is encoded with the timer stopped; 128
+// rounds first (every endpoint's tables at their churning size, shard tables past
+// their first compactions).
 func BenchmarkFleetApply(b *testing.B) {
 	fb := newFleetBench(b)
-	warm := fleetBenchEndpoints * fleetBenchGroups
-	for i := 0; i < warm; i++ {
-		fb.step(b, i)
+	for r := 0; r < 128; r++ {
+		fb.encodeRound()
+		fb.applyRound(b)
 	}
+	s0 := fb.inv.Stats()
 	b.ReportAllocs()
 	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		fb.step(b, warm+i)
+	rounds := (b.N + fleetBenchEndpoints - 1) / fleetBenchEndpoints
+	for r := 0; r < rounds; r++ {
+		b.StopTimer()
+		fb.encodeRound()
+		b.StartTimer()
+		fb.applyRound(b)
 	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(32*b.N), "ns/key")
+	b.StopTimer()
+	keys := float64(32 * rounds * fleetBenchEndpoints)
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/keys, "ns/key")
+	b.ReportMetric(float64(fb.inv.Stats().Rebuilds-s0.Rebuilds)/keys*1e6, "rebuilds/Mkey")
 }
 
-// TestFleetApplyExact: after the churn, every endpoint holds exactly its last 122
-// groups' keys (an independent count from the keys generated, not from the applier).
+// TestFleetApplyExact: after the churn, endpoints hold exactly their last 122 groups'
+// keys (an independent count from the keys generated, not from the applier).
 func TestFleetApplyExact(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fills a 2M-entry fleet")
 	}
 	fb := newFleetBench(t)
-	const turns = fleetBenchGroups + 7 // past one full ring, ending mid-ring
-	for i := 0; i < turns*fleetBenchEndpoints; i++ {
-		fb.step(t, i)
+	const rounds = 150 // past every first group
+	for r := 0; r < rounds; r++ {
+		fb.encodeRound()
+		fb.applyRound(t)
 	}
 	for _, e := range []int{0, 1, 511, 1023} {
 		if got := fb.inv.Count(e); got != fleetBenchKeep*16 {
@@ -129,10 +147,10 @@ func TestFleetApplyExact(t *testing.T) {
 		for _, k := range invKeys(fb.inv, e) {
 			held[k] = true
 		}
-		for g := turns; g < turns+fleetBenchKeep; g++ {
-			for _, k := range fleetGroupKeys(e, g%fleetBenchGroups) {
+		for g := rounds; g < rounds+fleetBenchKeep; g++ {
+			for _, k := range fleetGroupKeys(nil, e, g) {
 				if !held[k] {
-					t.Fatalf("endpoint %d lacks a key of group %d", e, g%fleetBenchGroups)
+					t.Fatalf("endpoint %d lacks a key of group %d", e, g)
 				}
 			}
 		}

@@ -18,10 +18,12 @@ const (
 	refMax  = 1<<refBits - 1
 	// refWays entries of 16 bytes: two adjacent 64-byte cache lines per set (the
 	// second comes with the first's adjacent-line prefetch; tables are allocated whole,
-	// hence aligned). Eight ways rather than one line's four: a growing table meets its
-	// first full set at a higher load, so it ends 4x smaller (2,000 hashes: 128 KiB
-	// instead of 512), and a full-size one evicts half as often.
-	refWays = 8
+	// hence aligned). The first entry is the set's header (its key field is the set's
+	// spill, see refTable), in the same line as the first ways, so a lookup that stops
+	// at its home set reads no other memory; the other refSlots are the set's ways.
+	// Seven ways rather than one line's three: fewer full sets, fewer probes past them.
+	refWays  = 8
+	refSlots = refWays - 1
 )
 
 func (e *refEntry) count(m Medium) uint64 { return e.counts >> (refBits * m) & refMax }
@@ -59,8 +61,7 @@ func (e *refEntry) holders() Media {
 // Growth re-inserts the entries (amortised O(1) per store); nothing allocates once an
 // endpoint's size has settled.
 type refTable struct {
-	ents    []refEntry
-	spill   []uint32 // per set: live entries past it whose probe passed through it
+	ents    []refEntry // sets of refWays: a header (spill) and refSlots ways
 	mask    uint64
 	sets    int // sets allocated (or to allocate at the first store)
 	live    int // entries in use
@@ -78,19 +79,24 @@ const refMinSets = 64
 const refMaxProbe = 8
 
 func newRefTable(capacity int) refTable {
-	sets := 1
+	sets := 1 // the sets of capacity 16-byte entries, headers included: the memory bound
 	for sets*refWays < capacity {
 		sets <<= 1
 	}
 	first := min(sets, refMinSets)
-	return refTable{cap: sets * refWays, sets: first, mask: uint64(first - 1)}
+	return refTable{cap: sets * refSlots, sets: first, mask: uint64(first - 1)}
 }
 
 func (t *refTable) alloc() {
 	t.ents = make([]refEntry, t.sets*refWays)
-	t.spill = make([]uint32, t.sets)
 	t.live = 0
 }
+
+// slots is the ways of the table as allocated (or as it will be).
+func (t *refTable) slots() int { return t.sets * refSlots }
+
+// spill is set i's count of live entries stored past it whose probe passed through it.
+func (t *refTable) spill(i uint64) *uint64 { return &t.ents[i*refWays].key }
 
 // grow doubles the sets and re-inserts every entry.
 func (t *refTable) grow() {
@@ -99,7 +105,7 @@ func (t *refTable) grow() {
 	t.mask = uint64(t.sets - 1)
 	t.alloc()
 	for _, e := range old {
-		if e.counts != 0 {
+		if e.counts != 0 { // a header's counts are 0
 			t.place(e, t.sets) // a table at most a quarter full has a free slot
 		}
 	}
@@ -107,8 +113,9 @@ func (t *refTable) grow() {
 
 func (t *refTable) home(k uint64) uint64 { return ((k * 0xD6E8FEB86659FD93) >> 32) & t.mask }
 
+// set is set i's ways.
 func (t *refTable) set(i uint64) []refEntry {
-	return t.ents[i*refWays : i*refWays+refWays : i*refWays+refWays]
+	return t.ents[i*refWays+1 : i*refWays+refWays : i*refWays+refWays]
 }
 
 // find returns k's entry, or nil.
@@ -121,7 +128,7 @@ func (t *refTable) find(k uint64) *refEntry {
 				return &s[j]
 			}
 		}
-		if t.spill[i] == 0 {
+		if *t.spill(i) == 0 {
 			break
 		}
 		i = (i + 1) & t.mask
@@ -141,7 +148,7 @@ func (t *refTable) place(e refEntry, limit int) bool {
 				s[j] = e
 				t.live++
 				for p := h; p != i; p = (p + 1) & t.mask {
-					t.spill[p]++
+					*t.spill(p)++
 				}
 				return true
 			}
@@ -156,7 +163,7 @@ func (t *refTable) place(e refEntry, limit int) bool {
 func (t *refTable) free(i uint64, j int) {
 	s := t.set(i)
 	for p := t.home(s[j].key); p != i; p = (p + 1) & t.mask {
-		t.spill[p]--
+		*t.spill(p)--
 	}
 	s[j] = refEntry{}
 	t.live--
@@ -177,19 +184,19 @@ func (t *refTable) inc(k uint64, m Medium) (newOnTier bool, dropped Media) {
 		return c == 0, 0
 	}
 	e := refEntry{key: k, counts: 1 << (refBits * m)}
-	canGrow := t.sets*refWays < t.cap
-	if canGrow && 2*(t.live+1) > len(t.ents) {
+	canGrow := t.slots() < t.cap
+	if canGrow && 2*(t.live+1) > t.slots() {
 		t.grow()
 	}
 	for !t.place(e, min(refMaxProbe, t.sets)) {
-		if canGrow = t.sets*refWays < t.cap; canGrow {
+		if canGrow = t.slots() < t.cap; canGrow {
 			t.grow()
 			continue
 		}
 		// Full: evict from the home set, round-robin.
 		h := t.home(k)
 		t.victim++
-		j := int(t.victim % refWays)
+		j := int(t.victim % refSlots)
 		dropped = t.set(h)[j].holders()
 		t.evicted++
 		t.free(h, j)
@@ -225,7 +232,7 @@ func (t *refTable) dec(k uint64, m Medium) (known, goneFromTier bool, left Media
 			}
 			return true, gone, left
 		}
-		if t.spill[i] == 0 {
+		if *t.spill(i) == 0 {
 			break
 		}
 		i = (i + 1) & t.mask
@@ -242,8 +249,7 @@ func (t *refTable) touch(keys []uint64) {
 	}
 	var x uint64
 	for _, k := range keys {
-		i := t.home(k)
-		x += t.set(i)[0].counts + uint64(t.spill[i])
+		x += *t.spill(t.home(k)) // the header and the first ways: one line
 	}
 	t.sink = x
 }
@@ -251,8 +257,8 @@ func (t *refTable) touch(keys []uint64) {
 // reset forgets every hash, and the table's memory with them: it grows again from
 // refMinSets with the endpoint's next stores.
 func (t *refTable) reset() {
-	t.ents, t.spill, t.live = nil, nil, 0
-	t.sets = min(t.cap/refWays, refMinSets)
+	t.ents, t.live = nil, 0
+	t.sets = min(t.cap/refSlots, refMinSets)
 	t.mask = uint64(t.sets - 1)
 }
 
