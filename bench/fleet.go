@@ -182,12 +182,45 @@ type fleetEngine struct {
 	groups []uint64 // FIFO of held group ids
 	head   int      // groups[head:] are held
 	next   uint64   // next unique group id
-	shared map[uint64]bool
+	shared []uint64 // bitset of the hot chains held (bit g&^sharedGroup): no map work a batch
 	marker []uint64 // keys to add to the next batch (a lag marker)
 	sent   chan time.Time
 }
 
 const sharedGroup = 1 << 63
+
+// fleetPacers is how many goroutines publish the churn: enough that one preempted in a
+// write leaves others publishing, few enough that the runner does not spend its CPU
+// switching between them.
+const fleetPacers = 8
+
+// fleetChurner is one engine's churn state on its pacer.
+type fleetChurner struct {
+	e      int
+	fe     *fleetEngine
+	r      *rand.Rand
+	phase  time.Duration // its offset within each period
+	st, rm []uint64
+}
+
+// publish builds and publishes the engine's next batch, handing a pending lag marker's
+// publish time to its waiter, and records the batch's stamp-to-written time.
+func (c *fleetChurner) publish(hot uint64, keep int, stamps *durHist) error {
+	fe := c.fe
+	fe.mu.Lock()
+	defer fe.mu.Unlock()
+	sent := fe.sent
+	fe.sent = nil
+	var evs []enginepub.Event
+	evs, c.st, c.rm = fe.step(c.e, c.r, hot, keep, c.st, c.rm)
+	at := time.Now()
+	d, err := fe.pub.PublishTimed(evs...)
+	stamps.observe(d)
+	if sent != nil {
+		sent <- at
+	}
+	return err
+}
 
 // groupKeys writes group g's 16 keys of engine e into dst (splitmix64 of the group and
 // block index: distinct 64-bit keys, none 0 in practice).
@@ -208,14 +241,19 @@ func groupKeys(dst []uint64, e int, g uint64) []uint64 {
 
 func (fe *fleetEngine) held() int { return len(fe.groups) - fe.head }
 
+// fleetHot is the number of hot chains: sized for about fleetSharedHolders holders each.
+func fleetHot(cfg FleetConfig) uint64 {
+	return uint64(max(1, cfg.Entries/fleetGroup/fleetSharedFraction/fleetSharedHolders))
+}
+
 // nextGroup picks the group an engine stores next: a new unique one, or one time in
 // fleetSharedFraction a hot chain it does not hold yet.
 func (fe *fleetEngine) nextGroup(r *rand.Rand, hot uint64) uint64 {
 	if hot > 0 && r.IntN(fleetSharedFraction) == 0 {
 		for try := 0; try < 4; try++ {
-			if g := sharedGroup | r.Uint64N(hot); !fe.shared[g] {
-				fe.shared[g] = true
-				return g
+			if h := r.Uint64N(hot); fe.shared[h/64]&(1<<(h%64)) == 0 {
+				fe.shared[h/64] |= 1 << (h % 64)
+				return sharedGroup | h
 			}
 		}
 	}
@@ -235,7 +273,10 @@ func (fe *fleetEngine) step(e int, r *rand.Rand, hot uint64, keep int, st, rm []
 	if fe.held() > keep {
 		old := fe.groups[fe.head]
 		fe.head++
-		delete(fe.shared, old)
+		if old&sharedGroup != 0 {
+			h := old &^ sharedGroup
+			fe.shared[h/64] &^= 1 << (h % 64)
+		}
 		rm = groupKeys(rm, e, old)
 		evs = append(evs, enginepub.BlockRemoved{Hashes: rm})
 		if fe.head > 4096 && fe.head*2 > len(fe.groups) {
@@ -271,7 +312,7 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 		if err != nil {
 			return row, fmt.Errorf("publisher %d: %w", i, err)
 		}
-		engines[i] = &fleetEngine{pub: pub, shared: map[uint64]bool{}}
+		engines[i] = &fleetEngine{pub: pub, shared: make([]uint64, (fleetHot(cfg)+63)/64)}
 	}
 	stub, err := startStubEngine()
 	if err != nil {
@@ -358,7 +399,7 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 	// seq gap; go-zeromq's PUB queues without bound instead: pacing keeps the queues short
 	// and the fill lossless either way.
 	keep := cfg.Entries / n / fleetGroup
-	hot := uint64(max(1, cfg.Entries/fleetGroup/fleetSharedFraction/fleetSharedHolders))
+	hot := fleetHot(cfg)
 	var st, rm []uint64
 	t0 := time.Now()
 	for round := 0; round < keep; round++ {
@@ -385,40 +426,47 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 	var pubErr error
 	var errOnce sync.Once
 	if cfg.EventRate > 0 {
+		// A few pacer goroutines publish for all engines (engine e on pacer e mod
+		// pacers), each walking its engines in phase order and sleeping until the next
+		// one is due, instead of a goroutine and a timer per engine: at 1,024 engines
+		// the timers, selects and goroutine switches were a tenth of the runner's CPU,
+		// on the two cores kvgate needs. A pacer that falls behind publishes what is due
+		// at once (the asked rate holds); each batch is stamped just before its write.
 		period := time.Duration(float64(time.Second) / cfg.EventRate)
-		for e, fe := range engines {
-			wg.Add(1)
-			go func(e int, fe *fleetEngine) {
-				defer wg.Done()
+		pacers := min(n, fleetPacers)
+		start := time.Now()
+		for p := 0; p < pacers; p++ {
+			var mine []*fleetChurner
+			for e := p; e < n; e += pacers {
 				r := rand.New(rand.NewPCG(cfg.Seed^uint64(e), 7))
-				var st, rm []uint64
-				t := time.NewTimer(time.Duration(r.Int64N(int64(period))))
+				mine = append(mine, &fleetChurner{e: e, fe: engines[e], r: r, phase: time.Duration(r.Int64N(int64(period)))})
+			}
+			slices.SortFunc(mine, func(a, b *fleetChurner) int { return int(a.phase - b.phase) })
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				t := time.NewTimer(time.Hour)
 				defer t.Stop()
-				for {
-					select {
-					case <-churnCtx.Done():
-						return
-					case <-t.C:
-					}
-					t.Reset(period)
-					fe.mu.Lock()
-					sent := fe.sent
-					fe.sent = nil
-					var evs []enginepub.Event
-					evs, st, rm = fe.step(e, r, hot, keep, st, rm)
-					at := time.Now()
-					d, err := fe.pub.PublishTimed(evs...)
-					stamps.observe(d)
-					if sent != nil {
-						sent <- at
-					}
-					fe.mu.Unlock()
-					if err != nil {
-						errOnce.Do(func() { pubErr = err })
-						return
+				for round := 0; ; round++ {
+					base := start.Add(time.Duration(round) * period)
+					for _, c := range mine {
+						if d := time.Until(base.Add(c.phase)); d > 0 {
+							t.Reset(d)
+							select {
+							case <-churnCtx.Done():
+								return
+							case <-t.C:
+							}
+						} else if churnCtx.Err() != nil {
+							return
+						}
+						if err := c.publish(hot, keep, &stamps); err != nil {
+							errOnce.Do(func() { pubErr = err })
+							return
+						}
 					}
 				}
-			}(e, fe)
+			}()
 		}
 	}
 	defer func() {
