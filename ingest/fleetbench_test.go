@@ -1,7 +1,9 @@
 package ingest
 
 import (
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/shard"
@@ -92,39 +94,54 @@ func (fb *fleetBench) encodeRound() {
 	}
 }
 
-// applyRound applies the current round's batches, endpoints in turn.
-func (fb *fleetBench) applyRound(tb testing.TB) {
+// applyRound applies the current round's batches, endpoints in turn, appending each
+// batch's apply time to times when it is not nil.
+func (fb *fleetBench) applyRound(tb testing.TB, times *[]time.Duration) {
 	for e, a := range fb.appliers {
+		var t0 time.Time
+		if times != nil {
+			t0 = time.Now()
+		}
 		if err := a.apply(fb.batches[e]); err != nil {
 			tb.Fatal(err)
+		}
+		if times != nil {
+			*times = append(*times, time.Since(t0))
 		}
 	}
 }
 
 // BenchmarkFleetApply: one op decodes and applies one fleet batch (16 keys stored, 16
-// removed); ns/key is per applied key, cpu-ns/key the process's CPU time per key. A round is encoded with the timer stopped; 128
+// removed); ns/key is per applied key, cpu-ns/key the process's CPU time per key, and
+// the per-batch apply time's p50, p99 and p99.9. A round is encoded with the timer stopped; 128
 // rounds first (every endpoint's tables at their churning size, shard tables past
 // their first compactions).
 func BenchmarkFleetApply(b *testing.B) {
 	fb := newFleetBench(b, fleetBenchEndpoints)
 	for r := 0; r < 128; r++ {
 		fb.encodeRound()
-		fb.applyRound(b)
+		fb.applyRound(b, nil)
 	}
 	s0 := fb.inv.Stats()
 	b.ReportAllocs()
 	b.ResetTimer()
 	rounds := (b.N + fleetBenchEndpoints - 1) / fleetBenchEndpoints
 	var cpu int64
+	times := make([]time.Duration, 0, rounds*fleetBenchEndpoints)
 	for r := 0; r < rounds; r++ {
 		b.StopTimer()
 		fb.encodeRound()
 		b.StartTimer()
 		c0 := processCPU()
-		fb.applyRound(b)
+		fb.applyRound(b, &times)
 		cpu += processCPU() - c0
 	}
 	b.StopTimer()
+	// Per-batch apply time (wall: on a busy machine its tail includes waits for a core).
+	slices.Sort(times)
+	b.ReportMetric(float64(times[len(times)/2].Nanoseconds()), "p50-ns/batch")
+	b.ReportMetric(float64(times[len(times)*99/100].Nanoseconds()), "p99-ns/batch")
+	b.ReportMetric(float64(times[len(times)*999/1000].Nanoseconds()), "p99.9-ns/batch")
 	keys := float64(32 * rounds * fleetBenchEndpoints)
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/keys, "ns/key")
 	// CPU time per key: what the busy shared machine inflates least (wall time also
@@ -142,7 +159,7 @@ func TestFleetApplyExact(t *testing.T) {
 	const rounds = 150 // past every first group
 	for r := 0; r < rounds; r++ {
 		fb.encodeRound()
-		fb.applyRound(t)
+		fb.applyRound(t, nil)
 	}
 	for _, e := range []int{0, 1, 32, 64} {
 		if got := fb.inv.Count(e); got != fleetBenchKeep*16 {
