@@ -35,7 +35,7 @@ type pubPeer struct {
 	// than half of sendTimeout is left: setting a deadline re-arms a runtime timer, which
 	// at a load generator's 31k writes a second was a cost of its own.
 	until time.Time
-	subs []string   // Pub.mu held
+	subs  []string // Pub.mu held
 }
 
 // sendTimeout bounds one write to one peer (Send: between half of it and all of it).
