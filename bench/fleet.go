@@ -13,10 +13,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -75,6 +77,10 @@ type FleetConfig struct {
 	// goroutine; "zmq4": go-zeromq's PUB, a writer goroutine and queue per socket, which
 	// could not generate 1M keys/s at 1,024 engines on two cores (bench/RESULTS.md).
 	Publishers string
+	// ProfileDir, when set, receives CPU profiles of each size's churn window:
+	// kvgate-N.prof (kvgate's /debug/pprof/profile) and runner-N.prof (this process:
+	// the publishers).
+	ProfileDir string
 	Kvgate     string    // kvgate binary
 	Model      string    // served model name
 	Tokenizer  string    // tokenizer directory kvgate loads for Model
@@ -93,6 +99,18 @@ type FleetRow struct {
 	EventsPerSec   float64       // batches applied per second in the churn window
 	LagP50, LagP99 time.Duration // publish -> applied, every batch of the churn window
 	LagBatches     float64       // batches the lag histogram counted in the window
+	// StampP50, StampP99 and StampMax are the runner's own share of the lag: from a
+	// publisher stamping a batch's ts to its write returning, every churn batch of the
+	// window. A publisher preempted in between counts that time as lag.
+	StampP50, StampP99, StampMax time.Duration
+	// SchedP99 is kvgate's goroutine scheduling latency (runnable to running, the Go
+	// runtime's /sched/latencies:seconds) p99 over the window; GCs the collections that
+	// ended in it, GCCPU the collector's CPU (percent of one core), PauseMax the
+	// longest stop-the-world pause's bucket bound.
+	SchedP99 time.Duration
+	GCs      float64
+	GCCPU    float64
+	PauseMax time.Duration
 	// RoutedP50 and RoutedP99 are the markers' publish -> routed-to-their-holder times.
 	RoutedP50, RoutedP99 time.Duration
 	LagLost              int           // markers never seen within fleetMarkerTimeout
@@ -164,12 +182,45 @@ type fleetEngine struct {
 	groups []uint64 // FIFO of held group ids
 	head   int      // groups[head:] are held
 	next   uint64   // next unique group id
-	shared map[uint64]bool
+	shared []uint64 // bitset of the hot chains held (bit g&^sharedGroup): no map work a batch
 	marker []uint64 // keys to add to the next batch (a lag marker)
 	sent   chan time.Time
 }
 
 const sharedGroup = 1 << 63
+
+// fleetPacers is how many goroutines publish the churn: enough that one preempted in a
+// write leaves others publishing, few enough that the runner does not spend its CPU
+// switching between them.
+const fleetPacers = 8
+
+// fleetChurner is one engine's churn state on its pacer.
+type fleetChurner struct {
+	e      int
+	fe     *fleetEngine
+	r      *rand.Rand
+	phase  time.Duration // its offset within each period
+	st, rm []uint64
+}
+
+// publish builds and publishes the engine's next batch, handing a pending lag marker's
+// publish time to its waiter, and records the batch's stamp-to-written time.
+func (c *fleetChurner) publish(hot uint64, keep int, stamps *durHist) error {
+	fe := c.fe
+	fe.mu.Lock()
+	defer fe.mu.Unlock()
+	sent := fe.sent
+	fe.sent = nil
+	var evs []enginepub.Event
+	evs, c.st, c.rm = fe.step(c.e, c.r, hot, keep, c.st, c.rm)
+	at := time.Now()
+	d, err := fe.pub.PublishTimed(evs...)
+	stamps.observe(d)
+	if sent != nil {
+		sent <- at
+	}
+	return err
+}
 
 // groupKeys writes group g's 16 keys of engine e into dst (splitmix64 of the group and
 // block index: distinct 64-bit keys, none 0 in practice).
@@ -190,14 +241,19 @@ func groupKeys(dst []uint64, e int, g uint64) []uint64 {
 
 func (fe *fleetEngine) held() int { return len(fe.groups) - fe.head }
 
+// fleetHot is the number of hot chains: sized for about fleetSharedHolders holders each.
+func fleetHot(cfg FleetConfig) uint64 {
+	return uint64(max(1, cfg.Entries/fleetGroup/fleetSharedFraction/fleetSharedHolders))
+}
+
 // nextGroup picks the group an engine stores next: a new unique one, or one time in
 // fleetSharedFraction a hot chain it does not hold yet.
 func (fe *fleetEngine) nextGroup(r *rand.Rand, hot uint64) uint64 {
 	if hot > 0 && r.IntN(fleetSharedFraction) == 0 {
 		for try := 0; try < 4; try++ {
-			if g := sharedGroup | r.Uint64N(hot); !fe.shared[g] {
-				fe.shared[g] = true
-				return g
+			if h := r.Uint64N(hot); fe.shared[h/64]&(1<<(h%64)) == 0 {
+				fe.shared[h/64] |= 1 << (h % 64)
+				return sharedGroup | h
 			}
 		}
 	}
@@ -217,7 +273,10 @@ func (fe *fleetEngine) step(e int, r *rand.Rand, hot uint64, keep int, st, rm []
 	if fe.held() > keep {
 		old := fe.groups[fe.head]
 		fe.head++
-		delete(fe.shared, old)
+		if old&sharedGroup != 0 {
+			h := old &^ sharedGroup
+			fe.shared[h/64] &^= 1 << (h % 64)
+		}
 		rm = groupKeys(rm, e, old)
 		evs = append(evs, enginepub.BlockRemoved{Hashes: rm})
 		if fe.head > 4096 && fe.head*2 > len(fe.groups) {
@@ -253,7 +312,7 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 		if err != nil {
 			return row, fmt.Errorf("publisher %d: %w", i, err)
 		}
-		engines[i] = &fleetEngine{pub: pub, shared: map[uint64]bool{}}
+		engines[i] = &fleetEngine{pub: pub, shared: make([]uint64, (fleetHot(cfg)+63)/64)}
 	}
 	stub, err := startStubEngine()
 	if err != nil {
@@ -340,7 +399,7 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 	// seq gap; go-zeromq's PUB queues without bound instead: pacing keeps the queues short
 	// and the fill lossless either way.
 	keep := cfg.Entries / n / fleetGroup
-	hot := uint64(max(1, cfg.Entries/fleetGroup/fleetSharedFraction/fleetSharedHolders))
+	hot := fleetHot(cfg)
 	var st, rm []uint64
 	t0 := time.Now()
 	for round := 0; round < keep; round++ {
@@ -361,44 +420,53 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 	say("filled %d entries in %.1fs", want, time.Since(t0).Seconds())
 
 	// Churn: each engine publishes at EventRate, phases spread over the period.
+	var stamps durHist
 	churnCtx, stopChurn := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	var pubErr error
 	var errOnce sync.Once
 	if cfg.EventRate > 0 {
+		// A few pacer goroutines publish for all engines (engine e on pacer e mod
+		// pacers), each walking its engines in phase order and sleeping until the next
+		// one is due, instead of a goroutine and a timer per engine: at 1,024 engines
+		// the timers, selects and goroutine switches were a tenth of the runner's CPU,
+		// on the two cores kvgate needs. A pacer that falls behind publishes what is due
+		// at once (the asked rate holds); each batch is stamped just before its write.
 		period := time.Duration(float64(time.Second) / cfg.EventRate)
-		for e, fe := range engines {
-			wg.Add(1)
-			go func(e int, fe *fleetEngine) {
-				defer wg.Done()
+		pacers := min(n, fleetPacers)
+		start := time.Now()
+		for p := 0; p < pacers; p++ {
+			var mine []*fleetChurner
+			for e := p; e < n; e += pacers {
 				r := rand.New(rand.NewPCG(cfg.Seed^uint64(e), 7))
-				var st, rm []uint64
-				t := time.NewTimer(time.Duration(r.Int64N(int64(period))))
+				mine = append(mine, &fleetChurner{e: e, fe: engines[e], r: r, phase: time.Duration(r.Int64N(int64(period)))})
+			}
+			slices.SortFunc(mine, func(a, b *fleetChurner) int { return int(a.phase - b.phase) })
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				t := time.NewTimer(time.Hour)
 				defer t.Stop()
-				for {
-					select {
-					case <-churnCtx.Done():
-						return
-					case <-t.C:
-					}
-					t.Reset(period)
-					fe.mu.Lock()
-					sent := fe.sent
-					fe.sent = nil
-					var evs []enginepub.Event
-					evs, st, rm = fe.step(e, r, hot, keep, st, rm)
-					at := time.Now()
-					err := fe.pub.Publish(evs...)
-					if sent != nil {
-						sent <- at
-					}
-					fe.mu.Unlock()
-					if err != nil {
-						errOnce.Do(func() { pubErr = err })
-						return
+				for round := 0; ; round++ {
+					base := start.Add(time.Duration(round) * period)
+					for _, c := range mine {
+						if d := time.Until(base.Add(c.phase)); d > 0 {
+							t.Reset(d)
+							select {
+							case <-churnCtx.Done():
+								return
+							case <-t.C:
+							}
+						} else if churnCtx.Err() != nil {
+							return
+						}
+						if err := c.publish(hot, keep, &stamps); err != nil {
+							errOnce.Do(func() { pubErr = err })
+							return
+						}
 					}
 				}
-			}(e, fe)
+			}()
 		}
 	}
 	defer func() {
@@ -408,19 +476,37 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 
 	// Ingest CPU over the churn window, no requests.
 	m0 := scrapeFleet(metricsURL)
+	st0 := stamps.snapshot()
 	self0 := selfCPU()
+	stopProfiles, err := startFleetProfiles(cfg.ProfileDir, n, "http://"+admin, cfg.Measure)
+	if err != nil {
+		return row, err
+	}
 	time.Sleep(cfg.Measure)
+	if err := stopProfiles(); err != nil {
+		return row, err
+	}
 	self1 := selfCPU()
+	st1 := stamps.snapshot()
 	m1 := scrapeFleet(metricsURL)
 	if el := m1.at.Sub(m0.at).Seconds(); el > 0 {
 		row.IngestCPU = (m1.cpu - m0.cpu) / el * 100
 		row.RunnerCPU = (self1 - self0).Seconds() / el * 100
 		row.EventsPerSec = (m1.batches - m0.batches) / el
+		row.GCCPU = (m1.gcCPU - m0.gcCPU) / el * 100
 	}
-	row.LagP50, row.LagP99, row.LagBatches = lagQuantile(m0, m1, 0.50), lagQuantile(m0, m1, 0.99), m1.lagCount()-m0.lagCount()
-	say("lag, publish -> applied: p50 %.2f ms p99 %.2f ms (%.0f batches)", ms64(row.LagP50), ms64(row.LagP99), row.LagBatches)
-	say("churn: %.0f batches/s applied (%.0f keys/s), kvgate CPU %.1f%%, runner CPU %.1f%%", row.EventsPerSec,
-		row.EventsPerSec*2*fleetGroup, row.IngestCPU, row.RunnerCPU)
+	lag0, lag1 := m0.hist[lagFamily], m1.hist[lagFamily]
+	row.LagP50, row.LagP99, row.LagBatches = cumQuantile(lag0, lag1, 0.50), cumQuantile(lag0, lag1, 0.99), lag1.count()-lag0.count()
+	row.SchedP99 = cumQuantile(m0.hist[schedFamily], m1.hist[schedFamily], 0.99)
+	row.PauseMax = cumQuantile(m0.hist[pauseFamily], m1.hist[pauseFamily], 1)
+	row.GCs = m1.gcs - m0.gcs
+	row.StampP50, row.StampP99, row.StampMax = st1.quantile(st0, 0.50), st1.quantile(st0, 0.99), st1.max
+	say("lag, publish -> applied: p50 %.2f ms p99 %.2f ms (%.0f batches); of it in the runner, stamp -> written: p50 %.3f ms p99 %.3f ms max %.1f ms",
+		ms64(row.LagP50), ms64(row.LagP99), row.LagBatches, ms64(row.StampP50), ms64(row.StampP99), ms64(row.StampMax))
+	say("churn: %.0f batches/s applied (%.0f keys/s), kvgate CPU %.1f%% (%.0f ns a key), runner CPU %.1f%%", row.EventsPerSec,
+		row.EventsPerSec*2*fleetGroup, row.IngestCPU, nsPerKey(row), row.RunnerCPU)
+	say("kvgate runtime: scheduling latency p99 %.3f ms, %.0f GCs (CPU %.1f%% of a core), longest pause <= %.2f ms",
+		ms64(row.SchedP99), row.GCs, row.GCCPU, ms64(row.PauseMax))
 
 	// Lag markers, one at a time, on random engines.
 	hc := &http.Client{Timeout: 10 * time.Second}
@@ -576,38 +662,49 @@ type fleetScrape struct {
 	batches              float64
 	routeSum, routeCount float64
 	stages               map[string]stageSum
-	// lagLE and lagCum are kvgate_ingest_event_lag_seconds's buckets: upper bounds and
-	// cumulative counts, in exposition order (ascending, +Inf last).
-	lagLE, lagCum []float64
+	gcs, gcCPU           float64 // GC cycles and the collector's CPU seconds so far
+	// hist holds the histograms the fleet reads (lagFamily, schedFamily, pauseFamily).
+	hist map[string]*cumHist
 }
 
-func (s *fleetScrape) lagCount() float64 {
-	if len(s.lagCum) == 0 {
+// The histogram families the fleet reads from kvgate's /metrics.
+const (
+	lagFamily   = "kvgate_ingest_event_lag_seconds"
+	schedFamily = "go_sched_latencies_seconds"
+	pauseFamily = "go_gc_pauses_seconds"
+)
+
+// cumHist is one histogram's buckets as scraped: upper bounds and cumulative counts, in
+// exposition order (ascending, +Inf last).
+type cumHist struct{ le, cum []float64 }
+
+func (h *cumHist) count() float64 {
+	if h == nil || len(h.cum) == 0 {
 		return 0
 	}
-	return s.lagCum[len(s.lagCum)-1]
+	return h.cum[len(h.cum)-1]
 }
 
-// lagQuantile is the q-quantile of the event lag observed between scrapes a and b, linear
-// within the bucket it falls in (0 when no batch was observed; the largest finite bound
-// when it falls in +Inf).
-func lagQuantile(a, b fleetScrape, q float64) time.Duration {
-	if len(b.lagCum) == 0 || len(a.lagCum) != 0 && len(a.lagCum) != len(b.lagCum) {
+// cumQuantile is the q-quantile of the observations between scrapes a and b of one
+// histogram, linear within the bucket it falls in (0 when none was observed; the largest
+// finite bound when it falls in +Inf). a nil: everything b counts.
+func cumQuantile(a, b *cumHist, q float64) time.Duration {
+	if b == nil || len(b.cum) == 0 || a != nil && len(a.cum) != len(b.cum) {
 		return 0
 	}
 	delta := func(i int) float64 {
-		if len(a.lagCum) == 0 {
-			return b.lagCum[i]
+		if a == nil {
+			return b.cum[i]
 		}
-		return b.lagCum[i] - a.lagCum[i]
+		return b.cum[i] - a.cum[i]
 	}
-	n := delta(len(b.lagCum) - 1)
+	n := delta(len(b.cum) - 1)
 	if n <= 0 {
 		return 0
 	}
 	rank := q * n
 	lo, below := 0.0, 0.0
-	for i, le := range b.lagLE {
+	for i, le := range b.le {
 		c := delta(i)
 		if c >= rank {
 			if math.IsInf(le, 1) {
@@ -640,8 +737,7 @@ func scrapeFleet(url string) fleetScrape {
 		if i := strings.IndexByte(name, '{'); i >= 0 {
 			name, labels = name[:i], name[i:]
 		}
-		switch name {
-		case "kvgate_ingest_event_lag_seconds_bucket":
+		if fam, ok := strings.CutSuffix(name, "_bucket"); ok && (fam == lagFamily || fam == schedFamily || fam == pauseFamily) {
 			le, ok := strings.CutPrefix(labels, `{le="`)
 			if !ok {
 				return
@@ -650,7 +746,22 @@ func scrapeFleet(url string) fleetScrape {
 			if err != nil {
 				return
 			}
-			s.lagLE, s.lagCum = append(s.lagLE, bound), append(s.lagCum, v)
+			if s.hist == nil {
+				s.hist = map[string]*cumHist{}
+			}
+			h := s.hist[fam]
+			if h == nil {
+				h = &cumHist{}
+				s.hist[fam] = h
+			}
+			h.le, h.cum = append(h.le, bound), append(h.cum, v)
+			return
+		}
+		switch name {
+		case "go_gc_duration_seconds_count":
+			s.gcs = v
+		case "go_gc_cpu_seconds_total":
+			s.gcCPU = v
 		case "process_cpu_seconds_total":
 			s.cpu = v
 		case "process_resident_memory_bytes":
@@ -827,4 +938,112 @@ func (s sizeTicks) Ticks(lo, hi float64) []plot.Tick {
 		}
 	}
 	return ts
+}
+
+// durHist counts durations into fixed buckets, lock-free: the publishers' stamp-to-written
+// times, observed from every engine's goroutine.
+type durHist struct {
+	counts [len(durBounds) + 1]atomic.Uint64
+	max    atomic.Int64
+}
+
+// durBounds are durHist's upper bounds: a write returns in microseconds; a publisher
+// preempted between stamp and write takes a scheduler quantum or more.
+var durBounds = [...]time.Duration{5 * time.Microsecond, 10 * time.Microsecond, 25 * time.Microsecond,
+	50 * time.Microsecond, 100 * time.Microsecond, 250 * time.Microsecond, 500 * time.Microsecond,
+	time.Millisecond, 2500 * time.Microsecond, 5 * time.Millisecond, 10 * time.Millisecond,
+	25 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond, time.Second}
+
+func (h *durHist) observe(d time.Duration) {
+	i := len(durBounds)
+	for j, b := range durBounds {
+		if d <= b {
+			i = j
+			break
+		}
+	}
+	h.counts[i].Add(1)
+	for m := h.max.Load(); int64(d) > m && !h.max.CompareAndSwap(m, int64(d)); m = h.max.Load() {
+	}
+}
+
+// durSnap is a durHist read at one moment, as cumulative counts.
+type durSnap struct {
+	h   cumHist
+	max time.Duration
+}
+
+func (h *durHist) snapshot() durSnap {
+	s := durSnap{h: cumHist{le: make([]float64, len(h.counts)), cum: make([]float64, len(h.counts))}, max: time.Duration(h.max.Load())}
+	var run uint64
+	for i := range h.counts {
+		run += h.counts[i].Load()
+		s.h.cum[i] = float64(run)
+		if i < len(durBounds) {
+			s.h.le[i] = durBounds[i].Seconds()
+		} else {
+			s.h.le[i] = math.Inf(1)
+		}
+	}
+	return s
+}
+
+// quantile is the q-quantile of what was observed between snapshot a and s.
+func (s durSnap) quantile(a durSnap, q float64) time.Duration { return cumQuantile(&a.h, &s.h, q) }
+
+// nsPerKey is kvgate's CPU per applied key (stored or removed) in the churn window.
+func nsPerKey(r FleetRow) float64 {
+	keys := r.EventsPerSec * 2 * fleetGroup
+	if keys <= 0 {
+		return 0
+	}
+	return r.IngestCPU / 100 * 1e9 / keys
+}
+
+// startFleetProfiles starts the churn window's CPU profiles of fleet size n into dir
+// (none when dir is ""): kvgate's (kvgate-N.prof), fetched from its admin listener for
+// d, and this process's (runner-N.prof). The stop
+// function ends this process's profile and waits for kvgate's.
+func startFleetProfiles(dir string, n int, admin string, d time.Duration) (func() error, error) {
+	if dir == "" {
+		return func() error { return nil }, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	rf, err := os.Create(filepath.Join(dir, fmt.Sprintf("runner-%d.prof", n)))
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(rf); err != nil {
+		rf.Close()
+		return nil, err
+	}
+	secs := max(1, int(d.Seconds()))
+	kerr := make(chan error, 1)
+	go func() {
+		hc := &http.Client{Timeout: d + 30*time.Second}
+		resp, err := hc.Get(fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", admin, secs))
+		if err != nil {
+			kerr <- err
+			return
+		}
+		defer resp.Body.Close()
+		kf, err := os.Create(filepath.Join(dir, fmt.Sprintf("kvgate-%d.prof", n)))
+		if err == nil {
+			_, err = io.Copy(kf, resp.Body)
+			if cerr := kf.Close(); err == nil {
+				err = cerr
+			}
+		}
+		kerr <- err
+	}()
+	return func() error {
+		pprof.StopCPUProfile()
+		rerr := rf.Close()
+		if err := <-kerr; err != nil {
+			return fmt.Errorf("kvgate profile: %w", err)
+		}
+		return rerr
+	}, nil
 }

@@ -105,8 +105,8 @@ func TestFleetRejectsBadConfig(t *testing.T) {
 // past 10 ms.
 func TestLagQuantile(t *testing.T) {
 	le := []float64{0.001, 0.002, 0.005, 0.01, math.Inf(1)}
-	a := fleetScrape{lagLE: le, lagCum: []float64{10, 10, 10, 10, 10}}
-	b := fleetScrape{lagLE: le, lagCum: []float64{60, 100, 109, 109, 110}}
+	a := &cumHist{le: le, cum: []float64{10, 10, 10, 10, 10}}
+	b := &cumHist{le: le, cum: []float64{60, 100, 109, 109, 110}}
 	for _, c := range []struct {
 		q    float64
 		want time.Duration
@@ -117,11 +117,11 @@ func TestLagQuantile(t *testing.T) {
 		{0.99, 5 * time.Millisecond},    // rank 99: the third bucket's top
 		{1.00, 10 * time.Millisecond},   // rank 100 lies in +Inf: the largest finite bound
 	} {
-		if got := lagQuantile(a, b, c.q); got != c.want {
+		if got := cumQuantile(a, b, c.q); got != c.want {
 			t.Errorf("q %.2f: %v, want %v", c.q, got, c.want)
 		}
 	}
-	if got := lagQuantile(b, b, 0.99); got != 0 {
+	if got := cumQuantile(b, b, 0.99); got != 0 {
 		t.Errorf("no batches: %v, want 0", got)
 	}
 }

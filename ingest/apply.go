@@ -175,8 +175,14 @@ func (a *applier) stored(ev *Event) {
 	e.c.stored.Inc()
 	nb := len(ev.Hashes)
 	a.r.refs.touch(ev.Hashes)
+	var fresh [numMedia]int64 // the tier counts' changes, added once per event
 	for _, h := range ev.Hashes {
-		e.hold(a.r, h, ev.Medium)
+		e.hold(a.r, h, ev.Medium, &fresh)
+	}
+	for t := range fresh {
+		if fresh[t] != 0 {
+			e.tiers[t].Add(fresh[t])
+		}
 	}
 	slot := a.r.tierSlot[ev.Medium]
 	if slot < 0 || nb == 0 {
@@ -202,17 +208,18 @@ func (a *applier) stored(ev *Event) {
 	e.c.keysAdded.Add(added)
 }
 
-// hold counts one more holder of engine hash h on tier m of rank r (e.mu held).
-func (e *endpoint) hold(r *rankState, h uint64, m Medium) {
+// hold counts one more holder of engine hash h on tier m of rank r (e.mu held), and
+// the change to each tier's count of distinct hashes in d.
+func (e *endpoint) hold(r *rankState, h uint64, m Medium, d *[numMedia]int64) {
 	fresh, dropped := r.refs.inc(h, m)
 	if fresh {
-		e.tiers[m].Add(1)
+		d[m]++
 	}
 	if dropped != 0 {
 		e.c.refEvictions.Inc()
 		for t := Medium(0); t < numMedia; t++ {
 			if dropped.Has(t) {
-				e.tiers[t].Add(-1)
+				d[t]--
 			}
 		}
 	}
@@ -540,10 +547,11 @@ func (a *applier) removed(ev *Event) {
 	r := a.r
 	slot := r.tierSlot[ev.Medium]
 	r.refs.touch(ev.Hashes)
+	var tierGone int64 // hashes gone from the tier, taken off its count once per event
 	for _, h := range ev.Hashes {
 		known, gone, left := r.refs.dec(h, ev.Medium)
 		if known && gone {
-			e.tiers[ev.Medium].Add(-1)
+			tierGone++
 		}
 		if !gone || slot < 0 || r.holdsIn(left, slot) {
 			// Still held on a tier indexed in the same slot, or never indexed.
@@ -566,6 +574,9 @@ func (a *applier) removed(ev *Event) {
 			// off the routed ones: a switch to re-hashed keys must not index it.
 			b.level = 1
 		}
+	}
+	if tierGone != 0 {
+		e.tiers[ev.Medium].Add(-tierGone)
 	}
 	if len(a.rm) > 0 {
 		e.c.keysRemoved.Add(cfg.Inventory.Remove(slot, a.rm))

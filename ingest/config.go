@@ -121,8 +121,8 @@ type Config struct {
 	// BlockMapSize bounds the per-endpoint engine-hash -> digest map (default 1<<17).
 	BlockMapSize int
 	// RefCountSize bounds the per-endpoint engine-hash -> holders-per-tier table that
-	// keeps a removal from deleting a key another holder still has (default
-	// BlockMapSize; 24 bytes an entry).
+	// keeps a removal from deleting a key another holder still has, in 16-byte entries
+	// (default BlockMapSize; one in eight is a set header, so 7/8 of it are holders).
 	RefCountSize int
 	// SeqWindow is the largest gap that keeps the inventory (default 64).
 	SeqWindow int

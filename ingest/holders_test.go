@@ -85,22 +85,22 @@ func TestHoldersPerTierAndGroup(t *testing.T) {
 // nothing.
 func TestRefTableBounded(t *testing.T) {
 	rt := newRefTable(1)
-	if rt.cap != refWays {
+	if rt.cap != refSlots {
 		t.Fatalf("cap %d", rt.cap)
 	}
 	var dropped int
-	for k := uint64(1); k <= 3*refWays; k++ {
+	for k := uint64(1); k <= 3*refSlots; k++ {
 		if _, d := rt.inc(k, MediumGPU); d != 0 {
 			dropped++
 		}
 	}
-	if dropped != 2*refWays || rt.evicted != uint64(2*refWays) {
+	if dropped != 2*refSlots || rt.evicted != uint64(2*refSlots) {
 		t.Fatalf("dropped %d evicted %d", dropped, rt.evicted)
 	}
 	if known, gone, left := rt.dec(1, MediumGPU); known || !gone || left != 0 {
 		t.Fatalf("forgotten hash: known %v gone %v left %v", known, gone, left)
 	}
-	k := uint64(3 * refWays)
+	k := uint64(3 * refSlots)
 	rt.inc(k, MediumGPU)
 	rt.inc(k, MediumCPU)
 	if known, gone, left := rt.dec(k, MediumGPU); !known || gone || left != 1<<MediumGPU|1<<MediumCPU {
@@ -125,7 +125,7 @@ func TestRefTableBounded(t *testing.T) {
 // growth; a reset gives the memory back; past capacity it evicts as a fixed table does.
 func TestRefTableGrows(t *testing.T) {
 	rt := newRefTable(1 << 14)
-	if rt.cap != 1<<14 {
+	if rt.cap != 1<<14/refWays*refSlots { // a header per set
 		t.Fatalf("cap %d", rt.cap)
 	}
 	const n = 3000 // a few growths, well under capacity
@@ -138,8 +138,8 @@ func TestRefTableGrows(t *testing.T) {
 	if rt.evicted != 0 {
 		t.Fatalf("%d evicted below capacity", rt.evicted)
 	}
-	if len(rt.ents) >= rt.cap || len(rt.ents) < n {
-		t.Fatalf("%d entries allocated for %d hashes (capacity %d)", len(rt.ents), n, rt.cap)
+	if rt.slots() >= rt.cap || rt.slots() < n {
+		t.Fatalf("%d slots allocated for %d hashes (capacity %d)", rt.slots(), n, rt.cap)
 	}
 	for k := uint64(1); k <= n; k++ {
 		h := k * 0x9e3779b97f4a7c15
@@ -155,8 +155,8 @@ func TestRefTableGrows(t *testing.T) {
 	for k := uint64(1); k <= 2*(1<<14); k++ {
 		rt.inc(k*0x9e3779b97f4a7c15, MediumGPU)
 	}
-	if len(rt.ents) != rt.cap || rt.evicted == 0 {
-		t.Fatalf("past capacity: %d entries, %d evicted", len(rt.ents), rt.evicted)
+	if rt.slots() != rt.cap || rt.evicted == 0 {
+		t.Fatalf("past capacity: %d slots, %d evicted", rt.slots(), rt.evicted)
 	}
 }
 

@@ -18,10 +18,12 @@ const (
 	refMax  = 1<<refBits - 1
 	// refWays entries of 16 bytes: two adjacent 64-byte cache lines per set (the
 	// second comes with the first's adjacent-line prefetch; tables are allocated whole,
-	// hence aligned). Eight ways rather than one line's four: a growing table meets its
-	// first full set at a higher load, so it ends 4x smaller (2,000 hashes: 128 KiB
-	// instead of 512), and a full-size one evicts half as often.
-	refWays = 8
+	// hence aligned). The first entry is the set's header (its key field is the set's
+	// spill, see refTable), in the same line as the first ways, so a lookup that stops
+	// at its home set reads no other memory; the other refSlots are the set's ways.
+	// Seven ways rather than one line's three: fewer full sets, fewer probes past them.
+	refWays  = 8
+	refSlots = refWays - 1
 )
 
 func (e *refEntry) count(m Medium) uint64 { return e.counts >> (refBits * m) & refMax }
@@ -39,20 +41,30 @@ func (e *refEntry) holders() Media {
 
 // refTable is a bounded set-associative map engine hash -> holders per tier, so that a
 // BlockRemoved reaches the inventory only when the last holder of that hash on the
-// routed tiers is gone. A full set evicts round-robin once the table has its full
-// capacity: the evicted hash is forgotten (counted), and its later removal is applied
-// as if it had one holder, which is what ingest did before counting.
+// routed tiers is gone. A hash lives in its home set or, when that set is full, in one of
+// the next few (linear probing over sets): spill counts, per set, the live entries
+// stored past it whose probe went through it, so a lookup stops at the first set on its
+// way with no spill (one set, nearly always). At full capacity, a hash that finds no
+// free slot within refMaxProbe sets evicts round-robin from its home set: the evicted
+// hash is forgotten (counted), and its later removal is applied as if it had one
+// holder, which is what ingest did before counting.
 //
-// Why it grows (doubling its sets whenever a set is full below capacity) instead of
+// Why it grows (doubling its sets once its entries pass half its slots) instead of
 // being allocated whole: one table per endpoint at the default capacity is 2 MiB, so a
 // fleet rule of 1,024 endpoints held 2 GiB of tables however few blocks its engines
-// announced, and every event's lookups landed in a 2 GiB working set. Growth re-inserts
-// the entries (amortised O(1) per store); nothing allocates once an endpoint's size
-// has settled.
+// announced, and every event's lookups landed in a 2 GiB working set. Why by load and
+// not at the first full set, as it did: under churn every store is a fresh draw, so
+// sooner or later one meets a full set at any size where sets average more than a
+// fraction of an entry: 2,000 churning hashes grew a table to 4,096 sets (512 KiB, 6%
+// full) over about 250k stores, re-allocating all the way (1,024 such endpoints: 512
+// MiB, most of kvgate's heap, and two thirds of what it allocated while churning).
+// Growth re-inserts the entries (amortised O(1) per store); nothing allocates once an
+// endpoint's size has settled.
 type refTable struct {
-	ents    []refEntry
+	ents    []refEntry // sets of refWays: a header (spill) and refSlots ways
 	mask    uint64
 	sets    int // sets allocated (or to allocate at the first store)
+	live    int // entries in use
 	cap     int // capacity in entries: the table grows up to it
 	victim  uint32
 	evicted uint64 // live entries dropped from a full set
@@ -62,38 +74,99 @@ type refTable struct {
 // refMinSets is the sets a table starts with: 8 KiB.
 const refMinSets = 64
 
+// refMaxProbe bounds how many sets past its home a store looks for a free slot before
+// it grows the table (or, at capacity, evicts): a lookup walks at most that far.
+const refMaxProbe = 8
+
 func newRefTable(capacity int) refTable {
-	sets := 1
+	sets := 1 // the sets of capacity 16-byte entries, headers included: the memory bound
 	for sets*refWays < capacity {
 		sets <<= 1
 	}
 	first := min(sets, refMinSets)
-	return refTable{cap: sets * refWays, sets: first, mask: uint64(first - 1)}
+	return refTable{cap: sets * refSlots, sets: first, mask: uint64(first - 1)}
 }
 
-// grow doubles the sets and re-inserts every entry. Doubling splits each set in two, so
-// no re-inserted entry meets a full set.
+func (t *refTable) alloc() {
+	t.ents = make([]refEntry, t.sets*refWays)
+	t.live = 0
+}
+
+// slots is the ways of the table as allocated (or as it will be).
+func (t *refTable) slots() int { return t.sets * refSlots }
+
+// spill is set i's count of live entries stored past it whose probe passed through it.
+func (t *refTable) spill(i uint64) *uint64 { return &t.ents[i*refWays].key }
+
+// grow doubles the sets and re-inserts every entry.
 func (t *refTable) grow() {
 	old := t.ents
 	t.sets *= 2
 	t.mask = uint64(t.sets - 1)
-	t.ents = make([]refEntry, t.sets*refWays)
+	t.alloc()
 	for _, e := range old {
-		if e.counts == 0 {
-			continue
-		}
-		for s, i := t.set(e.key), 0; i < refWays; i++ {
-			if s[i].counts == 0 {
-				s[i] = e
-				break
-			}
+		if e.counts != 0 { // a header's counts are 0
+			t.place(e, t.sets) // a table at most a quarter full has a free slot
 		}
 	}
 }
 
-func (t *refTable) set(k uint64) []refEntry {
-	i := ((k * 0xD6E8FEB86659FD93) >> 32) & t.mask
-	return t.ents[i*refWays : i*refWays+refWays : i*refWays+refWays]
+func (t *refTable) home(k uint64) uint64 { return ((k * 0xD6E8FEB86659FD93) >> 32) & t.mask }
+
+// set is set i's ways.
+func (t *refTable) set(i uint64) []refEntry {
+	return t.ents[i*refWays+1 : i*refWays+refWays : i*refWays+refWays]
+}
+
+// find returns k's entry, or nil.
+func (t *refTable) find(k uint64) *refEntry {
+	i := t.home(k)
+	for d := 0; d < t.sets; d++ {
+		s := t.set(i)
+		for j := range s {
+			if s[j].key == k && s[j].counts != 0 {
+				return &s[j]
+			}
+		}
+		if *t.spill(i) == 0 {
+			break
+		}
+		i = (i + 1) & t.mask
+	}
+	return nil
+}
+
+// place stores e (a key not in the table) in the first free slot within limit sets of
+// its home, counting it in the spill of the sets it passes; false when there is none.
+func (t *refTable) place(e refEntry, limit int) bool {
+	h := t.home(e.key)
+	i := h
+	for d := 0; d < limit; d++ {
+		s := t.set(i)
+		for j := range s {
+			if s[j].counts == 0 {
+				s[j] = e
+				t.live++
+				for p := h; p != i; p = (p + 1) & t.mask {
+					*t.spill(p)++
+				}
+				return true
+			}
+		}
+		i = (i + 1) & t.mask
+	}
+	return false
+}
+
+// free empties the entry in slot j of set i, taking it off the spill of the sets its
+// probe passed.
+func (t *refTable) free(i uint64, j int) {
+	s := t.set(i)
+	for p := t.home(s[j].key); p != i; p = (p + 1) & t.mask {
+		*t.spill(p)--
+	}
+	s[j] = refEntry{}
+	t.live--
 }
 
 // inc records one more holder of k on tier m. It reports whether k is new on m (so the
@@ -101,36 +174,33 @@ func (t *refTable) set(k uint64) []refEntry {
 // entry's holders (its tiers' counts shrink).
 func (t *refTable) inc(k uint64, m Medium) (newOnTier bool, dropped Media) {
 	if t.ents == nil {
-		t.ents = make([]refEntry, t.sets*refWays)
+		t.alloc()
 	}
-	s := t.set(k)
-	free := -1
-	for i := range s {
-		if s[i].counts == 0 {
-			if free < 0 {
-				free = i
-			}
+	if e := t.find(k); e != nil {
+		c := e.count(m)
+		if c < refMax {
+			e.counts += 1 << (refBits * m)
+		}
+		return c == 0, 0
+	}
+	e := refEntry{key: k, counts: 1 << (refBits * m)}
+	canGrow := t.slots() < t.cap
+	if canGrow && 2*(t.live+1) > t.slots() {
+		t.grow()
+	}
+	for !t.place(e, min(refMaxProbe, t.sets)) {
+		if canGrow = t.slots() < t.cap; canGrow {
+			t.grow()
 			continue
 		}
-		if s[i].key == k {
-			c := s[i].count(m)
-			if c < refMax {
-				s[i].counts += 1 << (refBits * m)
-			}
-			return c == 0, 0
-		}
-	}
-	if free < 0 && t.sets*refWays < t.cap {
-		t.grow()
-		return t.inc(k, m)
-	}
-	if free < 0 {
+		// Full: evict from the home set, round-robin.
+		h := t.home(k)
 		t.victim++
-		free = int(t.victim % refWays)
-		dropped = s[free].holders()
+		j := int(t.victim % refSlots)
+		dropped = t.set(h)[j].holders()
 		t.evicted++
+		t.free(h, j)
 	}
-	s[free] = refEntry{key: k, counts: 1 << (refBits * m)}
 	return true, dropped
 }
 
@@ -141,20 +211,31 @@ func (t *refTable) dec(k uint64, m Medium) (known, goneFromTier bool, left Media
 	if t.ents == nil {
 		return false, true, 0
 	}
-	s := t.set(k)
-	for i := range s {
-		e := &s[i]
-		if e.counts == 0 || e.key != k {
-			continue
+	i := t.home(k)
+	for d := 0; d < t.sets; d++ {
+		s := t.set(i)
+		for j := range s {
+			e := &s[j]
+			if e.counts == 0 || e.key != k {
+				continue
+			}
+			switch c := e.count(m); c {
+			case 0: // a removal with no store on this tier: nothing to take away
+				return true, false, e.holders()
+			case refMax: // saturated: stays
+			default:
+				e.counts -= 1 << (refBits * m)
+			}
+			gone, left := e.count(m) == 0, e.holders()
+			if e.counts == 0 {
+				t.free(i, j)
+			}
+			return true, gone, left
 		}
-		switch c := e.count(m); c {
-		case 0: // a removal with no store on this tier: nothing to take away
-			return true, false, e.holders()
-		case refMax: // saturated: stays
-		default:
-			e.counts -= 1 << (refBits * m)
+		if *t.spill(i) == 0 {
+			break
 		}
-		return true, e.count(m) == 0, e.holders()
+		i = (i + 1) & t.mask
 	}
 	return false, true, 0
 }
@@ -168,7 +249,7 @@ func (t *refTable) touch(keys []uint64) {
 	}
 	var x uint64
 	for _, k := range keys {
-		x += t.set(k)[0].counts
+		x += *t.spill(t.home(k)) // the header and the first ways: one line
 	}
 	t.sink = x
 }
@@ -176,8 +257,8 @@ func (t *refTable) touch(keys []uint64) {
 // reset forgets every hash, and the table's memory with them: it grows again from
 // refMinSets with the endpoint's next stores.
 func (t *refTable) reset() {
-	t.ents = nil
-	t.sets = min(t.cap/refWays, refMinSets)
+	t.ents, t.live = nil, 0
+	t.sets = min(t.cap/refSlots, refMinSets)
 	t.mask = uint64(t.sets - 1)
 }
 

@@ -138,6 +138,7 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	f.gauge("kvgate_ready", b2u(ready))
 	metrics.WriteProcessMetrics(&buf)
 	withHelp(w, buf.Bytes())
+	writeRuntimeHists(w)
 }
 
 func b2u(b bool) uint64 {

@@ -6,6 +6,8 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"runtime"
+	rtmetrics "runtime/metrics"
 	"strings"
 	"testing"
 	"time"
@@ -227,5 +229,36 @@ func TestObserveRequestAllocs(t *testing.T) {
 		m.observeRequest(1, RouteKVHit, 200, 3*time.Millisecond, time.Millisecond)
 	}); n != 0 {
 		t.Errorf("%v allocs per observed request", n)
+	}
+}
+
+// The runtime's scheduling-latency and GC-pause histograms are exposed whole (buckets,
+// _sum, _count) with their count equal to the runtime's own sample count at the time:
+// the fold into fixed bounds loses no sample.
+func TestMetricsRuntimeHistograms(t *testing.T) {
+	a := newFakeEngine(t, "a")
+	s := startProxy(t, testConfig(a.url()))
+	runtime.GC() // at least one GC pause
+	fams := scrapeFamilies(t, s)
+	checkHistograms(t, fams)
+	for _, h := range runtimeHists {
+		f := fams[h.family]
+		if f == nil || f.GetType() != dto.MetricType_HISTOGRAM || len(f.Metric) != 1 {
+			t.Fatalf("%s: %v", h.family, f)
+		}
+		got := f.Metric[0].GetHistogram()
+		s := []rtmetrics.Sample{{Name: h.sample}}
+		rtmetrics.Read(s)
+		var n uint64
+		for _, c := range s[0].Value.Float64Histogram().Counts {
+			n += c
+		}
+		// Read after the scrape: the runtime's count can only have grown since.
+		if got.GetSampleCount() == 0 || got.GetSampleCount() > n {
+			t.Errorf("%s: %d samples exposed, runtime has %d", h.family, got.GetSampleCount(), n)
+		}
+		if len(got.GetBucket()) != len(runtimeHistBounds)+1 {
+			t.Errorf("%s: %d buckets", h.family, len(got.GetBucket()))
+		}
 	}
 }

@@ -43,6 +43,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.IntVar(&fc.Markers, "fleet-markers", 100, "fleet: event-lag markers per fleet size")
 	fs.IntVar(&fc.Decisions, "fleet-decisions", 200, "fleet: 8,192-token decision requests per fleet size")
 	fs.StringVar(&fc.Publishers, "fleet-pub", "zmtp", "fleet: the engines' PUB sockets: zmtp (kvgate's own load-generation writer: direct writes, never drops) or zmq4 (go-zeromq's, a writer goroutine per socket)")
+	fs.StringVar(&fc.ProfileDir, "fleet-profile", "", "fleet: a directory for CPU profiles of each churn window: kvgate-N.prof (kvgate serve) and runner-N.prof (the publishers), N the fleet size; empty: none")
 	fs.DurationVar(&fc.LoadScrape, "fleet-load-scrape", 50*time.Millisecond, "fleet: kvgate's -kv-load-scrape (its default; every engine's /metrics read this often, the stub answers vLLM's gauges; 0: off)")
 	out := fs.String("out", "bench/out", "directory for report.md and the SVG plots")
 	engines := fs.Int("engines", 4, "simulated engines per policy run")
