@@ -201,6 +201,8 @@ type fleetDecisionFixture struct {
 	elig    shard.Mask
 	cost    *route.Cost
 	entries int
+	// prefetch is inv.Prefetch, the method value made once.
+	prefetch func([]uint64)
 }
 
 var (
@@ -279,6 +281,7 @@ func fleetDecisionSetup(tb testing.TB) *fleetDecisionFixture {
 		for ep := range batches {
 			f.inv.Add(ep, batches[ep])
 		}
+		f.prefetch = f.inv.Prefetch
 		f.elig = shard.NewMask(fleetDecisionEndpoints)
 		f.elig.SetAll(fleetDecisionEndpoints)
 		loads := balance.NewLoads(fleetDecisionEndpoints)
@@ -314,9 +317,10 @@ func newFleetDecision() *fleetDecision {
 	return &fleetDecision{keys: make([]uint64, 0, decisionTokens/16), scores: make([]int32, fleetDecisionEndpoints)}
 }
 
-// decide is the decision as the proxy's request path makes it: keys, score, select.
+// decide is the decision as the proxy's request path makes it: keys (each run's buckets
+// prefetched as it comes), score, select.
 func (f *fleetDecisionFixture) decide(d *fleetDecision) int {
-	d.keys = hashcore.Keys(f.chain, d.keys[:0], f.tokens, nil)
+	d.keys = hashcore.KeysEach(f.chain, d.keys[:0], f.tokens, nil, f.prefetch)
 	best, _ := f.inv.Score(d.keys, f.elig, shard.Overlap, d.scores)
 	d.cand = route.Candidates{Eligible: f.elig, Matched: d.scores, Best: best, Tokens: len(f.tokens),
 		BlockSize: 16, MinBlocks: 1, Blocks: d.keys}
@@ -339,4 +343,38 @@ func TestDecisionFleet(t *testing.T) {
 	if a := testing.AllocsPerRun(20, func() { f.decide(d) }); a != 0 {
 		t.Fatalf("%.1f allocs per decision, want 0", a)
 	}
+}
+
+// BenchmarkDecisionFleetStages splits the fleet decision: the cold hash alone (as
+// BenchmarkDecisionStages/hash), the hash with each run's buckets prefetched as the
+// decision does it, the score of warm keys (its buckets just read: the cost of the
+// probes once their misses are hidden), and the select.
+func BenchmarkDecisionFleetStages(b *testing.B) {
+	f := fleetDecisionSetup(b)
+	d := newFleetDecision()
+	f.decide(d)
+	b.Run("hash", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			d.keys = hashcore.Keys(f.chain, d.keys[:0], f.tokens, nil)
+		}
+	})
+	b.Run("hash+prefetch", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			d.keys = hashcore.KeysEach(f.chain, d.keys[:0], f.tokens, nil, f.prefetch)
+		}
+	})
+	b.Run("score/warm", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			f.inv.Score(d.keys, f.elig, shard.Overlap, d.scores)
+		}
+	})
+	b.Run("select", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			f.cost.Select(&d.cand, nil)
+		}
+	})
 }

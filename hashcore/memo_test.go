@@ -416,3 +416,47 @@ func BenchmarkChainMemo(b *testing.B) {
 		})
 	}
 }
+
+// TestKeysEach: KeysEach and AppendKeysEach return Keys' keys, and their visits hand over
+// exactly those keys, in order, each once, in runs of at least KeysChunk but the last
+// (KeysEach: of at most KeysChunk), cold, memoized, and with extras ValidateExtras refuses.
+func TestKeysEach(t *testing.T) {
+	bad := &Extras{LoRAName: strings.Repeat("x", 1<<20)} // past the bound: no keys
+	for _, spec := range memoSpecs() {
+		c, err := New(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := newTestChainMemo(t, c, DefaultChainMemoBytes)
+		for _, blocks := range []int{0, 1, KeysChunk - 1, KeysChunk, KeysChunk + 1, 3*KeysChunk + 5, 100} {
+			toks := testTokens(blocks*spec.BlockSize + spec.BlockSize/2)
+			for _, ex := range append(memoExtras, bad) {
+				want := Keys(c, nil, toks, ex)
+				for _, via := range []string{"KeysEach", "memo cold", "memo warm"} {
+					var seen [][]uint64
+					visit := func(k []uint64) { seen = append(seen, slices.Clone(k)) }
+					var got []uint64
+					if via == "KeysEach" {
+						got = KeysEach(c, []uint64{7}, toks, ex, visit)
+					} else {
+						got, _ = m.AppendKeysEach([]uint64{7}, toks, ex, visit)
+					}
+					if !slices.Equal(got[1:], want) {
+						t.Fatalf("%s %s, %d blocks, extras %v: keys differ from Keys", c.Name(), via, blocks, ex != nil)
+					}
+					var all []uint64
+					for r, run := range seen {
+						last := r == len(seen)-1
+						if len(run) == 0 || (via == "KeysEach" && len(run) > KeysChunk) || (!last && len(run) < KeysChunk && via != "KeysEach") {
+							t.Fatalf("%s %s, %d blocks: visit %d of %d keys", c.Name(), via, blocks, r, len(run))
+						}
+						all = append(all, run...)
+					}
+					if !slices.Equal(all, want) {
+						t.Fatalf("%s %s, %d blocks: visits saw %d keys, want Keys' %d", c.Name(), via, blocks, len(all), len(want))
+					}
+				}
+			}
+		}
+	}
+}
