@@ -2,6 +2,7 @@ package route
 
 import (
 	"math"
+	"math/bits"
 	"sync/atomic"
 	"time"
 
@@ -127,9 +128,14 @@ func (c *Cost) terms(cd *Candidates, r *costRound, i int, t *Terms) (load int64,
 }
 
 // floor is a lower bound on candidate i's cost: its own prefill at its rate, queue and
-// slot wait aside (Queues.Floor).
+// slot wait aside (Queues.Floor). Most of a fleet holds too little of the prompt to count:
+// the whole prompt, without Uncached's arithmetic.
 func (c *Cost) floor(cd *Candidates, i int) float64 {
-	return c.Queues.Floor(i, cd.Uncached(i))
+	u := cd.Tokens
+	if cd.Matched[i] >= cd.MinBlocks {
+		u = cd.Uncached(i)
+	}
+	return c.Queues.Floor(i, u)
 }
 
 // selectAt is Select on rotation turn at now; full forces the scan that evaluates every
@@ -151,19 +157,23 @@ func (c *Cost) selectAt(cd *Candidates, obs Observer, turn uint64, now time.Time
 	}
 	r := costRound{now: now}
 	low, low2, lowAt := math.Inf(1), math.Inf(1), -1 // the least floor, where, the next least
-	for i := 0; i < n; i++ {
-		if !cd.Eligible.Has(i) {
-			continue
-		}
-		r.eligible++
-		if c.FairShare > 0 {
-			r.total += c.Queues.Work(i)
-		}
-		switch f := c.floor(cd, i); {
-		case f < low:
-			low2, low, lowAt = low, f, i
-		case f < low2:
-			low2 = f
+	share := c.FairShare > 0
+	for w, word := range cd.Eligible {
+		for ; word != 0; word &= word - 1 {
+			i := w<<6 | bits.TrailingZeros64(word)
+			if i >= n {
+				break
+			}
+			r.eligible++
+			if share {
+				r.total += c.Queues.Work(i)
+			}
+			switch f := c.floor(cd, i); {
+			case f < low:
+				low2, low, lowAt = low, f, i
+			case f < low2:
+				low2 = f
+			}
 		}
 	}
 	if c.FairShare > 0 {
