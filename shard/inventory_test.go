@@ -309,3 +309,63 @@ func TestWritesAllocateNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestPrefetchIsOnlyAHint: Prefetch (any keys: none, key 0, absent ones, more than a
+// batch) changes nothing Score sees, on an inline-mask rule and a sparse one, before and
+// after the tables grow under it; allocation-free.
+func TestPrefetchIsOnlyAHint(t *testing.T) {
+	for _, eps := range []int{8, 1024} {
+		inv, err := New(Config{Endpoints: eps})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(uint64(eps), 7))
+		keys := make([]uint64, 100)
+		for i := range keys {
+			keys[i] = rng.Uint64()
+		}
+		keys[3] = 0
+		el := NewMask(eps)
+		el.SetAll(eps)
+		want, got := make([]int32, eps), make([]int32, eps)
+		held := map[uint64]map[int]bool{}
+		inv.Prefetch(nil)
+		for round := 0; round < 3; round++ {
+			inv.Prefetch(keys)
+			gb, gs := inv.Score(keys, el, Overlap, got)
+			// The oracle: what was added, kept in a map.
+			clear(want)
+			for _, k := range keys {
+				for ep := range held[k] {
+					want[ep]++
+				}
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("%d endpoints, round %d: scores after Prefetch differ from the holders", eps, round)
+			}
+			if round > 0 && (gb < 0 || got[gb] == 0 || gs < 0) {
+				t.Fatalf("%d endpoints, round %d: best %d second %d", eps, round, gb, gs)
+			}
+			// Hold some of the keys, then grow the tables past them.
+			add := func(ep int, ks []uint64) {
+				inv.Add(ep, ks)
+				for _, k := range ks {
+					if held[k] == nil {
+						held[k] = map[int]bool{}
+					}
+					held[k][ep] = true
+				}
+			}
+			add(round*3%eps, keys[round*20:round*20+40])
+			add((round*3+1)%eps, keys[:10])
+			fill := make([]uint64, 20000)
+			for i := range fill {
+				fill[i] = rng.Uint64()
+			}
+			add(eps-1, fill)
+		}
+		if a := testing.AllocsPerRun(20, func() { inv.Prefetch(keys) }); a != 0 {
+			t.Fatalf("Prefetch allocates %.1f times", a)
+		}
+	}
+}
