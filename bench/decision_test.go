@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -129,9 +130,11 @@ func BenchmarkDecision(b *testing.B) {
 		d := newFleetDecision()
 		w := -1
 		b.ReportAllocs()
+		clock := startCPUClock()
 		for b.Loop() {
 			w = f.decide(d)
 		}
+		clock.stop(b)
 		if w != 5 || d.scores[5] != 384 || d.scores[300] != 256 || d.scores[900] != 128 {
 			b.Fatalf("decision: endpoint %d, scores 5:%d 300:%d 900:%d; want 5 (384, 256, 128)",
 				w, d.scores[5], d.scores[300], d.scores[900])
@@ -355,26 +358,51 @@ func BenchmarkDecisionFleetStages(b *testing.B) {
 	f.decide(d)
 	b.Run("hash", func(b *testing.B) {
 		b.ReportAllocs()
+		clock := startCPUClock()
 		for b.Loop() {
 			d.keys = hashcore.Keys(f.chain, d.keys[:0], f.tokens, nil)
 		}
+		clock.stop(b)
 	})
 	b.Run("hash+prefetch", func(b *testing.B) {
 		b.ReportAllocs()
+		clock := startCPUClock()
 		for b.Loop() {
 			d.keys = hashcore.KeysEach(f.chain, d.keys[:0], f.tokens, nil, f.prefetch)
 		}
+		clock.stop(b)
 	})
 	b.Run("score/warm", func(b *testing.B) {
 		b.ReportAllocs()
+		clock := startCPUClock()
 		for b.Loop() {
 			f.inv.Score(d.keys, f.elig, shard.Overlap, d.scores)
 		}
+		clock.stop(b)
 	})
 	b.Run("select", func(b *testing.B) {
 		b.ReportAllocs()
+		clock := startCPUClock()
 		for b.Loop() {
 			f.cost.Select(&d.cand, nil)
 		}
+		clock.stop(b)
 	})
+}
+
+// cpuClock reports "cpu-ns/op", the benchmark thread's CPU time per op, next to the wall
+// time: on a shared machine compare by it (hashcore's twin). Call start before b.Loop and
+// stop after it.
+type cpuClock struct{ t0 time.Duration }
+
+func startCPUClock() cpuClock {
+	runtime.LockOSThread()
+	return cpuClock{threadCPUTime()}
+}
+
+func (c cpuClock) stop(b *testing.B) {
+	if t := threadCPUTime(); t > 0 && b.N > 0 {
+		b.ReportMetric(float64(t-c.t0)/float64(b.N), "cpu-ns/op")
+	}
+	runtime.UnlockOSThread()
 }
