@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -128,11 +129,12 @@ func BenchmarkDecision(b *testing.B) {
 	b.Run("tokens=8192/endpoints=1024", func(b *testing.B) {
 		f := fleetDecisionSetup(b)
 		d := newFleetDecision()
-		w := -1
+		w, v := -1, 0
 		b.ReportAllocs()
 		clock := startCPUClock()
 		for b.Loop() {
-			w = f.decide(d)
+			w = f.decide(d, v)
+			v++
 		}
 		clock.stop(b)
 		if w != 5 || d.scores[5] != 384 || d.scores[300] != 256 || d.scores[900] != 128 {
@@ -180,12 +182,12 @@ func BenchmarkDecisionStages(b *testing.B) {
 	}
 }
 
-// The fleet decision (issue 13): the same 8,192-token prompt, hashed cold, scored against
+// The fleet decision (issue 13): an 8,192-token prompt (one of fleetDecisionPrompts), hashed cold, scored against
 // a 1,024-endpoint inventory of fleetDecisionEntries() (key, endpoint) entries, then the
 // cost policy (fair share and the followers sketch on, as kvgate serve builds it) over
 // all 1,024 with queue state on every endpoint. Target: <= 80 us and 0 allocs/op.
 //
-// Inventory: endpoint 5 holds the prompt's first 384 blocks, 300 its first 256, 900 its
+// Inventory: endpoint 5 holds each prompt's first 384 blocks, 300 its first 256, 900 its
 // first 128; every other key is a filler held by 1 (45%), 2 (30%), 3 (15%), 4 (6%), 8
 // (3%) or 32 (1%) distinct endpoints (shard's BenchmarkFleet workload: 2.3 holders a key,
 // 4% spilled), in per-endpoint batches of 64 as BlockStored events bring them. Entries:
@@ -197,10 +199,15 @@ func BenchmarkDecisionStages(b *testing.B) {
 // running and 0-2 waiting with 8 slots, so some predict a wait for a batch slot.
 const fleetDecisionEndpoints = 1024
 
+// fleetDecisionPrompts is how many distinct prompts the benchmark rotates, each with its
+// own keys and holders: a repeated prompt would find its 512 buckets still cached from the
+// last iteration, which no request of a real fleet does (2 MiB of lines, 128 MiB of pages).
+const fleetDecisionPrompts = 256
+
 type fleetDecisionFixture struct {
 	chain   hashcore.Chain
 	inv     *shard.Inventory
-	tokens  []uint32
+	prompts [][]uint32 // fleetDecisionPrompts of them, each held as the comment above says
 	elig    shard.Mask
 	cost    *route.Cost
 	entries int
@@ -264,14 +271,20 @@ func fleetDecisionSetup(tb testing.TB) *fleetDecisionFixture {
 		if f.inv, fleetDecisionErr = shard.New(shard.Config{Endpoints: fleetDecisionEndpoints}); fleetDecisionErr != nil {
 			return
 		}
-		f.tokens = decisionPromptTokens(decisionTokens)
-		keys := hashcore.Keys(f.chain, nil, f.tokens, nil)
-		f.inv.Add(5, keys[:384])
-		f.inv.Add(300, keys[:256])
-		f.inv.Add(900, keys[:128])
+		base := decisionPromptTokens(decisionTokens)
+		var keys [][]uint64
+		for v := 0; v < fleetDecisionPrompts; v++ {
+			p := slices.Clone(base)
+			p[0] = uint32(v) // every block key differs: the chain covers token 0
+			k := hashcore.Keys(f.chain, nil, p, nil)
+			f.inv.Add(5, k[:384])
+			f.inv.Add(300, k[:256])
+			f.inv.Add(900, k[:128])
+			f.prompts, keys = append(f.prompts, p), append(keys, k)
+		}
 		batches := make([][]uint64, fleetDecisionEndpoints)
 		var holders []int
-		for n, i := 384+256+128, uint64(0); n < f.entries; i++ {
+		for n, i := fleetDecisionPrompts*(384+256+128), uint64(0); n < f.entries; i++ {
 			holders = fleetDecisionHolders(holders[:0], i)
 			for _, ep := range holders {
 				if batches[ep] = append(batches[ep], decisionKey(1<<40+i)); len(batches[ep]) == 64 {
@@ -301,7 +314,9 @@ func fleetDecisionSetup(tb testing.TB) *fleetDecisionFixture {
 			}
 		}
 		f.cost = &route.Cost{Loads: loads, Queues: q, Popular: route.NewPopularity(16), FairShare: route.DefaultFairShare}
-		f.cost.Popular.Record(keys, now)
+		for _, k := range keys {
+			f.cost.Popular.Record(k, now)
+		}
 	})
 	if fleetDecisionErr != nil {
 		tb.Fatal(fleetDecisionErr)
@@ -320,12 +335,13 @@ func newFleetDecision() *fleetDecision {
 	return &fleetDecision{keys: make([]uint64, 0, decisionTokens/16), scores: make([]int32, fleetDecisionEndpoints)}
 }
 
-// decide is the decision as the proxy's request path makes it: keys (each run's buckets
-// prefetched as it comes), score, select.
-func (f *fleetDecisionFixture) decide(d *fleetDecision) int {
-	d.keys = hashcore.KeysEach(f.chain, d.keys[:0], f.tokens, nil, f.prefetch)
+// decide is the decision for prompt v as the proxy's request path makes it: keys (each
+// run's buckets prefetched as it comes), score, select.
+func (f *fleetDecisionFixture) decide(d *fleetDecision, v int) int {
+	tokens := f.prompts[v%len(f.prompts)]
+	d.keys = hashcore.KeysEach(f.chain, d.keys[:0], tokens, nil, f.prefetch)
 	best, _ := f.inv.Score(d.keys, f.elig, shard.Overlap, d.scores)
-	d.cand = route.Candidates{Eligible: f.elig, Matched: d.scores, Best: best, Tokens: len(f.tokens),
+	d.cand = route.Candidates{Eligible: f.elig, Matched: d.scores, Best: best, Tokens: len(tokens),
 		BlockSize: 16, MinBlocks: 1, Blocks: d.keys}
 	return f.cost.Select(&d.cand, nil)
 }
@@ -339,36 +355,58 @@ func TestDecisionFleet(t *testing.T) {
 	}
 	f := fleetDecisionSetup(t)
 	d := newFleetDecision()
-	if w := f.decide(d); w != 5 || d.scores[5] != 384 || d.scores[300] != 256 || d.scores[900] != 128 {
-		t.Fatalf("decision: endpoint %d, scores 5:%d 300:%d 900:%d; want 5 (384, 256, 128)",
-			w, d.scores[5], d.scores[300], d.scores[900])
+	for v := range fleetDecisionPrompts {
+		if w := f.decide(d, v); w != 5 || d.scores[5] != 384 || d.scores[300] != 256 || d.scores[900] != 128 {
+			t.Fatalf("prompt %d: endpoint %d, scores 5:%d 300:%d 900:%d; want 5 (384, 256, 128)",
+				v, w, d.scores[5], d.scores[300], d.scores[900])
+		}
 	}
-	if a := testing.AllocsPerRun(20, func() { f.decide(d) }); a != 0 {
+	v := 0
+	if a := testing.AllocsPerRun(20, func() { f.decide(d, v); v++ }); a != 0 {
 		t.Fatalf("%.1f allocs per decision, want 0", a)
 	}
 }
 
 // BenchmarkDecisionFleetStages splits the fleet decision: the cold hash alone (as
 // BenchmarkDecisionStages/hash), the hash with each run's buckets prefetched as the
-// decision does it, the score of warm keys (its buckets just read: the cost of the
-// probes once their misses are hidden), and the select.
+// decision does it, the score of each prompt in turn without a prefetch (cold) and of
+// one prompt again and again (warm: the probes' cost once their misses are hidden), and
+// the select.
 func BenchmarkDecisionFleetStages(b *testing.B) {
 	f := fleetDecisionSetup(b)
 	d := newFleetDecision()
-	f.decide(d)
+	f.decide(d, 0)
+	all := make([][]uint64, len(f.prompts))
+	for v, p := range f.prompts {
+		all[v] = hashcore.Keys(f.chain, nil, p, nil)
+	}
 	b.Run("hash", func(b *testing.B) {
 		b.ReportAllocs()
 		clock := startCPUClock()
 		for b.Loop() {
-			d.keys = hashcore.Keys(f.chain, d.keys[:0], f.tokens, nil)
+			d.keys = hashcore.Keys(f.chain, d.keys[:0], f.prompts[0], nil)
 		}
 		clock.stop(b)
 	})
 	b.Run("hash+prefetch", func(b *testing.B) {
 		b.ReportAllocs()
 		clock := startCPUClock()
+		v := 0
 		for b.Loop() {
-			d.keys = hashcore.KeysEach(f.chain, d.keys[:0], f.tokens, nil, f.prefetch)
+			d.keys = hashcore.KeysEach(f.chain, d.keys[:0], f.prompts[v%len(f.prompts)], nil, f.prefetch)
+			v++
+		}
+		clock.stop(b)
+	})
+	// The score of each prompt in turn, its buckets not prefetched: what the score costs
+	// when its misses are not hidden.
+	b.Run("score/cold", func(b *testing.B) {
+		b.ReportAllocs()
+		clock := startCPUClock()
+		v := 0
+		for b.Loop() {
+			f.inv.Score(all[v%len(all)], f.elig, shard.Overlap, d.scores)
+			v++
 		}
 		clock.stop(b)
 	})
@@ -376,10 +414,11 @@ func BenchmarkDecisionFleetStages(b *testing.B) {
 		b.ReportAllocs()
 		clock := startCPUClock()
 		for b.Loop() {
-			f.inv.Score(d.keys, f.elig, shard.Overlap, d.scores)
+			f.inv.Score(all[0], f.elig, shard.Overlap, d.scores)
 		}
 		clock.stop(b)
 	})
+	f.decide(d, 0)
 	b.Run("select", func(b *testing.B) {
 		b.ReportAllocs()
 		clock := startCPUClock()
