@@ -211,8 +211,6 @@ type fleetDecisionFixture struct {
 	elig    shard.Mask
 	cost    *route.Cost
 	entries int
-	// prefetch is inv.Prefetch, the method value made once.
-	prefetch func([]uint64)
 }
 
 var (
@@ -297,7 +295,6 @@ func fleetDecisionSetup(tb testing.TB) *fleetDecisionFixture {
 		for ep := range batches {
 			f.inv.Add(ep, batches[ep])
 		}
-		f.prefetch = f.inv.Prefetch
 		f.elig = shard.NewMask(fleetDecisionEndpoints)
 		f.elig.SetAll(fleetDecisionEndpoints)
 		loads := balance.NewLoads(fleetDecisionEndpoints)
@@ -335,11 +332,11 @@ func newFleetDecision() *fleetDecision {
 	return &fleetDecision{keys: make([]uint64, 0, decisionTokens/16), scores: make([]int32, fleetDecisionEndpoints)}
 }
 
-// decide is the decision for prompt v as the proxy's request path makes it: keys (each
-// run's buckets prefetched as it comes), score, select.
+// decide is the decision for prompt v as the proxy's request path makes it: keys, score,
+// select.
 func (f *fleetDecisionFixture) decide(d *fleetDecision, v int) int {
 	tokens := f.prompts[v%len(f.prompts)]
-	d.keys = hashcore.KeysEach(f.chain, d.keys[:0], tokens, nil, f.prefetch)
+	d.keys = hashcore.Keys(f.chain, d.keys[:0], tokens, nil)
 	best, _ := f.inv.Score(d.keys, f.elig, shard.Overlap, d.scores)
 	d.cand = route.Candidates{Eligible: f.elig, Matched: d.scores, Best: best, Tokens: len(tokens),
 		BlockSize: 16, MinBlocks: 1, Blocks: d.keys}
@@ -367,11 +364,10 @@ func TestDecisionFleet(t *testing.T) {
 	}
 }
 
-// BenchmarkDecisionFleetStages splits the fleet decision: the cold hash alone (as
-// BenchmarkDecisionStages/hash), the hash with each run's buckets prefetched as the
-// decision does it, the score of each prompt in turn without a prefetch (cold) and of
-// one prompt again and again (warm: the probes' cost once their misses are hidden), and
-// the select.
+// BenchmarkDecisionFleetStages splits the fleet decision: the cold hash (as
+// BenchmarkDecisionStages/hash), the score of each prompt in turn (cold, as the decision
+// meets it) and of one prompt again and again (warm: the probes' cost once their cache
+// and TLB misses are gone), and the select.
 func BenchmarkDecisionFleetStages(b *testing.B) {
 	f := fleetDecisionSetup(b)
 	d := newFleetDecision()
@@ -388,18 +384,6 @@ func BenchmarkDecisionFleetStages(b *testing.B) {
 		}
 		clock.stop(b)
 	})
-	b.Run("hash+prefetch", func(b *testing.B) {
-		b.ReportAllocs()
-		clock := startCPUClock()
-		v := 0
-		for b.Loop() {
-			d.keys = hashcore.KeysEach(f.chain, d.keys[:0], f.prompts[v%len(f.prompts)], nil, f.prefetch)
-			v++
-		}
-		clock.stop(b)
-	})
-	// The score of each prompt in turn, its buckets not prefetched: what the score costs
-	// when its misses are not hidden.
 	b.Run("score/cold", func(b *testing.B) {
 		b.ReportAllocs()
 		clock := startCPUClock()

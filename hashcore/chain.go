@@ -42,27 +42,3 @@ func Keys(c Chain, dst []uint64, tokens []uint32, ex *Extras) []uint64 {
 	dst, _ = c.AppendKeys(dst, c.Root(), tokens, ex, true)
 	return dst
 }
-
-// KeysChunk is how many blocks KeysEach hashes between visits: long enough that the
-// chain's per-call setup stays a few percent of the hashing (about 3.5 us of SHA-256 at
-// 16-token blocks), short enough that loads a visit starts (an inventory's cache misses)
-// finish under the next chunk's hashing.
-const KeysChunk = 32
-
-// KeysEach is Keys that hands each run of new keys, KeysChunk blocks at a time, to visit
-// as soon as it is known, so that work on them (an inventory prefetching their buckets)
-// overlaps the hashing of the rest. visit must not keep the slice.
-func KeysEach(c Chain, dst []uint64, tokens []uint32, ex *Extras, visit func([]uint64)) []uint64 {
-	bs := c.BlockSize()
-	step := KeysChunk * bs
-	parent := c.Root()
-	for i := 0; i < len(tokens)/bs*bs; i += step {
-		n := len(dst)
-		dst, parent = c.AppendKeys(dst, parent, tokens[i:min(i+step, len(tokens))], ex, i == 0)
-		if len(dst) == n { // the contract refused the blocks (bad extras)
-			break
-		}
-		visit(dst[n:])
-	}
-	return dst
-}

@@ -133,30 +133,13 @@ func (m *ChainMemo) AppendKeys(dst []uint64, tokens []uint32, ex *Extras) []uint
 
 // AppendKeysHit is AppendKeys that also says how many of the blocks came from the memo.
 func (m *ChainMemo) AppendKeysHit(dst []uint64, tokens []uint32, ex *Extras) ([]uint64, int) {
-	return m.AppendKeysEach(dst, tokens, ex, nil)
-}
-
-// AppendKeysEach is AppendKeysHit that hands the keys to visit (when not nil) as KeysEach
-// does: each run of at least KeysChunk new blocks as soon as it is known, and the rest at
-// the end.
-func (m *ChainMemo) AppendKeysEach(dst []uint64, tokens []uint32, ex *Extras, visit func([]uint64)) ([]uint64, int) {
 	bs := m.blockSize
 	nb := len(tokens) / bs
 	if nb == 0 {
 		return dst, 0
 	}
 	if ValidateExtras(ex) != nil { // whatever the contract does with them, unmemoized
-		if visit != nil {
-			return KeysEach(m.chain, dst, tokens, ex, visit), 0
-		}
 		return Keys(m.chain, dst, tokens, ex), 0
-	}
-	from := len(dst) // the first key visit has not seen
-	seen := func(dst []uint64, all bool) {
-		if visit != nil && len(dst) > from && (all || len(dst)-from >= KeysChunk) {
-			visit(dst[from:])
-			from = len(dst)
-		}
 	}
 	var mix, salt uint64
 	if ex != nil {
@@ -187,7 +170,6 @@ func (m *ChainMemo) AppendKeysEach(dst []uint64, tokens []uint32, ex *Extras, vi
 			break
 		}
 		id = next
-		seen(dst, false)
 	}
 	hit := s * memoStretch
 	// The rest: each full stretch hashed and stored, then the blocks after the last one.
@@ -202,12 +184,10 @@ func (m *ChainMemo) AppendKeysEach(dst []uint64, tokens []uint32, ex *Extras, vi
 		}
 		m.store(next, dst[n:], &parent)
 		id = next
-		seen(dst, false)
 	}
 	if s == ns && nb > ns*memoStretch {
 		dst, _ = m.chain.AppendKeys(dst, parent, tokens[ns*stretchTokens:nb*bs], ex, ns == 0)
 	}
-	seen(dst, true)
 	if sc != nil {
 		putScratch(sc)
 	}

@@ -21,15 +21,12 @@ import (
 // tokenizer, hash chain), scores them against every endpoint's mirrored inventory and
 // picks the best overlap under the guard ladder.
 type kvRouter struct {
-	s     *Server
-	pool  *tokenize.Pool
-	inv   *shard.Inventory
-	chain hashcore.Chain // the engines' contract; nil when every endpoint is re-hashed
-	fast  hashcore.Chain // kvgate's own keys (TensorRT-LLM, failed parity, -kv-keys rehash)
-	mgr   eventSource    // ingest's subscribers, or the event plane (plane.go)
-	// prefetch is inv.Prefetch, made once: the hash hands it each run of keys as it
-	// comes, so the score's cache misses arrive under the rest of the hashing.
-	prefetch  func([]uint64)
+	s         *Server
+	pool      *tokenize.Pool
+	inv       *shard.Inventory
+	chain     hashcore.Chain // the engines' contract; nil when every endpoint is re-hashed
+	fast      hashcore.Chain // kvgate's own keys (TensorRT-LLM, failed parity, -kv-keys rehash)
+	mgr       eventSource    // ingest's subscribers, or the event plane (plane.go)
 	mode      shard.Mode
 	blockSize int
 	minBlocks int32 // -kv-min-match-tokens in whole blocks: a shallower match is a miss
@@ -133,7 +130,6 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 		return nil, fmt.Errorf("proxy: inventory: %w", err)
 	}
 	k.inv = inv
-	k.prefetch = inv.Prefetch
 	switch {
 	case cfg.KV.Mode == KVDisaggregated && cfg.PD.PrefixTrieKeys > 0:
 		k.trie, err = newPrefixTrie(k.ranks.cands, cfg.PD.PrefixTrieKeys, 0)
@@ -426,13 +422,13 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	}
 	if nEng > 0 {
 		if k.chainMemo != nil {
-			st.keys, st.memoBlocks = k.chainMemo.AppendKeysEach(st.keys[:0], st.tokens, exp, k.prefetch)
+			st.keys, st.memoBlocks = k.chainMemo.AppendKeysHit(st.keys[:0], st.tokens, exp)
 		} else {
-			st.keys = hashcore.KeysEach(k.chain, st.keys[:0], st.tokens, exp, k.prefetch)
+			st.keys = hashcore.Keys(k.chain, st.keys[:0], st.tokens, exp)
 		}
 	}
 	if nFast > 0 {
-		st.fastKeys = hashcore.KeysEach(k.fast, st.fastKeys[:0], st.tokens, exp, k.prefetch)
+		st.fastKeys = hashcore.Keys(k.fast, st.fastKeys[:0], st.tokens, exp)
 	}
 	otherKeys := 0
 	for g := range st.groups[:st.ngroups] {

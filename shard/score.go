@@ -98,27 +98,6 @@ func (inv *Inventory) prefix1(keys []uint64, run uint64, scores []int32) {
 	}
 }
 
-// Prefetch starts loading the home buckets of keys into cache and returns without
-// waiting for them: a caller that is still computing the rest of a prompt's keys
-// (hashcore.KeysEach) hands each run here as it comes, so the cache misses of its later
-// Score arrive under the hashing instead of after it. At 10^8 entries nearly every probe
-// misses every cache level (and the TLB), about as long as one block's SHA-256. Lock-free,
-// allocation-free, and only a hint: a bucket evicted or a table republished since costs
-// Score the miss it would have had.
-func (inv *Inventory) Prefetch(keys []uint64) {
-	var lines [scoreBatch]unsafe.Pointer
-	for len(keys) > 0 {
-		n := min(len(keys), scoreBatch)
-		for i, k := range keys[:n] {
-			h := mix(k)
-			t := inv.tabs[h>>inv.shift].Load()
-			lines[i] = unsafe.Pointer(&t.buckets[t.home(h, inv.shardBits)])
-		}
-		prefetchLines(&lines[0], n)
-		keys = keys[n:]
-	}
-}
-
 // scoreBatch is how many keys Score locates and prefetches at a time.
 const scoreBatch = 16
 
