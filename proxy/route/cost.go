@@ -138,6 +138,11 @@ func (c *Cost) floor(cd *Candidates, i int) float64 {
 	return c.Queues.Floor(i, u)
 }
 
+// pruneFrom is the fewest candidates selectAt bounds by their floors: at 8 the floor pass
+// and the least-floor candidate's evaluation cost ~10% of a full scan that is needed
+// anyway when a queue makes that candidate lose.
+const pruneFrom = 32
+
 // selectAt is Select on rotation turn at now; full forces the scan that evaluates every
 // candidate (an Observer gets it too: it records every endpoint's terms).
 //
@@ -149,13 +154,15 @@ func (c *Cost) floor(cd *Candidates, i int) float64 {
 // plus the widest band a candidate can tie it within) is below every other floor, no other
 // candidate can beat or tie it: the scan would offer every one to a pick that is, or
 // becomes, that candidate and turn it away, so it wins whatever the rotation. Otherwise the
-// scan runs, passing over each candidate whose floor is past both picks' reach.
+// scan runs, passing over each candidate whose floor is past both picks' reach. Under
+// pruneFrom candidates the full scan costs less than the floors.
 func (c *Cost) selectAt(cd *Candidates, obs Observer, turn uint64, now time.Time, full bool) int {
 	n := len(cd.Matched)
 	if n == 0 {
 		return -1
 	}
 	r := costRound{now: now}
+	prune := obs == nil && !full && n >= pruneFrom
 	low, low2, lowAt := math.Inf(1), math.Inf(1), -1 // the least floor, where, the next least
 	share := c.FairShare > 0
 	for w, word := range cd.Eligible {
@@ -167,6 +174,9 @@ func (c *Cost) selectAt(cd *Candidates, obs Observer, turn uint64, now time.Time
 			r.eligible++
 			if share {
 				r.total += c.Queues.Work(i)
+			}
+			if !prune {
+				continue
 			}
 			switch f := c.floor(cd, i); {
 			case f < low:
@@ -180,7 +190,7 @@ func (c *Cost) selectAt(cd *Candidates, obs Observer, turn uint64, now time.Time
 		r.scale = c.Queues.WorkScale(now)
 	}
 	var terms Terms
-	if obs == nil && !full && lowAt >= 0 {
+	if prune && lowAt >= 0 {
 		_, in := c.terms(cd, &r, lowAt, &terms)
 		// A margin of 1e-12 keeps float rounding of the comparison on the safe side.
 		if reach := terms.Cost + 1000*float64(cd.BlockSize)/terms.Rate; in && reach*(1+1e-12) < low2 {
@@ -199,7 +209,7 @@ func (c *Cost) selectAt(cd *Candidates, obs Observer, turn uint64, now time.Time
 		}
 		// A candidate whose floor is past both picks' reach costs more than either can
 		// be beaten by (Cost >= floor: the same arithmetic, every other term >= 0).
-		if obs == nil && within.i >= 0 && all.i >= 0 {
+		if prune && within.i >= 0 && all.i >= 0 {
 			if f := c.floor(cd, i); f > within.reach && f > all.reach {
 				continue
 			}
