@@ -1,6 +1,8 @@
 package route
 
 import (
+	"math"
+	"math/bits"
 	"sync/atomic"
 	"time"
 
@@ -80,28 +82,123 @@ func (p *pick) offer(i int, t *Terms, load int64) {
 }
 
 func (c *Cost) Select(cd *Candidates, obs Observer) int {
+	return c.selectAt(cd, obs, c.rot.Add(1), time.Now(), false)
+}
+
+// costRound is one Select's fleet-wide inputs: the time, the eligible count and the fair
+// share's total work and scale.
+type costRound struct {
+	now      time.Time
+	eligible int
+	total    float64
+	scale    float64
+}
+
+// terms fills t with candidate i's cost terms and returns its in-flight count and
+// whether it may compete within the fair share (under it, or its cached prefix private).
+func (c *Cost) terms(cd *Candidates, r *costRound, i int, t *Terms) (load int64, within bool) {
+	uncached := cd.Uncached(i)
+	cached := 0 // tokens the endpoint holds on any tier, when deep enough to count
+	if m := cd.Matched[i]; m >= cd.MinBlocks {
+		cached = int(m) * cd.BlockSize
+	}
+	load = c.Loads.Get(i)
+	*t = Terms{}
+	c.Queues.Predict(t, i, uncached, load, r.now)
+	t.Matched = cd.Matched[i]
+	if cd.CPU != nil {
+		t.CPU, t.Storage = cd.CPU[i], cd.Storage[i]
+	}
+	t.GPUTokens = int(t.Matched-t.CPU-t.Storage) * cd.BlockSize
+	t.CPUTokens, t.StorageTokens = int(t.CPU)*cd.BlockSize, int(t.Storage)*cd.BlockSize
+	if r.scale > 0 {
+		w := float64(uncached) / t.Rate * r.scale
+		if after := r.total + w; after > 0 {
+			t.Share = (c.Queues.Work(i) + w) / after
+			t.OverShare = t.Share*float64(r.eligible) > c.FairShare
+		}
+		if c.Popular != nil && cached > 0 {
+			t.Followers = c.Popular.Count(cd.Blocks, cached/cd.BlockSize)
+		}
+	}
+	// A cached prefix whose recent followers brought less work than copying it
+	// elsewhere costs is private to this endpoint: it stays.
+	private := cached > 0 && t.Followers*int64(uncached) < int64(cached)
+	return load, !t.OverShare || private
+}
+
+// floor is a lower bound on candidate i's cost: its own prefill at its rate, queue and
+// slot wait aside (Queues.Floor). Most of a fleet holds too little of the prompt to count:
+// the whole prompt, without Uncached's arithmetic.
+func (c *Cost) floor(cd *Candidates, i int) float64 {
+	u := cd.Tokens
+	if cd.Matched[i] >= cd.MinBlocks {
+		u = cd.Uncached(i)
+	}
+	return c.Queues.Floor(i, u)
+}
+
+// pruneFrom is the fewest candidates selectAt bounds by their floors: at 8 the floor pass
+// and the least-floor candidate's evaluation cost ~10% of a full scan that is needed
+// anyway when a queue makes that candidate lose.
+const pruneFrom = 32
+
+// selectAt is Select on rotation turn at now; full forces the scan that evaluates every
+// candidate (an Observer gets it too: it records every endpoint's terms).
+//
+// Why not always the full scan: over a fleet most candidates hold nothing of the prompt
+// and cost a full prefill, far more than a holder; evaluating each (a dozen loads, three
+// divisions) was most of a 1,024-endpoint decision. A candidate's floor (Queues.Floor: its
+// prefill alone) is a lower bound on its cost that takes two loads and a division. When
+// the candidate of the least floor competes within the fair share and its reach (its cost
+// plus the widest band a candidate can tie it within) is below every other floor, no other
+// candidate can beat or tie it: the scan would offer every one to a pick that is, or
+// becomes, that candidate and turn it away, so it wins whatever the rotation. Otherwise the
+// scan runs, passing over each candidate whose floor is past both picks' reach. Under
+// pruneFrom candidates the full scan costs less than the floors.
+func (c *Cost) selectAt(cd *Candidates, obs Observer, turn uint64, now time.Time, full bool) int {
 	n := len(cd.Matched)
 	if n == 0 {
 		return -1
 	}
-	now := time.Now()
-	var total float64
-	eligible := 0
-	for i := 0; i < n; i++ {
-		if cd.Eligible.Has(i) {
-			eligible++
-			if c.FairShare > 0 {
-				total += c.Queues.Work(i)
+	r := costRound{now: now}
+	prune := obs == nil && !full && n >= pruneFrom
+	low, low2, lowAt := math.Inf(1), math.Inf(1), -1 // the least floor, where, the next least
+	share := c.FairShare > 0
+	for w, word := range cd.Eligible {
+		for ; word != 0; word &= word - 1 {
+			i := w<<6 | bits.TrailingZeros64(word)
+			if i >= n {
+				break
+			}
+			r.eligible++
+			if share {
+				r.total += c.Queues.Work(i)
+			}
+			if !prune {
+				continue
+			}
+			switch f := c.floor(cd, i); {
+			case f < low:
+				low2, low, lowAt = low, f, i
+			case f < low2:
+				low2 = f
 			}
 		}
 	}
-	scale := 0.0
 	if c.FairShare > 0 {
-		scale = c.Queues.WorkScale(now)
+		r.scale = c.Queues.WorkScale(now)
 	}
-	start := rotatedStart(cd.Eligible, n, eligible, c.rot.Add(1))
-	within, all := pick{i: -1, blockSize: cd.BlockSize}, pick{i: -1, blockSize: cd.BlockSize}
 	var terms Terms
+	if prune && lowAt >= 0 {
+		_, in := c.terms(cd, &r, lowAt, &terms)
+		// A margin of 1e-12 keeps float rounding of the comparison on the safe side.
+		if reach := terms.Cost + 1000*float64(cd.BlockSize)/terms.Rate; in && reach*(1+1e-12) < low2 {
+			return lowAt
+		}
+	}
+	start := rotatedStart(cd.Eligible, n, r.eligible, turn)
+	within, all := pick{i: -1, blockSize: cd.BlockSize}, pick{i: -1, blockSize: cd.BlockSize}
 	for j := 0; j < n; j++ {
 		i := start + j
 		if i >= n {
@@ -110,39 +207,20 @@ func (c *Cost) Select(cd *Candidates, obs Observer) int {
 		if !cd.Eligible.Has(i) {
 			continue
 		}
-		uncached := cd.Uncached(i)
-		cached := 0 // tokens the endpoint holds on any tier, when deep enough to count
-		if m := cd.Matched[i]; m >= cd.MinBlocks {
-			cached = int(m) * cd.BlockSize
+		// A candidate whose floor is past both picks' reach costs more than either can
+		// be beaten by (Cost >= floor: the same arithmetic, every other term >= 0).
+		if prune && within.i >= 0 && all.i >= 0 {
+			if f := c.floor(cd, i); f > within.reach && f > all.reach {
+				continue
+			}
 		}
-		load := c.Loads.Get(i)
 		t := &terms
-		*t = Terms{}
-		c.Queues.Predict(t, i, uncached, load, now)
-		t.Matched = cd.Matched[i]
-		if cd.CPU != nil {
-			t.CPU, t.Storage = cd.CPU[i], cd.Storage[i]
-		}
-		t.GPUTokens = int(t.Matched-t.CPU-t.Storage) * cd.BlockSize
-		t.CPUTokens, t.StorageTokens = int(t.CPU)*cd.BlockSize, int(t.Storage)*cd.BlockSize
-		if scale > 0 {
-			w := float64(uncached) / t.Rate * scale
-			if after := total + w; after > 0 {
-				t.Share = (c.Queues.Work(i) + w) / after
-				t.OverShare = t.Share*float64(eligible) > c.FairShare
-			}
-			if c.Popular != nil && cached > 0 {
-				t.Followers = c.Popular.Count(cd.Blocks, cached/cd.BlockSize)
-			}
-		}
+		load, in := c.terms(cd, &r, i, t)
 		if obs != nil {
 			obs.Endpoint(i, *t)
 		}
 		all.offer(i, t, load)
-		// A cached prefix whose recent followers brought less work than copying it
-		// elsewhere costs is private to this endpoint: it stays.
-		private := cached > 0 && t.Followers*int64(uncached) < int64(cached)
-		if !t.OverShare || private {
+		if in {
 			within.offer(i, t, load)
 		}
 	}

@@ -47,9 +47,12 @@ const fitDecay = 0.98
 const serviceDecay = 0.9
 
 type epQueue struct {
-	queued   atomic.Int64  // uncached prompt tokens sent, no first token yet
-	rate     atomic.Uint64 // float64 bits: prefill tokens/s
-	base     atomic.Uint64 // float64 bits: fixed seconds before the first token
+	queued atomic.Int64  // uncached prompt tokens sent, no first token yet
+	rate   atomic.Uint64 // float64 bits: prefill tokens/s
+	base   atomic.Uint64 // float64 bits: fixed seconds before the first token
+	// work next to rate and base: the cost policy's first pass over a fleet reads these
+	// three of every endpoint (Floor, Work), one cache line each.
+	work     atomic.Uint64 // float64 bits: prefill seconds sent, scaled (see Queues.workT0)
 	service  atomic.Uint64 // float64 bits: mean seconds a request holds its endpoint
 	slots    atomic.Int64  // requests the engine runs at once (learned or pinned); 0 unknown
 	running  atomic.Int64  // engine-reported, at engAt
@@ -60,7 +63,6 @@ type epQueue struct {
 	samples  atomic.Int64  // rate-fit samples taken
 	sends    atomic.Uint64 // requests sent so far
 	prefills atomic.Int64  // requests sent that have not produced a first token
-	work     atomic.Uint64 // float64 bits: prefill seconds sent, scaled (see Queues.workT0)
 
 	mu  sync.Mutex // the fit's sums
 	fit lineFit
@@ -312,6 +314,15 @@ func (q *Queues) Predict(t *Terms, ep, uncached int, inflight int64, now time.Ti
 	t.Predicted = sec * 1000
 	t.Delays = shared / rate * 1000
 	t.Cost = t.Predicted + t.Delays
+}
+
+// Floor is a lower bound on Predict's Cost for a request of uncached tokens at ep: the
+// prefill alone, computed with Predict's own operations on the same values, so that with
+// every term Predict adds (shared work, the slot wait, the delay to others) >= 0, float
+// rounding keeps Cost >= Floor.
+func (q *Queues) Floor(ep, uncached int) float64 {
+	e := &q.eps[ep]
+	return (loadF(&e.base) + float64(uncached)/loadF(&e.rate)) * 1000
 }
 
 // EndpointView is one endpoint's learned and reported state, for /debug/inventory.

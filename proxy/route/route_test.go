@@ -2,6 +2,7 @@ package route
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -416,5 +417,90 @@ func BenchmarkCostSelectFleet(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		c.Select(cd, nil)
+	}
+}
+
+// TestCostPrunedMatchesFullScan: the pruned scan (selectPruned, the in-scan floors)
+// decides as the scan that evaluates every candidate does, over random fleets: sizes up
+// to 1,024, few or many holders, equal endpoints (exact ties, decided by load and
+// rotation), engine reports with slot waits, learned rates that differ per endpoint,
+// lower tiers, fair share on and off.
+func TestCostPrunedMatchesFullScan(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 1024))
+	for round := 0; round < 400; round++ {
+		n := 1 + rng.IntN(64)
+		if round%4 == 0 {
+			n = 1024
+		}
+		pinned := 0.0
+		if rng.IntN(3) == 0 {
+			pinned = 5000 + float64(rng.IntN(10000))
+		}
+		q := NewQueues(n, pinned, rng.IntN(3)*4, time.Hour)
+		loads := balance.NewLoads(n)
+		c := &Cost{Loads: loads, Queues: q}
+		if rng.IntN(3) > 0 {
+			c.FairShare = []float64{DefaultFairShare, 1, 2}[rng.IntN(3)]
+			if rng.IntN(2) == 0 {
+				c.Popular = NewPopularity(16)
+			}
+		}
+		tokens := 16 * (1 + rng.IntN(1024))
+		matched := make([]int32, n)
+		holders := rng.IntN(6)
+		if rng.IntN(8) == 0 {
+			holders = rng.IntN(n + 1) // more than selectPruned takes, at times
+		}
+		for h := 0; h < holders; h++ {
+			matched[rng.IntN(n)] = int32(rng.IntN(tokens/16 + 1))
+		}
+		now := time.Now()
+		busy := rng.IntN(2) == 0 // else most endpoints are alike: ties
+		for i := 0; i < n; i++ {
+			for k := rng.IntN(3); k > 0; k-- { // in flight: what breaks ties
+				loads.Inc(i)
+			}
+			if busy || rng.IntN(16) == 0 {
+				q.Sent(i, rng.IntN(4000))
+				q.Finished(i, Ticket{}, time.Duration(rng.IntN(500))*time.Millisecond, 0, false)
+				if rng.IntN(2) == 0 {
+					q.Observe(i, Report{Running: int64(rng.IntN(12)), Waiting: int64(rng.IntN(3)), Slots: int64(rng.IntN(2) * 8)}, loads.Get(i), now)
+				}
+			}
+			if pinned == 0 && rng.IntN(8) == 0 { // a learned rate of its own
+				rate := 2000 + float64(rng.IntN(20000))
+				for k := 0; k < 6; k++ {
+					u := 256 * (k + 1)
+					tk := q.Sent(i, u)
+					q.FirstToken(i, u, time.Duration(float64(u)/rate*float64(time.Second)), tk)
+				}
+			}
+		}
+		cd := candidates(n, matched, tokens)
+		cd.MinBlocks = int32(1 + rng.IntN(3))
+		for i := 0; i < n; i++ {
+			if rng.IntN(4) == 0 {
+				cd.Eligible.Clear(i)
+			}
+		}
+		cd.Blocks = chain(uint64(round), tokens/16, 256, 2)
+		if c.Popular != nil {
+			c.Popular.Record(cd.Blocks, now)
+		}
+		if rng.IntN(4) == 0 {
+			cd.CPU, cd.Storage = make([]int32, n), make([]int32, n)
+			cd.CPUCost, cd.StorageCost = 0.06, 0.25
+			for i := range matched {
+				cd.CPU[i] = matched[i] / 2
+				cd.Storage[i] = matched[i] / 4
+			}
+		}
+		for turn := uint64(0); turn < 16; turn++ {
+			want := c.selectAt(cd, nil, turn, now, true)
+			if got := c.selectAt(cd, nil, turn, now, false); got != want {
+				t.Fatalf("round %d (n %d, %d holders, fair share %v) turn %d: pruned scan %d, full scan %d",
+					round, n, holders, c.FairShare, turn, got, want)
+			}
+		}
 	}
 }

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package bench
+
+import "time"
+
+func threadCPUTime() time.Duration { return 0 }
