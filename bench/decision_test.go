@@ -231,6 +231,22 @@ func fleetDecisionEntries() (int, error) {
 	return n * 1e6, nil
 }
 
+// fleetDecisionSpec is the fleet fixture's engine contract: vLLM's sha256_cbor, or the
+// prefix_caching_hash_algo FLEET_DECISION_ALGO names (sha256, sha256_cbor, xxhash,
+// xxhash_cbor; the xxhash ones with PYTHONHASHSEED=0), so the decision's hash stage can be
+// read for each hash a fleet may run.
+func fleetDecisionSpec() hashcore.Spec {
+	algo := os.Getenv("FLEET_DECISION_ALGO")
+	if algo == "" {
+		algo = "sha256_cbor"
+	}
+	s := hashcore.Spec{Engine: "vllm", Algo: algo, BlockSize: 16}
+	if strings.HasPrefix(algo, "xxhash") {
+		s.Seed, s.SeedSet = "0", true // vLLM refuses parity for them without a seed
+	}
+	return s
+}
+
 // fleetDecisionHolders appends filler key i's distinct holders to dst.
 func fleetDecisionHolders(dst []int, i uint64) []int {
 	h := decisionKey(i ^ 0x9e37<<48)
@@ -275,8 +291,8 @@ func fleetDecisionSetup(tb testing.TB) *fleetDecisionFixture {
 func buildFleetDecision(f *fleetDecisionFixture, entries int) error {
 	f.entries = entries
 	var err error
-	if f.chain, err = hashcore.New(hashcore.Spec{Engine: "vllm", Algo: "sha256_cbor", BlockSize: 16}); err != nil {
-		return err
+	if f.chain, err = hashcore.New(fleetDecisionSpec()); err != nil {
+		return fmt.Errorf("FLEET_DECISION_ALGO: %w", err)
 	}
 	if f.inv, err = shard.New(shard.Config{Endpoints: fleetDecisionEndpoints}); err != nil {
 		return err
