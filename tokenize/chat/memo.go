@@ -1,0 +1,591 @@
+package chat
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/kvgate/kvgate/internal/jsonlex"
+	"github.com/zeebo/xxh3"
+)
+
+// RenderMemo lets a follow-up turn of a chat skip re-evaluating the turns rendered before.
+// It holds two kinds of entry:
+//
+//   - a bound message: one message's JSON bytes (and the template's content format) -> the
+//     template value vLLM's preprocessing makes of it, so binding `messages` parses and
+//     converts only the new messages;
+//   - a loop iteration: (loop statement, the item's value) -> what the iteration did: its
+//     output, its control result, and, in evaluation order, every value it read from
+//     outside the iteration (at the maximal external expressions memo_scan.go marks) and
+//     every namespace attribute it set.
+//
+// Why replay is exact: in Jinja2 an iteration of a for loop sees the outside world only
+// through the names bound outside its body and affects it only through its output and
+// namespace attribute writes (a `set` inside a loop is loop-scoped; lists and dicts are
+// immutable in the sandbox). Given the same item, the iteration's evaluation is a function of
+// the values it reads from outside, in order; replay re-evaluates each recorded read in the
+// new context, applying the recorded writes in between, and compares strictly (kind, bits,
+// bytes, key order): when all are equal the evaluation would take the same path and produce
+// the same output and writes. On any difference the writes are undone and the iteration is
+// evaluated normally. Iterations the record cannot capture are never stored: a macro or
+// loop.cycle call, a name bound in the body read before its assignment (it resolves outside),
+// a recorded value that is a namespace, loop or callable (identity, not value), an error.
+//
+// Keys are compared in full (message bytes; the item's value, by pointer when it is a bound
+// message the memo owns, else structurally); the hash only picks the set. Lookups take no
+// lock (entries are immutable once published through an atomic slot); inserts and evictions
+// take one mutex. Memory is bounded by the bytes of the entries plus the slot table; past the
+// bound the oldest entries go first, those hit since they were last passed get a second
+// chance (CLOCK).
+type RenderMemo struct {
+	seed     uint64
+	slots    []atomic.Pointer[memoEntry]
+	mask     uint64 // sets - 1
+	maxBytes int64
+
+	mu    sync.Mutex // serializes inserts, evictions and the list
+	list  memoEntry  // sentinel of the insertion-order list
+	bytes atomic.Int64
+
+	hits, misses, evictions atomic.Uint64
+}
+
+const memoWays = 4
+
+// MinRenderMemoBytes is the smallest bound NewRenderMemo accepts.
+const MinRenderMemoBytes = 64 << 10
+
+// DefaultRenderMemoBytes is the proxy's default bound (-render-memo-bytes).
+const DefaultRenderMemoBytes = 64 << 20
+
+// memoEntryGuess sizes the slot table: an entry is typically one message's output.
+const memoEntryGuess = 1024
+
+type memoEntry struct {
+	hash   uint64
+	loop   *stmt // nil: a bound message
+	format ContentFormat
+	raw    string // a bound message's JSON
+	val    Value  // a bound message's value; an iteration's item
+	ev     []memoEvent
+	out    string
+	ctl    ctl
+	steps  int
+	size   int64
+	ref    atomic.Bool
+
+	slot       int        // under mu
+	prev, next *memoEntry // under mu
+}
+
+// memoEvent is a recorded read (e != nil: e evaluated to v) or write (s, a set of
+// namespace attribute, assigned v).
+type memoEvent struct {
+	e *expr
+	s *stmt
+	v Value
+}
+
+// MemoUse tells what one render took from the memo (/debug/explain).
+type MemoUse struct {
+	Iterations int // iterations of memoized loops
+	Replayed   int // of which replayed from the memo
+	Messages   int // messages bound
+	Bound      int // of which taken from the memo
+}
+
+// RenderMemoStats are a memo's counters.
+type RenderMemoStats struct {
+	Hits, Misses, Evictions uint64
+	Bytes                   int64
+}
+
+// NewRenderMemo returns a memo bounded by maxBytes.
+func NewRenderMemo(maxBytes int64) (*RenderMemo, error) {
+	if maxBytes < MinRenderMemoBytes {
+		return nil, fmt.Errorf("chat: render memo bound %d bytes: want >= %d", maxBytes, MinRenderMemoBytes)
+	}
+	sets := uint64(1) << (63 - bits.LeadingZeros64(uint64(maxBytes/(memoWays*memoEntryGuess))))
+	m := &RenderMemo{seed: rand.Uint64() | 1, slots: make([]atomic.Pointer[memoEntry], sets*memoWays),
+		mask: sets - 1, maxBytes: maxBytes}
+	m.list.next, m.list.prev = &m.list, &m.list
+	m.bytes.Store(int64(len(m.slots)) * 8)
+	return m, nil
+}
+
+// Stats returns the memo's counters.
+func (m *RenderMemo) Stats() RenderMemoStats {
+	return RenderMemoStats{Hits: m.hits.Load(), Misses: m.misses.Load(), Evictions: m.evictions.Load(), Bytes: m.bytes.Load()}
+}
+
+func (m *RenderMemo) set(h uint64) []atomic.Pointer[memoEntry] {
+	i := (h & m.mask) * memoWays
+	return m.slots[i : i+memoWays : i+memoWays]
+}
+
+func (e *memoEntry) touch() {
+	if !e.ref.Load() {
+		e.ref.Store(true)
+	}
+}
+
+// insert publishes e, evicting what the bound needs.
+func (m *RenderMemo) insert(e *memoEntry) {
+	if e.size > m.maxBytes/16 {
+		return // one huge entry would flush the memo
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	base := int(e.hash&m.mask) * memoWays
+	way := -1
+	for i := range memoWays {
+		if m.slots[base+i].Load() == nil {
+			way = i
+			break
+		}
+	}
+	if way < 0 {
+		// CLOCK within the set: the first way not hit since the last pass; passing clears.
+		for i := range memoWays {
+			old := m.slots[base+i].Load()
+			if !old.ref.Load() {
+				way = i
+				break
+			}
+			old.ref.Store(false)
+		}
+		if way < 0 {
+			way = int(e.hash>>32) % memoWays
+		}
+		m.drop(m.slots[base+way].Load())
+	}
+	e.slot = base + way
+	m.slots[e.slot].Store(e)
+	e.prev, e.next = m.list.prev, &m.list
+	e.prev.next, m.list.prev = e, e
+	m.bytes.Add(e.size)
+	for passes := 0; m.bytes.Load() > m.maxBytes && m.list.next != &m.list; {
+		old := m.list.next
+		if old != e && old.ref.Load() && passes < 64 {
+			passes++
+			old.ref.Store(false)
+			m.unlink(old)
+			old.prev, old.next = m.list.prev, &m.list
+			old.prev.next, m.list.prev = old, old
+			continue
+		}
+		m.drop(old)
+	}
+}
+
+// drop evicts old (under mu).
+func (m *RenderMemo) drop(old *memoEntry) {
+	m.unlink(old)
+	m.slots[old.slot].CompareAndSwap(old, nil)
+	m.bytes.Add(-old.size)
+	m.evictions.Add(1)
+}
+
+func (m *RenderMemo) unlink(e *memoEntry) {
+	e.prev.next, e.next.prev = e.next, e.prev
+	e.prev, e.next = nil, nil
+}
+
+func mix(h, x uint64) uint64 {
+	h ^= x
+	h *= 0x9e3779b97f4a7c15
+	return h ^ h>>29
+}
+
+// hashValue hashes v's value as sameValue compares it.
+func hashValue(h uint64, v Value) uint64 {
+	h = mix(h, uint64(v.k))
+	switch v.k {
+	case kBool, kInt, kFloat:
+		h = mix(h, uint64(v.n))
+	case kString, kUndefined:
+		h = mix(h, xxh3.HashString(v.s))
+	case kList:
+		for _, it := range v.lst().items {
+			h = hashValue(h, it)
+		}
+	case kDict:
+		if v.dct().memoH != 0 {
+			return mix(h, v.dct().memoH)
+		}
+		for i, k := range v.dct().keys {
+			h = mix(h, xxh3.HashString(k))
+			h = hashValue(h, v.dct().vals[i])
+		}
+	default:
+		h = mix(h, uint64(uintptr(v.p)))
+	}
+	return h
+}
+
+// sameValue is strict equality: what a template can observe of a and b is the same (kind,
+// float bits, bytes, key order; Python's 1 == 1.0 == True does not count).
+func sameValue(a, b Value) bool {
+	if a.k != b.k {
+		return false
+	}
+	switch a.k {
+	case kNone:
+		return true
+	case kBool, kInt, kFloat:
+		return a.n == b.n
+	case kString, kUndefined:
+		return a.s == b.s
+	case kList:
+		x, y := a.lst(), b.lst()
+		if x == y {
+			return true
+		}
+		if x.isTuple != y.isTuple || len(x.items) != len(y.items) {
+			return false
+		}
+		for i := range x.items {
+			if !sameValue(x.items[i], y.items[i]) {
+				return false
+			}
+		}
+		return true
+	case kDict:
+		x, y := a.dct(), b.dct()
+		if x == y {
+			return true
+		}
+		if x.memoH != 0 && y.memoH != 0 && x.memoH != y.memoH {
+			return false
+		}
+		if len(x.keys) != len(y.keys) {
+			return false
+		}
+		for i, k := range x.keys {
+			if y.keys[i] != k || !sameValue(x.vals[i], y.vals[i]) {
+				return false
+			}
+		}
+		return true
+	}
+	return a.p == b.p && a.s == b.s && a.n == b.n
+}
+
+// heapCopy returns v built on the heap (nothing in the render's arena) and its size; false
+// for values that have identity, not value (namespaces, loops, callables).
+func heapCopy(v Value) (Value, int64, bool) {
+	const word = int64(unsafe.Sizeof(Value{}))
+	switch v.k {
+	case kNone, kBool, kInt, kFloat:
+		return v, word, true
+	case kString, kUndefined:
+		return Value{k: v.k, s: strings.Clone(v.s)}, word + int64(len(v.s)), true
+	case kList:
+		items := make([]Value, len(v.lst().items))
+		size := word + 32
+		for i, it := range v.lst().items {
+			c, n, ok := heapCopy(it)
+			if !ok {
+				return undefined, 0, false
+			}
+			items[i], size = c, size+n
+		}
+		return Value{k: kList, p: unsafe.Pointer(&listVal{items: items, isTuple: v.lst().isTuple})}, size, true
+	case kDict:
+		if v.dct().memoH != 0 {
+			// Owned by the memo already (immutable); counted again, as this entry may
+			// outlive the message's own.
+			return v, valueSize(v), true
+		}
+		d := newDict(len(v.dct().keys))
+		size := word + 64
+		for i, k := range v.dct().keys {
+			c, n, ok := heapCopy(v.dct().vals[i])
+			if !ok {
+				return undefined, 0, false
+			}
+			d.set(strings.Clone(k), c)
+			size += n + 16 + int64(len(k))
+		}
+		return dictValue(d), size, true
+	}
+	return undefined, 0, false
+}
+
+func valueSize(v Value) int64 {
+	const word = int64(unsafe.Sizeof(Value{}))
+	switch v.k {
+	case kString, kUndefined:
+		return word + int64(len(v.s))
+	case kList:
+		n := word + 32
+		for _, it := range v.lst().items {
+			n += valueSize(it)
+		}
+		return n
+	case kDict:
+		n := word + 64
+		for i, k := range v.dct().keys {
+			n += valueSize(v.dct().vals[i]) + 16 + int64(len(k))
+		}
+		return n
+	}
+	return word
+}
+
+// entryOverhead is what an entry costs beside its strings and values.
+const entryOverhead = int64(unsafe.Sizeof(memoEntry{})) + 16
+
+// Binding messages.
+
+var errNoSplit = errors.New("chat: messages not split")
+
+// bindMessagesMemo binds the messages array element by element through the memo. It gives
+// up (false) on anything but a well-formed array of parseable, convertible messages; the
+// caller then takes the ordinary path, which also reports the error.
+func (r *renderer) bindMessagesMemo(raw []byte, format ContentFormat) (Value, bool) {
+	m := r.memo
+	i := jsonlex.SkipWS(raw, 0)
+	if i >= len(raw) || raw[i] != '[' {
+		return undefined, false
+	}
+	i = jsonlex.SkipWS(raw, i+1)
+	if i < len(raw) && raw[i] == ']' {
+		return undefined, false // empty: the ordinary path is as fast
+	}
+	spans := r.spans[:0]
+	for j := i; ; {
+		end, err := skipJSONValue(raw, j)
+		if err != nil || end == j {
+			return undefined, false
+		}
+		spans = append(spans, j, end)
+		j = jsonlex.SkipWS(raw, end)
+		if j >= len(raw) {
+			return undefined, false
+		}
+		if raw[j] == ']' {
+			if jsonlex.SkipWS(raw, j+1) != len(raw) {
+				return undefined, false
+			}
+			break
+		}
+		if raw[j] != ',' {
+			return undefined, false
+		}
+		j = jsonlex.SkipWS(raw, j+1)
+	}
+	r.spans = spans
+	n := len(spans) / 2
+	items := r.a.valSlice(n)
+	bound := 0
+	for k := range n {
+		v, hit, ok := m.boundMessage(raw[spans[2*k]:spans[2*k+1]], format)
+		if !ok {
+			return undefined, false
+		}
+		items[k] = v
+		if hit {
+			bound++
+		}
+	}
+	if r.memoUse != nil {
+		r.memoUse.Messages += n
+		r.memoUse.Bound += bound
+	}
+	return r.a.list(items, false), true
+}
+
+// boundMessage returns el's converted value from the memo, or converts and stores it.
+func (m *RenderMemo) boundMessage(el []byte, format ContentFormat) (v Value, hit, ok bool) {
+	h := mix(m.seed^uint64(format+1), xxh3.Hash(el)) | 1
+	for i := range m.set(h) {
+		e := m.set(h)[i].Load()
+		if e != nil && e.hash == h && e.loop == nil && e.format == format && e.raw == string(el) {
+			e.touch()
+			m.hits.Add(1)
+			return e.val, true, true
+		}
+	}
+	m.misses.Add(1)
+	raw := string(el) // the values point into it
+	p := jsonParser{b: unsafe.Slice(unsafe.StringData(raw), len(raw))}
+	p.ws()
+	pv, err := p.value(1) // depth 1, as an element of the array
+	if err != nil {
+		return undefined, false, false
+	}
+	if p.ws(); p.i != len(p.b) {
+		return undefined, false, false
+	}
+	cm, err := convertMessage(nil, pv, format)
+	if err != nil {
+		return undefined, false, false
+	}
+	// The converted dict is fresh or the parsed one; either way only this entry holds it.
+	cm.dct().memoH = h
+	e := &memoEntry{hash: h, format: format, raw: raw, val: cm}
+	e.size = entryOverhead + int64(len(raw))*2 + valueSize(cm)
+	m.insert(e)
+	return cm, false, true
+}
+
+// skipJSONValue returns the end of the JSON value at i: strings and nesting are followed
+// exactly, the rest is left to the parser, which sees every element on its own.
+func skipJSONValue(b []byte, i int) (int, error) {
+	depth := 0
+	for ; i < len(b); i++ {
+		switch b[i] {
+		case '"':
+			end, _, e := jsonlex.ScanString(b, i)
+			if e != 0 {
+				return 0, errNoSplit
+			}
+			i = end - 1
+			if depth == 0 {
+				return end, nil
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return i, nil
+			}
+			depth--
+			if depth == 0 {
+				return i + 1, nil
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return i, nil
+			}
+		}
+	}
+	if depth != 0 {
+		return 0, errNoSplit
+	}
+	return i, nil
+}
+
+// Loop iterations.
+
+// iterKey hashes the key of an iteration of loop s over item.
+func (m *RenderMemo) iterKey(s *stmt, item Value) uint64 {
+	return hashValue(mix(m.seed, uint64(uintptr(unsafe.Pointer(s)))), item) | 1
+}
+
+// replay serves the iteration of s over item (its frame bound) from the memo: true, with
+// its control result, when a record's reads all match.
+func (r *renderer) replay(s *stmt, item Value, h uint64) (ctl, bool) {
+	m := r.memo
+	for i := range m.set(h) {
+		e := m.set(h)[i].Load()
+		if e == nil || e.hash != h || e.loop != s || !sameValue(e.val, item) {
+			continue
+		}
+		if r.steps+e.steps > maxLoopSteps || len(r.out)+len(e.out) > maxOutput {
+			break // let the evaluation report it
+		}
+		if r.replayEvents(e.ev) {
+			e.touch()
+			m.hits.Add(1)
+			r.out = append(r.out, e.out...)
+			r.steps += e.steps
+			return e.ctl, true
+		}
+	}
+	m.misses.Add(1)
+	return ctlNone, false
+}
+
+type memoUndo struct {
+	d   *dictVal
+	key string
+	old Value
+	had bool
+}
+
+func (r *renderer) replayEvents(ev []memoEvent) bool {
+	r.replaying = true
+	r.memoBad = false
+	r.undo = r.undo[:0]
+	ok := true
+	for _, x := range ev {
+		if x.e != nil {
+			v, err := r.eval(x.e)
+			if err != nil || r.memoBad || !sameValue(v, x.v) {
+				ok = false
+				break
+			}
+			continue
+		}
+		ns, _ := r.lookup(x.s.targets[0])
+		if ns.k != kNS {
+			ok = false
+			break
+		}
+		old, had := ns.dct().get(x.s.attr)
+		r.undo = append(r.undo, memoUndo{ns.dct(), x.s.attr, old, had})
+		ns.dct().set(x.s.attr, x.v)
+	}
+	r.replaying = false
+	if !ok {
+		for i := len(r.undo) - 1; i >= 0; i-- {
+			u := r.undo[i]
+			if u.had {
+				u.d.set(u.key, u.old)
+			} else {
+				u.d.del(u.key)
+			}
+		}
+	}
+	clear(r.undo)
+	r.undo = r.undo[:0]
+	r.memoBad = false
+	return ok
+}
+
+// recordRead evaluates an external expression while an iteration is recorded, and records
+// its value.
+func (r *renderer) recordRead(e *expr) (Value, error) {
+	frame := r.recFrame
+	r.recording, r.recFrame = false, 0
+	v, err := r.eval(e)
+	r.recording, r.recFrame = true, frame
+	if err == nil {
+		r.recEv = append(r.recEv, memoEvent{e: e, v: v})
+	}
+	return v, err
+}
+
+// commit stores the iteration just recorded: item, the output since mark, its control
+// result and the loop steps it took.
+func (r *renderer) commit(s *stmt, item Value, h uint64, mark int, c ctl, steps int) {
+	if r.memoBad {
+		return
+	}
+	e := &memoEntry{hash: h, loop: s, ctl: c, steps: steps}
+	it, size, ok := heapCopy(item)
+	if !ok {
+		return
+	}
+	e.val = it
+	e.ev = make([]memoEvent, len(r.recEv))
+	for i, x := range r.recEv {
+		v, n, ok := heapCopy(x.v)
+		if !ok {
+			return
+		}
+		e.ev[i] = memoEvent{e: x.e, s: x.s, v: v}
+		size += n + int64(unsafe.Sizeof(memoEvent{}))
+	}
+	e.out = string(r.out[mark:])
+	e.size = entryOverhead + size + int64(len(e.out))
+	r.memo.insert(e)
+}
