@@ -417,7 +417,7 @@ func (r *renderer) execFor(s *stmt) (ctl, error) {
 	}
 	ls, obj := r.a.loop(items)
 	loopVal := Value{k: kLoop, p: unsafe.Pointer(obj)}
-	memo := s.memo && r.memo != nil
+	memo := s.memo && r.memo != nil && (s.memoStored.Load() > 0 || s.memoEmpty.Load() < memoQuietLoop)
 	for i, it := range items {
 		r.steps++
 		if r.steps > maxLoopSteps {

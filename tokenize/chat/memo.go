@@ -1,6 +1,7 @@
 package chat
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math/bits"
@@ -46,7 +47,7 @@ import (
 type RenderMemo struct {
 	seed     uint64
 	slots    []atomic.Pointer[memoEntry]
-	mask     uint64 // sets - 1
+	shift    uint // 64 - log2(sets): a set is the top bits of the hash, remixed
 	maxBytes int64
 
 	mu    sync.Mutex // serializes inserts, evictions and the list
@@ -62,7 +63,11 @@ const memoWays = 4
 const MinRenderMemoBytes = 64 << 10
 
 // DefaultRenderMemoBytes is the proxy's default bound (-render-memo-bytes).
-const DefaultRenderMemoBytes = 64 << 20
+const DefaultRenderMemoBytes = 32 << 20
+
+// memoQuietLoop: recorded iterations without output, none stored, after which a loop is
+// no longer memoized.
+const memoQuietLoop = 64
 
 // memoEntryGuess sizes the slot table: an entry is typically one message's output.
 const memoEntryGuess = 1024
@@ -111,9 +116,9 @@ func NewRenderMemo(maxBytes int64) (*RenderMemo, error) {
 	if maxBytes < MinRenderMemoBytes {
 		return nil, fmt.Errorf("chat: render memo bound %d bytes: want >= %d", maxBytes, MinRenderMemoBytes)
 	}
-	sets := uint64(1) << (63 - bits.LeadingZeros64(uint64(maxBytes/(memoWays*memoEntryGuess))))
-	m := &RenderMemo{seed: rand.Uint64() | 1, slots: make([]atomic.Pointer[memoEntry], sets*memoWays),
-		mask: sets - 1, maxBytes: maxBytes}
+	log := 63 - bits.LeadingZeros64(uint64(maxBytes/(memoWays*memoEntryGuess)))
+	m := &RenderMemo{seed: rand.Uint64() | 1, slots: make([]atomic.Pointer[memoEntry], memoWays<<log),
+		shift: uint(64 - log), maxBytes: maxBytes}
 	m.list.next, m.list.prev = &m.list, &m.list
 	m.bytes.Store(int64(len(m.slots)) * 8)
 	return m, nil
@@ -124,8 +129,15 @@ func (m *RenderMemo) Stats() RenderMemoStats {
 	return RenderMemoStats{Hits: m.hits.Load(), Misses: m.misses.Load(), Evictions: m.evictions.Load(), Bytes: m.bytes.Load()}
 }
 
+func (m *RenderMemo) setIndex(h uint64) int {
+	if m.shift == 64 {
+		return 0
+	}
+	return int((h*0xff51afd7ed558ccd)>>m.shift) * memoWays
+}
+
 func (m *RenderMemo) set(h uint64) []atomic.Pointer[memoEntry] {
-	i := (h & m.mask) * memoWays
+	i := m.setIndex(h)
 	return m.slots[i : i+memoWays : i+memoWays]
 }
 
@@ -142,7 +154,7 @@ func (m *RenderMemo) insert(e *memoEntry) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	base := int(e.hash&m.mask) * memoWays
+	base := m.setIndex(e.hash)
 	way := -1
 	for i := range memoWays {
 		if m.slots[base+i].Load() == nil {
@@ -443,8 +455,8 @@ func skipJSONValue(b []byte, i int) (int, error) {
 	for ; i < len(b); i++ {
 		switch b[i] {
 		case '"':
-			end, _, e := jsonlex.ScanString(b, i)
-			if e != 0 {
+			end := stringEnd(b, i+1)
+			if end < 0 {
 				return 0, errNoSplit
 			}
 			i = end - 1
@@ -471,6 +483,27 @@ func skipJSONValue(b []byte, i int) (int, error) {
 		return 0, errNoSplit
 	}
 	return i, nil
+}
+
+// stringEnd returns the end of the JSON string whose body starts at i (past its closing
+// quote), -1 if it does not close. Nothing in the body is checked: an element is parsed in
+// full before it is stored, and a later one must equal a stored one byte for byte.
+func stringEnd(b []byte, i int) int {
+	for {
+		q := bytes.IndexByte(b[i:], '"')
+		if q < 0 {
+			return -1
+		}
+		q += i
+		n := 0
+		for j := q - 1; j >= i && b[j] == '\\'; j-- {
+			n++
+		}
+		if n%2 == 0 {
+			return q + 1
+		}
+		i = q + 1
+	}
 }
 
 // Loop iterations.
@@ -569,6 +602,17 @@ func (r *renderer) recordRead(e *expr) (Value, error) {
 func (r *renderer) commit(s *stmt, item Value, h uint64, mark int, c ctl, steps int) {
 	if r.memoBad {
 		return
+	}
+	if len(r.out) == mark {
+		// An iteration without output (a pre-scan setting namespace attributes) costs
+		// about what its replay would: storing it would only cost memory.
+		if s.memoEmpty.Load() < memoQuietLoop {
+			s.memoEmpty.Add(1)
+		}
+		return
+	}
+	if s.memoStored.Load() == 0 {
+		s.memoStored.Add(1)
 	}
 	e := &memoEntry{hash: h, loop: s, ctl: c, steps: steps}
 	it, size, ok := heapCopy(item)

@@ -120,22 +120,20 @@ func markBody(body []*stmt, bound map[string]bool) {
 	}
 }
 
-// markExpr sets ext on the maximal external subexpressions of e and reports whether e
-// itself is external.
-func markExpr(e *expr, bound map[string]bool) bool {
+// markExpr sets ext on the maximal external subexpressions of e that read a name (a
+// constant needs no record) and reports whether e itself is external.
+func markExpr(e *expr, bound map[string]bool) {
 	if e == nil {
-		return true
+		return
 	}
-	ok := external(e, bound)
-	if ok {
-		e.ext = true
-		return true
+	if ok, named := external(e, bound); ok {
+		e.ext = named
+		return
 	}
 	markExpr(e.a, bound)
 	markExpr(e.b, bound)
 	markExpr(e.c, bound)
 	markExprArgs(e, bound)
-	return false
 }
 
 func markExprArgs(e *expr, bound map[string]bool) {
@@ -147,35 +145,37 @@ func markExprArgs(e *expr, bound map[string]bool) {
 	}
 }
 
-// external: e reads only names outside bound and calls only builtins or methods.
-func external(e *expr, bound map[string]bool) bool {
+// external: e reads only names outside bound and calls only builtins or methods; named: it
+// reads at least one name.
+func external(e *expr, bound map[string]bool) (ok, named bool) {
 	if e == nil {
-		return true
+		return true, false
 	}
 	switch e.op {
 	case eName:
-		return !bound[e.name]
+		return !bound[e.name], true
 	case eCall:
 		switch {
 		case e.a.op == eAttr:
 		case e.a.op == eName && (e.a.name == "range" || e.a.name == "dict" || e.a.name == "strftime_now"):
 			// namespace() is left out: a fresh namespace never equals a recorded one.
 		default:
-			return false
+			return false, true
 		}
 	}
-	if !external(e.a, bound) || !external(e.b, bound) || !external(e.c, bound) {
-		return false
+	ok = true
+	sub := func(x *expr) {
+		o, n := external(x, bound)
+		ok, named = ok && o, named || n
 	}
+	sub(e.a)
+	sub(e.b)
+	sub(e.c)
 	for _, a := range e.args {
-		if !external(a, bound) {
-			return false
-		}
+		sub(a)
 	}
 	for _, k := range e.kw {
-		if !external(k.e, bound) {
-			return false
-		}
+		sub(k.e)
 	}
-	return true
+	return ok, named
 }

@@ -1,6 +1,9 @@
 package chat
 
-import "fmt"
+import (
+	"fmt"
+	"sync/atomic"
+)
 
 type exprOp uint8
 
@@ -84,7 +87,12 @@ type stmt struct {
 	undef, elsUndef []string
 	// memo (sFor): the loop's iterations may be replayed from a RenderMemo (see memo.go).
 	memo bool
-	pos  int
+	// memoEmpty and memoStored count this loop's recorded iterations without output (not
+	// stored) and stored: a loop that only ever sets namespace attributes (a pre-scan) is
+	// cheaper evaluated than recorded, so after memoQuietLoop empty ones and none stored it
+	// is no longer memoized. Only a cost decision: any answer is exact.
+	memoEmpty, memoStored atomic.Int32
+	pos                   int
 }
 
 type parser struct {
