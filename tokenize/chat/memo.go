@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -50,9 +49,12 @@ type RenderMemo struct {
 	shift    uint // 64 - log2(sets): a set is the top bits of the hash, remixed
 	maxBytes int64
 
-	mu    sync.Mutex // serializes inserts, evictions and the list
-	list  memoEntry  // sentinel of the insertion-order list
-	bytes atomic.Int64
+	mu       sync.Mutex // serializes inserts, evictions, the list and the generations
+	list     memoEntry  // sentinel of the insertion-order list
+	gens     []*memoGen // generations holding live entries, oldest first; the last is current
+	genBytes int64      // slab bytes a generation takes before the next starts
+	nextID   uint64
+	bytes    atomic.Int64
 
 	hits, misses, evictions atomic.Uint64
 }
@@ -77,16 +79,20 @@ type memoEntry struct {
 	loop   *stmt // nil: a bound message
 	format ContentFormat
 	raw    string // a bound message's JSON
-	val    Value  // a bound message's value; an iteration's item
-	ev     []memoEvent
-	out    string
-	ctl    ctl
-	steps  int
-	size   int64
-	ref    atomic.Bool
+	val    Value  // a bound message's value; an iteration's item (when itemID is 0)
+	// id: a bound message's identity, carried by its value (dictVal.memoID) and kept when
+	// the entry is copied forward; itemID: the id of an iteration's item, which then is
+	// that bound message.
+	id, itemID uint64
+	ev         []memoEvent
+	out        string
+	ctl        ctl
+	steps      int
+	ref        atomic.Bool
 
 	slot       int        // under mu
 	prev, next *memoEntry // under mu
+	gen        *memoGen   // under mu
 }
 
 // memoEvent is a recorded read (e != nil: e evaluated to v) or write (s, a set of
@@ -120,6 +126,8 @@ func NewRenderMemo(maxBytes int64) (*RenderMemo, error) {
 	m := &RenderMemo{seed: rand.Uint64() | 1, slots: make([]atomic.Pointer[memoEntry], memoWays<<log),
 		shift: uint(64 - log), maxBytes: maxBytes}
 	m.list.next, m.list.prev = &m.list, &m.list
+	m.genBytes = max(maxBytes/16, 16<<10)
+	m.gens = []*memoGen{{limit: m.genBytes}}
 	m.bytes.Store(int64(len(m.slots)) * 8)
 	return m, nil
 }
@@ -145,68 +153,6 @@ func (e *memoEntry) touch() {
 	if !e.ref.Load() {
 		e.ref.Store(true)
 	}
-}
-
-// insert publishes e, evicting what the bound needs.
-func (m *RenderMemo) insert(e *memoEntry) {
-	if e.size > m.maxBytes/16 {
-		return // one huge entry would flush the memo
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	base := m.setIndex(e.hash)
-	way := -1
-	for i := range memoWays {
-		if m.slots[base+i].Load() == nil {
-			way = i
-			break
-		}
-	}
-	if way < 0 {
-		// CLOCK within the set: the first way not hit since the last pass; passing clears.
-		for i := range memoWays {
-			old := m.slots[base+i].Load()
-			if !old.ref.Load() {
-				way = i
-				break
-			}
-			old.ref.Store(false)
-		}
-		if way < 0 {
-			way = int(e.hash>>32) % memoWays
-		}
-		m.drop(m.slots[base+way].Load())
-	}
-	e.slot = base + way
-	m.slots[e.slot].Store(e)
-	e.prev, e.next = m.list.prev, &m.list
-	e.prev.next, m.list.prev = e, e
-	m.bytes.Add(e.size)
-	for passes := 0; m.bytes.Load() > m.maxBytes && m.list.next != &m.list; {
-		old := m.list.next
-		if old != e && old.ref.Load() && passes < 64 {
-			passes++
-			old.ref.Store(false)
-			m.unlink(old)
-			old.prev, old.next = m.list.prev, &m.list
-			old.prev.next, m.list.prev = old, old
-			continue
-		}
-		m.drop(old)
-	}
-}
-
-// drop evicts old (under mu).
-func (m *RenderMemo) drop(old *memoEntry) {
-	m.unlink(old)
-	m.slots[old.slot].CompareAndSwap(old, nil)
-	m.bytes.Add(-old.size)
-	m.evictions.Add(1)
-}
-
-func (m *RenderMemo) unlink(e *memoEntry) {
-	e.prev.next, e.next.prev = e.next, e.prev
-	e.prev, e.next = nil, nil
 }
 
 func mix(h, x uint64) uint64 {
@@ -289,71 +235,6 @@ func sameValue(a, b Value) bool {
 	return a.p == b.p && a.s == b.s && a.n == b.n
 }
 
-// heapCopy returns v built on the heap (nothing in the render's arena) and its size; false
-// for values that have identity, not value (namespaces, loops, callables).
-func heapCopy(v Value) (Value, int64, bool) {
-	const word = int64(unsafe.Sizeof(Value{}))
-	switch v.k {
-	case kNone, kBool, kInt, kFloat:
-		return v, word, true
-	case kString, kUndefined:
-		return Value{k: v.k, s: strings.Clone(v.s)}, word + int64(len(v.s)), true
-	case kList:
-		items := make([]Value, len(v.lst().items))
-		size := word + 32
-		for i, it := range v.lst().items {
-			c, n, ok := heapCopy(it)
-			if !ok {
-				return undefined, 0, false
-			}
-			items[i], size = c, size+n
-		}
-		return Value{k: kList, p: unsafe.Pointer(&listVal{items: items, isTuple: v.lst().isTuple})}, size, true
-	case kDict:
-		if v.dct().memoH != 0 {
-			// Owned by the memo already (immutable); counted again, as this entry may
-			// outlive the message's own.
-			return v, valueSize(v), true
-		}
-		d := newDict(len(v.dct().keys))
-		size := word + 64
-		for i, k := range v.dct().keys {
-			c, n, ok := heapCopy(v.dct().vals[i])
-			if !ok {
-				return undefined, 0, false
-			}
-			d.set(strings.Clone(k), c)
-			size += n + 16 + int64(len(k))
-		}
-		return dictValue(d), size, true
-	}
-	return undefined, 0, false
-}
-
-func valueSize(v Value) int64 {
-	const word = int64(unsafe.Sizeof(Value{}))
-	switch v.k {
-	case kString, kUndefined:
-		return word + int64(len(v.s))
-	case kList:
-		n := word + 32
-		for _, it := range v.lst().items {
-			n += valueSize(it)
-		}
-		return n
-	case kDict:
-		n := word + 64
-		for i, k := range v.dct().keys {
-			n += valueSize(v.dct().vals[i]) + 16 + int64(len(k))
-		}
-		return n
-	}
-	return word
-}
-
-// entryOverhead is what an entry costs beside its strings and values.
-const entryOverhead = int64(unsafe.Sizeof(memoEntry{})) + 16
-
 // Binding messages.
 
 var errNoSplit = errors.New("chat: messages not split")
@@ -362,7 +243,6 @@ var errNoSplit = errors.New("chat: messages not split")
 // up (false) on anything but a well-formed array of parseable, convertible messages; the
 // caller then takes the ordinary path, which also reports the error.
 func (r *renderer) bindMessagesMemo(raw []byte, format ContentFormat) (Value, bool) {
-	m := r.memo
 	i := jsonlex.SkipWS(raw, 0)
 	if i >= len(raw) || raw[i] != '[' {
 		return undefined, false
@@ -398,7 +278,7 @@ func (r *renderer) bindMessagesMemo(raw []byte, format ContentFormat) (Value, bo
 	items := r.a.valSlice(n)
 	bound := 0
 	for k := range n {
-		v, hit, ok := m.boundMessage(raw[spans[2*k]:spans[2*k+1]], format)
+		v, hit, ok := r.boundMessage(raw[spans[2*k]:spans[2*k+1]], format)
 		if !ok {
 			return undefined, false
 		}
@@ -415,7 +295,8 @@ func (r *renderer) bindMessagesMemo(raw []byte, format ContentFormat) (Value, bo
 }
 
 // boundMessage returns el's converted value from the memo, or converts and stores it.
-func (m *RenderMemo) boundMessage(el []byte, format ContentFormat) (v Value, hit, ok bool) {
+func (r *renderer) boundMessage(el []byte, format ContentFormat) (v Value, hit, ok bool) {
+	m := r.memo
 	h := mix(m.seed^uint64(format+1), xxh3.Hash(el)) | 1
 	for i := range m.set(h) {
 		e := m.set(h)[i].Load()
@@ -426,25 +307,18 @@ func (m *RenderMemo) boundMessage(el []byte, format ContentFormat) (v Value, hit
 		}
 	}
 	m.misses.Add(1)
-	raw := string(el) // the values point into it
-	p := jsonParser{b: unsafe.Slice(unsafe.StringData(raw), len(raw))}
-	p.ws()
-	pv, err := p.value(1) // depth 1, as an element of the array
+	// Parsed and converted in the render's arena; the memo keeps a copy in its slabs.
+	pv, err := parseJSONDepth(&r.a, el, 1) // depth 1, as an element of the array
 	if err != nil {
 		return undefined, false, false
 	}
-	if p.ws(); p.i != len(p.b) {
+	cm, err := convertMessage(&r.a, pv, format)
+	if err != nil || cm.k != kDict {
 		return undefined, false, false
 	}
-	cm, err := convertMessage(nil, pv, format)
-	if err != nil {
-		return undefined, false, false
+	if v, ok := m.storeBound(h, format, el, cm); ok {
+		return v, false, true
 	}
-	// The converted dict is fresh or the parsed one; either way only this entry holds it.
-	cm.dct().memoH = h
-	e := &memoEntry{hash: h, format: format, raw: raw, val: cm}
-	e.size = entryOverhead + int64(len(raw))*2 + valueSize(cm)
-	m.insert(e)
 	return cm, false, true
 }
 
@@ -519,7 +393,14 @@ func (r *renderer) replay(s *stmt, item Value, h uint64) (ctl, bool) {
 	m := r.memo
 	for i := range m.set(h) {
 		e := m.set(h)[i].Load()
-		if e == nil || e.hash != h || e.loop != s || !sameValue(e.val, item) {
+		if e == nil || e.hash != h || e.loop != s {
+			continue
+		}
+		if e.itemID != 0 {
+			if item.k != kDict || item.dct().memoID != e.itemID {
+				continue
+			}
+		} else if !sameValue(e.val, item) {
 			continue
 		}
 		if r.steps+e.steps > maxLoopSteps || len(r.out)+len(e.out) > maxOutput {
@@ -614,22 +495,13 @@ func (r *renderer) commit(s *stmt, item Value, h uint64, mark int, c ctl, steps 
 	if s.memoStored.Load() == 0 {
 		s.memoStored.Add(1)
 	}
-	e := &memoEntry{hash: h, loop: s, ctl: c, steps: steps}
-	it, size, ok := heapCopy(item)
-	if !ok {
-		return
-	}
-	e.val = it
-	e.ev = make([]memoEvent, len(r.recEv))
-	for i, x := range r.recEv {
-		v, n, ok := heapCopy(x.v)
-		if !ok {
+	for _, x := range r.recEv {
+		if !copyable(x.v) {
 			return
 		}
-		e.ev[i] = memoEvent{e: x.e, s: x.s, v: v}
-		size += n + int64(unsafe.Sizeof(memoEvent{}))
 	}
-	e.out = string(r.out[mark:])
-	e.size = entryOverhead + size + int64(len(e.out))
-	r.memo.insert(e)
+	if !copyable(item) {
+		return
+	}
+	r.memo.storeIter(&memoEntry{hash: h, loop: s, ctl: c, steps: steps, val: item, ev: r.recEv, out: unsafe.String(unsafe.SliceData(r.out[mark:]), len(r.out)-mark)})
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -282,40 +283,61 @@ func stripReads(m *RenderMemo) {
 	}
 }
 
-// TestMemoBoundUnderChurn feeds a minimum-size memo unique conversations: its bytes never
-// pass the bound, it evicts, and its byte count is what its live entries hold.
+// TestMemoBoundUnderChurn feeds memos unique conversations: the bytes they count never
+// pass the bound, they evict, the generations' entry counts are the list's, and the heap
+// the memo keeps (measured after a collection) stays within the bound.
 func TestMemoBoundUnderChurn(t *testing.T) {
 	_, tmpl := goldenTemplate(t, "qwen3")
-	memo := newTestMemo(t, MinRenderMemoBytes)
-	rng := rand.New(rand.NewPCG(1, 2))
-	for c := 0; c < 300; c++ {
-		msgs := randomConversation(rng, 8, true)
-		msgs = append(msgs, map[string]any{"role": "user", "content": fmt.Sprintf("unique %d %s", c, strings.Repeat("z", rng.IntN(900)))})
-		raw, _ := json.Marshal(msgs)
-		want, werr := tmpl.Render(nil, &Input{Messages: raw})
-		got, gerr := tmpl.Render(nil, &Input{Messages: raw, Memo: memo})
-		if string(got) != string(want) || (werr == nil) != (gerr == nil) {
-			t.Fatalf("conversation %d differs with the memo", c)
+	for _, bound := range []int64{MinRenderMemoBytes, 1 << 20} {
+		runtime.GC()
+		var before runtime.MemStats
+		runtime.ReadMemStats(&before)
+		memo := newTestMemo(t, bound)
+		rng := rand.New(rand.NewPCG(1, 2))
+		for c := 0; c < 400; c++ {
+			msgs := randomConversation(rng, 8, true)
+			msgs = append(msgs, map[string]any{"role": "user", "content": fmt.Sprintf("unique %d %s", c, strings.Repeat("z", rng.IntN(2000)))})
+			raw, _ := json.Marshal(msgs)
+			want, werr := tmpl.Render(nil, &Input{Messages: raw})
+			for pass := 0; pass < 2; pass++ {
+				got, gerr := tmpl.Render(nil, &Input{Messages: raw, Memo: memo})
+				if string(got) != string(want) || (werr == nil) != (gerr == nil) {
+					t.Fatalf("bound %d conversation %d differs with the memo", bound, c)
+				}
+			}
+			if b := memo.Stats().Bytes; b > bound {
+				t.Fatalf("conversation %d: %d bytes, bound %d", c, b, bound)
+			}
 		}
-		if b := memo.Stats().Bytes; b > MinRenderMemoBytes {
-			t.Fatalf("conversation %d: %d bytes, bound %d", c, b, MinRenderMemoBytes)
+		st := memo.Stats()
+		if st.Evictions == 0 || st.Hits == 0 {
+			t.Fatalf("bound %d: %+v", bound, st)
 		}
-	}
-	st := memo.Stats()
-	if st.Evictions == 0 {
-		t.Fatalf("no evictions under churn: %+v", st)
-	}
-	live := int64(len(memo.slots)) * 8
-	for e := memo.list.next; e != &memo.list; e = e.next {
-		live += e.size
-		if memo.slots[e.slot].Load() != e {
-			t.Fatal("an entry on the list lost its slot")
+		live := map[*memoGen]int{}
+		for e := memo.list.next; e != &memo.list; e = e.next {
+			live[e.gen]++
+			if memo.slots[e.slot].Load() != e {
+				t.Fatal("an entry on the list lost its slot")
+			}
 		}
+		for _, g := range memo.gens {
+			if live[g] != g.live {
+				t.Fatalf("a generation counts %d entries, the list holds %d", g.live, live[g])
+			}
+			delete(live, g)
+		}
+		if len(live) != 0 {
+			t.Fatal("entries of a forgotten generation are on the list")
+		}
+		runtime.GC()
+		var after runtime.MemStats
+		runtime.ReadMemStats(&after)
+		if grown := int64(after.HeapAlloc) - int64(before.HeapAlloc); grown > bound+512<<10 {
+			t.Errorf("bound %d: the heap grew by %d bytes", bound, grown)
+		}
+		runtime.KeepAlive(memo)
+		t.Logf("bound %d: %+v, %d generations", bound, st, len(memo.gens))
 	}
-	if live != st.Bytes {
-		t.Fatalf("byte count %d, live entries hold %d", st.Bytes, live)
-	}
-	t.Logf("%+v", st)
 }
 
 // TestMemoHitAllocs: a render served from the memo allocates nothing.

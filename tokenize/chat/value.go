@@ -57,6 +57,8 @@ type dictVal struct {
 	// memoH is nonzero on a message the render memo owns (immutable, shared across renders):
 	// its key hash, so a loop over it needs no walk to find its bucket.
 	memoH uint64
+	// memoID is the bound message's identity in the memo (nonzero with memoH).
+	memoID uint64
 }
 
 // object carries the less common values: loop state, callables, undefined names.
