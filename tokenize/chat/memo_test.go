@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -414,4 +415,55 @@ func FuzzRenderMemo(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestMemoConcurrent: goroutines render overlapping conversations turn by turn through one
+// small memo (inserts, evictions and copies forward racing lock-free lookups); every render
+// matches the memo-less one.
+func TestMemoConcurrent(t *testing.T) {
+	_, tmpl := goldenTemplate(t, "qwen3")
+	memo := newTestMemo(t, 256<<10)
+	rng := rand.New(rand.NewPCG(9, 9))
+	shared := randomConversation(rng, 6, true)
+	var convs [][]byte
+	var wants [][]byte
+	for c := 0; c < 24; c++ {
+		msgs := append(append([]map[string]any(nil), shared...), randomConversation(rng, 2+c%7, false)...)
+		for n := 1; n <= len(msgs); n++ {
+			raw, _ := json.Marshal(msgs[:n])
+			want, err := tmpl.Render(nil, &Input{Messages: raw, AddGenerationPrompt: true})
+			if err != nil {
+				continue
+			}
+			convs, wants = append(convs, raw), append(wants, want)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, 4)
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			var out []byte
+			for k := 0; k < 3*len(convs); k++ {
+				i := (k*7 + w*13) % len(convs)
+				var err error
+				out, err = tmpl.Render(out[:0], &Input{Messages: convs[i], AddGenerationPrompt: true, Memo: memo})
+				if err != nil || string(out) != string(wants[i]) {
+					errs <- fmt.Sprintf("worker %d render %d differs (%v)", w, i, err)
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+	st := memo.Stats()
+	t.Logf("%+v", st)
+	if st.Hits == 0 || st.Evictions == 0 || st.Bytes > 256<<10 {
+		t.Errorf("%+v", st)
+	}
 }
