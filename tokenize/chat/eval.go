@@ -265,6 +265,15 @@ func (r *renderer) captureFrame(body []*stmt, undef []string) (Value, error) {
 // output writes {{ e }}. Chains of string "+" or "~" are streamed into the output instead of
 // building intermediate strings; operands are evaluated once, left to right, as in Python.
 func (r *renderer) output(e *expr) error {
+	if e.ext && r.recording {
+		// Recorded whole (the fast paths below would read its parts unrecorded).
+		v, err := r.eval(e)
+		if err != nil {
+			return err
+		}
+		r.out = appendStr(r.out, v)
+		return nil
+	}
 	if e.op == eFilter && e.name == "tojson" {
 		v, err := r.eval(e.a)
 		if err != nil {
@@ -417,7 +426,7 @@ func (r *renderer) execFor(s *stmt) (ctl, error) {
 	}
 	ls, obj := r.a.loop(items)
 	loopVal := Value{k: kLoop, p: unsafe.Pointer(obj)}
-	memo := s.memo && r.memo != nil && (s.memoStored.Load() > 0 || s.memoEmpty.Load() < memoQuietLoop)
+	memo := s.memo && r.memo != nil && !r.recording && (s.memoStored.Load() > 0 || s.memoEmpty.Load() < memoQuietLoop)
 	for i, it := range items {
 		r.steps++
 		if r.steps > maxLoopSteps {

@@ -467,3 +467,54 @@ func TestMemoConcurrent(t *testing.T) {
 		t.Errorf("%+v", st)
 	}
 }
+
+// trickyTemplates are loops whose iterations read outside state in every way the engine
+// offers (each must replay exactly or not be stored).
+var trickyTemplates = map[string]string{
+	"tojson-output":   `{% for m in messages %}{{ tools | tojson }}|{{ m.content }}{% endfor %}`,
+	"chain-output":    `{% for m in messages %}{{ bos_token + eos_token }}{{ bos_token ~ m.role }}{% endfor %}`,
+	"read-before-set": `{% for m in messages %}[{{ x }}]{% if m.role == "user" %}{% set x = m.content %}{% endif %}{{ x }}{% endfor %}`,
+	"cycle":           `{% for m in messages %}{{ loop.cycle("a", "b", "c") }}{{ m.role }}{% endfor %}`,
+	"macro":           `{% macro show(m) %}{{ m.role }}{{ extra }}{% set ns.n = ns.n + 1 %}{% endmacro %}{% set ns = namespace(n=0) %}{% for m in messages %}{{ show(m) }}{{ ns.n }}{% endfor %}`,
+	"ns-alias":        `{% set ns = namespace(n=0) %}{% for m in messages %}{% set a = ns %}{% set b = [ns] %}{{ a.n }}{{ b[0].n }}{% set ns.n = ns.n + m.content|length %}{% endfor %}{{ ns.n }}`,
+	"neighbours":      `{% for m in messages %}{{ loop.previtem.role if loop.previtem is defined }}>{{ m.role }}>{{ loop.nextitem.content if loop.nextitem is defined }};{% endfor %}`,
+	"break-continue":  `{% for m in messages %}{% if m.role == "tool" %}{% continue %}{% endif %}{% if m.content == "stop" %}{% break %}{% endif %}{{ loop.index }}{{ m.content }}{% endfor %}`,
+	"nested":          `{% for m in messages %}{% for c in (m.tool_calls or []) %}{{ loop.index }}/{{ loop.length }}{{ c.function.name }}{% endfor %}{{ loop.revindex }}{% endfor %}`,
+	"filtered":        `{% for m in messages if m.role != "system" %}{{ loop.index }}:{{ loop.length }}:{{ m.role }} {% else %}none{% endfor %}`,
+	"kwargs":          `{% for m in messages %}{% if enable_thinking is defined and enable_thinking %}T{% endif %}{{ m.role }}{{ add_generation_prompt }}{% endfor %}`,
+	"ns-writes":       `{% set ns = namespace(last=-1, seen="") %}{% for m in messages %}{% if m.role == "user" %}{% set ns.last = loop.index0 %}{% set ns.seen = ns.seen + m.content[:3] %}{% endif %}{{ ns.last }}{{ ns.seen }}{% endfor %}`,
+	"dict-items":      `{% for m in messages %}{% for k, v in m.items() %}{{ k }}={{ v if v is string else v|length }},{% endfor %}{% endfor %}`,
+	"ns-after":        `{% set ns = namespace(n=0, s="") %}{% for m in messages %}{{ m.role }}{% set ns.n = ns.n + 1 %}{% if m.role == "user" %}{% set ns.s = m.content %}{% endif %}{% endfor %}|{{ ns.n }}|{{ ns.s }}`,
+	"strftime":        `{% for m in messages %}{{ strftime_now("%Y") }}{{ m.role }}{% endfor %}`,
+}
+
+// TestMemoTrickyTemplates renders random conversations turn after turn with each tricky
+// template through one memo, with kwargs and tools that change between turns, against the
+// memo-less render.
+func TestMemoTrickyTemplates(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	for name, src := range trickyTemplates {
+		tmpl := mustCompile(t, src)
+		memo := newTestMemo(t, 1<<20)
+		for c := 0; c < 6; c++ {
+			msgs := randomConversation(rng, 10, c%2 == 0)
+			msgs = append(msgs, map[string]any{"role": "user", "content": "stop"})
+			for n := 1; n <= len(msgs); n++ {
+				raw, _ := json.Marshal(msgs[:n])
+				in := &Input{Messages: raw, BOSToken: "<s>", EOSToken: fmt.Sprint(n % 2), Now: fixedNow, AddGenerationPrompt: n%3 == 0}
+				if n%2 == 0 {
+					in.Kwargs = []byte(`{"x": "kw", "extra": "E", "enable_thinking": true}`)
+					in.Tools = memoTestTools
+				}
+				want, werr := tmpl.Render(nil, in)
+				in.Memo = memo
+				for pass := 0; pass < 2; pass++ {
+					got, gerr := tmpl.Render(nil, in)
+					if (werr == nil) != (gerr == nil) || string(got) != string(want) {
+						t.Fatalf("%s conv %d turn %d pass %d: memo render %q (%v), want %q (%v)", name, c, n, pass, got, gerr, want, werr)
+					}
+				}
+			}
+		}
+	}
+}
