@@ -219,8 +219,14 @@ func (t *Template) bind(r *renderer, in *Input) (Value, error) {
 	}
 	tools := none
 	if len(in.Tools) > 0 {
-		if tools, err = preprocessTools(&r.a, in.Tools); err != nil {
-			return undefined, err
+		ok := false
+		if r.memo != nil {
+			tools, ok = r.boundTools(in.Tools)
+		}
+		if !ok {
+			if tools, err = preprocessTools(&r.a, in.Tools); err != nil {
+				return undefined, err
+			}
 		}
 	}
 	r.vars = append(r.vars,

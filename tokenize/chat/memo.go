@@ -359,6 +359,33 @@ func skipJSONValue(b []byte, i int) (int, error) {
 	return i, nil
 }
 
+// toolsFormat tags a bound tools array in an entry's format (a message's is its content
+// format).
+const toolsFormat ContentFormat = 0xff
+
+// boundTools returns the request's tools as preprocessTools makes them, from the memo or
+// converted and stored; false when they do not convert (the caller reports the error).
+func (r *renderer) boundTools(raw []byte) (Value, bool) {
+	m := r.memo
+	h := mix(m.seed^uint64(toolsFormat), xxh3.Hash(raw)) | 1
+	for i := range m.set(h) {
+		if e := m.set(h)[i].Load(); e != nil && e.hash == h && e.loop == nil && e.format == toolsFormat && e.raw == string(raw) {
+			e.touch()
+			m.hits.Add(1)
+			return e.val, true
+		}
+	}
+	m.misses.Add(1)
+	v, err := preprocessTools(&r.a, raw)
+	if err != nil || v.k != kList {
+		return undefined, false
+	}
+	if sv, ok := m.storeBound(h, toolsFormat, raw, v); ok {
+		return sv, true
+	}
+	return v, true
+}
+
 // stringEnd returns the end of the JSON string whose body starts at i (past its closing
 // quote), -1 if it does not close. Nothing in the body is checked: an element is parsed in
 // full before it is stored, and a later one must equal a stored one byte for byte.

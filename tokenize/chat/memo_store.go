@@ -83,8 +83,8 @@ func copyable(v Value) bool {
 	return false
 }
 
-// copyValue copies a copyable v into g's slabs. A bound message's identity (memoH, memoID)
-// goes with it only when keep says so (an entry copied forward).
+// copyValue copies a copyable v into g's slabs. The identities of bound dicts (memoH,
+// memoID) go with it only when keep says so (an entry copied forward); nested ones have none.
 func (g *memoGen) copyValue(v Value, keep bool) Value {
 	switch v.k {
 	case kString, kUndefined:
@@ -92,7 +92,7 @@ func (g *memoGen) copyValue(v Value, keep bool) Value {
 	case kList:
 		items := genCarve(g, &g.vals, len(v.lst().items))
 		for i, it := range v.lst().items {
-			items[i] = g.copyValue(it, false)
+			items[i] = g.copyValue(it, keep)
 		}
 		l := &genCarve(g, &g.lists, 1)[0]
 		*l = listVal{items: items, isTuple: v.lst().isTuple}
@@ -103,7 +103,7 @@ func (g *memoGen) copyValue(v Value, keep bool) Value {
 		d.keys = genCarve(g, &g.strs, len(src.keys))
 		d.vals = genCarve(g, &g.vals, len(src.keys))
 		for i, k := range src.keys {
-			d.keys[i], d.vals[i] = g.str(k), g.copyValue(src.vals[i], false)
+			d.keys[i], d.vals[i] = g.str(k), g.copyValue(src.vals[i], keep)
 		}
 		if len(d.keys) > 16 {
 			d.index = make(map[string]int, len(d.keys))
@@ -161,10 +161,20 @@ func (m *RenderMemo) storeBound(h uint64, format ContentFormat, raw []byte, v Va
 		}
 	}
 	g := m.cur()
-	m.nextID++
 	e := g.copyEntry(&memoEntry{hash: h, format: format, raw: unsafe.String(unsafe.SliceData(raw), len(raw)), val: v}, false)
+	// Every dict a loop may take as its item (the message; each tool) gets an identity.
+	m.nextID++
 	e.id = m.nextID
-	e.val.dct().memoH, e.val.dct().memoID = h, e.id
+	if e.val.k == kDict {
+		e.val.dct().memoH, e.val.dct().memoID = h, e.id
+	} else {
+		for i, it := range e.val.lst().items {
+			if it.k == kDict {
+				m.nextID++
+				it.dct().memoH, it.dct().memoID = mix(h, uint64(i)+1)|1, m.nextID
+			}
+		}
+	}
 	m.publish(e, g)
 	return e.val, true
 }

@@ -518,3 +518,45 @@ func TestMemoTrickyTemplates(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkRenderFollowup renders turn n+1 of the ~4,000-token conversation through a
+// memo that saw turn n (the last user message changes every iteration); "off" renders the
+// same without a memo.
+// Run: go test -run '^$' -bench RenderFollowup -benchmem ./tokenize/chat
+func BenchmarkRenderFollowup(b *testing.B) {
+	for _, model := range []string{"qwen3", "llama3_1", "deepseek_v3"} {
+		for _, on := range []bool{true, false} {
+			name := model + "/memo"
+			if !on {
+				name = model + "/off"
+			}
+			b.Run(name, func(b *testing.B) {
+				tmpl := mustCompile(b, loadChatTemplate(b, model))
+				in := benchInputFor(model, benchConversation())
+				msgs := in.Messages
+				at := strings.LastIndex(string(msgs), "Thanks.")
+				if on {
+					in.Memo = newTestMemo(b, DefaultRenderMemoBytes)
+				}
+				var out []byte
+				turn := func(n int) {
+					for k := 6; k >= 0; k-- {
+						msgs[at+k] = byte('0' + n%10)
+						n /= 10
+					}
+					var err error
+					if out, err = tmpl.Render(out[:0], &in); err != nil {
+						b.Fatal(err)
+					}
+				}
+				turn(0)
+				b.ReportAllocs()
+				n := 1
+				for b.Loop() {
+					turn(n)
+					n++
+				}
+			})
+		}
+	}
+}
