@@ -140,6 +140,9 @@ func (g *memoGen) copyEntry(src *memoEntry, keep bool) *memoEntry {
 func (m *RenderMemo) cur() *memoGen {
 	g := m.gens[len(m.gens)-1]
 	if g.bytes >= m.genBytes {
+		if g.live == 0 {
+			m.gens = m.gens[:len(m.gens)-1] // emptied while current: nothing to wait for
+		}
 		g = &memoGen{limit: m.genBytes}
 		m.gens = append(m.gens, g)
 	}

@@ -321,7 +321,10 @@ func TestMemoBoundUnderChurn(t *testing.T) {
 				t.Fatal("an entry on the list lost its slot")
 			}
 		}
-		for _, g := range memo.gens {
+		for i, g := range memo.gens {
+			if g.live == 0 && i < len(memo.gens)-1 {
+				t.Fatal("an empty old generation is still counted")
+			}
 			if live[g] != g.live {
 				t.Fatalf("a generation counts %d entries, the list holds %d", g.live, live[g])
 			}
