@@ -17,13 +17,13 @@ import (
 // RenderMemo lets a follow-up turn of a chat skip re-evaluating the turns rendered before.
 // It holds two kinds of entry:
 //
-//   - a bound message: one message's JSON bytes (and the template's content format) -> the
-//     template value vLLM's preprocessing makes of it, so binding `messages` parses and
-//     converts only the new messages;
-//   - a loop iteration: (loop statement, the item's value) -> what the iteration did: its
-//     output, its control result, and, in evaluation order, every value it read from
-//     outside the iteration (at the maximal external expressions memo_scan.go marks) and
-//     every namespace attribute it set.
+//   - a bound message (or tools array): its JSON bytes (and the template's content format)
+//     -> the template value vLLM's preprocessing makes of it, so binding `messages` parses
+//     and converts only the new messages;
+//   - a loop iteration: (loop statement, the item) -> what the iteration did: its output,
+//     its control result, and, in evaluation order, every value it read from outside the
+//     iteration (at the maximal external expressions memo_scan.go marks) and every
+//     namespace attribute it set.
 //
 // Why replay is exact: in Jinja2 an iteration of a for loop sees the outside world only
 // through the names bound outside its body and affects it only through its output and
@@ -36,13 +36,13 @@ import (
 // evaluated normally. Iterations the record cannot capture are never stored: a macro or
 // loop.cycle call, a name bound in the body read before its assignment (it resolves outside),
 // a recorded value that is a namespace, loop or callable (identity, not value), an error.
+// A replayed read never runs a macro (it fails instead), so a failed replay has no effect
+// beyond the writes it undoes.
 //
-// Keys are compared in full (message bytes; the item's value, by pointer when it is a bound
-// message the memo owns, else structurally); the hash only picks the set. Lookups take no
-// lock (entries are immutable once published through an atomic slot); inserts and evictions
-// take one mutex. Memory is bounded by the bytes of the entries plus the slot table; past the
-// bound the oldest entries go first, those hit since they were last passed get a second
-// chance (CLOCK).
+// Keys are compared in full: message bytes; an item that is a bound message by the bound
+// entry's identity (its id, unique per stored content), any other item by strict value; the
+// hash only picks the set. Lookups take no lock (entries are immutable once published
+// through an atomic slot); inserts and evictions take one mutex. Memory: see memo_store.go.
 type RenderMemo struct {
 	seed     uint64
 	slots    []atomic.Pointer[memoEntry]
