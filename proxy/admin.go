@@ -106,6 +106,13 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 			f.counter("kvgate_tokenize_memo_evictions_total", ms.Evictions)
 			f.gauge("kvgate_tokenize_memo_bytes", uint64(max(ms.Bytes, 0)))
 		}
+		if m := s.kv.render; m != nil {
+			ms := m.Stats()
+			f.counter("kvgate_render_memo_hits_total", ms.Hits)
+			f.counter("kvgate_render_memo_misses_total", ms.Misses)
+			f.counter("kvgate_render_memo_evictions_total", ms.Evictions)
+			f.gauge("kvgate_render_memo_bytes", uint64(max(ms.Bytes, 0)))
+		}
 		if m := s.kv.chainMemo; m != nil {
 			ms := m.Stats()
 			f.counter("kvgate_chain_memo_hit_blocks_total", ms.Hits)
@@ -324,6 +331,11 @@ type explainMemo struct {
 	Tokens   int `json:"tokens"`   // token IDs taken from the tokenization memo
 	Segments int `json:"segments"` // text segments between special tokens it answered
 	Blocks   int `json:"blocks"`   // block keys taken from the chain memo
+	// From the render memo: loop iterations of the chat template and messages bound.
+	Iterations int `json:"render_iterations"`
+	Replayed   int `json:"render_replayed"` // iterations replayed from the render memo
+	Messages   int `json:"render_messages"`
+	Bound      int `json:"render_messages_memo"` // messages whose template value came from it
 }
 
 // explainTerms is the Observer /debug/explain hands the selector.
@@ -394,8 +406,10 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 			ex.Blocks = max(ex.Blocks, len(g.keys)*g.chain.BlockSize()/s.cfg.KV.BlockSize)
 		}
 	}
-	if s.kv != nil && (s.kv.memo != nil || s.kv.chainMemo != nil) {
-		ex.Memo = &explainMemo{Tokens: st.memoUse.Tokens, Segments: st.memoUse.Segments, Blocks: st.memoBlocks}
+	if s.kv != nil && (s.kv.memo != nil || s.kv.chainMemo != nil || s.kv.render != nil) {
+		ex.Memo = &explainMemo{Tokens: st.memoUse.Tokens, Segments: st.memoUse.Segments, Blocks: st.memoBlocks,
+			Iterations: st.renderUse.Iterations, Replayed: st.renderUse.Replayed,
+			Messages: st.renderUse.Messages, Bound: st.renderUse.Bound}
 	}
 	ex.Route = d.route.String()
 	if d.ep >= 0 {

@@ -374,6 +374,9 @@ type ModelsConfig struct {
 	// TokenizeMemoBytes bounds the memo of token IDs between added tokens that lets a
 	// follow-up turn tokenize only its new text (0: off).
 	TokenizeMemoBytes int64
+	// RenderMemoBytes bounds the memo that lets a follow-up turn's chat template render
+	// replay the turns rendered before instead of evaluating them again (0: off).
+	RenderMemoBytes int64
 }
 
 // PDConfig is what only prefill/decode mode 1 uses to pick the prefill endpoint before
@@ -480,7 +483,7 @@ func Defaults() Config {
 			FairShare:          route.DefaultFairShare,
 			ChainMemoBytes:     hashcore.DefaultChainMemoBytes,
 		},
-		Models: ModelsConfig{TokenizeMemoBytes: tokenize.DefaultMemoBytes},
+		Models: ModelsConfig{TokenizeMemoBytes: tokenize.DefaultMemoBytes, RenderMemoBytes: tokenize.DefaultRenderMemoBytes},
 		PD: PDConfig{
 			PrefixTrieKeys: 1 << 18,
 			AffinityTTL:    10 * time.Minute,
@@ -660,6 +663,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Models.TokenizeMemoBytes != 0 && c.Models.TokenizeMemoBytes < tokenize.MinMemoBytes {
 		return refuse("-tokenize-memo-bytes", "%d: want 0 (off) or >= %d", c.Models.TokenizeMemoBytes, tokenize.MinMemoBytes)
+	}
+	if c.Models.RenderMemoBytes != 0 && c.Models.RenderMemoBytes < tokenize.MinRenderMemoBytes {
+		return refuse("-render-memo-bytes", "%d: want 0 (off) or >= %d", c.Models.RenderMemoBytes, tokenize.MinRenderMemoBytes)
 	}
 	if c.KV.ChainMemoBytes != 0 && c.KV.ChainMemoBytes < hashcore.MinChainMemoBytes {
 		return refuse("-kv-chain-memo-bytes", "%d: want 0 (off) or >= %d", c.KV.ChainMemoBytes, hashcore.MinChainMemoBytes)

@@ -384,8 +384,9 @@ func (k *kvRouter) encodeChat(st *reqState, d *decision, model *tokenize.Model, 
 		k.miss(st, d, RouteMissMedia)
 		return true, nil
 	}
-	if st.obs != nil { // /debug/explain says what came from the memo
-		in.MemoUse = &st.memoUse
+	in.RenderMemo = k.render
+	if st.obs != nil { // /debug/explain says what came from the memos
+		in.MemoUse, in.RenderUse = &st.memoUse, &st.renderUse
 	}
 	if st.tokens, err = model.EncodeChatMemo(st.tokens, in, k.memo); err == nil {
 		return false, nil

@@ -33,9 +33,10 @@ type kvRouter struct {
 	lora      map[string]loraAdapter
 	trie      *prefixTrie // mode 1 with -pd-prefix-trie-keys > 0; mode 3 with -kv-pending-ttl > 0
 	sel       route.Selector
-	popular   *route.Popularity   // the cost policy's hot-prefix sketch; nil for overlap
-	memo      *tokenize.Memo      // -tokenize-memo-bytes > 0
-	chainMemo *hashcore.ChainMemo // -kv-chain-memo-bytes > 0 and an engine contract
+	popular   *route.Popularity    // the cost policy's hot-prefix sketch; nil for overlap
+	memo      *tokenize.Memo       // -tokenize-memo-bytes > 0
+	render    *tokenize.RenderMemo // -render-memo-bytes > 0
+	chainMemo *hashcore.ChainMemo  // -kv-chain-memo-bytes > 0 and an engine contract
 	// loadOnMiss: mode 3 with the cost policy and -select rr places a keyed prompt no
 	// endpoint holds by the cost policy too (route kv-miss:<reason> all the same); rr
 	// knows nothing of queues. -select chwbl keeps its content affinity for misses.
@@ -114,6 +115,12 @@ func newKVRouter(s *Server, pool *tokenize.Pool) (*kvRouter, error) {
 					s.log.Info("tokenize memo off for this model", "model", t.Model, "why", why)
 				}
 			}
+		}
+	}
+	if cfg.Models.RenderMemoBytes > 0 {
+		var err error
+		if k.render, err = tokenize.NewRenderMemo(cfg.Models.RenderMemoBytes); err != nil {
+			return nil, refuse("-render-memo-bytes", "%v", err)
 		}
 	}
 	for a, base := range cfg.Models.LoRA {

@@ -41,7 +41,7 @@ func chatBody4k() []byte {
 func benchServer(tb testing.TB, body []byte) (*Server, *reqState) {
 	return benchServerWith(tb, body, func(cfg *Config) {
 		// The cold path: nothing memoized (BenchmarkRouteFollowup measures the memos).
-		cfg.Models.TokenizeMemoBytes, cfg.KV.ChainMemoBytes = 0, 0
+		cfg.Models.TokenizeMemoBytes, cfg.KV.ChainMemoBytes, cfg.Models.RenderMemoBytes = 0, 0, 0
 	})
 }
 

@@ -467,6 +467,7 @@ type reqState struct {
 	meter    *decisionMeter // the server's for traffic; nil for /debug/explain
 	// What this decision took from the memos (/debug/explain).
 	memoUse    tokenize.MemoUse
+	renderUse  tokenize.RenderUse
 	memoBlocks int
 	eligible   shard.Mask
 	excluded   shard.Mask
@@ -554,7 +555,7 @@ func (st *reqState) reset() {
 	st.cached = -1
 	clear(st.excluded)
 	st.tail = st.tail[:0]
-	st.memoUse, st.memoBlocks = tokenize.MemoUse{}, 0
+	st.memoUse, st.memoBlocks, st.renderUse = tokenize.MemoUse{}, 0, tokenize.RenderUse{}
 	st.ngroups = 0
 }
 

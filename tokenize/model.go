@@ -44,7 +44,26 @@ type ChatInput struct {
 	ReasoningEffort string
 	// MemoUse, when set, receives what the encode took from the Memo (/debug/explain).
 	MemoUse *MemoUse
+	// RenderMemo, when set, lets the template render replay the turns rendered before
+	// (chat.RenderMemo; same output); RenderUse receives what it took from it.
+	RenderMemo *RenderMemo
+	RenderUse  *RenderUse
 }
+
+// RenderMemo is the chat template render memo (see chat.RenderMemo).
+type RenderMemo = chat.RenderMemo
+
+// RenderUse is what one render took from a RenderMemo.
+type RenderUse = chat.MemoUse
+
+// The render memo's bounds (-render-memo-bytes).
+const (
+	DefaultRenderMemoBytes = chat.DefaultRenderMemoBytes
+	MinRenderMemoBytes     = chat.MinRenderMemoBytes
+)
+
+// NewRenderMemo returns a render memo bounded by maxBytes.
+func NewRenderMemo(maxBytes int64) (*RenderMemo, error) { return chat.NewRenderMemo(maxBytes) }
 
 type jsonTokenizerConfig struct {
 	ChatTemplate       json.RawMessage            `json:"chat_template"`
@@ -270,6 +289,8 @@ func (m *Model) EncodeChatMemo(dst []uint32, in *ChatInput, memo *Memo) ([]uint3
 		EOSToken:             m.eos,
 		Special:              m.special,
 		Now:                  m.now,
+		Memo:                 in.RenderMemo,
+		MemoUse:              in.RenderUse,
 	})
 	if err != nil {
 		*bp = out[:0]

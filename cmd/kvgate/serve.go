@@ -60,7 +60,7 @@ var serveFlagGroups = []flagGroup{
 	{"Fleet (the endpoints, and how their list changes at runtime)", []string{"endpoint", "endpoints-file", "endpoints-watch", "max-endpoints", "dns-interval"}},
 	{"Select (requests KV-Exact does not place)", []string{"select", "chwbl-prefix-bytes"}},
 	{"KV (KV-Exact routing)", []string{"kv-mode", "kv-block-size", "kv-hash-algo", "kv-hash-seed", "kv-keys", "kv-score", "kv-min-match-tokens", "kv-max-prompt-bytes", "kv-max-keys-per-endpoint", "kv-load-factor", "kv-policy", "kv-prefill-rate", "kv-engine-slots", "kv-load-scrape", "kv-tier-weight-cpu", "kv-tier-weight-storage", "kv-pending-ttl", "kv-fair-share", "kv-chain-memo-bytes"}},
-	{"Models (served models, tokenizers, LoRA adapters)", []string{"model", "tokenizer", "lora", "tokenize-memo-bytes"}},
+	{"Models (served models, tokenizers, LoRA adapters)", []string{"model", "tokenizer", "lora", "tokenize-memo-bytes", "render-memo-bytes"}},
 	{"PD (prefill/decode mode 1)", []string{"pd-prefix-trie-keys", "affinity-ttl", "affinity-max"}},
 	{"Breaker (per-endpoint circuit breaker)", []string{"breaker-failures", "breaker-open", "breaker-half-open", "breaker-5xx"}},
 	{"Health (active health checks)", []string{"health-interval", "health-timeout", "health-path"}},
@@ -148,6 +148,7 @@ coding other than chunked 501, no healthy endpoint 503, unreachable 502, upstrea
 	fs.Var(&models, "model", "served model name for the -tokenizer of the same position; NAME[,ALIAS...] (repeatable) (default none)")
 	fs.Var(&tokenizers, "tokenizer", "tokenizer directory (holding tokenizer.json): DIR paired with -model, or NAME=DIR (repeatable) (default none)")
 	fs.Var(&loras, "lora", "LoRA adapter served name and its base model: ADAPTER=BASE (repeatable) (default none)")
+	fs.Int64Var(&cfg.Models.RenderMemoBytes, "render-memo-bytes", cfg.Models.RenderMemoBytes, "memory bound of the memo of chat template loop iterations and bound messages, so a follow-up turn's render evaluates only its new turns (exact: a replay re-checks every value the iteration read; 0: off)")
 	fs.Int64Var(&cfg.Models.TokenizeMemoBytes, "tokenize-memo-bytes", cfg.Models.TokenizeMemoBytes, "memory bound of the memo of token IDs between a chat's special tokens, so a follow-up turn tokenizes only its new text (exact by construction; 0: off)")
 
 	// PD.

@@ -79,6 +79,11 @@ type Input struct {
 	// last message instead of after it (transformers cuts the rendering right after that
 	// message's text). It cannot be combined with AddGenerationPrompt.
 	ContinueFinalMessage bool
+	// Memo, when set, lets this render replay the loop iterations and reuse the bound
+	// messages of earlier renders (memo.go); the output is the same. MemoUse, when set,
+	// receives what the render took from it.
+	Memo    *RenderMemo
+	MemoUse *MemoUse
 }
 
 // Compile parses a chat template once.
@@ -88,6 +93,7 @@ func Compile(source string) (*Template, error) {
 	if err != nil {
 		return nil, err
 	}
+	markMemoLoops(body)
 	return &Template{src: src, body: body, format: detectContentFormat(body), rootUndef: analyzeScopes(body),
 		developerRole: strings.Contains(source, `"developer"`) || strings.Contains(source, `'developer'`)}, nil
 }
@@ -113,6 +119,7 @@ func (t *Template) Render(dst []byte, in *Input) (out []byte, err error) {
 	r.steps = 0
 	r.depth = 0
 	r.now = in.Now // zero: strftime_now reads the clock when a template calls it
+	r.memo, r.memoUse = in.Memo, in.MemoUse
 	defer func() {
 		if p := recover(); p != nil {
 			// A bug in the engine must not take the proxy down; report it as an error.
@@ -124,6 +131,10 @@ func (t *Template) Render(dst []byte, in *Input) (out []byte, err error) {
 		r.argStack, r.kwStack = r.argStack[:0], r.kwStack[:0]
 		r.a.reset()
 		r.t, r.out = nil, nil
+		r.memo, r.memoUse = nil, nil
+		r.recording, r.replaying, r.memoBad, r.recFrame = false, false, false, 0
+		clear(r.recEv)
+		r.recEv = r.recEv[:0]
 		rendererPool.Put(r)
 	}()
 	if in.ContinueFinalMessage && in.AddGenerationPrompt {
@@ -191,17 +202,31 @@ func continueFinalMessage(rendered []byte, msgs Value) (int, error) {
 // bind sets the variables transformers passes to the template: messages, tools, documents,
 // add_generation_prompt, the special tokens, the Jinja globals, then chat_template_kwargs.
 func (t *Template) bind(r *renderer, in *Input) (Value, error) {
-	msgs, err := preprocessMessages(&r.a, in.Messages, t.format)
-	if err != nil {
-		return undefined, err
+	var msgs Value
+	ok := false
+	if r.memo != nil {
+		msgs, ok = r.bindMessagesMemo(in.Messages, t.format)
 	}
+	if !ok {
+		var err error
+		if msgs, err = preprocessMessages(&r.a, in.Messages, t.format); err != nil {
+			return undefined, err
+		}
+	}
+	var err error
 	if !t.developerRole {
 		msgs = developerToSystem(&r.a, msgs)
 	}
 	tools := none
 	if len(in.Tools) > 0 {
-		if tools, err = preprocessTools(&r.a, in.Tools); err != nil {
-			return undefined, err
+		ok := false
+		if r.memo != nil {
+			tools, ok = r.boundTools(in.Tools)
+		}
+		if !ok {
+			if tools, err = preprocessTools(&r.a, in.Tools); err != nil {
+				return undefined, err
+			}
 		}
 	}
 	r.vars = append(r.vars,
@@ -284,8 +309,8 @@ func (t *Template) bind(r *renderer, in *Input) (Value, error) {
 }
 
 // renderVars renders with exactly the variables of a JSON object plus the Jinja globals; the
-// engine tests use it to compare plain templates with Jinja2.
-func (t *Template) renderVars(dst []byte, vars []byte, now time.Time) (out []byte, err error) {
+// engine tests use it to compare plain templates with Jinja2, through memo when not nil.
+func (t *Template) renderVars(dst []byte, vars []byte, now time.Time, memo *RenderMemo) (out []byte, err error) {
 	v, err := parseJSON(vars)
 	if err != nil {
 		return dst, err
@@ -293,7 +318,7 @@ func (t *Template) renderVars(dst []byte, vars []byte, now time.Time) (out []byt
 	if v.k != kDict {
 		return dst, errors.New("chat: vars must be a JSON object")
 	}
-	r := &renderer{t: t, out: dst, frames: []int{0}, now: now}
+	r := &renderer{t: t, out: dst, frames: []int{0}, now: now, memo: memo}
 	defer func() {
 		if p := recover(); p != nil {
 			out, err = dst, fmt.Errorf("chat: internal error rendering template: %v", p)

@@ -296,7 +296,7 @@ func FuzzCompileRender(f *testing.F) {
 		if err != nil {
 			return
 		}
-		_, err = tmpl.renderVars(nil, vars, fixedNow)
+		_, err = tmpl.renderVars(nil, vars, fixedNow, nil)
 		if err != nil && strings.Contains(err.Error(), "internal error") {
 			t.Fatalf("panic rendering %q: %v", src, err)
 		}

@@ -31,6 +31,8 @@ const (
 	maxOutput     = 64 << 20
 )
 
+var errMemoMacro = errors.New("chat: macro call in a replayed read")
+
 type binding struct {
 	name string
 	v    Value
@@ -60,6 +62,19 @@ type renderer struct {
 	// Call argument stacks, reused across calls and renders.
 	argStack []Value
 	kwStack  []kwArg
+
+	// The render memo (memo.go): nil when off. While an iteration is recorded, recording is
+	// set and recFrame is its frame; memoBad says the iteration did something the record
+	// cannot capture (or, while replaying, that a read did).
+	memo      *RenderMemo
+	memoUse   *MemoUse
+	recording bool
+	replaying bool
+	memoBad   bool
+	recFrame  int
+	recEv     []memoEvent
+	undo      []memoUndo
+	spans     []int
 }
 
 func (r *renderer) errf(pos int, format string, a ...any) error {
@@ -83,9 +98,15 @@ func (r *renderer) lookup(name string) (Value, bool) {
 		}
 		for i := end - 1; i >= r.frames[f]; i-- {
 			if r.vars[i].name == name {
+				if f < r.recFrame {
+					r.memoBad = true // a name bound in the body, read before its assignment
+				}
 				return r.vars[i].v, true
 			}
 		}
+	}
+	if r.recFrame > 0 {
+		r.memoBad = true
 	}
 	return undefinedNamed(name), false
 }
@@ -175,7 +196,10 @@ func (r *renderer) exec(s *stmt) (ctl, error) {
 			r.setVar(n, items[i])
 		}
 	case sSetAttr:
+		frame := r.recFrame
+		r.recFrame = 0 // the target is external (memo_scan.go): not a stray read
 		ns, _ := r.lookup(s.targets[0])
+		r.recFrame = frame
 		if ns.k != kNS {
 			return ctlNone, r.errf(s.pos, "cannot assign attribute on non-namespace object")
 		}
@@ -184,6 +208,9 @@ func (r *renderer) exec(s *stmt) (ctl, error) {
 			return ctlNone, err
 		}
 		ns.dct().set(s.attr, v)
+		if r.recording {
+			r.recEv = append(r.recEv, memoEvent{s: s, v: v})
+		}
 	case sSetBlock:
 		v, err := r.captureFrame(s.body, s.undef)
 		if err != nil {
@@ -238,6 +265,15 @@ func (r *renderer) captureFrame(body []*stmt, undef []string) (Value, error) {
 // output writes {{ e }}. Chains of string "+" or "~" are streamed into the output instead of
 // building intermediate strings; operands are evaluated once, left to right, as in Python.
 func (r *renderer) output(e *expr) error {
+	if e.ext && r.recording {
+		// Recorded whole (the fast paths below would read its parts unrecorded).
+		v, err := r.eval(e)
+		if err != nil {
+			return err
+		}
+		r.out = appendStr(r.out, v)
+		return nil
+	}
 	if e.op == eFilter && e.name == "tojson" {
 		v, err := r.eval(e.a)
 		if err != nil {
@@ -390,6 +426,7 @@ func (r *renderer) execFor(s *stmt) (ctl, error) {
 	}
 	ls, obj := r.a.loop(items)
 	loopVal := Value{k: kLoop, p: unsafe.Pointer(obj)}
+	memo := s.memo && r.memo != nil && !r.recording && (s.memoStored.Load() > 0 || s.memoEmpty.Load() < memoQuietLoop)
 	for i, it := range items {
 		r.steps++
 		if r.steps > maxLoopSteps {
@@ -403,7 +440,12 @@ func (r *renderer) execFor(s *stmt) (ctl, error) {
 			r.popFrame()
 			return ctlNone, err
 		}
-		c, err := r.execBody(s.body)
+		var c ctl
+		if memo {
+			c, err = r.execMemoIter(s, it)
+		} else {
+			c, err = r.execBody(s.body)
+		}
 		r.popFrame()
 		if err != nil {
 			return ctlNone, err
@@ -413,6 +455,33 @@ func (r *renderer) execFor(s *stmt) (ctl, error) {
 		}
 	}
 	return ctlNone, nil
+}
+
+// execMemoIter runs one iteration of a memoized loop (its frame bound): replayed from the
+// memo when a record matches, else evaluated and recorded.
+func (r *renderer) execMemoIter(s *stmt, it Value) (ctl, error) {
+	h := r.memo.iterKey(s, it)
+	if r.memoUse != nil {
+		r.memoUse.Iterations++
+	}
+	if c, ok := r.replay(s, it, h); ok {
+		if r.memoUse != nil {
+			r.memoUse.Replayed++
+		}
+		return c, nil
+	}
+	mark, steps := len(r.out), r.steps
+	r.recording, r.memoBad, r.recFrame = true, false, len(r.frames)-1
+	r.recEv = r.recEv[:0]
+	c, err := r.execBody(s.body)
+	r.recording, r.recFrame = false, 0
+	if err == nil {
+		r.commit(s, it, h, mark, c, r.steps-steps)
+	}
+	clear(r.recEv)
+	r.recEv = r.recEv[:0]
+	r.memoBad = false
+	return c, err
 }
 
 func (r *renderer) bindTargets(s *stmt, it Value) error {
@@ -469,7 +538,7 @@ func (r *renderer) loopAttr(ls *loopState, name string) Value {
 
 func (r *renderer) macroValue(s *stmt) Value {
 	defFrame := len(r.frames) - 1
-	return Value{k: kFunc, p: unsafe.Pointer(&object{name: s.targets[0], fn: func(r *renderer, args []Value, kw []kwArg) (Value, error) {
+	return Value{k: kFunc, p: unsafe.Pointer(&object{name: s.targets[0], macro: true, fn: func(r *renderer, args []Value, kw []kwArg) (Value, error) {
 		if r.depth >= maxMacroDepth {
 			return undefined, r.errf(s.pos, "macro recursion too deep")
 		}
@@ -529,6 +598,9 @@ func (r *renderer) macroValue(s *stmt) Value {
 }
 
 func (r *renderer) eval(e *expr) (Value, error) {
+	if e.ext && r.recording {
+		return r.recordRead(e)
+	}
 	switch e.op {
 	case eConst:
 		return e.val, nil
@@ -1234,8 +1306,19 @@ func (r *renderer) call(e *expr) (Value, error) {
 		if fn.obj().fn == nil {
 			return r.callMethod(fn.obj().self, fn.obj().name, args, kw, e.pos)
 		}
+		if fn.obj().macro && (r.recording || r.replaying) {
+			// A macro may read or set anything: the record cannot capture it, and a replay
+			// must not run its side effects before it gives up.
+			r.memoBad = true
+			if r.replaying {
+				return undefined, errMemoMacro
+			}
+		}
 		return fn.obj().fn(r, args, kw)
 	case kCycle:
+		if r.recording {
+			r.memoBad = true
+		}
 		if len(args) == 0 {
 			return undefined, r.errf(e.pos, "no items for cycling given")
 		}

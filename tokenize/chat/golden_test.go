@@ -184,7 +184,7 @@ func TestEngineMatchesJinja2(t *testing.T) {
 			}
 			continue
 		}
-		out, err := tmpl.renderVars(nil, []byte(c.Vars), fixedNow)
+		out, err := tmpl.renderVars(nil, []byte(c.Vars), fixedNow, nil)
 		if c.Expected == nil {
 			if err == nil {
 				t.Errorf("%s: Jinja2 raised %s but we rendered %q", c.Name, c.Error, out)

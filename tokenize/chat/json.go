@@ -20,7 +20,11 @@ func parseJSON(data []byte) (Value, error) { return parseJSONIn(nil, data) }
 
 // parseJSONIn parses into arena a (nil: the heap). Unescaped strings point into data without a
 // copy, so data must stay unchanged while the values are in use (one Render call).
-func parseJSONIn(a *arena, data []byte) (Value, error) {
+func parseJSONIn(a *arena, data []byte) (Value, error) { return parseJSONDepth(a, data, 0) }
+
+// parseJSONDepth parses data as a value nested depth levels deep (the nesting bound counts
+// them), so an array's element parsed on its own meets the same bound as in the array.
+func parseJSONDepth(a *arena, data []byte, depth int) (Value, error) {
 	p := jsonParser{b: data, a: a}
 	if a != nil {
 		p.keys, p.vals = a.jsonKeys[:0], a.jsonVals[:0]
@@ -31,7 +35,7 @@ func parseJSONIn(a *arena, data []byte) (Value, error) {
 		}()
 	}
 	p.ws()
-	v, err := p.value(0)
+	v, err := p.value(depth)
 	if err != nil {
 		return undefined, err
 	}

@@ -1,6 +1,9 @@
 package chat
 
-import "fmt"
+import (
+	"fmt"
+	"sync/atomic"
+)
 
 type exprOp uint8
 
@@ -36,7 +39,11 @@ type expr struct {
 	neg     bool
 	// plainAttr (eAttr): name is no dict method, so on a dict it is a key lookup.
 	plainAttr bool
-	pos       int
+	// ext (inside a memoized loop's body): every name the expression reads is bound outside
+	// the loop body and it calls nothing but builtins, so the render memo records its value
+	// (see memo.go).
+	ext bool
+	pos int
 }
 
 type kwExpr struct {
@@ -78,7 +85,14 @@ type stmt struct {
 	// Names that are frame-local and undefined when the frame this statement opens starts
 	// (see scope.go); elsUndef for a for loop's else block.
 	undef, elsUndef []string
-	pos             int
+	// memo (sFor): the loop's iterations may be replayed from a RenderMemo (see memo.go).
+	memo bool
+	// memoEmpty and memoStored count this loop's recorded iterations without output (not
+	// stored) and stored: a loop that only ever sets namespace attributes (a pre-scan) is
+	// cheaper evaluated than recorded, so after memoQuietLoop empty ones and none stored it
+	// is no longer memoized. Only a cost decision: any answer is exact.
+	memoEmpty, memoStored atomic.Int32
+	pos                   int
 }
 
 type parser struct {

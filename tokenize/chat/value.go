@@ -54,6 +54,11 @@ type dictVal struct {
 	keys  []string
 	vals  []Value
 	index map[string]int
+	// memoH is nonzero on a message the render memo owns (immutable, shared across renders):
+	// its key hash, so a loop over it needs no walk to find its bucket.
+	memoH uint64
+	// memoID is the bound message's identity in the memo (nonzero with memoH).
+	memoID uint64
 }
 
 // object carries the less common values: loop state, callables, undefined names.
@@ -62,6 +67,9 @@ type object struct {
 	fn   func(r *renderer, args []Value, kw []kwArg) (Value, error)
 	name string
 	self Value
+	// macro: a template macro (its body may read any variable and set namespace attributes,
+	// so the render memo never records through one).
+	macro bool
 }
 
 type kwArg struct {
