@@ -3,7 +3,6 @@ package bench
 import (
 	"fmt"
 	"os"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/hashcore"
+	"github.com/kvgate/kvgate/internal/testfix"
 	"github.com/kvgate/kvgate/proxy/balance"
 	"github.com/kvgate/kvgate/proxy/route"
 	"github.com/kvgate/kvgate/shard"
@@ -131,12 +131,12 @@ func BenchmarkDecision(b *testing.B) {
 		d := newFleetDecision()
 		w, v := -1, 0
 		b.ReportAllocs()
-		clock := startCPUClock()
+		clock := testfix.StartCPUClock()
 		for b.Loop() {
 			w = f.decide(d, v)
 			v++
 		}
-		clock.stop(b)
+		clock.Stop(b, b.N)
 		if w != 5 || d.scores[5] != 384 || d.scores[300] != 256 || d.scores[900] != 128 {
 			b.Fatalf("decision: endpoint %d, scores 5:%d 300:%d 900:%d; want 5 (384, 256, 128)",
 				w, d.scores[5], d.scores[300], d.scores[900])
@@ -405,54 +405,37 @@ func BenchmarkDecisionFleetStages(b *testing.B) {
 	}
 	b.Run("hash", func(b *testing.B) {
 		b.ReportAllocs()
-		clock := startCPUClock()
+		clock := testfix.StartCPUClock()
 		for b.Loop() {
 			d.keys = hashcore.Keys(f.chain, d.keys[:0], f.prompts[0], nil)
 		}
-		clock.stop(b)
+		clock.Stop(b, b.N)
 	})
 	b.Run("score/cold", func(b *testing.B) {
 		b.ReportAllocs()
-		clock := startCPUClock()
+		clock := testfix.StartCPUClock()
 		v := 0
 		for b.Loop() {
 			f.inv.Score(all[v%len(all)], f.elig, shard.Overlap, d.scores)
 			v++
 		}
-		clock.stop(b)
+		clock.Stop(b, b.N)
 	})
 	b.Run("score/warm", func(b *testing.B) {
 		b.ReportAllocs()
-		clock := startCPUClock()
+		clock := testfix.StartCPUClock()
 		for b.Loop() {
 			f.inv.Score(all[0], f.elig, shard.Overlap, d.scores)
 		}
-		clock.stop(b)
+		clock.Stop(b, b.N)
 	})
 	f.decide(d, 0)
 	b.Run("select", func(b *testing.B) {
 		b.ReportAllocs()
-		clock := startCPUClock()
+		clock := testfix.StartCPUClock()
 		for b.Loop() {
 			f.cost.Select(&d.cand, nil)
 		}
-		clock.stop(b)
+		clock.Stop(b, b.N)
 	})
-}
-
-// cpuClock reports "cpu-ns/op", the benchmark thread's CPU time per op, next to the wall
-// time: on a shared machine compare by it (hashcore's twin). Call start before b.Loop and
-// stop after it.
-type cpuClock struct{ t0 time.Duration }
-
-func startCPUClock() cpuClock {
-	runtime.LockOSThread()
-	return cpuClock{threadCPUTime()}
-}
-
-func (c cpuClock) stop(b *testing.B) {
-	if t := threadCPUTime(); t > 0 && b.N > 0 {
-		b.ReportMetric(float64(t-c.t0)/float64(b.N), "cpu-ns/op")
-	}
-	runtime.UnlockOSThread()
 }

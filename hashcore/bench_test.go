@@ -3,28 +3,11 @@ package hashcore
 import (
 	"crypto/sha256"
 	"fmt"
-	"runtime"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/kvgate/kvgate/internal/testfix"
 )
-
-// cpuClock reports "cpu-ns/op", the benchmark thread's CPU time per op, next to the wall
-// time: on a shared machine compare contracts by it. Call start before b.Loop and stop
-// after it.
-type cpuClock struct{ t0 time.Duration }
-
-func startCPUClock() cpuClock {
-	runtime.LockOSThread()
-	return cpuClock{threadCPUTime()}
-}
-
-func (c cpuClock) stop(b *testing.B) {
-	if t := threadCPUTime(); t > 0 && b.N > 0 {
-		b.ReportMetric(float64(t-c.t0)/float64(b.N), "cpu-ns/op")
-	}
-	runtime.UnlockOSThread()
-}
 
 // Run: go test -run '^$' -bench . -benchmem ./hashcore/
 //
@@ -70,11 +53,11 @@ func BenchmarkHashChain(b *testing.B) {
 			dst := make([]uint64, 0, benchTokens/benchBlock)
 			b.SetBytes(4 * benchTokens)
 			b.ReportAllocs()
-			clk := startCPUClock()
+			clk := testfix.StartCPUClock()
 			for b.Loop() {
 				dst, _ = c.AppendKeys(dst[:0], Digest{}, toks, nil, true)
 			}
-			clk.stop(b)
+			clk.Stop(b, b.N)
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(benchTokens/benchBlock), "ns/block")
 		}
 		name := fmt.Sprintf("%s/tokens=%d/block=%d", bs.name, benchTokens, benchBlock)
@@ -132,14 +115,14 @@ func BenchmarkSHA256Raw(b *testing.B) {
 			b.SetBytes(4 * benchTokens)
 			b.ReportAllocs()
 			var sink byte
-			clk := startCPUClock()
+			clk := testfix.StartCPUClock()
 			for b.Loop() {
 				for _, m := range msgs {
 					s := sha256.Sum256(m)
 					sink ^= s[0]
 				}
 			}
-			clk.stop(b)
+			clk.Stop(b, b.N)
 			_ = sink
 			b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e6, "encoded-MB/s")
 		})
@@ -154,14 +137,14 @@ func BenchmarkSHA256Raw(b *testing.B) {
 			b.ReportAllocs()
 			var sink byte
 			var s [32]byte
-			clk := startCPUClock()
+			clk := testfix.StartCPUClock()
 			for b.Loop() {
 				for _, m := range padded {
 					sha256Sum(&s, m)
 					sink ^= s[0]
 				}
 			}
-			clk.stop(b)
+			clk.Stop(b, b.N)
 			_ = sink
 			b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e6, "encoded-MB/s")
 		})
@@ -179,7 +162,7 @@ func BenchmarkSHA256Raw(b *testing.B) {
 				b.SetBytes(4 * benchTokens)
 				b.ReportAllocs()
 				var d [32]byte
-				clk := startCPUClock()
+				clk := testfix.StartCPUClock()
 				for b.Loop() {
 					d = c.Root().B
 					for _, m := range serial {
@@ -190,7 +173,7 @@ func BenchmarkSHA256Raw(b *testing.B) {
 						}
 					}
 				}
-				clk.stop(b)
+				clk.Stop(b, b.N)
 				if want := sha256.Sum256(msgs[len(msgs)-1]); d != want {
 					b.Fatalf("serial digest %x, want %x", d, want)
 				}
@@ -205,12 +188,12 @@ func BenchmarkSHA256Raw(b *testing.B) {
 		b.Run(fmt.Sprintf("%s-concat/tokens=%d/block=%d", algo, benchTokens, benchBlock), func(b *testing.B) {
 			b.SetBytes(4 * benchTokens)
 			var sink byte
-			clk := startCPUClock()
+			clk := testfix.StartCPUClock()
 			for b.Loop() {
 				s := sha256.Sum256(all)
 				sink ^= s[0]
 			}
-			clk.stop(b)
+			clk.Stop(b, b.N)
 			_ = sink
 			b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds()/1e6, "encoded-MB/s")
 		})
@@ -237,7 +220,7 @@ func BenchmarkEncodeBlocks(b *testing.B) {
 			if vc.pickle {
 				buf = make([]byte, 0, pickleMaxLen(int(d.N), benchBlock, len(suffix)))
 			}
-			clk := startCPUClock()
+			clk := testfix.StartCPUClock()
 			for b.Loop() {
 				for i := 0; i < len(toks); i += benchBlock {
 					if vc.pickle {
@@ -247,7 +230,7 @@ func BenchmarkEncodeBlocks(b *testing.B) {
 					}
 				}
 			}
-			clk.stop(b)
+			clk.Stop(b, b.N)
 		})
 	}
 }

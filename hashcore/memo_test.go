@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/zeebo/xxh3"
+
+	"github.com/kvgate/kvgate/internal/testfix"
 )
 
 // memoSpecs is every contract, at the block sizes that take each of its code paths (the
@@ -386,33 +388,33 @@ func BenchmarkChainMemo(b *testing.B) {
 			m := newTestChainMemo(b, c, DefaultChainMemoBytes)
 			keys := m.AppendKeys(nil, toks[:prev], nil)
 			b.ReportAllocs()
-			clk := startCPUClock()
+			clk := testfix.StartCPUClock()
 			turn := uint32(0)
 			for b.Loop() {
 				turn++
 				toks[prev] = turn
 				keys = m.AppendKeys(keys[:0], toks, nil)
 			}
-			clk.stop(b)
+			clk.Stop(b, b.N)
 		})
 		b.Run(bs.name+"/repeat", func(b *testing.B) {
 			m := newTestChainMemo(b, c, DefaultChainMemoBytes)
 			keys := m.AppendKeys(nil, toks, nil)
 			b.ReportAllocs()
-			clk := startCPUClock()
+			clk := testfix.StartCPUClock()
 			for b.Loop() {
 				keys = m.AppendKeys(keys[:0], toks, nil)
 			}
-			clk.stop(b)
+			clk.Stop(b, b.N)
 		})
 		b.Run(bs.name+"/cold", func(b *testing.B) {
 			var keys []uint64
 			b.ReportAllocs()
-			clk := startCPUClock()
+			clk := testfix.StartCPUClock()
 			for b.Loop() {
 				keys = Keys(c, keys[:0], toks, nil)
 			}
-			clk.stop(b)
+			clk.Stop(b, b.N)
 		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/bench/enginepub"
+	"github.com/kvgate/kvgate/internal/testfix"
 	"github.com/kvgate/kvgate/shard"
 )
 
@@ -132,9 +133,9 @@ func BenchmarkFleetApply(b *testing.B) {
 		b.StopTimer()
 		fb.encodeRound()
 		b.StartTimer()
-		c0 := processCPU()
+		c0 := testfix.ProcessCPU()
 		fb.applyRound(b, &times)
-		cpu += processCPU() - c0
+		cpu += testfix.ProcessCPU() - c0
 	}
 	b.StopTimer()
 	// Per-batch apply time (wall: on a busy machine its tail includes waits for a core).

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/puzpuzpuz/xsync/v3"
+
+	"github.com/kvgate/kvgate/internal/testfix"
 )
 
 // The benchmarks run the same workloads on the inventory and on two baselines, a
@@ -182,12 +184,12 @@ func baselines1M() {
 }
 
 // reportPerKey reports wall and process-CPU nanoseconds per key looked up (cpu0 is
-// processCPU() when the timed loop started). On a shared machine wall time includes time
+// testfix.ProcessCPU() when the timed loop started). On a shared machine wall time includes time
 // the benchmark was runnable but not running; CPU time does not.
 func reportPerKey(b *testing.B, keysPerOp int, cpu0 int64) {
 	keys := float64(b.N) * float64(keysPerOp)
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/keys, "ns/key")
-	if cpu := processCPU() - cpu0; cpu > 0 && cpu0 > 0 {
+	if cpu := testfix.ProcessCPU() - cpu0; cpu > 0 && cpu0 > 0 {
 		b.ReportMetric(float64(cpu)/keys, "cpu-ns/key")
 	}
 }
@@ -204,7 +206,7 @@ func BenchmarkScore(b *testing.B) {
 		name := fmt.Sprintf("%v/keys=%d/endpoints=%d/inventory=1M", mode, benchQueryLen, benchEndpoints)
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
-			cpu0 := processCPU()
+			cpu0 := testfix.ProcessCPU()
 			i := 0
 			for b.Loop() {
 				bench1M.inv.Score(qs[i%benchQueryCount], elig, mode, scores)
@@ -231,7 +233,7 @@ func BenchmarkScoreCached(b *testing.B) {
 	for _, mode := range []Mode{Overlap, Prefix} {
 		b.Run(fmt.Sprintf("%v/keys=%d/endpoints=%d/inventory=1M", mode, benchQueryLen, benchEndpoints), func(b *testing.B) {
 			b.ReportAllocs()
-			cpu0 := processCPU()
+			cpu0 := testfix.ProcessCPU()
 			for b.Loop() {
 				bench1M.inv.Score(q, elig, mode, scores)
 			}
@@ -262,7 +264,7 @@ func BenchmarkScoreBaseline(b *testing.B) {
 		suffix := fmt.Sprintf("%v/keys=%d/endpoints=%d/inventory=1M", mode, benchQueryLen, benchEndpoints)
 		b.Run("rwmutex-map/"+suffix, func(b *testing.B) {
 			b.ReportAllocs()
-			cpu0 := processCPU()
+			cpu0 := testfix.ProcessCPU()
 			i := 0
 			for b.Loop() {
 				bench1M.rw.score(qs[i%benchQueryCount], e, mode, scores)
@@ -272,7 +274,7 @@ func BenchmarkScoreBaseline(b *testing.B) {
 		})
 		b.Run("xsync-map/"+suffix, func(b *testing.B) {
 			b.ReportAllocs()
-			cpu0 := processCPU()
+			cpu0 := testfix.ProcessCPU()
 			i := 0
 			for b.Loop() {
 				scoreXsync(bench1M.xm, qs[i%benchQueryCount], e, mode, scores)
@@ -353,7 +355,7 @@ func BenchmarkInventoryAdd(b *testing.B) {
 			im.reset()
 			next := uint64(0)
 			b.ReportAllocs()
-			cpu0 := processCPU()
+			cpu0 := testfix.ProcessCPU()
 			for b.Loop() {
 				if next >= resetAt {
 					b.StopTimer()
@@ -376,7 +378,7 @@ func BenchmarkInventoryAdd(b *testing.B) {
 			}
 			oldest, next := uint64(0), uint64(size)
 			b.ReportAllocs()
-			cpu0 := processCPU()
+			cpu0 := testfix.ProcessCPU()
 			for b.Loop() {
 				im.add(int(next/batchLen%benchEndpoints), fill(next))
 				next += batchLen
@@ -390,12 +392,12 @@ func BenchmarkInventoryAdd(b *testing.B) {
 }
 
 // reportKeysPerSec reports keys per wall second and per CPU second of the process
-// (cpu0 is processCPU() when the timed loop started; GC work counts against us).
+// (cpu0 is testfix.ProcessCPU() when the timed loop started; GC work counts against us).
 func reportKeysPerSec(b *testing.B, keysPerOp int, cpu0 int64) {
 	if s := b.Elapsed().Seconds(); s > 0 {
 		b.ReportMetric(float64(b.N*keysPerOp)/s/1e6, "Mkeys/s")
 	}
-	if cpu := processCPU() - cpu0; cpu > 0 && cpu0 > 0 {
+	if cpu := testfix.ProcessCPU() - cpu0; cpu > 0 && cpu0 > 0 {
 		b.ReportMetric(float64(b.N*keysPerOp)/(float64(cpu)/1e9)/1e6, "Mkeys/cpu-s")
 	}
 }
@@ -492,7 +494,7 @@ func BenchmarkScoreWhileWriting(b *testing.B) {
 		}()
 		b.ReportAllocs()
 		w0 := written.Load()
-		cpu0 := processCPU() // includes the writer's CPU
+		cpu0 := testfix.ProcessCPU() // includes the writer's CPU
 		i := 0
 		for b.Loop() {
 			score(qs[i%benchQueryCount])
@@ -639,7 +641,7 @@ func BenchmarkLayouts(b *testing.B) {
 			elig.SetAll(eps)
 			scores := make([]int32, eps)
 			b.ReportAllocs()
-			cpu0 := processCPU()
+			cpu0 := testfix.ProcessCPU()
 			i := 0
 			for b.Loop() {
 				inv.Score(qs[i%benchQueryCount], elig, Overlap, scores)
@@ -664,7 +666,7 @@ func BenchmarkLayouts(b *testing.B) {
 			}
 			oldest, next := uint64(0), uint64(n)
 			b.ReportAllocs()
-			cpu0 := processCPU()
+			cpu0 := testfix.ProcessCPU()
 			for b.Loop() {
 				inv.Add(int(next/batchLen)%eps, fillBatch(next))
 				next += batchLen

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/testfix"
 )
 
 // BenchmarkFleet measures a 1,024-endpoint rule (sparse sets) at fleet sizes, counted in
@@ -58,7 +60,7 @@ func BenchmarkFleet(b *testing.B) {
 			elig.SetAll(fleetEndpoints)
 			scores := make([]int32, fleetEndpoints)
 			b.ReportAllocs()
-			cpu0 := processCPU()
+			cpu0 := testfix.ProcessCPU()
 			i := 0
 			for b.Loop() {
 				inv.Score(qs[i%benchQueryCount], elig, Overlap, scores)
@@ -88,7 +90,7 @@ func BenchmarkFleet(b *testing.B) {
 				inv.Add(int(next/batchLen)%fleetEndpoints, fillBatch(next))
 			}
 			b.ReportAllocs()
-			cpu0 := processCPU()
+			cpu0 := testfix.ProcessCPU()
 			for b.Loop() {
 				inv.Add(int(next/batchLen)%fleetEndpoints, fillBatch(next))
 				next += batchLen
@@ -97,7 +99,7 @@ func BenchmarkFleet(b *testing.B) {
 			}
 			reportKeysPerSec(b, batchLen, cpu0)
 			// Events apply removes as well as adds: count both, per CPU second.
-			if cpu := processCPU() - cpu0; cpu > 0 {
+			if cpu := testfix.ProcessCPU() - cpu0; cpu > 0 {
 				b.ReportMetric(float64(2*b.N*batchLen)/(float64(cpu)/1e9)/1e6, "Mapplied/cpu-s")
 			}
 		})

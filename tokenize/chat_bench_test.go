@@ -2,11 +2,12 @@ package tokenize
 
 import (
 	"encoding/json"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testfix"
 )
 
 // chatPrompt4k builds a multi-turn chat request whose prompt is about 4,000 tokens for the
@@ -189,22 +190,22 @@ func BenchmarkEncodeChatFollowup(b *testing.B) {
 		}
 		b.ReportAllocs()
 		b.ResetTimer()
-		clk := startCPUClock()
+		clk := testfix.StartCPUClock()
 		for i := 0; i < b.N; i++ {
 			fc.stamp(i + 1)
 			ids, _ = m.EncodeChatMemo(ids, fc.next, memo)
 		}
-		clk.stop(b)
+		clk.Stop(b, b.N)
 		report(b)
 	})
 	b.Run("cold", func(b *testing.B) {
 		b.ReportAllocs()
-		clk := startCPUClock()
+		clk := testfix.StartCPUClock()
 		for i := 0; i < b.N; i++ {
 			fc.stamp(i + 1)
 			ids, _ = m.EncodeChat(ids, fc.next)
 		}
-		clk.stop(b)
+		clk.Stop(b, b.N)
 		report(b)
 	})
 	b.Run("repeat", func(b *testing.B) {
@@ -212,37 +213,21 @@ func BenchmarkEncodeChatFollowup(b *testing.B) {
 		ids, _ = m.EncodeChatMemo(ids, fc.next, memo)
 		b.ReportAllocs()
 		b.ResetTimer()
-		clk := startCPUClock()
+		clk := testfix.StartCPUClock()
 		for i := 0; i < b.N; i++ {
 			ids, _ = m.EncodeChatMemo(ids, fc.next, memo)
 		}
-		clk.stop(b)
+		clk.Stop(b, b.N)
 		report(b)
 	})
 	b.Run("render", func(b *testing.B) {
 		var out []byte
 		b.ReportAllocs()
-		clk := startCPUClock()
+		clk := testfix.StartCPUClock()
 		for i := 0; i < b.N; i++ {
 			out, _ = m.RenderChat(out[:0], fc.next)
 		}
-		clk.stop(b)
+		clk.Stop(b, b.N)
 		report(b)
 	})
-}
-
-// cpuClock reports "cpu-ns/op" next to the wall time (see hashcore's twin). Call
-// startCPUClock after b.ResetTimer and stop after the loop.
-type cpuClock struct{ t0 time.Duration }
-
-func startCPUClock() cpuClock {
-	runtime.LockOSThread()
-	return cpuClock{threadCPUTime()}
-}
-
-func (c cpuClock) stop(b *testing.B) {
-	if t := threadCPUTime(); t > 0 && b.N > 0 {
-		b.ReportMetric(float64(t-c.t0)/float64(b.N), "cpu-ns/op")
-	}
-	runtime.UnlockOSThread()
 }

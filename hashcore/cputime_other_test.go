@@ -1,7 +1,0 @@
-//go:build !linux
-
-package hashcore
-
-import "time"
-
-func threadCPUTime() time.Duration { return 0 }
