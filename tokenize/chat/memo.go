@@ -96,11 +96,27 @@ type memoEntry struct {
 }
 
 // memoEvent is a recorded read (e != nil: e evaluated to v) or write (s, a set of
-// namespace attribute, assigned v).
+// namespace attribute, assigned v). lazy: the read is a lazy set's value whose name the
+// iteration has not read (yet); commit drops such reads.
 type memoEvent struct {
-	e *expr
-	s *stmt
-	v Value
+	e    *expr
+	s    *stmt
+	v    Value
+	lazy bool
+}
+
+// lazyRef ties a lazy set's binding (its index in vars) to its recorded read.
+type lazyRef struct{ slot, ev int }
+
+// lazyRead marks the reads of the lazy sets bound at slot as needed. A slot the iteration
+// has since reused for another binding marks a read that was not needed: that only keeps
+// a record that could have been dropped.
+func (r *renderer) lazyRead(slot int) {
+	for _, l := range r.lazy {
+		if l.slot == slot {
+			r.recEv[l.ev].lazy = false
+		}
+	}
 }
 
 // MemoUse tells what one render took from the memo (/debug/explain).
@@ -511,9 +527,20 @@ func (r *renderer) commit(s *stmt, item Value, h uint64, mark int, c ctl, steps 
 	if r.memoBad {
 		return
 	}
-	if len(r.out) == mark {
+	kept := r.recEv[:0]
+	for _, x := range r.recEv {
+		if !x.lazy {
+			kept = append(kept, x)
+		}
+	}
+	dropped := len(r.recEv) - len(kept)
+	clear(r.recEv[len(kept):])
+	r.recEv = kept
+	if len(r.out) == mark && dropped == 0 {
 		// An iteration without output (a pre-scan setting namespace attributes) costs
-		// about what its replay would: storing it would only cost memory.
+		// about what its replay would, which re-evaluates the same reads: storing it would
+		// only cost memory. One that dropped a lazy set's read replays cheaper than it
+		// evaluates (bench/RESULTS.md, Session 6), so it is stored.
 		if s.memoEmpty.Load() < memoQuietLoop {
 			s.memoEmpty.Add(1)
 		}

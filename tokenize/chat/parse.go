@@ -92,7 +92,10 @@ type stmt struct {
 	// cheaper evaluated than recorded, so after memoQuietLoop empty ones and none stored it
 	// is no longer memoized. Only a cost decision: any answer is exact.
 	memoEmpty, memoStored atomic.Int32
-	pos                   int
+	// lazy (sSet in a memoized body, one target, an external totalInt value): an iteration's
+	// record keeps the value only if the iteration reads the name (memo.go).
+	lazy bool
+	pos  int
 }
 
 type parser struct {
