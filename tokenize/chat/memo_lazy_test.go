@@ -16,7 +16,7 @@ var lazyTemplates = map[string]string{
 	// The name is read after a namespace write (the write's value comes from the name).
 	"lazy-after-ns-write": `{% set ns = namespace(k=0) %}{% for m in messages %}{% set i = messages|length - loop.index0 %}{% set ns.k = ns.k + 1 %}{% if m.role == "user" %}{% set ns.k = i %}{% endif %}{{ ns.k if m.role == "tool" }}{% endfor %}{{ ns.k }}`,
 	// Not total (reads a namespace): recorded eagerly, though a later write changes its input.
-	"eager-ns-input": `{% set ns = namespace(k=0) %}{% for m in messages %}{% set i = loop.index0 + ns.k %}{% set ns.k = ns.k + 1 %}{% if m.role == "user" %}{{ i }}{% endif %}{% endfor %}`,
+	"eager-ns-input":  `{% set ns = namespace(k=0) %}{% for m in messages %}{% set i = loop.index0 + ns.k %}{% set ns.k = ns.k + 1 %}{% if m.role == "user" %}{{ i }}{% endif %}{% endfor %}`,
 	"lazy-read-twice": `{% for m in messages %}{% set i = (messages|length - 1) - loop.index0 %}{% if m.role == "user" %}{{ i }},{{ i + 1 }};{% endif %}{% endfor %}`,
 	// An inner binding of the same name hides the lazy one; only the inner one is read.
 	"lazy-shadowed": `{% for m in messages %}{% set i = messages|length - loop.index0 %}{% for i in [m.role] %}{{ i }}{% endfor %}{% set y %}{% set i = "z" %}{{ i }}{% endset %}{{ y }}{% endfor %}`,
