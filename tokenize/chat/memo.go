@@ -39,6 +39,17 @@ import (
 // A replayed read never runs a macro (it fails instead), so a failed replay has no effect
 // beyond the writes it undoes.
 //
+// Lazy sets: `set x = E` with E external and total (memo_scan.go totalInt: an int built from
+// int constants, the loop's own loop.index0 and the like, the render's messages|length, +
+// and -) keeps E's read in the record only if the iteration reads x (lookup finds x's
+// binding), at the set's place, as an eager read would be. Dropping it otherwise is exact:
+// the iteration's path is a function of the values it reads, and it never read x, so x's
+// value in the new context cannot change the path; E's evaluation has no other effect (no
+// error, output, write or loop step, which is what totalInt guarantees). Qwen3's pre-scan
+// binds `index` from `messages|length` every iteration and reads it in one at most: its
+// other iterations now replay though the length changes every turn. A lookup that finds a
+// reused binding slot may keep a read that could have been dropped, never the reverse.
+//
 // Keys are compared in full: message bytes; an item that is a bound message by the bound
 // entry's identity (its id, unique per stored content), any other item by strict value; the
 // hash only picks the set. Lookups take no lock (entries are immutable once published

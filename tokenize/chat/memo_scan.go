@@ -17,6 +17,10 @@ package chat
 // read of a bool, not two reads of values that change every turn. A name assigned in the
 // body counts as bound even where it is read before the assignment (it then resolves
 // outside); the evaluator catches that case at run time (lookup) and skips the record.
+//
+// A single-name set whose value is external and totalInt is marked lazy: its read is
+// recorded only if the iteration reads the name (memo.go). messages|length counts as total
+// only when nothing in the template binds messages (the render binds it to a list).
 
 // markMemoLoops marks the template's qualifying loops and their external expressions.
 func markMemoLoops(body []*stmt) {
