@@ -73,6 +73,7 @@ type renderer struct {
 	memoBad   bool
 	recFrame  int
 	recEv     []memoEvent
+	lazy      []lazyRef // the recorded iteration's lazy sets (memo.go)
 	undo      []memoUndo
 	spans     []int
 }
@@ -101,6 +102,9 @@ func (r *renderer) lookup(name string) (Value, bool) {
 				if f < r.recFrame {
 					r.memoBad = true // a name bound in the body, read before its assignment
 				}
+				if len(r.lazy) != 0 {
+					r.lazyRead(i)
+				}
 				return r.vars[i].v, true
 			}
 		}
@@ -111,15 +115,17 @@ func (r *renderer) lookup(name string) (Value, bool) {
 	return undefinedNamed(name), false
 }
 
-func (r *renderer) setVar(name string, v Value) {
+// setVar binds name in the top frame and returns the binding's index in vars.
+func (r *renderer) setVar(name string, v Value) int {
 	start := r.frames[len(r.frames)-1]
 	for i := len(r.vars) - 1; i >= start; i-- {
 		if r.vars[i].name == name {
 			r.vars[i].v = v
-			return
+			return i
 		}
 	}
 	r.vars = append(r.vars, binding{name, v})
+	return len(r.vars) - 1
 }
 
 func (r *renderer) pushFrame() { r.frames = append(r.frames, len(r.vars)) }
@@ -180,12 +186,17 @@ func (r *renderer) exec(s *stmt) (ctl, error) {
 	case sFor:
 		return r.execFor(s)
 	case sSet:
+		ev := len(r.recEv)
 		v, err := r.eval(s.e)
 		if err != nil {
 			return ctlNone, err
 		}
 		if len(s.targets) == 1 {
-			r.setVar(s.targets[0], v)
+			i := r.setVar(s.targets[0], v)
+			if s.lazy && r.recording && len(r.recEv) == ev+1 && r.recEv[ev].e == s.e {
+				r.recEv[ev].lazy = true // until the name is read (memo.go)
+				r.lazy = append(r.lazy, lazyRef{slot: i, ev: ev})
+			}
 			return ctlNone, nil
 		}
 		items, err := r.unpack(v, len(s.targets), s.pos)
@@ -475,6 +486,7 @@ func (r *renderer) execMemoIter(s *stmt, it Value) (ctl, error) {
 	r.recEv = r.recEv[:0]
 	c, err := r.execBody(s.body)
 	r.recording, r.recFrame = false, 0
+	r.lazy = r.lazy[:0]
 	if err == nil {
 		r.commit(s, it, h, mark, c, r.steps-steps)
 	}

@@ -39,6 +39,17 @@ import (
 // A replayed read never runs a macro (it fails instead), so a failed replay has no effect
 // beyond the writes it undoes.
 //
+// Lazy sets: `set x = E` with E external and total (memo_scan.go totalInt: an int built from
+// int constants, the loop's own loop.index0 and the like, the render's messages|length, +
+// and -) keeps E's read in the record only if the iteration reads x (lookup finds x's
+// binding), at the set's place, as an eager read would be. Dropping it otherwise is exact:
+// the iteration's path is a function of the values it reads, and it never read x, so x's
+// value in the new context cannot change the path; E's evaluation has no other effect (no
+// error, output, write or loop step, which is what totalInt guarantees). Qwen3's pre-scan
+// binds `index` from `messages|length` every iteration and reads it in one at most: its
+// other iterations now replay though the length changes every turn. A lookup that finds a
+// reused binding slot may keep a read that could have been dropped, never the reverse.
+//
 // Keys are compared in full: message bytes; an item that is a bound message by the bound
 // entry's identity (its id, unique per stored content), any other item by strict value; the
 // hash only picks the set. Lookups take no lock (entries are immutable once published
@@ -96,11 +107,27 @@ type memoEntry struct {
 }
 
 // memoEvent is a recorded read (e != nil: e evaluated to v) or write (s, a set of
-// namespace attribute, assigned v).
+// namespace attribute, assigned v). lazy: the read is a lazy set's value whose name the
+// iteration has not read (yet); commit drops such reads.
 type memoEvent struct {
-	e *expr
-	s *stmt
-	v Value
+	e    *expr
+	s    *stmt
+	v    Value
+	lazy bool
+}
+
+// lazyRef ties a lazy set's binding (its index in vars) to its recorded read.
+type lazyRef struct{ slot, ev int }
+
+// lazyRead marks the reads of the lazy sets bound at slot as needed. A slot the iteration
+// has since reused for another binding marks a read that was not needed: that only keeps
+// a record that could have been dropped.
+func (r *renderer) lazyRead(slot int) {
+	for _, l := range r.lazy {
+		if l.slot == slot {
+			r.recEv[l.ev].lazy = false
+		}
+	}
 }
 
 // MemoUse tells what one render took from the memo (/debug/explain).
@@ -511,9 +538,20 @@ func (r *renderer) commit(s *stmt, item Value, h uint64, mark int, c ctl, steps 
 	if r.memoBad {
 		return
 	}
-	if len(r.out) == mark {
+	kept := r.recEv[:0]
+	for _, x := range r.recEv {
+		if !x.lazy {
+			kept = append(kept, x)
+		}
+	}
+	dropped := len(r.recEv) - len(kept)
+	clear(r.recEv[len(kept):])
+	r.recEv = kept
+	if len(r.out) == mark && dropped == 0 {
 		// An iteration without output (a pre-scan setting namespace attributes) costs
-		// about what its replay would: storing it would only cost memory.
+		// about what its replay would, which re-evaluates the same reads: storing it would
+		// only cost memory. One that dropped a lazy set's read replays cheaper than it
+		// evaluates (bench/RESULTS.md, Session 6), so it is stored.
 		if s.memoEmpty.Load() < memoQuietLoop {
 			s.memoEmpty.Add(1)
 		}

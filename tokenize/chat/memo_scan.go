@@ -17,23 +17,59 @@ package chat
 // read of a bool, not two reads of values that change every turn. A name assigned in the
 // body counts as bound even where it is read before the assignment (it then resolves
 // outside); the evaluator catches that case at run time (lookup) and skips the record.
+//
+// A single-name set whose value is external and totalInt is marked lazy: its read is
+// recorded only if the iteration reads the name (memo.go). messages|length counts as total
+// only when nothing in the template binds messages (the render binds it to a list).
 
 // markMemoLoops marks the template's qualifying loops and their external expressions.
 func markMemoLoops(body []*stmt) {
+	markLoops(body, !assigns(body, "messages"))
+}
+
+// markLoops: msgsList says the name messages is the render's messages list everywhere
+// (nothing in the template binds it; chat_template_kwargs may not).
+func markLoops(body []*stmt, msgsList bool) {
 	for _, s := range body {
 		switch s.op {
 		case sIf:
 			for _, b := range s.bodies {
-				markMemoLoops(b)
+				markLoops(b, msgsList)
 			}
-			markMemoLoops(s.els)
+			markLoops(s.els, msgsList)
 		case sFor:
-			markLoop(s)
+			markLoop(s, msgsList)
 		}
 	}
 }
 
-func markLoop(s *stmt) {
+// assigns reports whether any statement of body, at any depth (macro bodies included, to
+// keep it simple), binds name.
+func assigns(body []*stmt, name string) bool {
+	for _, s := range body {
+		for _, t := range s.targets {
+			if t == name {
+				return true
+			}
+		}
+		for _, p := range s.params {
+			if p == name {
+				return true
+			}
+		}
+		for _, b := range s.bodies {
+			if assigns(b, name) {
+				return true
+			}
+		}
+		if assigns(s.body, name) || assigns(s.els, name) {
+			return true
+		}
+	}
+	return false
+}
+
+func markLoop(s *stmt, msgsList bool) {
 	bound := map[string]bool{}
 	for _, t := range s.targets {
 		bound[t] = true
@@ -45,7 +81,7 @@ func markLoop(s *stmt) {
 		return
 	}
 	s.memo = true
-	markBody(s.body, bound)
+	markBody(s.body, bound, msgsList)
 }
 
 // collectStores adds every name the body assigns to bound; false if the body defines a
@@ -91,9 +127,12 @@ func setAttrsExternal(body []*stmt, bound map[string]bool) bool {
 
 // markBody marks the external expressions of body, where bound holds the names bound
 // inside the iteration.
-func markBody(body []*stmt, bound map[string]bool) {
+func markBody(body []*stmt, bound map[string]bool, msgsList bool) {
 	for _, s := range body {
 		markExpr(s.e, bound)
+		if s.op == sSet && len(s.targets) == 1 && s.e != nil && s.e.ext {
+			s.lazy = totalInt(s.e, msgsList)
+		}
 		for _, c := range s.conds {
 			markExpr(c, bound)
 		}
@@ -101,7 +140,7 @@ func markBody(body []*stmt, bound map[string]bool) {
 			markExprArgs(f, bound)
 		}
 		for _, b := range s.bodies {
-			markBody(b, bound)
+			markBody(b, bound, msgsList)
 		}
 		if s.op == sFor {
 			// The nested loop's "loop" is the iteration's own.
@@ -112,11 +151,11 @@ func markBody(body []*stmt, bound map[string]bool) {
 			inner["loop"] = true
 			// Its filter condition runs once per item too.
 			markExpr(s.cond, inner)
-			markBody(s.body, inner)
+			markBody(s.body, inner, msgsList)
 		} else {
-			markBody(s.body, bound)
+			markBody(s.body, bound, msgsList)
 		}
-		markBody(s.els, bound)
+		markBody(s.els, bound, msgsList)
 	}
 }
 
@@ -178,4 +217,31 @@ func external(e *expr, bound map[string]bool) (ok, named bool) {
 		sub(k.e)
 	}
 	return ok, named
+}
+
+// totalInt reports whether the external expression e always evaluates to an int without an
+// error, whatever the render's values: int constants, the memoized loop's own loop.index,
+// index0, revindex, revindex0 and length (an external "loop" in its body is that loop's),
+// messages|length (or count) when msgsList, and + or - of those (int arithmetic in the
+// evaluator never fails). A lazy set (memo.go) may leave such an expression unevaluated on
+// replay because its evaluation has no effect but its value.
+func totalInt(e *expr, msgsList bool) bool {
+	switch e.op {
+	case eConst:
+		return e.val.k == kInt
+	case eAttr:
+		if e.a.op != eName || e.a.name != "loop" {
+			return false
+		}
+		switch e.name {
+		case "index", "index0", "revindex", "revindex0", "length":
+			return true
+		}
+	case eFilter:
+		return msgsList && (e.name == "length" || e.name == "count") && len(e.args) == 0 && len(e.kw) == 0 &&
+			e.a.op == eName && e.a.name == "messages"
+	case eBin:
+		return (e.name == "+" || e.name == "-") && totalInt(e.a, msgsList) && totalInt(e.b, msgsList)
+	}
+	return false
 }

@@ -88,11 +88,15 @@ type stmt struct {
 	// memo (sFor): the loop's iterations may be replayed from a RenderMemo (see memo.go).
 	memo bool
 	// memoEmpty and memoStored count this loop's recorded iterations without output (not
-	// stored) and stored: a loop that only ever sets namespace attributes (a pre-scan) is
-	// cheaper evaluated than recorded, so after memoQuietLoop empty ones and none stored it
-	// is no longer memoized. Only a cost decision: any answer is exact.
+	// stored unless they dropped a lazy set's read) and stored: a loop that only ever sets
+	// namespace attributes from the values it reads is cheaper evaluated than recorded, so
+	// after memoQuietLoop empty ones and none stored it is no longer memoized. Only a cost
+	// decision: any answer is exact.
 	memoEmpty, memoStored atomic.Int32
-	pos                   int
+	// lazy (sSet in a memoized body, one target, an external totalInt value): an iteration's
+	// record keeps the value only if the iteration reads the name (memo.go).
+	lazy bool
+	pos  int
 }
 
 type parser struct {
