@@ -555,7 +555,9 @@ func TestClientDisconnectCancelsNonStream(t *testing.T) {
 		}
 		return true
 	}
-	s := startProxy(t, testConfig(a.url()))
+	cfg := testConfig(a.url())
+	cfg.Upstream.Timeout = time.Minute // the cancel is the client's leaving, not the timeout
+	s := startProxy(t, cfg)
 	conn, err := net.Dial("tcp", s.PublicAddr())
 	if err != nil {
 		t.Fatal(err)
