@@ -555,9 +555,7 @@ func TestClientDisconnectCancelsNonStream(t *testing.T) {
 		}
 		return true
 	}
-	cfg := testConfig(a.url())
-	cfg.Upstream.Timeout = time.Minute // the cancel is the client's leaving, not the timeout
-	s := startProxy(t, cfg)
+	s := startProxy(t, testConfig(a.url()))
 	conn, err := net.Dial("tcp", s.PublicAddr())
 	if err != nil {
 		t.Fatal(err)
