@@ -225,8 +225,12 @@ var errExchangeCancelled = errors.New("client left before the request was sent")
 
 // set records c as carrying the exchange; false if the exchange was cancelled already.
 func (r *connRegistry) set(addr string, id []byte, c *trackedConn) bool {
-	_, loaded := r.m.LoadOrStore(regKey(addr, id), c) // tags are unique: only the mark
-	return !loaded
+	key := regKey(addr, id)
+	prev, loaded := r.m.LoadOrStore(key, c)
+	if loaded && prev != cancelledExchange {
+		r.m.Store(key, c) // (tags are unique per exchange; tests reuse one)
+	}
+	return !loaded || prev != cancelledExchange
 }
 
 // cancel closes the exchange's connection, or marks the exchange so that it never starts.
