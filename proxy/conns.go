@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"strconv"
 	"sync"
 	"time"
@@ -122,8 +123,9 @@ var joinPool = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return 
 func (c *trackedConn) WriteBinary(b []byte) (int, error) {
 	if i := bytes.Index(b, connTagLine); i >= 0 {
 		id := b[i+len(connTagLine):]
-		if j := bytes.IndexByte(id, '\r'); j >= 0 {
-			c.reg.set(c.addr, id[:j], c)
+		if j := bytes.IndexByte(id, '\r'); j >= 0 && !c.reg.set(c.addr, id[:j], c) {
+			c.Conn.Close() //nolint:errcheck // the client left before the request went out
+			return 0, errExchangeCancelled
 		}
 		if !c.held && len(b) < joinMax {
 			c.hdr, c.held = append(c.hdr[:0], b...), true
@@ -214,8 +216,28 @@ func newConnRegistry() *connRegistry {
 
 func regKey(addr string, id []byte) string { return addr + " " + string(id) }
 
-func (r *connRegistry) set(addr string, id []byte, c *trackedConn) {
-	r.m.Store(regKey(addr, id), c)
+// cancelledExchange marks an exchange whose client left before its request header went
+// out (netpoll senses it that early: the send had started, the header not yet written):
+// set finds the mark and the request is never sent.
+var cancelledExchange = &trackedConn{}
+
+var errExchangeCancelled = errors.New("client left before the request was sent")
+
+// set records c as carrying the exchange; false if the exchange was cancelled already.
+func (r *connRegistry) set(addr string, id []byte, c *trackedConn) bool {
+	key := regKey(addr, id)
+	prev, loaded := r.m.LoadOrStore(key, c)
+	if loaded && prev != cancelledExchange {
+		r.m.Store(key, c) // (tags are unique per exchange; tests reuse one)
+	}
+	return !loaded || prev != cancelledExchange
+}
+
+// cancel closes the exchange's connection, or marks the exchange so that it never starts.
+func (r *connRegistry) cancel(key string) {
+	if c, loaded := r.m.LoadOrStore(key, cancelledExchange); loaded && c != cancelledExchange {
+		c.Close() //nolint:errcheck
+	}
 }
 
 func (r *connRegistry) take(key string) *trackedConn {
@@ -230,13 +252,15 @@ func (s *Server) do(ctx context.Context, host string, req *protocol.Request, res
 	id := strconv.AppendUint(tag[:0], s.exchanges.Add(1), 10)
 	req.Header.SetCanonical(connTagKey, id) // copies; the name is canonical
 	key := regKey(host, id)
+	cancelled := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
-		if c := s.conns.take(key); c != nil {
-			c.Close()
-		}
+		s.conns.cancel(key)
+		close(cancelled)
 	})
 	err := s.client.Do(ctx, req, res)
-	stop()
+	if !stop() {
+		<-cancelled // its mark must not outlive the cleanup below
+	}
 	s.conns.take(key)
 	return err
 }

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"time"
 
 	"github.com/cloudwego/hertz/pkg/app"
+	"github.com/cloudwego/hertz/pkg/network"
 )
 
 // What kvgate does with hertz's requests and responses as an HTTP intermediary, in one
@@ -116,8 +118,46 @@ func (s *Server) checkFraming(c *app.RequestContext) bool {
 	default:
 		return true
 	}
-	c.SetConnectionClose()
+	closeUnread(c)
 	return false
+}
+
+// closeUnread answers and closes a connection whose request body is left unread (a
+// refusal before or while reading it). Closing a socket with unread input sends a
+// reset, and a client still sending its body then loses the answer before it reads
+// it; netpoll's transport read the input eagerly and so hid this, the standard one
+// does not. So the connection lingers after the answer (as nginx's lingering_close
+// does): its input is read and dropped until the client stops sending or closes, for
+// at most lingerTime and lingerBytes, then closed.
+func closeUnread(c *app.RequestContext) {
+	// Dropping the body stream also keeps hertz from skipping the rest of it after the
+	// answer, which fails on a body cut off mid-chunk and closes at once.
+	c.Request.ResetBody()
+	c.SetConnectionClose()
+	c.Hijack(linger)
+}
+
+const (
+	lingerTime  = 2 * time.Second
+	lingerIdle  = 200 * time.Millisecond // no input this long: the client stopped sending
+	lingerBytes = 8 << 20
+)
+
+func linger(conn network.Conn) {
+	end := time.Now().Add(lingerTime)
+	buf := make([]byte, 16<<10) // refusals only
+	for n := 0; n < lingerBytes; {
+		d := time.Now().Add(lingerIdle)
+		if d.After(end) {
+			d = end
+		}
+		conn.SetReadDeadline(d) //nolint:errcheck
+		m, err := conn.Read(buf)
+		n += m
+		if err != nil {
+			return
+		}
+	}
 }
 
 var (

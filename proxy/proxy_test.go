@@ -555,7 +555,9 @@ func TestClientDisconnectCancelsNonStream(t *testing.T) {
 		}
 		return true
 	}
-	s := startProxy(t, testConfig(a.url()))
+	cfg := testConfig(a.url())
+	cfg.Upstream.Timeout = time.Minute // the cancel is the client's leaving, not the timeout
+	s := startProxy(t, cfg)
 	conn, err := net.Dial("tcp", s.PublicAddr())
 	if err != nil {
 		t.Fatal(err)
@@ -564,12 +566,17 @@ func TestClientDisconnectCancelsNonStream(t *testing.T) {
 	io.WriteString(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "+itoa(len(body))+"\r\n\r\n"+body)
 	waitFor(t, "in flight", func() bool { return s.loads.Get(0) == 1 })
 	conn.Close()
-	select {
-	case <-cancelled:
-	case <-time.After(15 * time.Second):
-		t.Fatal("engine request not cancelled after the client left")
-	}
+	// The client may leave before kvgate's request reached the engine: then it is never
+	// sent. Either way nothing may keep the engine working.
 	waitFor(t, "in-flight released", func() bool { return s.loads.Get(0) == 0 })
+	time.Sleep(50 * time.Millisecond) // a request already on the wire arrives
+	if a.count("/v1/completions") > 0 {
+		select {
+		case <-cancelled:
+		case <-time.After(5 * time.Second):
+			t.Fatal("engine request not cancelled after the client left")
+		}
+	}
 	if n := s.conns.m.Size(); n != 0 {
 		t.Errorf("%d connections left registered", n)
 	}

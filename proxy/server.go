@@ -47,13 +47,14 @@ type endpoint struct {
 // Server is one running rule: the public proxy listener, the admin listener, the
 // endpoints' state and the KV-Exact machinery when enabled.
 type Server struct {
-	cfg    Config
-	log    *slog.Logger
-	ros    atomic.Pointer[roster] // the endpoints, one per slot (fleet.go)
-	fleet  *fleetCtl
-	loads  *balance.Loads
-	queues *route.Queues  // prefill queued, learned rates, engine reports (the cost policy)
-	meter  *decisionMeter // where traffic decisions count (meter.go)
+	watchClients bool // the public listener is on hertz's standard transport (clientwatch.go)
+	cfg          Config
+	log          *slog.Logger
+	ros          atomic.Pointer[roster] // the endpoints, one per slot (fleet.go)
+	fleet        *fleetCtl
+	loads        *balance.Loads
+	queues       *route.Queues  // prefill queued, learned rates, engine reports (the cost policy)
+	meter        *decisionMeter // where traffic decisions count (meter.go)
 	// fallback is -select (route.RR or route.CHWBL), labelled fallbackRoute.
 	fallback      route.Selector
 	fallbackRoute Route
@@ -274,6 +275,8 @@ func (s *Server) start() error {
 	opts := []config.Option{
 		server.WithListener(s.publicLn),
 		server.WithStreamBody(true),
+		// netpoll's transport senses a client that leaves (its poller sees the hang-up);
+		// TLS switches hertz to its standard transport, where clientwatch.go does.
 		server.WithSenseClientDisconnection(true),
 		server.WithDisablePrintRoute(true),
 		server.WithExitWaitTime(s.cfg.Shutdown.Grace),
@@ -284,8 +287,8 @@ func (s *Server) start() error {
 		server.WithTraceLevel(stats.LevelDisabled),
 	}
 	if s.certs != nil {
-		// TLS switches hertz to its standard transport (netpoll has no TLS).
 		opts = append(opts, server.WithTLS(s.certs.serverTLS()))
+		s.watchClients = true
 	}
 	s.h = server.New(opts...)
 	s.h.NoHijackConnPool = true
@@ -449,6 +452,7 @@ func (s *Server) routes() {
 
 // reqState is the per-request scratch, pooled so steady-state routing allocates nothing.
 type reqState struct {
+	watch    clientWatch // senses a client that leaves mid-request (clientwatch.go)
 	body     []byte
 	oa       openai.Request
 	chat     bool
@@ -585,8 +589,8 @@ func (s *Server) readBody(c *app.RequestContext, st *reqState) (ok bool) {
 	if cl := c.Request.Header.ContentLength(); cl > limit {
 		s.m.bad[BadTooLarge].Inc()
 		writeError(c, 413, "invalid_request_error", "request body exceeds the limit of "+itoa(limit)+" bytes")
-		// The unread body stays on the connection: close it rather than drain it.
-		c.SetConnectionClose()
+		// The unread body stays on the connection: close it rather than read it.
+		closeUnread(c)
 		return false
 	}
 	if !c.Request.IsBodyStream() {
@@ -605,7 +609,7 @@ func (s *Server) readBody(c *app.RequestContext, st *reqState) (ok bool) {
 	case err == errBodyTooLarge:
 		s.m.bad[BadTooLarge].Inc()
 		writeError(c, 413, "invalid_request_error", "request body exceeds the limit of "+itoa(limit)+" bytes")
-		c.SetConnectionClose()
+		closeUnread(c)
 		return false
 	case err != nil:
 		s.m.bad[BadReadBody].Inc()
@@ -624,6 +628,8 @@ func (s *Server) handleOpenAI(ctx context.Context, c *app.RequestContext, chat b
 	if !s.readBody(c, st) {
 		return
 	}
+	ctx = s.watchClient(ctx, c, st)
+	defer st.watch.stop()
 	st.chat = chat
 	t0 := time.Now()
 	st.routeStart = t0
@@ -648,6 +654,8 @@ func (s *Server) handlePassThrough(ctx context.Context, c *app.RequestContext) {
 	if !s.readBody(c, st) {
 		return
 	}
+	ctx = s.watchClient(ctx, c, st)
+	defer st.watch.stop()
 	st.oa.Reset()
 	st.routeStart = time.Now()
 	s.tries(ctx, c, st, passThroughPath)
