@@ -5,6 +5,9 @@ import (
 	"context"
 	"io"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -156,7 +159,7 @@ func BenchmarkSubParked(b *testing.B) {
 				next <- struct{}{}
 			}
 			b.ResetTimer()
-			cpu0 := testfix.ProcessCPU()
+			cpu0, rd0 := testfix.ProcessCPU(), readSyscalls()
 			next <- struct{}{}
 			if mode == "recv" {
 				for n < b.N {
@@ -170,8 +173,29 @@ func BenchmarkSubParked(b *testing.B) {
 				s.Serve(handle) //nolint:errcheck // ends with the Close
 			}
 			b.ReportMetric(float64(testfix.ProcessCPU()-cpu0)/float64(b.N), "proc-cpu-ns/op")
+			if rd0 >= 0 {
+				b.ReportMetric(float64(readSyscalls()-rd0)/float64(b.N), "read-syscalls/op")
+			}
 			close(next)
 			s.Close()
 		})
 	}
+}
+
+// readSyscalls is the process's read syscalls so far (syscr in /proc/self/io), -1 where
+// it cannot be read.
+func readSyscalls() int64 {
+	b, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "syscr: "); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err == nil {
+				return n
+			}
+		}
+	}
+	return -1
 }
