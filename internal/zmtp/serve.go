@@ -156,12 +156,15 @@ func (s *Sub) parse(buf []byte, handle func([][]byte)) (used int, err error) {
 		total := uint64(0) // the message's body octets
 		q := used
 		for {
-			if len(buf)-q < 2 {
+			if q == len(buf) {
 				return used, nil
 			}
 			flags := buf[q]
 			if flags&flagReserved != 0 {
 				return used, fmt.Errorf("%w: reserved flag bits set (flags %#02x)", ErrFrame, flags)
+			}
+			if len(buf)-q < 2 {
+				return used, nil
 			}
 			size, hdr := uint64(buf[q+1]), 2
 			if flags&flagLong != 0 {
