@@ -18,7 +18,7 @@ FUZZ_TARGETS ?= ./hashcore:FuzzBlockCBOR ./hashcore:FuzzBlockPickle ./ingest:Fuz
 	./tokenize/chat:FuzzCompileRender ./tokenize/chat:FuzzMessages ./tokenize/chat:FuzzParseJSON \
 	./proxy:FuzzRoute ./proxy:FuzzHTTPRequest ./proxy/openai:FuzzScan ./shard:FuzzOps \
 	./hashcore:FuzzSHA256ChainsFused ./ingest:FuzzBadEventIsolation ./hashcore:FuzzSGLangSaltBigram \
-	./proxy/route:FuzzParseReport ./tokenize:FuzzMemo ./hashcore:FuzzChainMemo ./internal/zmtp:FuzzRecv \
+	./proxy/route:FuzzParseReport ./tokenize:FuzzMemo ./hashcore:FuzzChainMemo ./internal/zmtp:FuzzRecv ./internal/zmtp:FuzzServe \
 	./internal/jsonlex:FuzzLex ./proxy/openai:FuzzScanChatParity ./tokenize/chat:FuzzRenderMemo
 FUZZ_SHORT ?= 10000x
 FUZZTIME ?= 10000000x
