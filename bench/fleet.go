@@ -507,6 +507,11 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 		row.EventsPerSec*2*fleetGroup, row.IngestCPU, nsPerKey(row), row.RunnerCPU)
 	say("kvgate runtime: scheduling latency p99 %.3f ms, %.0f GCs (CPU %.1f%% of a core), longest pause <= %.2f ms",
 		ms64(row.SchedP99), row.GCs, row.GCCPU, ms64(row.PauseMax))
+	if n := m1.reconnects - m0.reconnects; n > 0 {
+		// A publisher drops a subscriber whose socket stayed full for its send timeout
+		// (zmtp.Pub: 5 s), so a starved kvgate loses events here, and its lag says so.
+		say("WARN: %.0f ingest reconnects during the churn window (events were lost)", n)
+	}
 
 	// Lag markers, one at a time, on random engines.
 	hc := &http.Client{Timeout: 10 * time.Second}
@@ -663,6 +668,7 @@ type fleetScrape struct {
 	routeSum, routeCount float64
 	stages               map[string]stageSum
 	gcs, gcCPU           float64 // GC cycles and the collector's CPU seconds so far
+	reconnects           float64 // ingest's redials after a lost connection, all engines
 	// hist holds the histograms the fleet reads (lagFamily, schedFamily, pauseFamily).
 	hist map[string]*cumHist
 }
@@ -772,6 +778,8 @@ func scrapeFleet(url string) fleetScrape {
 			s.invBytes = v
 		case "kvgate_ingest_batches_total":
 			s.batches += v
+		case "kvgate_ingest_reconnects_total":
+			s.reconnects += v
 		case "kvgate_route_seconds_sum":
 			s.routeSum = v
 		case "kvgate_route_seconds_count":
