@@ -362,7 +362,8 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 		writeHTTPError(w, 413, "invalid_request_error", "request body exceeds the limit")
 		return
 	}
-	st.body = append(st.body[:0], body...)
+	st.bodyBuf = append(st.bodyBuf[:0], body...)
+	st.body = st.bodyBuf
 	if err := openai.Scan(st.body, &st.oa); err != nil {
 		writeHTTPError(w, 400, "invalid_request_error", "malformed request body: "+err.Error())
 		return

@@ -207,14 +207,39 @@ var connTagKey = []byte(hdrConnTag)
 // request goroutine at once, so it is an xsync.MapOf (the card's concurrent map): its
 // buckets lock independently where one mutex over a map would serialize all requests.
 type connRegistry struct {
-	m *xsync.MapOf[string, *trackedConn]
+	m *xsync.MapOf[exchangeKey, *trackedConn]
+}
+
+// exchangeKey names an exchange: the upstream address and the tag's number. A struct
+// of the address kvgate already holds and the number, not a joined string: the key is
+// built three times per request and a string would be an allocation each time.
+type exchangeKey struct {
+	addr string
+	id   uint64
 }
 
 func newConnRegistry() *connRegistry {
-	return &connRegistry{m: xsync.NewMapOf[string, *trackedConn]()}
+	return &connRegistry{m: xsync.NewMapOf[exchangeKey, *trackedConn]()}
 }
 
-func regKey(addr string, id []byte) string { return addr + " " + string(id) }
+// parseTag reads the decimal exchange number do wrote into the tag header; ok is false
+// for anything else (no exchange of kvgate's).
+func parseTag(b []byte) (id uint64, ok bool) {
+	if len(b) == 0 || len(b) > 20 {
+		return 0, false
+	}
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		d := uint64(c - '0')
+		if id > (^uint64(0)-d)/10 {
+			return 0, false
+		}
+		id = id*10 + d
+	}
+	return id, true
+}
 
 // cancelledExchange marks an exchange whose client left before its request header went
 // out (netpoll senses it that early: the send had started, the header not yet written):
@@ -224,8 +249,12 @@ var cancelledExchange = &trackedConn{}
 var errExchangeCancelled = errors.New("client left before the request was sent")
 
 // set records c as carrying the exchange; false if the exchange was cancelled already.
-func (r *connRegistry) set(addr string, id []byte, c *trackedConn) bool {
-	key := regKey(addr, id)
+func (r *connRegistry) set(addr string, tag []byte, c *trackedConn) bool {
+	id, ok := parseTag(tag)
+	if !ok {
+		return true // not an exchange do started: nothing can cancel it
+	}
+	key := exchangeKey{addr, id}
 	prev, loaded := r.m.LoadOrStore(key, c)
 	if loaded && prev != cancelledExchange {
 		r.m.Store(key, c) // (tags are unique per exchange; tests reuse one)
@@ -234,33 +263,52 @@ func (r *connRegistry) set(addr string, id []byte, c *trackedConn) bool {
 }
 
 // cancel closes the exchange's connection, or marks the exchange so that it never starts.
-func (r *connRegistry) cancel(key string) {
+func (r *connRegistry) cancel(key exchangeKey) {
 	if c, loaded := r.m.LoadOrStore(key, cancelledExchange); loaded && c != cancelledExchange {
 		c.Close() //nolint:errcheck
 	}
 }
 
-func (r *connRegistry) take(key string) *trackedConn {
+func (r *connRegistry) take(key exchangeKey) *trackedConn {
 	c, _ := r.m.LoadAndDelete(key)
 	return c
 }
 
+// exchange is do's per-request state, pooled: the cancel callback is bound once, and
+// done replaces a channel per request (both were allocations on every request).
+type exchange struct {
+	reg      *connRegistry
+	key      exchangeKey
+	tag      [20]byte
+	done     sync.WaitGroup // held while the cancel callback may run
+	onCancel func()
+}
+
+var exchangePool = sync.Pool{New: func() any {
+	ex := &exchange{}
+	ex.onCancel = func() {
+		defer ex.done.Done()
+		ex.reg.cancel(ex.key)
+	}
+	return ex
+}}
+
 // do runs one upstream exchange until its response headers; if ctx ends first (the
 // client left), the request's connection is closed so the engine stops.
 func (s *Server) do(ctx context.Context, host string, req *protocol.Request, res *protocol.Response) error {
-	var tag [20]byte
-	id := strconv.AppendUint(tag[:0], s.exchanges.Add(1), 10)
-	req.Header.SetCanonical(connTagKey, id) // copies; the name is canonical
-	key := regKey(host, id)
-	cancelled := make(chan struct{})
-	stop := context.AfterFunc(ctx, func() {
-		s.conns.cancel(key)
-		close(cancelled)
-	})
+	ex := exchangePool.Get().(*exchange)
+	ex.reg, ex.key = s.conns, exchangeKey{host, s.exchanges.Add(1)}
+	req.Header.SetCanonical(connTagKey, strconv.AppendUint(ex.tag[:0], ex.key.id, 10)) // copies; the name is canonical
+	ex.done.Add(1)
+	stop := context.AfterFunc(ctx, ex.onCancel)
 	err := s.client.Do(ctx, req, res)
-	if !stop() {
-		<-cancelled // its mark must not outlive the cleanup below
+	if stop() {
+		ex.done.Done() // the callback will never run
+	} else {
+		ex.done.Wait() // its mark must not outlive the cleanup below
 	}
-	s.conns.take(key)
+	s.conns.take(ex.key)
+	ex.reg = nil
+	exchangePool.Put(ex)
 	return err
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -75,9 +76,57 @@ func TestTrackedConnJoinsHeaderAndBody(t *testing.T) {
 					t.Fatalf("round %d: header still held (%v) or joined buffer kept (%v) after Flush", round, c.held, c.joined != nil)
 				}
 			}
-			if c.reg.take("e:1 7") != c {
+			if c.reg.take(exchangeKey{"e:1", 7}) != c {
 				t.Fatal("the connection is not registered under its exchange tag")
 			}
 		})
+	}
+}
+
+// parseTag reads back exactly the numbers do writes, and nothing else.
+func TestParseTag(t *testing.T) {
+	for _, n := range []uint64{0, 1, 7, 10, 99, 12345678901234567890, ^uint64(0)} {
+		if got, ok := parseTag(strconv.AppendUint(nil, n, 10)); !ok || got != n {
+			t.Fatalf("parseTag(%d) = %d, %v", n, got, ok)
+		}
+	}
+	for _, bad := range []string{"", "-1", "1a", " 1", "18446744073709551616", "999999999999999999999", "1\r"} {
+		if got, ok := parseTag([]byte(bad)); ok {
+			t.Fatalf("parseTag(%q) = %d, accepted", bad, got)
+		}
+	}
+}
+
+// A connection registered under its header's tag is found under do's key, a tag that is
+// no number of do's registers nothing, and a cancelled exchange refuses the connection.
+func TestConnRegistryKeys(t *testing.T) {
+	r := newConnRegistry()
+	c := &trackedConn{addr: "e:1", reg: r}
+	if !r.set("e:1", []byte("42"), c) || r.take(exchangeKey{"e:1", 42}) != c {
+		t.Fatal("the connection is not found under (address, 42)")
+	}
+	if !r.set("e:1", []byte("x42"), c) || r.m.Size() != 0 {
+		t.Fatal("a foreign tag was registered")
+	}
+	r.cancel(exchangeKey{"e:1", 43})
+	if r.set("e:1", []byte("43"), c) {
+		t.Fatal("a cancelled exchange accepted its connection")
+	}
+	if r.set("e:2", []byte("43"), c) != true {
+		t.Fatal("the cancel of one address's exchange reached another's")
+	}
+}
+
+// Registering and taking an exchange costs only the map's entry (the joined string keys
+// cost two more allocations per request).
+func TestConnRegistryAllocs(t *testing.T) {
+	r := newConnRegistry()
+	c := &trackedConn{addr: "e:1", reg: r}
+	tag := []byte("123456")
+	if n := testing.AllocsPerRun(200, func() {
+		r.set("e:1", tag, c)
+		r.take(exchangeKey{"e:1", 123456})
+	}); n > 1 {
+		t.Fatalf("%v allocations per set and take, want at most 1", n)
 	}
 }

@@ -452,8 +452,11 @@ func (s *Server) routes() {
 
 // reqState is the per-request scratch, pooled so steady-state routing allocates nothing.
 type reqState struct {
-	watch    clientWatch // senses a client that leaves mid-request (clientwatch.go)
+	watch clientWatch // senses a client that leaves mid-request (clientwatch.go)
+	// body is the request body: hertz's own buffer when hertz read it whole (valid until
+	// the handler returns, which is as long as st lives), else bodyBuf's bytes.
 	body     []byte
+	bodyBuf  []byte // kvgate's pooled buffer for bodies it reads from a stream
 	oa       openai.Request
 	chat     bool
 	text     []byte
@@ -534,7 +537,7 @@ func (st *reqState) group(c hashcore.Chain) *keyGroup {
 
 func newReqState(n int) *reqState {
 	return &reqState{
-		body:     make([]byte, 0, 16<<10),
+		bodyBuf:  make([]byte, 0, 16<<10),
 		scores:   make([]int32, n),
 		scores2:  make([]int32, n),
 		scores3:  make([]int32, n),
@@ -553,7 +556,7 @@ func newReqState(n int) *reqState {
 }
 
 func (st *reqState) reset() {
-	st.body = st.body[:0]
+	st.body = nil
 	st.chat = false
 	st.canRetry = false
 	st.cached = -1
@@ -571,8 +574,9 @@ func (s *Server) getState() *reqState {
 }
 
 func (s *Server) putState(st *reqState) {
-	if cap(st.body) > 4<<20 { // do not pin huge bodies in the pool
-		st.body = make([]byte, 0, 16<<10)
+	st.body = nil                // hertz reuses its buffer once the handler returns
+	if cap(st.bodyBuf) > 4<<20 { // do not pin huge bodies in the pool
+		st.bodyBuf = make([]byte, 0, 16<<10)
 	}
 	if cap(st.tokens) > 1<<18 || cap(st.out) > 4<<20 || cap(st.text) > 4<<20 { // nor huge prompts' scratch
 		st.tokens, st.keys, st.fastKeys, st.out, st.text = nil, nil, nil, nil, nil
@@ -600,11 +604,14 @@ func (s *Server) readBody(c *app.RequestContext, st *reqState) (ok bool) {
 			writeError(c, 413, "invalid_request_error", "request body exceeds the limit of "+itoa(limit)+" bytes")
 			return false
 		}
-		st.body = append(st.body[:0], b...)
+		// Borrowed, not copied (a 4k-token chat body is ~28 KB): nothing writes to the
+		// body, and hertz keeps its buffer until the handler returns.
+		st.body = b
 		return true
 	}
 	var err error
-	st.body, err = appendBody(st.body[:0], c.Request.BodyStream(), limit)
+	st.bodyBuf, err = appendBody(st.bodyBuf[:0], c.Request.BodyStream(), limit)
+	st.body = st.bodyBuf
 	switch {
 	case err == errBodyTooLarge:
 		s.m.bad[BadTooLarge].Inc()
