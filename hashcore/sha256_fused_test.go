@@ -23,8 +23,8 @@ func TestSHA256FusedSelected(t *testing.T) {
 // TestSHA256ChainsMatchPortablePath: the SHA-256 chains give the same keys and final
 // digest on this CPU's paths (kvgate's block function, fused with the AVX-512 message
 // writer or pipelined in Go) as on the portable path (crypto/sha256, one token at a
-// time), for block sizes 1..40, prompts of 0 to 3 blocks with and without a tail and
-// of 8192 tokens, every extras shape (none, LoRA, cache salt, both, extras too long
+// time), for block sizes 1..40, prompts of 0 to 3 blocks with and without a tail, of
+// sha256Run+1 and 2*sha256Run blocks and of 8192 tokens, every extras shape (none, LoRA, cache salt, both, extras too long
 // for the fused writer), parents of 32 bytes (the root, another digest) and 16 bytes
 // (an XXH3-chained parent), first block or not.
 func TestSHA256ChainsMatchPortablePath(t *testing.T) {
@@ -42,7 +42,9 @@ func TestSHA256ChainsMatchPortablePath(t *testing.T) {
 	}
 	copy(p16.B[:16], p32.B[5:])
 	for bs := 1; bs <= 40; bs++ {
-		lens := []int{0, bs - 1, bs, bs + 1, 2 * bs, 2*bs + bs/2 + 1, 3 * bs, 3*bs + 1, 8192}
+		// sha256Run+1 and 2*sha256Run blocks: the pipelined loop's runs of messages, a
+		// partial one after a full one and two full ones.
+		lens := []int{0, bs - 1, bs, bs + 1, 2 * bs, 2*bs + bs/2 + 1, 3 * bs, 3*bs + 1, (sha256Run+1)*bs + 1, 2 * sha256Run * bs, 8192}
 		for _, algo := range []string{"sha256_cbor", "sha256", "sglang"} {
 			s := Spec{Engine: "vllm", Algo: algo, BlockSize: bs}
 			if algo == "sglang" {
