@@ -162,8 +162,9 @@ func (c *vllmChain) appendKeysSHA256(dst []uint64, d *Digest, tokens []uint32, e
 	// A slot holds one message of blockCap bytes (its padding included), rounded up to
 	// whole cache lines so messages do not share them.
 	slot := (blockCap + 63) &^ 63
-	run := min(len(tokens)/bs, sha256Run)
-	sc.batch = slices.Grow(sc.batch[:0], run*slot)[:run*slot]
+	// Room for a whole run whatever this call's length, so a pooled scratch grows once,
+	// not again at each longer prompt.
+	sc.batch = slices.Grow(sc.batch[:0], sha256Run*slot)[:sha256Run*slot]
 	var lens [sha256Run]int32
 	ex := ex0
 	for i := 0; i < len(tokens); {
