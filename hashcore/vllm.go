@@ -153,22 +153,24 @@ func (c *vllmChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, ex 
 // encoding depends on no digest. Why a run of sha256Run messages first, then their
 // hashes, and not each message one block ahead: a block's SHA rounds are a latency
 // chain long enough to fill the out-of-order window, so a message written after them in
-// program order waited for the rounds to drain rather than running in their shadow
-// (encoding was a third of the chain's time on CPUs without the fused AVX-512 loop).
-// Written as a loop of their own the messages cost their throughput only, and the hash
-// loop is the SHA latency chain with nothing between the calls.
+// program order mostly waited for the rounds to drain rather than running in their
+// shadow. Written in a loop of their own the writes run at their throughput and the hash
+// loop is the SHA latency chain with little between the calls: ~4% less CPU for an
+// 8,192-token prompt on a CPU without the fused AVX-512 loop (bench/RESULTS.md, Session 7;
+// the writes are still about a third of the chain there).
 func (c *vllmChain) appendKeysSHA256(dst []uint64, d *Digest, tokens []uint32, ex0, exN []byte, sc *scratch, blockCap int) []uint64 {
 	bs := c.blockSize
 	// A slot holds one message of blockCap bytes (its padding included), rounded up to
 	// whole cache lines so messages do not share them.
 	slot := (blockCap + 63) &^ 63
 	// Room for a whole run whatever this call's length, so a pooled scratch grows once,
-	// not again at each longer prompt.
-	sc.batch = slices.Grow(sc.batch[:0], sha256Run*slot)[:sha256Run*slot]
+	// not again at each longer prompt; huge blocks take fewer messages a run.
+	run := min(max(sha256RunBytes/slot, 1), sha256Run)
+	sc.batch = slices.Grow(sc.batch[:0], run*slot)[:run*slot]
 	var lens [sha256Run]int32
 	ex := ex0
 	for i := 0; i < len(tokens); {
-		n := min((len(tokens)-i)/bs, sha256Run)
+		n := min((len(tokens)-i)/bs, run)
 		for j := 0; j < n; j++ {
 			lens[j] = int32(len(c.encodeAround32(sc.batch[j*slot:j*slot:(j+1)*slot], tokens[i+j*bs:i+(j+1)*bs], ex)))
 			ex = exN // the cache salt enters block 0 only
@@ -188,9 +190,13 @@ func (c *vllmChain) appendKeysSHA256(dst []uint64, d *Digest, tokens []uint32, e
 }
 
 // sha256Run is how many block messages appendKeysSHA256 writes before hashing them:
-// enough that the writes run as one loop of their own (4-6 KiB, in L1), few enough that
-// a long prompt's messages are not all written before the first is hashed.
-const sha256Run = 32
+// enough that the writes run as one loop of their own, few enough that they stay in L1
+// (sha256RunBytes at most; 8 KiB for 16-token blocks) and are not all written before
+// the first is hashed.
+const (
+	sha256Run      = 32
+	sha256RunBytes = 16 << 10
+)
 
 // encodeAround32 writes a block message with room for a 32-byte parent digest, and its
 // SHA-256 padding, into buf and returns the padded message.
