@@ -146,6 +146,9 @@ func TestSHA256ChainPipelinedBigBlocks(t *testing.T) {
 		withPortablePath(t, func() { port, _ = c.AppendKeys(nil, Digest{}, toks[:3*bs], &Extras{CacheSalt: "s"}, true) })
 		old := useSHA256Fused
 		useSHA256Fused = false
+		for range scratchSlots { // empty the pool: the call below gets a fresh scratch
+			getScratch()
+		}
 		keys, _ := c.AppendKeys(nil, Digest{}, toks[:3*bs], &Extras{CacheSalt: "s"}, true)
 		sc := getScratch()
 		useSHA256Fused = old
