@@ -10,8 +10,7 @@ import (
 // warm. A Chain holds only immutable configuration, so it is safe for concurrent use.
 type scratch struct {
 	buf   []byte
-	buf2  []byte // a second block buffer, for pipelined hashing
-	batch []byte // the two message slots of the fused loops (appendKeysFused)
+	batch []byte // block messages: the fused loops' two slots, the pipelined loop's run
 	ex    []byte // pre-encoded extra keys
 	pk    pickler
 }
@@ -37,7 +36,7 @@ func getScratch() *scratch {
 }
 
 func putScratch(s *scratch) {
-	if cap(s.buf) > maxPooledBuf || cap(s.buf2) > maxPooledBuf || cap(s.batch) > maxPooledBuf {
+	if cap(s.buf) > maxPooledBuf || cap(s.batch) > maxPooledBuf {
 		return
 	}
 	s.pk.buf = nil

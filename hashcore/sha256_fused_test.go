@@ -23,9 +23,9 @@ func TestSHA256FusedSelected(t *testing.T) {
 // TestSHA256ChainsMatchPortablePath: the SHA-256 chains give the same keys and final
 // digest on this CPU's paths (kvgate's block function, fused with the AVX-512 message
 // writer or pipelined in Go) as on the portable path (crypto/sha256, one token at a
-// time), for block sizes 1..40, prompts of 0 to 3 blocks with and without a tail and
-// of 8192 tokens, every extras shape (none, LoRA, cache salt, both, extras too long
-// for the fused writer), parents of 32 bytes (the root, another digest) and 16 bytes
+// time), for block sizes 1..40, prompts of 0 to 3 blocks with and without a tail, of
+// sha256Run+1 and 2*sha256Run blocks and of 8192 tokens, every extras shape (none,
+// LoRA, cache salt, both, extras too long for the fused writer), parents of 32 bytes (the root, another digest) and 16 bytes
 // (an XXH3-chained parent), first block or not.
 func TestSHA256ChainsMatchPortablePath(t *testing.T) {
 	if !haveSHA256Blocks && !haveTokensAVX512 {
@@ -42,7 +42,9 @@ func TestSHA256ChainsMatchPortablePath(t *testing.T) {
 	}
 	copy(p16.B[:16], p32.B[5:])
 	for bs := 1; bs <= 40; bs++ {
-		lens := []int{0, bs - 1, bs, bs + 1, 2 * bs, 2*bs + bs/2 + 1, 3 * bs, 3*bs + 1, 8192}
+		// sha256Run+1 and 2*sha256Run blocks: the pipelined loop's runs of messages, a
+		// partial one after a full one and two full ones.
+		lens := []int{0, bs - 1, bs, bs + 1, 2 * bs, 2*bs + bs/2 + 1, 3 * bs, 3*bs + 1, (sha256Run+1)*bs + 1, 2 * sha256Run * bs, 8192}
 		for _, algo := range []string{"sha256_cbor", "sha256", "sglang"} {
 			s := Spec{Engine: "vllm", Algo: algo, BlockSize: bs}
 			if algo == "sglang" {
@@ -125,4 +127,39 @@ func FuzzSHA256ChainsFused(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestSHA256ChainPipelinedBigBlocks: blocks too big for sha256Run messages in
+// sha256RunBytes (the pipelined loop then writes fewer a run) hash as on the portable
+// path, and the scratch that wrote them stays small enough to be pooled.
+func TestSHA256ChainPipelinedBigBlocks(t *testing.T) {
+	if !haveSHA256Blocks {
+		t.Skipf("no SHA-NI block function here (%s)", SHA256Path())
+	}
+	toks := testTokens(3 * 5000)
+	for _, bs := range []int{200, 1000, 5000} {
+		c, err := New(Spec{Engine: "vllm", Algo: "sha256_cbor", BlockSize: bs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var port []uint64
+		withPortablePath(t, func() { port, _ = c.AppendKeys(nil, Digest{}, toks[:3*bs], &Extras{CacheSalt: "s"}, true) })
+		old := useSHA256Fused
+		useSHA256Fused = false
+		for range scratchSlots { // empty the pool: the call below gets a fresh scratch
+			getScratch()
+		}
+		keys, _ := c.AppendKeys(nil, Digest{}, toks[:3*bs], &Extras{CacheSalt: "s"}, true)
+		sc := getScratch()
+		useSHA256Fused = old
+		if !slices.Equal(keys, port) {
+			t.Fatalf("bs=%d: pipelined keys %x, portable %x", bs, keys, port)
+		}
+		// One message (<= 5 bytes a token) when a run would pass sha256RunBytes, plus the
+		// allocator's rounding.
+		if limit := max(sha256RunBytes, 5*bs+200) * 5 / 4; cap(sc.batch) > limit {
+			t.Fatalf("bs=%d: pooled scratch holds a %d-byte message run", bs, cap(sc.batch))
+		}
+		putScratch(sc)
+	}
 }

@@ -94,20 +94,23 @@ func (c *vllmChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, ex 
 	var ex0, exN []byte
 	pn := max(int(d.N), 32) // parent length bound: block 0's parent, then this chain's digests
 	pickleFast := false
+	blockCap := 0 // one block message's bytes at most, padding included (pipelined)
 	if c.pickle {
 		sc.ex = appendPickleSuffix(sc.ex[:0], bs, lora, salt)
 		n0 := len(sc.ex)
 		sc.ex = appendPickleSuffix(sc.ex, bs, lora, "")
 		ex0, exN = sc.ex[:n0], sc.ex[n0:]
 		if pickleFast = pickleFits(pn, bs, len(ex0)) && pickleFits(pn, bs, len(exN)); pickleFast {
-			buf = slices.Grow(buf[:0], pickleMaxLen(pn, bs, max(len(ex0), len(exN)))+sha256PadSlack)
+			blockCap = pickleMaxLen(pn, bs, max(len(ex0), len(exN))) + sha256PadSlack
+			buf = slices.Grow(buf[:0], blockCap)
 		}
 	} else {
 		sc.ex = appendCBORExtras(sc.ex[:0], lora, salt)
 		n0 := len(sc.ex)
 		sc.ex = appendCBORExtras(sc.ex, lora, "")
 		ex0, exN = sc.ex[:n0], sc.ex[n0:]
-		buf = slices.Grow(buf[:0], c.cbor.maxLen(bs, max(len(ex0), len(exN)))+sha256PadSlack)
+		blockCap = c.cbor.maxLen(bs, max(len(ex0), len(exN))) + sha256PadSlack
+		buf = slices.Grow(buf[:0], blockCap)
 	}
 	// SHA-256 blocks chained on a 32-byte digest go through kvgate's block function,
 	// pipelined (appendKeysSHA256); block 0 may chain on a parent of another size.
@@ -118,8 +121,7 @@ func (c *vllmChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, ex 
 				dst = c.appendKeysFused(dst, &d, tokens[i*bs:nb*bs], ex0, exN, sc)
 				break
 			}
-			sc.buf2 = slices.Grow(sc.buf2[:0], cap(buf))
-			dst = c.appendKeysSHA256(dst, &d, tokens[i*bs:nb*bs], ex0, exN, buf, sc.buf2)
+			dst = c.appendKeysSHA256(dst, &d, tokens[i*bs:nb*bs], ex0, exN, sc, blockCap)
 			break
 		}
 		blk := tokens[i*bs : (i+1)*bs]
@@ -142,33 +144,59 @@ func (c *vllmChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, ex 
 
 // appendKeysSHA256 appends the keys of the blocks of tokens (a whole number of blocks,
 // at least one), the first chained on d, a 32-byte digest, and leaves the last digest in
-// d. ex0 is the first block's extras (pickle: suffix), exN the later blocks'. a and b
-// are scratch buffers of the chain's block capacity plus sha256PadSlack.
+// d. ex0 is the first block's extras (pickle: suffix), exN the later blocks'; blockCap
+// bounds one block's message with its padding (the chain's block capacity plus
+// sha256PadSlack). The messages go into sc.batch.
 //
 // Each message is written, with its SHA-256 padding, before the previous block's
-// digest is known: the block function reads the parent digest from d itself. The
-// encoding then depends on no digest, so it runs in the shadow of the SHA rounds, whose
-// latency chain (every block needs the previous digest) bounds the loop.
-func (c *vllmChain) appendKeysSHA256(dst []uint64, d *Digest, tokens []uint32, ex0, exN, a, b []byte) []uint64 {
+// digest is known: the block function reads the parent digest from d itself, so the
+// encoding depends on no digest. Why a run of sha256Run messages first, then their
+// hashes, and not each message one block ahead: a block's SHA rounds are a latency
+// chain long enough to fill the out-of-order window, so a message written after them in
+// program order mostly waited for the rounds to drain rather than running in their
+// shadow. Written in a loop of their own the writes run at their throughput and the hash
+// loop is the SHA latency chain with little between the calls: ~4% less CPU for an
+// 8,192-token prompt on a CPU without the fused AVX-512 loop (bench/RESULTS.md, Session 7;
+// the writes are still about a third of the chain there).
+func (c *vllmChain) appendKeysSHA256(dst []uint64, d *Digest, tokens []uint32, ex0, exN []byte, sc *scratch, blockCap int) []uint64 {
 	bs := c.blockSize
-	msg := c.encodeAround32(a, tokens[:bs], ex0)
-	for i := bs; ; i += bs {
-		var next []byte
-		if i < len(tokens) {
-			next = c.encodeAround32(b, tokens[i:i+bs], exN)
+	// A slot holds one message of blockCap bytes (its padding included), rounded up to
+	// whole cache lines so messages do not share them.
+	slot := (blockCap + 63) &^ 63
+	// Room for a whole run whatever this call's length, so a pooled scratch grows once,
+	// not again at each longer prompt; huge blocks take fewer messages a run.
+	run := min(max(sha256RunBytes/slot, 1), sha256Run)
+	sc.batch = slices.Grow(sc.batch[:0], run*slot)[:run*slot]
+	var lens [sha256Run]int32
+	ex := ex0
+	for i := 0; i < len(tokens); {
+		n := min((len(tokens)-i)/bs, run)
+		for j := 0; j < n; j++ {
+			lens[j] = int32(len(c.encodeAround32(sc.batch[j*slot:j*slot:(j+1)*slot], tokens[i+j*bs:i+(j+1)*bs], ex)))
+			ex = exN // the cache salt enters block 0 only
 		}
-		if c.pickle {
-			sha256ChainAt13(&d.B, msg)
-		} else {
-			sha256ChainAt3(&d.B, msg)
+		for j := 0; j < n; j++ {
+			msg := sc.batch[j*slot : j*slot+int(lens[j])]
+			if c.pickle {
+				sha256ChainAt13(&d.B, msg)
+			} else {
+				sha256ChainAt3(&d.B, msg)
+			}
+			dst = append(dst, vllmKey(d))
 		}
-		dst = append(dst, vllmKey(d))
-		if next == nil {
-			return dst
-		}
-		msg, a, b = next, b, a
+		i += n * bs
 	}
+	return dst
 }
+
+// sha256Run is how many block messages appendKeysSHA256 writes before hashing them:
+// enough that the writes run as one loop of their own, few enough that they stay in L1
+// (sha256RunBytes at most; 8 KiB for 16-token blocks) and are not all written before
+// the first is hashed.
+const (
+	sha256Run      = 32
+	sha256RunBytes = 16 << 10
+)
 
 // encodeAround32 writes a block message with room for a 32-byte parent digest, and its
 // SHA-256 padding, into buf and returns the padded message.
