@@ -1,12 +1,9 @@
 package tokenize
 
 import (
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/kvgate/kvgate/internal/testfix"
 )
 
 // TestByteSegsMatchPlain: every one-byte ASCII segment encodes the same through byteSegs as
@@ -16,12 +13,9 @@ import (
 func TestByteSegsMatchPlain(t *testing.T) {
 	for _, name := range stagedNames {
 		t.Run(name, func(t *testing.T) {
-			// Its own copy: the test switches the table off.
-			tk, err := LoadTokenizer(filepath.Join(testfix.TokenizerDir(t, name), "tokenizer.json"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			checkByteSegs(t, tk)
+			// The shared copy: no test of the package runs in parallel, and the table is
+			// restored before this one returns.
+			checkByteSegs(t, loadNamed(t, name))
 		})
 	}
 	t.Run("metaspace_first", func(t *testing.T) {
@@ -65,6 +59,7 @@ func checkByteSegs(t *testing.T, tk *Tokenizer) {
 	}
 	got, gotMemo := encodeAll(nil), encodeAll(newTestMemo(t, MinMemoBytes))
 	saved := tk.byteSegs.n
+	defer func() { tk.byteSegs.n = saved }()
 	for i := range tk.byteSegs.n {
 		tk.byteSegs.n[i] = byteSegNone
 	}
