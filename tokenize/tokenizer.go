@@ -45,7 +45,23 @@ type Tokenizer struct {
 	cache          *wordCache
 	scratch        sync.Pool // *encodeState
 	memoSalt       uint64    // this tokenizer's part of a Memo's hash
+	byteSegs       byteSegs  // the IDs of one-byte ASCII segments, computed once at load
 }
+
+// byteSegs holds the IDs of every one-byte ASCII segment between raw added tokens, for
+// either value of first: a chat prompt has one such segment per message (the "\n" between
+// an end and the next start token), and the full normalize, pre-tokenize and model path
+// costs ~150 ns for each. Exact for the reason the Memo is (see Memo): a segment's IDs are a
+// function of the tokenizer, its bytes and first, computed here by that same path.
+type byteSegs struct {
+	ids [256][byteSegMaxIDs]uint32 // index: byte<<1 | first
+	n   [256]uint8                 // the IDs' count, byteSegNone when not held
+}
+
+const (
+	byteSegMaxIDs = 3
+	byteSegNone   = 0xff
+)
 
 // encodeState is the per-call scratch, pooled.
 type encodeState struct {
@@ -68,6 +84,23 @@ func (t *Tokenizer) init() {
 	t.model.vocabStrings = nil
 	t.scratch.New = func() any { return &encodeState{} }
 	t.memoSalt = nextMemoSalt()
+	t.initByteSegs()
+}
+
+// initByteSegs fills byteSegs by encoding each one-byte ASCII segment the ordinary way; one
+// that fails or has more than byteSegMaxIDs IDs stays on the ordinary path.
+func (t *Tokenizer) initByteSegs() {
+	st := &encodeState{}
+	var ids []uint32
+	for i := range t.byteSegs.n {
+		t.byteSegs.n[i] = byteSegNone
+		seg := string(rune(i >> 1)) // i>>1 < 128: one byte
+		st.err = nil
+		ids = t.encodeSegment(ids[:0], st, seg, i&1 == 1)
+		if st.err == nil && len(ids) <= byteSegMaxIDs {
+			t.byteSegs.n[i] = uint8(copy(t.byteSegs.ids[i][:], ids))
+		}
+	}
 }
 
 // TokenID returns the ID of an added token or vocabulary entry (the raw string as written
@@ -169,6 +202,15 @@ func (t *Tokenizer) appendEncode(dst []uint32, text string, memo *Memo, use *Mem
 // encodeRawSegment is encodeSegment through memo (see Memo for why a segment between raw
 // added tokens may be memoized). A segment whose encoding failed is not stored.
 func (t *Tokenizer) encodeRawSegment(dst []uint32, st *encodeState, seg string, first bool, memo *Memo) []uint32 {
+	if len(seg) == 1 && seg[0] < utf8.RuneSelf {
+		i := int(seg[0]) << 1
+		if first {
+			i |= 1
+		}
+		if n := t.byteSegs.n[i]; n != byteSegNone {
+			return append(dst, t.byteSegs.ids[i][:n]...)
+		}
+	}
 	if memo == nil || len(seg) < memoMinSegment {
 		return t.encodeSegment(dst, st, seg, first)
 	}
