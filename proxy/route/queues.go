@@ -112,7 +112,7 @@ func (q *Queues) Reset(ep int) {
 // Len is the number of endpoints.
 func (q *Queues) Len() int { return len(q.eps) }
 
-func loadF(a *atomic.Uint64) float64 { return math.Float64frombits(a.Load()) }
+func loadF(a *atomic.Uint64) float64     { return math.Float64frombits(a.Load()) }
 
 // storeRate stores a prefill rate (> 0) and its reciprocal, which Floor multiplies by.
 func (e *epQueue) storeRate(r float64) {
