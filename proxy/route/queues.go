@@ -53,7 +53,6 @@ type epQueue struct {
 	// work next to rate and base: the cost policy's first pass over a fleet reads these
 	// three of every endpoint (Floor, Work), one cache line each.
 	work     atomic.Uint64 // float64 bits: prefill seconds sent, scaled (see Queues.workT0)
-	invRate  atomic.Uint64 // float64 bits: 1/rate (0 if that overflows), for Floor
 	service  atomic.Uint64 // float64 bits: mean seconds a request holds its endpoint
 	slots    atomic.Int64  // requests the engine runs at once (learned or pinned); 0 unknown
 	running  atomic.Int64  // engine-reported, at engAt
@@ -67,7 +66,7 @@ type epQueue struct {
 
 	mu  sync.Mutex // the fit's sums
 	fit lineFit
-	_   [32]byte
+	_   [40]byte
 }
 
 // NewQueues returns the view for n endpoints. rate pins every endpoint's prefill rate
@@ -81,7 +80,7 @@ func NewQueues(n int, rate float64, slots int, staleAfter time.Duration) *Queues
 		r = rate
 	}
 	for i := range q.eps {
-		q.eps[i].storeRate(r)
+		q.eps[i].rate.Store(math.Float64bits(r))
 		q.eps[i].slots.Store(int64(slots))
 	}
 	return q
@@ -98,7 +97,7 @@ func (q *Queues) Reset(ep int) {
 	e.mu.Lock()
 	e.fit = lineFit{}
 	e.mu.Unlock()
-	e.storeRate(r)
+	storeF(&e.rate, r)
 	storeF(&e.base, 0)
 	storeF(&e.service, 0)
 	storeF(&e.kvUsage, 0)
@@ -113,16 +112,6 @@ func (q *Queues) Reset(ep int) {
 func (q *Queues) Len() int { return len(q.eps) }
 
 func loadF(a *atomic.Uint64) float64     { return math.Float64frombits(a.Load()) }
-
-// storeRate stores a prefill rate (> 0) and its reciprocal, which Floor multiplies by.
-func (e *epQueue) storeRate(r float64) {
-	inv := 1 / r
-	if math.IsInf(inv, 0) {
-		inv = 0 // Floor then bounds by the base alone, still below Cost
-	}
-	storeF(&e.invRate, inv)
-	storeF(&e.rate, r)
-}
 func storeF(a *atomic.Uint64, v float64) { a.Store(math.Float64bits(v)) }
 
 // Ticket is what Sent hands back for FirstToken: whether nothing of kvgate's was queued
@@ -195,7 +184,7 @@ func (q *Queues) FirstToken(ep, uncached int, ttft time.Duration, t Ticket) {
 	e.mu.Unlock()
 	e.samples.Add(1)
 	if ok {
-		e.storeRate(rate)
+		storeF(&e.rate, rate)
 		storeF(&e.base, base)
 	}
 }
@@ -328,24 +317,13 @@ func (q *Queues) Predict(t *Terms, ep, uncached int, inflight int64, now time.Ti
 }
 
 // Floor is a lower bound on Predict's Cost for a request of uncached tokens at ep: the
-// prefill alone, (base + uncached/rate) x 1000, with every term Predict adds (shared work,
-// the slot wait, the delay to others) >= 0.
-//
-// Why a multiply by the stored reciprocal and floorSlack rather than Predict's own
-// division: the cost policy takes a floor of every endpoint of a fleet, and the division
-// was the longest operation of that pass. The product and the reciprocal are each off by
-// at most half an ulp, four roundings in all (< 5e-16 relative) against the division's
-// three; floorSlack (1e-12 down) more than covers that, so the value stays at or below the
-// one Predict's operations give (base >= 0, rate > 0), and so at or below Cost. A floor a
-// little low only makes the select's shortcut and skips a little rarer: never a different
-// decision.
+// prefill alone, computed with Predict's own operations on the same values, so that with
+// every term Predict adds (shared work, the slot wait, the delay to others) >= 0, float
+// rounding keeps Cost >= Floor.
 func (q *Queues) Floor(ep, uncached int) float64 {
 	e := &q.eps[ep]
-	return (loadF(&e.base) + float64(uncached)*loadF(&e.invRate)) * (1000 * floorSlack)
+	return (loadF(&e.base) + float64(uncached)/loadF(&e.rate)) * 1000
 }
-
-// floorSlack lowers Floor by far more than its rounding can raise it (see Floor).
-const floorSlack = 1 - 1e-12
 
 // EndpointView is one endpoint's learned and reported state, for /debug/inventory.
 type EndpointView struct {

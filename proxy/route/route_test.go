@@ -504,34 +504,3 @@ func TestCostPrunedMatchesFullScan(t *testing.T) {
 		}
 	}
 }
-
-// TestFloorNotAboveDivision checks Floor's reciprocal form against the division Predict
-// uses, (base + uncached/rate) x 1000, over rates the fit can learn (100 to 1e8 tokens/s),
-// bases of 0 to 10 s and prompts of 0 to 2^24 tokens: Floor must never come out above it
-// (it would then not bound Cost, and the select could skip the true winner). Without
-// floorSlack some of these come out an ulp above.
-func TestFloorNotAboveDivision(t *testing.T) {
-	q := NewQueues(1, 0, 0, time.Hour)
-	rng := rand.New(rand.NewPCG(13, 7))
-	above := 0
-	for range 200000 {
-		rate := math.Exp(rng.Float64()*math.Log(1e6)) * 100
-		base := 0.0
-		if rng.IntN(4) > 0 {
-			base = rng.Float64() * 10
-		}
-		q.eps[0].storeRate(rate)
-		storeF(&q.eps[0].base, base)
-		u := rng.IntN(1 << 24)
-		div := (base + float64(u)/rate) * 1000
-		if f := q.Floor(0, u); f > div {
-			t.Fatalf("Floor(rate %v, base %v, uncached %d) = %v > %v", rate, base, u, f, div)
-		}
-		if unslacked := (base + float64(u)*loadF(&q.eps[0].invRate)) * 1000; unslacked > div {
-			above++
-		}
-	}
-	if above == 0 {
-		t.Log("no sample where the reciprocal form without slack comes out above the division")
-	}
-}
