@@ -197,10 +197,14 @@ func (s *rankSub) protocolError(log *slog.Logger, msg string, err error) {
 }
 
 // loop applies live messages until the connection ends, and returns why it ended.
-// Serve rather than a loop of Recv: one read syscall per batch instead of two (see
-// zmtp.Sub.Serve). The frames are z's read buffer: nothing keeps them past handle.
 func (s *rankSub) loop(z *zmtp.Sub) error {
-	return z.Serve(s.handle)
+	for {
+		frames, err := z.Recv()
+		if err != nil {
+			return err
+		}
+		s.handle(frames) // frames are z's buffers: nothing keeps them past this call
+	}
 }
 
 // topicMatches reports whether a message's topic frame is the configured topic t. A

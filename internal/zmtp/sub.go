@@ -45,8 +45,7 @@ type Options struct {
 // concurrent use; Close may be called from any goroutine, and unblocks Recv.
 type Sub struct {
 	frameReader
-	conn   net.Conn  // nil when the stream is not a net.Conn (tests, fuzzing)
-	src    io.Reader // the stream, for Serve when it is not a net.Conn
+	conn   net.Conn // nil when the stream is not a net.Conn (tests, fuzzing)
 	w      io.Writer
 	maxMsg int
 
@@ -57,9 +56,6 @@ type Sub struct {
 	ends   []int    // each frame's end offset in body
 	frames [][]byte // Recv's result: subslices of body
 	out    []byte   // scratch for what we write (PONG)
-
-	in      []byte // Serve's unparsed octets, from in[0]
-	readBuf int    // Serve's initial buffer size
 }
 
 // Dial connects to addr ("tcp://host:port"), runs the ZMTP handshake and subscribes.
@@ -92,7 +88,7 @@ func Handshake(ctx context.Context, rw io.ReadWriter, opt Options) (*Sub, error)
 	if opt.ReadBuffer <= 0 {
 		opt.ReadBuffer = DefaultReadBuffer
 	}
-	s := &Sub{frameReader: frameReader{rd: bufio.NewReaderSize(rw, opt.ReadBuffer)}, src: rw, w: rw, maxMsg: opt.MaxMessage, readBuf: opt.ReadBuffer}
+	s := &Sub{frameReader: frameReader{rd: bufio.NewReaderSize(rw, opt.ReadBuffer)}, w: rw, maxMsg: opt.MaxMessage}
 	if c, ok := rw.(net.Conn); ok {
 		s.conn = c
 		if opt.Timeout > 0 {
@@ -329,7 +325,7 @@ func (s *Sub) Recv() ([][]byte, error) {
 			if err := s.readCommand(size); err != nil {
 				return nil, err
 			}
-			if err := s.command(s.cmd); err != nil {
+			if err := s.command(); err != nil {
 				return nil, err
 			}
 			continue
@@ -355,9 +351,9 @@ func (s *Sub) Recv() ([][]byte, error) {
 	return s.frames, nil
 }
 
-// command handles one command frame's body between messages.
-func (s *Sub) command(body []byte) error {
-	name, data, err := parseCommand(body)
+// command handles one command frame between messages (s.cmd).
+func (s *Sub) command() error {
+	name, data, err := parseCommand(s.cmd)
 	if err != nil {
 		return err
 	}

@@ -1,10 +1,9 @@
 // Package zmtp speaks the subscriber side of ZMTP 3.x (the ZeroMQ Message Transport
 // Protocol, rfc.zeromq.org 23/ZMTP for 3.0 and 37/ZMTP for 3.1) over TCP with the NULL
 // security mechanism: what kvgate needs to follow an engine's KV-event PUB socket, and
-// nothing else. One Sub is one connection, read by one goroutine: through a buffered
-// reader by Recv, or by Serve straight from the socket, one read syscall per batch,
-// handing each message's frames out of its read buffer. Either reuses its buffers, so a
-// message costs no allocation once they have grown to the stream's largest message.
+// nothing else. One Sub is one connection, read by one goroutine through one buffered
+// reader; a message's frames are read into buffers the Sub reuses, so a message costs no
+// allocation once the buffers have grown to the stream's largest message.
 //
 // The wire facts this package relies on, with their sources, are in docs/CONTRACTS.md
 // ("ZMTP subscriber").

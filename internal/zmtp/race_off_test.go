@@ -1,5 +1,0 @@
-//go:build !race
-
-package zmtp
-
-const raceEnabled = false
