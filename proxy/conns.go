@@ -223,22 +223,11 @@ func newConnRegistry() *connRegistry {
 }
 
 // parseTag reads the decimal exchange number do wrote into the tag header; ok is false
-// for anything else (no exchange of kvgate's).
+// for anything else (no exchange of kvgate's). strconv allocates only for the error, which
+// do's own tags never take.
 func parseTag(b []byte) (id uint64, ok bool) {
-	if len(b) == 0 || len(b) > 20 {
-		return 0, false
-	}
-	for _, c := range b {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		d := uint64(c - '0')
-		if id > (^uint64(0)-d)/10 {
-			return 0, false
-		}
-		id = id*10 + d
-	}
-	return id, true
+	id, err := strconv.ParseUint(string(b), 10, 64)
+	return id, err == nil
 }
 
 // cancelledExchange marks an exchange whose client left before its request header went
