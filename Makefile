@@ -7,7 +7,7 @@ export KVGATE_CACHE := $(CURDIR)/.cache
 
 .PHONY: all build test fetch fmt-check vet demo bench bench-overhead goldens fuzz soak clean
 
-# Fuzz targets as package:Name. `make test` runs each for FUZZ_SHORT executions (23 targets,
+# Fuzz targets as package:Name. `make test` runs each for FUZZ_SHORT executions (24 targets,
 # ~1-4 s each). Budgets are counts, never durations: Go 1.26's fuzz coordinator can fail a
 # duration-bounded run with a spurious "context deadline exceeded" at the deadline
 # (golang/go#75804, fixed in Go 1.27); a count has no deadline to race.
@@ -19,7 +19,8 @@ FUZZ_TARGETS ?= ./hashcore:FuzzBlockCBOR ./hashcore:FuzzBlockPickle ./ingest:Fuz
 	./proxy:FuzzRoute ./proxy:FuzzHTTPRequest ./proxy/openai:FuzzScan ./shard:FuzzOps \
 	./hashcore:FuzzSHA256ChainsFused ./ingest:FuzzBadEventIsolation ./hashcore:FuzzSGLangSaltBigram \
 	./proxy/route:FuzzParseReport ./tokenize:FuzzMemo ./hashcore:FuzzChainMemo ./internal/zmtp:FuzzRecv \
-	./internal/jsonlex:FuzzLex ./proxy/openai:FuzzScanChatParity ./tokenize/chat:FuzzRenderMemo
+	./internal/jsonlex:FuzzLex ./proxy/openai:FuzzScanChatParity ./tokenize/chat:FuzzRenderMemo \
+	./tokenize:FuzzChatNotes
 FUZZ_SHORT ?= 10000x
 FUZZTIME ?= 10000000x
 define run_fuzz

@@ -103,6 +103,7 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 			ms := m.Stats()
 			f.counter("kvgate_tokenize_memo_hits_total", ms.Hits)
 			f.counter("kvgate_tokenize_memo_misses_total", ms.Misses)
+			f.counter("kvgate_tokenize_memo_notes_total", ms.Notes)
 			f.counter("kvgate_tokenize_memo_evictions_total", ms.Evictions)
 			f.gauge("kvgate_tokenize_memo_bytes", uint64(max(ms.Bytes, 0)))
 		}
@@ -330,6 +331,7 @@ type Explanation struct {
 type explainMemo struct {
 	Tokens   int `json:"tokens"`   // token IDs taken from the tokenization memo
 	Segments int `json:"segments"` // text segments between special tokens it answered
+	Notes    int `json:"notes"`    // replayed template iterations whose IDs it took whole
 	Blocks   int `json:"blocks"`   // block keys taken from the chain memo
 	// From the render memo: loop iterations of the chat template and messages bound.
 	Iterations int `json:"render_iterations"`
@@ -408,7 +410,7 @@ func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if s.kv != nil && (s.kv.memo != nil || s.kv.chainMemo != nil || s.kv.render != nil) {
-		ex.Memo = &explainMemo{Tokens: st.memoUse.Tokens, Segments: st.memoUse.Segments, Blocks: st.memoBlocks,
+		ex.Memo = &explainMemo{Tokens: st.memoUse.Tokens, Segments: st.memoUse.Segments, Notes: st.memoUse.Notes, Blocks: st.memoBlocks,
 			Iterations: st.renderUse.Iterations, Replayed: st.renderUse.Replayed,
 			Messages: st.renderUse.Messages, Bound: st.renderUse.Bound}
 	}

@@ -59,6 +59,7 @@ var familyHelp = map[string]string{
 	"kvgate_prefix_trie_memory_bytes":            "Bytes the prefix trie or pending entries hold.",
 	"kvgate_tokenize_memo_hits_total":            "Text segments between special tokens whose token IDs came from the tokenization memo.",
 	"kvgate_tokenize_memo_misses_total":          "Text segments the tokenization memo did not hold (tokenized and stored).",
+	"kvgate_tokenize_memo_notes_total":           "Replayed chat template iterations whose token IDs came whole from their note in the render memo (their segments count as hits).",
 	"kvgate_tokenize_memo_evictions_total":       "Segments evicted from the tokenization memo at its bound (-tokenize-memo-bytes).",
 	"kvgate_tokenize_memo_bytes":                 "Bytes the tokenization memo holds.",
 	"kvgate_render_memo_hits_total":              "Chat template loop iterations replayed and messages bound from the render memo.",

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/hashcore"
+	"github.com/kvgate/kvgate/internal/testfix"
 	"github.com/kvgate/kvgate/proxy/openai"
 	"github.com/kvgate/kvgate/shard"
 	"github.com/kvgate/kvgate/tokenize"
@@ -197,10 +198,12 @@ func BenchmarkRouteFollowup(b *testing.B) {
 	turn(0) // the conversation so far, routed once
 	b.ReportAllocs()
 	n := 1
+	clock := testfix.StartCPUClock()
 	for b.Loop() {
 		turn(n)
 		n++
 	}
+	clock.Stop(b, b.N)
 	b.ReportMetric(float64(len(st.tokens)), "tokens")
 }
 

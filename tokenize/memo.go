@@ -73,7 +73,7 @@ type Memo struct {
 	pageBytes  atomic.Int64
 	liveBytes  atomic.Int64 // the words of entries their slot still points to
 
-	hits, misses, inserts, evictions atomic.Uint64
+	hits, misses, inserts, evictions, notes atomic.Uint64
 }
 
 type memoPage struct{ w []atomic.Uint64 }
@@ -123,8 +123,11 @@ func NewMemo(maxBytes int64) (*Memo, error) {
 // MemoStats are a memo's counters since it was made (segments, not requests).
 type MemoStats struct {
 	Hits, Misses uint64 // segment lookups that found their IDs / encoded the segment
-	Inserts      uint64 // segments stored
-	Evictions    uint64 // entries dropped to make room (ring full or set full)
+	// Notes: replayed chat iterations whose IDs came whole from their token note (their
+	// segments count in Hits; notes.go).
+	Notes     uint64
+	Inserts   uint64 // segments stored
+	Evictions uint64 // entries dropped to make room (ring full or set full)
 	// Bytes is held now: the slot table and the ring's pages (allocated as the memo first
 	// fills, then reused), at most MaxBytes. Live is the part live entries take; the rest
 	// is free, or dropped entries' space the ring's tail has yet to pass.
@@ -134,7 +137,7 @@ type MemoStats struct {
 
 // Stats reads the counters (plain atomics, cheap enough to scrape on every metrics read).
 func (m *Memo) Stats() MemoStats {
-	return MemoStats{Hits: m.hits.Load(), Misses: m.misses.Load(), Inserts: m.inserts.Load(),
+	return MemoStats{Hits: m.hits.Load(), Misses: m.misses.Load(), Notes: m.notes.Load(), Inserts: m.inserts.Load(),
 		Evictions: m.evictions.Load(), Bytes: m.tableBytes + m.pageBytes.Load(), Live: m.liveBytes.Load(), MaxBytes: m.maxBytes}
 }
 

@@ -27,7 +27,7 @@ type Model struct {
 	special  map[string]string // other special-token variables for the template
 	// Completions: the IDs the engine's tokenizer adds around a prompt (add_special_tokens=True).
 	promptPrefix, promptSuffix []uint32
-	renderPool                 sync.Pool // *[]byte
+	renderPool                 sync.Pool // *renderScratch
 	now                        time.Time // tests: the clock strftime_now reads (zero: time.Now)
 }
 
@@ -106,7 +106,7 @@ func LoadModel(name, dir string) (*Model, error) {
 
 func newModel(name, dir string, tok *Tokenizer) (*Model, error) {
 	m := &Model{Name: name, tok: tok, special: map[string]string{}}
-	m.renderPool.New = func() any { b := make([]byte, 0, 4096); return &b }
+	m.renderPool.New = func() any { return &renderScratch{out: make([]byte, 0, 4096)} }
 	m.promptPrefix, m.promptSuffix = tok.postPrefix, tok.postSuffix
 
 	cfgPath := filepath.Join(dir, "tokenizer_config.json")
@@ -255,7 +255,7 @@ func (m *Model) EncodePrompt(dst []uint32, prompt string) ([]uint32, error) {
 // EncodePromptMemo is EncodePrompt through memo (nil: none), with the same result.
 func (m *Model) EncodePromptMemo(dst []uint32, prompt string, memo *Memo) ([]uint32, error) {
 	dst = append(dst[:0], m.promptPrefix...)
-	dst, err := m.tok.appendEncode(dst, prompt, memo, nil)
+	dst, err := m.tok.appendEncode(dst, prompt, memo, nil, nil)
 	if err != nil {
 		return dst[:0], err
 	}
@@ -269,15 +269,21 @@ func (m *Model) EncodeChat(dst []uint32, in *ChatInput) ([]uint32, error) {
 }
 
 // EncodeChatMemo is EncodeChat through memo (nil: none), with the same result. The template
-// is rendered in full every time; the memo saves the tokenization of the text between the
-// special tokens the template writes, which for a follow-up turn is all but the new turns.
+// is rendered in full every time (through in.RenderMemo when set); the memo saves the
+// tokenization of the text between the special tokens the template writes, which for a
+// follow-up turn is all but the new turns. With both memos, an iteration the render replays
+// carries the IDs its output had the turn before (chat.TokenNote), checked and copied whole.
 func (m *Model) EncodeChatMemo(dst []uint32, in *ChatInput, memo *Memo) ([]uint32, error) {
 	tmpl, tools, kwargs := m.pickTemplate(in)
 	if tmpl == nil {
 		return dst[:0], fmt.Errorf("tokenize: model %q has no chat template", m.Name)
 	}
-	bp := m.renderPool.Get().(*[]byte)
-	out, err := tmpl.Render((*bp)[:0], &chat.Input{
+	rs := m.renderPool.Get().(*renderScratch)
+	var spans *[]chat.OutSpan
+	if memo != nil && in.RenderMemo != nil {
+		spans = &rs.spans
+	}
+	out, err := tmpl.Render(rs.out[:0], &chat.Input{
 		Messages:             in.Messages,
 		Tools:                tools,
 		Kwargs:               kwargs,
@@ -291,18 +297,28 @@ func (m *Model) EncodeChatMemo(dst []uint32, in *ChatInput, memo *Memo) ([]uint3
 		Now:                  m.now,
 		Memo:                 in.RenderMemo,
 		MemoUse:              in.RenderUse,
+		Spans:                spans,
 	})
-	if err != nil {
-		*bp = out[:0]
-		m.renderPool.Put(bp)
-		return dst[:0], err
+	if err == nil {
+		dst, err = m.tok.appendEncode(dst[:0], unsafeString(out), memo, in.MemoUse, rs.spans)
 	}
-	dst, err = m.tok.encodeMemoUse(dst, unsafeString(out), false, memo, in.MemoUse)
+	if err != nil {
+		dst = dst[:0]
+	}
+	clear(rs.spans) // they point into the memo: let evicted entries go
+	rs.spans = rs.spans[:0]
 	if cap(out) <= 1<<20 { // do not keep huge buffers around
-		*bp = out[:0]
-		m.renderPool.Put(bp)
+		rs.out = out[:0]
+		m.renderPool.Put(rs)
 	}
 	return dst, err
+}
+
+// renderScratch is one chat encode's reused buffers: the rendered text and its replayed
+// iterations.
+type renderScratch struct {
+	out   []byte
+	spans []chat.OutSpan
 }
 
 // pickTemplate chooses the template for a request (the "tool_use" one when the request has

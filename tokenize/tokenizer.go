@@ -28,6 +28,7 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
+	"github.com/kvgate/kvgate/tokenize/chat"
 	"golang.org/x/text/unicode/norm"
 )
 
@@ -76,7 +77,9 @@ type encodeState struct {
 	err      error // first failure of this call (a fallback regex that timed out)
 
 	memoHits, memoMisses uint64 // this call's segment lookups, added to the Memo once
+	memoNotes            uint64 // this call's token notes used
 	memoHitTokens        int    // IDs this call took from the Memo
+	marks                []chat.NoteMark
 }
 
 func (t *Tokenizer) init() {
@@ -130,15 +133,16 @@ func (t *Tokenizer) EncodeMemo(dst []uint32, text string, addSpecialTokens bool,
 	return t.encodeMemoUse(dst, text, addSpecialTokens, memo, nil)
 }
 
-// MemoUse is what one encode took from a Memo (for /debug/explain).
-type MemoUse struct{ Segments, Tokens int }
+// MemoUse is what one encode took from a Memo (for /debug/explain): segments and their IDs,
+// of which Notes replayed chat iterations served whole (notes.go).
+type MemoUse struct{ Segments, Tokens, Notes int }
 
 func (t *Tokenizer) encodeMemoUse(dst []uint32, text string, addSpecialTokens bool, memo *Memo, use *MemoUse) ([]uint32, error) {
 	dst = dst[:0]
 	if addSpecialTokens {
 		dst = append(dst, t.postPrefix...)
 	}
-	dst, err := t.appendEncode(dst, text, memo, use)
+	dst, err := t.appendEncode(dst, text, memo, use, nil)
 	if err != nil {
 		return dst[:0], err
 	}
@@ -152,8 +156,8 @@ func (t *Tokenizer) encodeMemoUse(dst []uint32, text string, addSpecialTokens bo
 const MaxTextBytes = 1 << 30
 
 // appendEncode appends the IDs of text (no post-processing) to dst, through memo when it is
-// not nil.
-func (t *Tokenizer) appendEncode(dst []uint32, text string, memo *Memo, use *MemoUse) ([]uint32, error) {
+// not nil, and through the notes of spans (see noteSpans) when memo is not nil.
+func (t *Tokenizer) appendEncode(dst []uint32, text string, memo *Memo, use *MemoUse, spans []chat.OutSpan) ([]uint32, error) {
 	if len(text) > MaxTextBytes {
 		return dst, fmt.Errorf("tokenize: text of %d bytes is over the %d-byte limit", len(text), MaxTextBytes)
 	}
@@ -166,6 +170,7 @@ func (t *Tokenizer) appendEncode(dst []uint32, text string, memo *Memo, use *Mem
 	if !utf8.ValidString(text) {
 		st.valid = appendValidUTF8(st.valid[:0], text)
 		text = unsafeString(st.valid)
+		spans = nil // the offsets moved
 	}
 	// 1. Added tokens that match raw text split it first.
 	st.matches = t.rawTrie.find(st.matches[:0], text)
@@ -174,25 +179,49 @@ func (t *Tokenizer) appendEncode(dst []uint32, text string, memo *Memo, use *Mem
 		// crowd out the segments of chats (a plain completions prompt is such a text).
 		memo = nil
 	}
+	if memo == nil {
+		spans = nil
+	}
+	ns := noteSpans{spans: spans, marks: st.marks}
 	prev := 0
-	for _, m := range st.matches {
+	ms := st.matches
+	for j := 0; j < len(ms); j++ {
+		m := ms[j]
 		if prev < m.start {
 			dst = t.encodeRawSegment(dst, st, text[prev:m.start], prev == 0, memo)
 		}
+		if len(ns.spans) > 0 {
+			if k := ns.at(t, ms, j, len(dst)); k > 0 {
+				note := ns.spans[0].Note()
+				dst = append(dst, note.IDs...)
+				st.memoHits += uint64(k - 1)
+				st.memoHitTokens += len(note.IDs) - k
+				st.memoNotes++
+				j += k - 1
+				prev = ms[j].end
+				continue
+			}
+		}
 		dst = append(dst, m.id)
 		prev = m.end
+		if ns.noting {
+			ns.noted(t, st, ms, j, dst)
+		}
 	}
 	if prev < len(text) {
 		dst = t.encodeRawSegment(dst, st, text[prev:], prev == 0, memo)
 	}
-	if st.memoHits|st.memoMisses != 0 {
+	if st.memoHits|st.memoMisses|st.memoNotes != 0 {
 		memo.hits.Add(st.memoHits)
 		memo.misses.Add(st.memoMisses)
+		memo.notes.Add(st.memoNotes)
 		if use != nil {
-			use.Segments, use.Tokens = int(st.memoHits), st.memoHitTokens
+			use.Segments, use.Tokens, use.Notes = int(st.memoHits), st.memoHitTokens, int(st.memoNotes)
 		}
-		st.memoHits, st.memoMisses, st.memoHitTokens = 0, 0, 0
+		st.memoHits, st.memoMisses, st.memoHitTokens, st.memoNotes = 0, 0, 0, 0
 	}
+	clear(ns.marks)
+	st.marks = ns.marks[:0]
 	err := st.err
 	st.err = nil
 	t.scratch.Put(st)

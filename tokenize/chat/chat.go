@@ -84,6 +84,9 @@ type Input struct {
 	// receives what the render took from it.
 	Memo    *RenderMemo
 	MemoUse *MemoUse
+	// Spans, when set with Memo, is reset and receives the output's replayed iterations in
+	// order (memo_note.go), so that a tokenizer can reuse what it noted on them.
+	Spans *[]OutSpan
 }
 
 // Compile parses a chat template once.
@@ -120,6 +123,12 @@ func (t *Template) Render(dst []byte, in *Input) (out []byte, err error) {
 	r.depth = 0
 	r.now = in.Now // zero: strftime_now reads the clock when a template calls it
 	r.memo, r.memoUse = in.Memo, in.MemoUse
+	if in.Spans != nil {
+		*in.Spans = (*in.Spans)[:0]
+		if in.Memo != nil {
+			r.outSpans = in.Spans
+		}
+	}
 	defer func() {
 		if p := recover(); p != nil {
 			// A bug in the engine must not take the proxy down; report it as an error.
@@ -131,7 +140,7 @@ func (t *Template) Render(dst []byte, in *Input) (out []byte, err error) {
 		r.argStack, r.kwStack = r.argStack[:0], r.kwStack[:0]
 		r.a.reset()
 		r.t, r.out = nil, nil
-		r.memo, r.memoUse = nil, nil
+		r.memo, r.memoUse, r.outSpans = nil, nil, nil
 		r.recording, r.replaying, r.memoBad, r.recFrame = false, false, false, 0
 		clear(r.recEv)
 		r.recEv = r.recEv[:0]
@@ -154,6 +163,13 @@ func (t *Template) Render(dst []byte, in *Input) (out []byte, err error) {
 			return r.out[:mark], err
 		}
 		r.out = r.out[:mark+n]
+		if r.outSpans != nil { // the cut may fall inside the last spans
+			sp := *r.outSpans
+			for len(sp) > 0 && sp[len(sp)-1].Start+sp[len(sp)-1].Len > len(r.out) {
+				sp = sp[:len(sp)-1]
+			}
+			*r.outSpans = sp
+		}
 	}
 	return r.out, nil
 }

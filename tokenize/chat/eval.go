@@ -76,6 +76,7 @@ type renderer struct {
 	lazy      []lazyRef // the recorded iteration's lazy sets (memo.go)
 	undo      []memoUndo
 	spans     []int
+	outSpans  *[]OutSpan // Input.Spans, while a render with a memo runs
 }
 
 func (r *renderer) errf(pos int, format string, a ...any) error {

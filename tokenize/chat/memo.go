@@ -100,6 +100,7 @@ type memoEntry struct {
 	ctl        ctl
 	steps      int
 	ref        atomic.Bool
+	note       atomic.Pointer[TokenNote] // an iteration's, set at most once (memo_note.go)
 
 	slot       int        // under mu
 	prev, next *memoEntry // under mu
@@ -463,6 +464,9 @@ func (r *renderer) replay(s *stmt, item Value, h uint64) (ctl, bool) {
 		if r.replayEvents(e.ev) {
 			e.touch()
 			m.hits.Add(1)
+			if r.outSpans != nil {
+				*r.outSpans = append(*r.outSpans, OutSpan{Start: len(r.out), Len: len(e.out), entry: e, memo: m})
+			}
 			r.out = append(r.out, e.out...)
 			r.steps += e.steps
 			return e.ctl, true

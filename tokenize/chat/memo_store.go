@@ -26,6 +26,9 @@ type memoGen struct {
 	lists []listVal
 	ents  []memoEntry
 	evs   []memoEvent
+	notes []TokenNote
+	marks []NoteMark
+	ids   []uint32
 }
 
 const (
@@ -228,13 +231,22 @@ func (m *RenderMemo) publish(e *memoEntry, g *memoGen) {
 	m.slots[e.slot].Store(e)
 	m.pushBack(e)
 	m.account()
+	m.shrink(e)
+}
+
+// shrink evicts from the list's front down to the bound; fresh, the entry just stored or
+// noted, gets no second chance (under mu).
+func (m *RenderMemo) shrink(fresh *memoEntry) {
 	for passes := 0; m.bytes.Load() > m.maxBytes && m.list.next != &m.list; {
 		old := m.list.next
-		if old != e && old.ref.Load() && passes < 64 {
+		if old != fresh && old.ref.Load() && passes < 64 {
 			passes++
 			// Second chance: forward into the current generation, so it pins no old one.
 			ng := m.cur()
 			c := ng.copyEntry(old, true)
+			if n := old.note.Load(); n != nil {
+				c.note.Store(ng.copyNote(n))
+			}
 			c.slot, c.gen = old.slot, ng
 			ng.live++
 			m.slots[c.slot].Store(c)
