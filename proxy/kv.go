@@ -302,6 +302,7 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	b := st.body
 	oa := &st.oa
 	st.tokens, st.keys, st.fastKeys = st.tokens[:0], st.keys[:0], st.fastKeys[:0]
+	st.trieEngine = false
 	clear(st.scores)
 	if st.chat {
 		m := oa.Value[openai.FMessages]
@@ -437,6 +438,7 @@ func (k *kvRouter) route(st *reqState, el shard.Mask, d *decision) {
 	if nFast > 0 {
 		st.fastKeys = hashcore.Keys(k.fast, st.fastKeys[:0], st.tokens, exp)
 	}
+	st.trieEngine = nEng > 0 && nFast == 0 && nOther == 0 && len(st.keys) > 0
 	otherKeys := 0
 	for g := range st.groups[:st.ngroups] {
 		grp := &st.groups[g]

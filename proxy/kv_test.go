@@ -15,7 +15,9 @@ import (
 	"github.com/kvgate/kvgate/bench/enginepub"
 	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/internal/testfix"
+	"github.com/kvgate/kvgate/proxy/openai"
 	"github.com/kvgate/kvgate/proxy/route"
+	"github.com/kvgate/kvgate/shard"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -509,5 +511,48 @@ func TestResponsesRouted(t *testing.T) {
 	}
 	if n := a.count("/v1/responses") + b.count("/v1/responses"); n != 2 {
 		t.Fatalf("engines saw %d /v1/responses requests", n)
+	}
+}
+
+// The pending entries hold a prompt by the rule's engine keys when every eligible endpoint
+// is keyed by them (the keys KV-Exact computed anyway), by kvgate's fast keys when the
+// endpoints are re-hashed; either way a repeat of the prompt finds them.
+func TestPendingKeySpace(t *testing.T) {
+	for _, keys := range []string{"auto", "rehash"} {
+		t.Run("keys="+keys, func(t *testing.T) {
+			s, st := benchServerWith(t, chatBody4k(), func(cfg *Config) { cfg.KV.Keys = keys })
+			st.body = append(st.body[:0], complPrompt(sharedPrefix)...)
+			st.chat = false
+			var d decision
+			route := func() {
+				if err := openai.Scan(st.body, &st.oa); err != nil {
+					t.Fatal(err)
+				}
+				clear(st.excluded)
+				s.decide(st, &d, false)
+			}
+			route()
+			first := d.slot
+			toks := engineTokens(t, sharedPrefix)
+			engine, fast := hashcore.Keys(s.kv.chain, nil, toks, nil), hashcore.Keys(s.kv.fast, nil, toks, nil)
+			want, other := engine, fast
+			if keys == "rehash" {
+				want, other = fast, engine
+			}
+			cur, _ := s.kv.trie.live()
+			scores := make([]int32, len(st.scores))
+			el := shard.NewMask(len(scores))
+			el.SetAll(len(scores))
+			if cur.Score(want, el, shard.Prefix, scores); int(scores[first]) != len(want) {
+				t.Fatalf("pending entries hold %d of the prompt's %d keys at slot %d", scores[first], len(want), first)
+			}
+			if cur.Score(other, el, shard.Prefix, scores); scores[first] != 0 {
+				t.Fatalf("pending entries hold the other chain's keys too (%d)", scores[first])
+			}
+			route()
+			if d.slot != first || d.route != RoutePrefixTrie {
+				t.Fatalf("repeat: slot %d route %v, want %d prefix-trie", d.slot, d.route, first)
+			}
+		})
 	}
 }

@@ -463,15 +463,18 @@ type reqState struct {
 	tokens   []uint32
 	keys     []uint64
 	fastKeys []uint64
-	scores   []int32
-	scores2  []int32
-	scores3  []int32
-	matched  []int32 // blocks held per endpoint as the policy sees them (inventory, then pending)
-	tierCPU  []int32 // of matched, blocks only a lower tier holds (ranks.go foldTiers)
-	tierSto  []int32
-	cand     route.Candidates
-	obs      route.Observer // /debug/explain's recorder; nil for traffic
-	meter    *decisionMeter // the server's for traffic; nil for /debug/explain
+	// trieEngine: the prefix trie takes the request's keys in the rule's engine contract
+	// (trieKeys).
+	trieEngine bool
+	scores     []int32
+	scores2    []int32
+	scores3    []int32
+	matched    []int32 // blocks held per endpoint as the policy sees them (inventory, then pending)
+	tierCPU    []int32 // of matched, blocks only a lower tier holds (ranks.go foldTiers)
+	tierSto    []int32
+	cand       route.Candidates
+	obs        route.Observer // /debug/explain's recorder; nil for traffic
+	meter      *decisionMeter // the server's for traffic; nil for /debug/explain
 	// What this decision took from the memos (/debug/explain).
 	memoUse    tokenize.MemoUse
 	renderUse  tokenize.RenderUse

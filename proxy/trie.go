@@ -10,7 +10,8 @@ import (
 )
 
 // The mode-1 prefix trie: what kvgate itself sent to each prefill endpoint, as the
-// chain of kvgate's fast block keys of every prompt it routed there.
+// chain of block keys of every prompt it routed there (trieKeys: the rule's engine keys or
+// kvgate's fast keys).
 //
 // Why it exists beside the inventory: a prefill engine publishes a prompt's blocks only
 // once it has computed them, so for the length of a prefill (and any event lag) the
@@ -212,10 +213,20 @@ func (t *prefixTrie) stats() (keys int, bytes int64) {
 	return keys, bytes
 }
 
-// trieKeys returns the request's fast keys, hashing them when KV-Exact did not need
-// them (every endpoint matched on engine keys). Empty when the prompt was never
-// tokenized (an earlier kv-miss) or holds no full block.
+// trieKeys returns the keys the trie records and scores the request's prompt by: the
+// rule's engine keys when every eligible endpoint is keyed by them (KV-Exact hashed them
+// already, often through the chain memo), else kvgate's fast keys, hashed here when
+// KV-Exact did not need them. Either chain names a prefix by its last key, which is all
+// the trie needs; the two never collide in practice (64-bit keys of unrelated hashes),
+// so a request keyed one way only misses what was recorded the other way, which happens
+// only while the eligible endpoints' contracts change (an endpoint that fails parity and
+// falls back to fast keys, or the only endpoints of another contract excluded): its
+// pending entries then go unseen for a TTL. Empty when the prompt was never tokenized (an
+// earlier kv-miss) or holds no full block.
 func (k *kvRouter) trieKeys(st *reqState) []uint64 {
+	if st.trieEngine {
+		return st.keys
+	}
 	if len(st.fastKeys) == 0 && len(st.tokens) >= k.blockSize {
 		var exp *hashcore.Extras
 		if st.ex.LoRAName != "" || st.ex.CacheSalt != "" {
