@@ -140,6 +140,11 @@ func (t *Template) Render(dst []byte, in *Input) (out []byte, err error) {
 		r.argStack, r.kwStack = r.argStack[:0], r.kwStack[:0]
 		r.a.reset()
 		r.t, r.out = nil, nil
+		if r.memo != nil && r.memoHits|r.memoMisses != 0 {
+			r.memo.hits.Add(r.memoHits)
+			r.memo.misses.Add(r.memoMisses)
+			r.memoHits, r.memoMisses = 0, 0
+		}
 		r.memo, r.memoUse, r.outSpans = nil, nil, nil
 		r.recording, r.replaying, r.memoBad, r.recFrame = false, false, false, 0
 		clear(r.recEv)

@@ -77,6 +77,8 @@ type renderer struct {
 	undo      []memoUndo
 	spans     []int
 	outSpans  *[]OutSpan // Input.Spans, while a render with a memo runs
+	// The render's memo hits and misses, added to the memo's counters once at its end.
+	memoHits, memoMisses uint64
 }
 
 func (r *renderer) errf(pos int, format string, a ...any) error {

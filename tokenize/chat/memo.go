@@ -56,7 +56,7 @@ import (
 // through an atomic slot); inserts and evictions take one mutex. Memory: see memo_store.go.
 type RenderMemo struct {
 	seed     uint64
-	slots    []atomic.Pointer[memoEntry]
+	slots    []memoSlot
 	shift    uint // 64 - log2(sets): a set is the top bits of the hash, remixed
 	maxBytes int64
 
@@ -151,12 +151,12 @@ func NewRenderMemo(maxBytes int64) (*RenderMemo, error) {
 		return nil, fmt.Errorf("chat: render memo bound %d bytes: want >= %d", maxBytes, MinRenderMemoBytes)
 	}
 	log := 63 - bits.LeadingZeros64(uint64(maxBytes/(memoWays*memoEntryGuess)))
-	m := &RenderMemo{seed: rand.Uint64() | 1, slots: make([]atomic.Pointer[memoEntry], memoWays<<log),
+	m := &RenderMemo{seed: rand.Uint64() | 1, slots: make([]memoSlot, memoWays<<log),
 		shift: uint(64 - log), maxBytes: maxBytes}
 	m.list.next, m.list.prev = &m.list, &m.list
 	m.genBytes = max(maxBytes/16, 16<<10)
 	m.gens = []*memoGen{{limit: m.genBytes}}
-	m.bytes.Store(int64(len(m.slots)) * 8)
+	m.bytes.Store(int64(len(m.slots)) * memoSlotBytes)
 	return m, nil
 }
 
@@ -172,9 +172,40 @@ func (m *RenderMemo) setIndex(h uint64) int {
 	return int((h*0xff51afd7ed558ccd)>>m.shift) * memoWays
 }
 
-func (m *RenderMemo) set(h uint64) []atomic.Pointer[memoEntry] {
+func (m *RenderMemo) set(h uint64) []memoSlot {
 	i := m.setIndex(h)
 	return m.slots[i : i+memoWays : i+memoWays]
+}
+
+// memoSlot is one way of a set: an entry and its hash beside it, so that a lookup reads
+// the set's hashes from one or two cache lines and follows only the entry whose hash
+// matches, not every way's.
+type memoSlot struct {
+	hash atomic.Uint64
+	e    atomic.Pointer[memoEntry]
+}
+
+const memoSlotBytes = int64(unsafe.Sizeof(memoSlot{}))
+
+// Load returns the slot's entry (nil: empty).
+func (s *memoSlot) Load() *memoEntry { return s.e.Load() }
+
+// get returns the slot's entry if its hash is h. The hash and the pointer are stored
+// apart, so the entry's own hash is checked too.
+func (s *memoSlot) get(h uint64) *memoEntry {
+	if s.hash.Load() != h {
+		return nil
+	}
+	if e := s.e.Load(); e != nil && e.hash == h {
+		return e
+	}
+	return nil
+}
+
+// store puts e in the slot (under mu).
+func (s *memoSlot) store(e *memoEntry) {
+	s.hash.Store(e.hash)
+	s.e.Store(e)
 }
 
 func (e *memoEntry) touch() {
@@ -326,15 +357,16 @@ func (r *renderer) bindMessagesMemo(raw []byte, format ContentFormat) (Value, bo
 func (r *renderer) boundMessage(el []byte, format ContentFormat) (v Value, hit, ok bool) {
 	m := r.memo
 	h := mix(m.seed^uint64(format+1), xxh3.Hash(el)) | 1
-	for i := range m.set(h) {
-		e := m.set(h)[i].Load()
-		if e != nil && e.hash == h && e.loop == nil && e.format == format && e.raw == string(el) {
+	set := m.set(h)
+	for i := range set {
+		e := set[i].get(h)
+		if e != nil && e.loop == nil && e.format == format && e.raw == string(el) {
 			e.touch()
-			m.hits.Add(1)
+			r.memoHits++
 			return e.val, true, true
 		}
 	}
-	m.misses.Add(1)
+	r.memoMisses++
 	// Parsed and converted in the render's arena; the memo keeps a copy in its slabs.
 	pv, err := parseJSONDepth(&r.a, el, 1) // depth 1, as an element of the array
 	if err != nil {
@@ -396,14 +428,15 @@ const toolsFormat ContentFormat = 0xff
 func (r *renderer) boundTools(raw []byte) (Value, bool) {
 	m := r.memo
 	h := mix(m.seed^uint64(toolsFormat), xxh3.Hash(raw)) | 1
-	for i := range m.set(h) {
-		if e := m.set(h)[i].Load(); e != nil && e.hash == h && e.loop == nil && e.format == toolsFormat && e.raw == string(raw) {
+	set := m.set(h)
+	for i := range set {
+		if e := set[i].get(h); e != nil && e.loop == nil && e.format == toolsFormat && e.raw == string(raw) {
 			e.touch()
-			m.hits.Add(1)
+			r.memoHits++
 			return e.val, true
 		}
 	}
-	m.misses.Add(1)
+	r.memoMisses++
 	v, err := preprocessTools(&r.a, raw)
 	if err != nil || v.k != kList {
 		return undefined, false
@@ -446,9 +479,10 @@ func (m *RenderMemo) iterKey(s *stmt, item Value) uint64 {
 // its control result, when a record's reads all match.
 func (r *renderer) replay(s *stmt, item Value, h uint64) (ctl, bool) {
 	m := r.memo
-	for i := range m.set(h) {
-		e := m.set(h)[i].Load()
-		if e == nil || e.hash != h || e.loop != s {
+	set := m.set(h)
+	for i := range set {
+		e := set[i].get(h)
+		if e == nil || e.loop != s {
 			continue
 		}
 		if e.itemID != 0 {
@@ -463,7 +497,7 @@ func (r *renderer) replay(s *stmt, item Value, h uint64) (ctl, bool) {
 		}
 		if r.replayEvents(e.ev) {
 			e.touch()
-			m.hits.Add(1)
+			r.memoHits++
 			if r.outSpans != nil {
 				*r.outSpans = append(*r.outSpans, OutSpan{Start: len(r.out), Len: len(e.out), entry: e, memo: m})
 			}
@@ -472,7 +506,7 @@ func (r *renderer) replay(s *stmt, item Value, h uint64) (ctl, bool) {
 			return e.ctl, true
 		}
 	}
-	m.misses.Add(1)
+	r.memoMisses++
 	return ctlNone, false
 }
 

@@ -161,8 +161,9 @@ func (m *RenderMemo) storeBound(h uint64, format ContentFormat, raw []byte, v Va
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for i := range m.set(h) {
-		if e := m.set(h)[i].Load(); e != nil && e.hash == h && e.loop == nil && e.format == format && e.raw == string(raw) {
+	set := m.set(h)
+	for i := range set {
+		if e := set[i].get(h); e != nil && e.loop == nil && e.format == format && e.raw == string(raw) {
 			return e.val, true
 		}
 	}
@@ -228,7 +229,7 @@ func (m *RenderMemo) publish(e *memoEntry, g *memoGen) {
 	}
 	e.slot, e.gen = base+way, g
 	g.live++
-	m.slots[e.slot].Store(e)
+	m.slots[e.slot].store(e)
 	m.pushBack(e)
 	m.account()
 	m.shrink(e)
@@ -249,7 +250,7 @@ func (m *RenderMemo) shrink(fresh *memoEntry) {
 			}
 			c.slot, c.gen = old.slot, ng
 			ng.live++
-			m.slots[c.slot].Store(c)
+			m.slots[c.slot].store(c)
 			m.unlink(old)
 			m.release(old.gen)
 			m.pushBack(c)
@@ -268,7 +269,7 @@ func (m *RenderMemo) pushBack(e *memoEntry) {
 // drop evicts old (under mu).
 func (m *RenderMemo) drop(old *memoEntry) {
 	m.unlink(old)
-	m.slots[old.slot].CompareAndSwap(old, nil)
+	m.slots[old.slot].e.CompareAndSwap(old, nil)
 	m.evictions.Add(1)
 	m.release(old.gen)
 	m.account()
@@ -298,7 +299,7 @@ func (m *RenderMemo) release(g *memoGen) {
 
 // account sets bytes to the slab bytes of the generations kept plus the slot table.
 func (m *RenderMemo) account() {
-	n := int64(len(m.slots)) * 8
+	n := int64(len(m.slots)) * memoSlotBytes
 	for _, g := range m.gens {
 		n += g.bytes
 	}
