@@ -57,51 +57,83 @@ func SkipWS(b []byte, i int) int {
 // ScanString checks the string whose opening quote is b[i] and returns the offset after its
 // closing quote and whether it holds escapes. It validates escapes, control bytes and UTF-8.
 // On a fault end is where it was found: the control byte, the first byte of the bad UTF-8
-// sequence, the backslash of the bad escape, or len(b) for a missing closing quote.
+// sequence, the backslash of the bad escape, or len(b) for a missing closing quote (which
+// wins over a fault before it).
 //
-// It finds the next quote and backslash with bytes.IndexByte (vectorized: prompts are long
-// strings) and checks the plain run between them eight bytes at a time, instead of walking
-// every byte. ScanPlainLax and AppendEscapedLax are the same walk for the other reader; each is one tight loop
-// because the request path pays for every call and test a shared one adds (measured).
+// It jumps from one byte that is not plain ASCII to the next with plainEnd (32 bytes a
+// step with AVX2: prompts are long strings, mostly ASCII), one pass that finds the closing
+// quote, the escapes, control bytes and the start of every multi-byte sequence at once.
+// ScanPlainLax and AppendEscapedLax are the same walk for the other reader; each is one
+// tight loop because the request path pays for every call and test a shared one adds
+// (measured).
 func ScanString(b []byte, i int) (end int, esc bool, err Err) {
 	i++
 	// Short strings (keys, roles) end before a vectorized search would pay off.
 	for e := min(i+16, len(b)); i < e && plainASCII[b[i]]; i++ {
 	}
-	if i < len(b) && b[i] == '"' {
-		return i + 1, false, OK
-	}
 	for {
-		q := bytes.IndexByte(b[i:], '"')
-		if q < 0 {
+		if i < len(b) && plainASCII[b[i]] {
+			i += plainEnd(b[i:])
+		}
+		if i >= len(b) {
 			return len(b), false, Unterminated
 		}
-		q += i
-		// Every backslash before q starts an escape; one may escape q itself, and then the
-		// string goes on past it.
-		for {
-			run := q
-			if j := bytes.IndexByte(b[i:q], '\\'); j >= 0 {
-				run = i + j
+		switch c := b[i]; {
+		case c == '"':
+			return i + 1, esc, OK
+		case c == '\\':
+			n := 2
+			if i+1 >= len(b) {
+				return len(b), false, Unterminated
 			}
-			if k, err := checkUTF8Run(b[i:run]); err != OK {
-				return i + k, false, err
-			}
-			if run == q {
-				return q + 1, esc, OK
-			}
-			esc = true
-			n := 2 // a backslash before q has a byte after it
-			if simpleEscape[b[run+1]] == 0 {
-				if n = escapeLen(b[run:]); n == 0 {
-					return run, false, escapeErr(b[run+1])
+			if simpleEscape[b[i+1]] == 0 {
+				if n = escapeLen(b[i:]); n == 0 {
+					return faultOrUnterminated(b, i, escapeErr(b[i+1]))
 				}
 			}
-			if i = run + n; i > q {
-				break // the quote was escaped: find the next one
+			esc = true
+			i += n
+		case c < 0x20:
+			return faultOrUnterminated(b, i, Control)
+		default: // a multi-byte sequence, and those right after it
+			for i < len(b) && b[i] >= 0x80 {
+				r, size := utf8.DecodeRune(b[i:])
+				if r == utf8.RuneError && size <= 1 {
+					return faultOrUnterminated(b, i, BadUTF8)
+				}
+				i += size
 			}
 		}
 	}
+}
+
+// faultOrUnterminated reports the fault found at b[i], unless no quote follows it: then
+// the string is unterminated, which a reader that first looks for the closing quote (as
+// this one did before plainEnd) reports instead.
+func faultOrUnterminated(b []byte, i int, err Err) (int, bool, Err) {
+	if bytes.IndexByte(b[i+1:], '"') < 0 {
+		return len(b), false, Unterminated
+	}
+	return i, false, err
+}
+
+// plainEndSWAR is plainEnd eight bytes at a time: a word holding none of those bytes
+// passes whole; the first word that may is searched byte by byte.
+func plainEndSWAR(s []byte) int {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		x := binary.LittleEndian.Uint64(s[i:])
+		q, bs := x^0x22*ones, x^0x5c*ones
+		// A zero byte of q or bs (the quote or the backslash) borrows into its high bit; so
+		// does a byte below 0x20 of x; a byte from 0x80 has it set.
+		if ((q-ones)&^q|(bs-ones)&^bs|(x-0x20*ones)|x)&highs != 0 {
+			break
+		}
+	}
+	for ; i < len(s) && plainASCII[s[i]]; i++ {
+	}
+	return i
 }
 
 // ScanPlainLax checks the string whose opening quote is b[i] as ScanString does but without
@@ -240,46 +272,6 @@ func appendEscape(dst, s []byte) ([]byte, int) {
 		return utf8.AppendRune(dst, r), 6 // a lone surrogate appends U+FFFD
 	}
 	return dst, 0
-}
-
-// checkUTF8Run validates a run of string bytes holding no quote or backslash: no control
-// byte, valid UTF-8. Runs of ASCII go sixteen and eight bytes at a time. It returns the
-// offset of the fault, if any.
-func checkUTF8Run(s []byte) (int, Err) {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	n := len(s)
-	for len(s) > 0 {
-		// A byte below 0x20 borrows into its high bit; a byte from 0x80 has it set.
-		for len(s) >= 16 {
-			x, y := binary.LittleEndian.Uint64(s), binary.LittleEndian.Uint64(s[8:])
-			if ((x-0x20*ones)|x|(y-0x20*ones)|y)&highs != 0 {
-				break
-			}
-			s = s[16:]
-		}
-		for len(s) >= 8 {
-			if x := binary.LittleEndian.Uint64(s); ((x-0x20*ones)|x)&highs != 0 {
-				break
-			}
-			s = s[8:]
-		}
-		if len(s) == 0 {
-			return 0, OK
-		}
-		switch c := s[0]; {
-		case c < 0x20:
-			return n - len(s), Control
-		case c < 0x80:
-			s = s[1:]
-		default:
-			r, size := utf8.DecodeRune(s)
-			if r == utf8.RuneError && size <= 1 {
-				return n - len(s), BadUTF8
-			}
-			s = s[size:]
-		}
-	}
-	return 0, OK
 }
 
 // ctlIndex returns the index of the first control byte (below 0x20, which a JSON string

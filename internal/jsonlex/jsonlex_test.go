@@ -10,6 +10,14 @@ import (
 )
 
 func TestScanString(t *testing.T) {
+	for _, avx2 := range []bool{false, usePlainAVX2} { // the portable walk, then this CPU's
+		testScanString(t, avx2)
+	}
+}
+
+func testScanString(t *testing.T, avx2 bool) {
+	defer func(old bool) { usePlainAVX2 = old }(usePlainAVX2)
+	usePlainAVX2 = avx2
 	for _, c := range []struct {
 		in      string
 		end     int // the fault's offset when err != OK
@@ -36,6 +44,9 @@ func TestScanString(t *testing.T) {
 		{"\"" + strings.Repeat("z", 37) + "\x1f\"", 38, false, Control, true},
 		{"\"ab\xff\"", 3, false, BadUTF8, false},
 		{"\"" + strings.Repeat("z", 20) + "\xed\xa0\x80\"", 21, false, BadUTF8, false}, // an encoded surrogate
+		{"\"" + strings.Repeat("z", 70) + "\x01", 72, false, Unterminated, true},       // no quote after the fault
+		{"\"" + strings.Repeat("z", 70) + "é\\\"" + strings.Repeat("é", 20) + "\"", 116, true, OK, true},
+		{"\"" + strings.Repeat("z", 33) + "\x7f\"", 36, false, OK, true},
 	} {
 		b := []byte(c.in)
 		end, esc, err := ScanString(b, 0)
@@ -189,6 +200,9 @@ func FuzzLex(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		if got, want := plainEnd(data), plainEndNaive(data); got != want || plainEndSWAR(data) != want {
+			t.Fatalf("%q: plainEnd %d, SWAR %d, want %d", data, got, plainEndSWAR(data), want)
+		}
 		// Whitespace: `""` followed by data is one JSON value exactly when data is all space.
 		allWS := SkipWS(data, 0) == len(data)
 		if ref := json.Valid(append([]byte(`""`), data...)); ref != allWS {
@@ -297,5 +311,66 @@ func BenchmarkScanLongString(b *testing.B) {
 			b.Fatal(err)
 		}
 		dst = AppendUnescaped(dst[:0], s[1:end-1])
+	}
+}
+
+// plainEndNaive is plainEnd's definition, a byte at a time.
+func plainEndNaive(s []byte) int {
+	for i, c := range s {
+		if c == '"' || c == '\\' || c < 0x20 || c >= 0x80 {
+			return i
+		}
+	}
+	return len(s)
+}
+
+// TestPlainEnd: the vector and word-at-a-time searches find the first byte that is not
+// plain ASCII wherever it lies (every offset of every 32-byte step, the overlapping last
+// step, short inputs) and which byte it is.
+func TestPlainEnd(t *testing.T) {
+	rng := rand.New(rand.NewSource(5))
+	specials := []byte{'"', '\\', 0x00, 0x1f, 0x80, 0xff, 0xc3}
+	for n := 0; n <= 130; n++ {
+		for trial := 0; trial < 40; trial++ {
+			s := make([]byte, n)
+			for i := range s {
+				s[i] = byte(0x20 + rng.Intn(0x5f)) // plain ASCII, but the two below
+				if s[i] == '"' || s[i] == '\\' {
+					s[i] = 'a'
+				}
+			}
+			if n > 0 && trial > 0 {
+				s[rng.Intn(n)] = specials[rng.Intn(len(specials))]
+				if trial%3 == 0 {
+					s[rng.Intn(n)] = specials[rng.Intn(len(specials))]
+				}
+			}
+			want := plainEndNaive(s)
+			if got := plainEndSWAR(s); got != want {
+				t.Fatalf("SWAR %q: %d, want %d", s, got, want)
+			}
+			if usePlainAVX2 {
+				if got := plainEnd(s); got != want {
+					t.Fatalf("AVX2 %q: %d, want %d", s, got, want)
+				}
+			}
+		}
+	}
+}
+
+func BenchmarkPlainEnd(b *testing.B) {
+	s := bytes.Repeat([]byte("plain prompt text, mostly ASCII. "), 1000)
+	for _, c := range []struct {
+		name string
+		f    func([]byte) int
+	}{{"swar", plainEndSWAR}, {"this-cpu", plainEnd}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(s)))
+			for b.Loop() {
+				if c.f(s) != len(s) {
+					b.Fatal("stopped early")
+				}
+			}
+		})
 	}
 }

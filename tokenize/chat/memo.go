@@ -498,7 +498,7 @@ func (r *renderer) replay(s *stmt, item Value, h uint64) (ctl, bool) {
 		if r.replayEvents(e.ev) {
 			e.touch()
 			r.memoHits++
-			if r.outSpans != nil {
+			if r.outSpans != nil && len(e.out) > 0 {
 				*r.outSpans = append(*r.outSpans, OutSpan{Start: len(r.out), Len: len(e.out), entry: e, memo: m})
 			}
 			r.out = append(r.out, e.out...)
