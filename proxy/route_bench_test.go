@@ -12,7 +12,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/kvgate/kvgate/hashcore"
 	"github.com/kvgate/kvgate/internal/testfix"
@@ -113,54 +112,66 @@ func BenchmarkRouteStages(b *testing.B) {
 	b.Run("parse", func(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(int64(len(st.body)))
+		clock := testfix.StartCPUClock()
 		for b.Loop() {
 			openai.Scan(st.body, &st.oa)
 		}
+		clock.Stop(b, b.N)
 	})
 	b.Run("template", func(b *testing.B) {
 		b.ReportAllocs()
+		clock := testfix.StartCPUClock()
 		for b.Loop() {
 			rendered, _ = m.RenderChat(rendered[:0], in)
 		}
+		clock.Stop(b, b.N)
 	})
 	b.Run("tokenize", func(b *testing.B) { // template + encode, as the request path runs it
 		b.ReportAllocs()
+		clock := testfix.StartCPUClock()
 		for b.Loop() {
 			toks, _ = m.EncodeChat(toks, in)
 		}
+		clock.Stop(b, b.N)
 		b.ReportMetric(float64(len(toks)), "tokens")
 	})
 	b.Run("hash", func(b *testing.B) {
 		b.ReportAllocs()
+		clock := testfix.StartCPUClock()
 		for b.Loop() {
 			keys = hashcore.Keys(s.kv.chain, keys[:0], toks, nil)
 		}
+		clock.Stop(b, b.N)
 		b.ReportMetric(float64(len(keys)), "blocks")
 	})
 	b.Run("score", func(b *testing.B) {
 		b.ReportAllocs()
+		clock := testfix.StartCPUClock()
 		for b.Loop() {
 			s.kv.inv.Score(keys, el, shard.Overlap, scores)
 		}
+		clock.Stop(b, b.N)
 	})
 	b.Run("select", func(b *testing.B) { // eligibility, ladder and load bound around a score
 		b.ReportAllocs()
 		var d decision
+		clock := testfix.StartCPUClock()
 		for b.Loop() {
 			s.baseEligible(st, st.eligible, nil)
 			s.loads.Bound(st.eligible, s.cfg.KV.LoadFactor)
 			d.ep = s.rr.Pick(st.eligible)
 		}
+		clock.Stop(b, b.N)
 	})
 	b.Run("full", func(b *testing.B) {
 		b.ReportAllocs()
 		var d decision
-		t0 := time.Now()
+		clock := testfix.StartCPUClock()
 		for b.Loop() {
 			openai.Scan(st.body, &st.oa)
 			s.decide(st, &d, false)
 		}
-		_ = t0
+		clock.Stop(b, b.N)
 	})
 }
 
