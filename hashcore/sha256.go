@@ -50,6 +50,42 @@ func sha256Pad(p []byte, n int) []byte {
 // to cover the pipelined Go loop on CPUs that have them.
 var useSHA256Fused = haveSHA256Fused
 
+// useSHA256FusedScalar selects the scalar fused assembly loops where the AVX-512 ones
+// do not run; tests turn it off to cover the pipelined Go loop.
+var useSHA256FusedScalar = haveSHA256FusedScalar
+
+// fusedLoop names the fused assembly loop that runs a chain's blocks.
+type fusedLoop uint8
+
+const (
+	fusedNone   fusedLoop = iota // none: the pipelined Go loop (appendKeysSHA256)
+	fusedAVX512                  // sha256Chain*AVX512
+	fusedScalar                  // sha256Chain*Scalar
+)
+
+// pickFusedLoop returns the fused loop that runs blocks of bs tokens whose messages
+// after the first have exN bytes of extras (pickle: suffix), written in slots of slot
+// bytes (fusedSlot). The loops store 32 bytes of extras; the scalar loop's two slots
+// stay within the pipelined loop's run of messages, so a pooled scratch stays as small.
+func pickFusedLoop(bs, exN, slot int) fusedLoop {
+	switch {
+	case exN > 32:
+		return fusedNone
+	case useSHA256Fused && useTokensAVX512 && bs%4 == 0:
+		return fusedAVX512
+	case useSHA256FusedScalar && 2*slot <= sha256RunBytes:
+		return fusedScalar
+	}
+	return fusedNone
+}
+
+// fusedSlot is the room a fused loop needs for one message of at most msgMax bytes
+// before its extras and extras bytes of extras: the message, its padding and the
+// stores that run up to 64 bytes past it, in whole cache lines.
+func fusedSlot(msgMax, extras int) int {
+	return (msgMax + extras + 72 + 63) &^ 63
+}
+
 // useTokensAVX512 selects the AVX-512 token encoders; tests turn it off to cover the
 // one-token-at-a-time path on CPUs that have them.
 var useTokensAVX512 = haveTokensAVX512

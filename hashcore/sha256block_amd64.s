@@ -405,6 +405,240 @@ done: \
 // parent digest's bytes are placeholders), the tokens, the extras (32 bytes stored),
 // 0x80 and 63 zeros, then the frame length (pickle) and the bit length.
 
+// sha256ChainCBORScalar, sha256ChainPickleScalar and sha256ChainSGLangScalar: FUSED for
+// CPUs with the SHA extensions but without AVX-512. The next block's message is written
+// one token at a time with scalar code, and the writing is interleaved with the current
+// block's SHA rounds in the instruction stream (a step after each group of four rounds)
+// rather than placed before or after them: a block's rounds are a latency chain long
+// enough to fill the out-of-order window, so writes after them in program order wait
+// for them to drain (bench/RESULTS.md, session 7), while writes among them run in the
+// idle issue slots the chain leaves.
+//
+// Registers: AX &sha256K, SI/DX block and end of the message being hashed, R12 its
+// slot, R13 the other slot (being written), DI write cursor, R8 next token, R9 end of
+// the block's tokens (R8 == R9: nothing left to write), R10 plan, R11 the token table,
+// BX, CX, R14 scratch (R14: the next message's length in bytes once written), X14
+// scratch, X15 zero. The next key's address is kept in keys+48(FP).
+
+// WSTEP(token, frame, skip) writes the next token of the message being written and,
+// after its last token, the message's tail; nothing once the message is written.
+#define WSTEP(token, frame, skip) \
+	CMPQ R8, R9; \
+	JEQ skip; \
+	token; \
+	CMPQ R8, R9; \
+	JNE skip; \
+	TAIL(frame); \
+skip:
+
+// TAIL writes the message's end after its last token at DI: the extras (32 bytes
+// stored), 0x80 and 63 zeros, the frame length (pickle) and the bit length; and leaves
+// the padded message's length in R14.
+#define TAIL(frame) \
+	MOVOU 64(R10), X14; \
+	MOVOU X14, 0(DI); \
+	MOVOU 80(R10), X14; \
+	MOVOU X14, 16(DI); \
+	ADDQ 200(R10), DI; \
+	MOVOU 128(R10), X14; \
+	MOVOU X14, 0(DI); \
+	MOVOU X15, 16(DI); \
+	MOVOU X15, 32(DI); \
+	MOVOU X15, 48(DI); \
+	SUBQ R13, DI; \
+	frame; \
+	LEAQ 72(DI), R14; \
+	ANDQ $~63, R14; \
+	SHLQ $3, DI; \
+	BSWAPQ DI; \
+	MOVQ DI, -8(R13)(R14*1)
+
+// CBOR_TOKEN writes the token at (R8) as a CBOR unsigned int at (DI), one 8-byte store,
+// and advances both. The table (sha256TokCBOR), indexed by the token's highest set bit
+// or by 0 for tokens < 24, gives a word that puts the head byte right before the
+// byte-swapped value's significant bytes, the right shift that brings the head to byte
+// 0, and the encoded size.
+#define CBOR_TOKEN \
+	MOVL (R8), BX; \
+	XORL R14, R14; \
+	BSRL BX, R14; \
+	CMPL BX, $24; \
+	CMOVLCS 320(R11), R14; \
+	BSWAPQ BX; \
+	ORQ 0(R11)(R14*8), BX; \
+	MOVBLZX 256(R11)(R14*1), CX; \
+	SHRQ CX, BX; \
+	MOVQ BX, (DI); \
+	MOVBLZX 288(R11)(R14*1), CX; \
+	ADDQ CX, DI; \
+	ADDQ $4, R8
+
+// PICKLE_TOKEN writes the token at (R8) as a pickle int opcode at (DI) and advances
+// both: the table (sha256TokPickle), indexed by the token's highest set bit (0 for 0),
+// gives the opcode bytes, the left shift that puts the value after them, and the size.
+#define PICKLE_TOKEN \
+	MOVL (R8), BX; \
+	XORL R14, R14; \
+	BSRL BX, R14; \
+	MOVBLZX 256(R11)(R14*1), CX; \
+	SHLQ CX, BX; \
+	ORQ 0(R11)(R14*8), BX; \
+	MOVQ BX, (DI); \
+	MOVBLZX 288(R11)(R14*1), CX; \
+	ADDQ CX, DI; \
+	ADDQ $4, R8
+
+// SGLANG_TOKEN copies the token at (R8) to (DI), little-endian as it is.
+#define SGLANG_TOKEN \
+	MOVL (R8), BX; \
+	MOVL BX, (DI); \
+	ADDQ $4, DI; \
+	ADDQ $4, R8
+
+#define CBOR_W(skip) WSTEP(CBOR_TOKEN, NO_FRAME, skip)
+#define PICKLE_W(skip) WSTEP(PICKLE_TOKEN, PICKLE_FRAME, skip)
+#define SGLANG_W(skip) WSTEP(SGLANG_TOKEN, NO_FRAME, skip)
+
+// ROUNDS64W is ROUNDS64 with the write step w (labels l0..l15) after each group of
+// four rounds.
+#define ROUNDS64W(w, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15) \
+	MOVO X1, X9; \
+	MOVO X2, X10; \
+	ROUNDS4(X3, 0); \
+	w(l0); \
+	ROUNDS4(X4, 16); \
+	SHA256MSG1 X4, X3; \
+	w(l1); \
+	ROUNDS4(X5, 32); \
+	SHA256MSG1 X5, X4; \
+	w(l2); \
+	ROUNDS4(X6, 48); \
+	NEXTW(X3, X6, X5); \
+	SHA256MSG1 X6, X5; \
+	w(l3); \
+	ROUNDS4(X3, 64); \
+	NEXTW(X4, X3, X6); \
+	SHA256MSG1 X3, X6; \
+	w(l4); \
+	ROUNDS4(X4, 80); \
+	NEXTW(X5, X4, X3); \
+	SHA256MSG1 X4, X3; \
+	w(l5); \
+	ROUNDS4(X5, 96); \
+	NEXTW(X6, X5, X4); \
+	SHA256MSG1 X5, X4; \
+	w(l6); \
+	ROUNDS4(X6, 112); \
+	NEXTW(X3, X6, X5); \
+	SHA256MSG1 X6, X5; \
+	w(l7); \
+	ROUNDS4(X3, 128); \
+	NEXTW(X4, X3, X6); \
+	SHA256MSG1 X3, X6; \
+	w(l8); \
+	ROUNDS4(X4, 144); \
+	NEXTW(X5, X4, X3); \
+	SHA256MSG1 X4, X3; \
+	w(l9); \
+	ROUNDS4(X5, 160); \
+	NEXTW(X6, X5, X4); \
+	SHA256MSG1 X5, X4; \
+	w(l10); \
+	ROUNDS4(X6, 176); \
+	NEXTW(X3, X6, X5); \
+	SHA256MSG1 X6, X5; \
+	w(l11); \
+	ROUNDS4(X3, 192); \
+	NEXTW(X4, X3, X6); \
+	SHA256MSG1 X3, X6; \
+	w(l12); \
+	ROUNDS4(X4, 208); \
+	NEXTW(X5, X4, X3); \
+	w(l13); \
+	ROUNDS4(X5, 224); \
+	NEXTW(X6, X5, X4); \
+	w(l14); \
+	ROUNDS4(X6, 240); \
+	w(l15); \
+	PADDL X9, X1; \
+	PADDL X10, X2
+
+// FUSED_SCALAR is the body of the sha256Chain*Scalar functions: FUSED's contract, with
+// the write step w and its token and frame macros.
+#define FUSED_SCALAR(table, w, token, frame, parent, key) \
+	MOVQ d+0(FP), DI; \
+	MOVOU 0(DI), X11; \
+	MOVOU 16(DI), X12; \
+	MOVQ plan+8(FP), R10; \
+	MOVQ slots+16(FP), R12; \
+	MOVQ slotSize+24(FP), R13; \
+	ADDQ R12, R13; \
+	MOVQ blocks0+32(FP), R14; \
+	SHLQ $6, R14; \
+	MOVQ tokens+40(FP), R8; \
+	LEAQ table, R11; \
+	LEAQ ·sha256K(SB), AX; \
+	MOVOU ·sha256ByteSwap(SB), X8; \
+	PXOR X15, X15; \
+loop: \
+	MOVQ R12, SI; \
+	LEAQ (R12)(R14*1), DX; \
+	MOVQ R8, R9; \
+	DECQ n+56(FP); \
+	JZ hash; \
+	MOVOU 0(R10), X14; \
+	MOVOU X14, 0(R13); \
+	MOVOU 32(R10), X14; \
+	MOVOU X14, 32(R13); \
+	MOVQ 192(R10), DI; \
+	ADDQ R13, DI; \
+	ADDQ 208(R10), R9; \
+hash: \
+	MOVOU ·sha256InitABEF(SB), X1; \
+	MOVOU ·sha256InitCDGH(SB), X2; \
+	parent; \
+	ROUNDS64W(w, f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15); \
+	ADDQ $64, SI; \
+	CMPQ SI, DX; \
+	JEQ msgdone; \
+blkloop: \
+	LOADW(0, X3); \
+	LOADW(16, X4); \
+	LOADW(32, X5); \
+	LOADW(48, X6); \
+	ROUNDS64W(w, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15); \
+	ADDQ $64, SI; \
+	CMPQ SI, DX; \
+	JNE blkloop; \
+msgdone: \
+	STATE_OUT; \
+	PSHUFB X8, X1; \
+	PSHUFB X8, X2; \
+	MOVO X1, X11; \
+	MOVO X2, X12; \
+	key; \
+	BSWAPQ CX; \
+	MOVQ keys+48(FP), BX; \
+	MOVQ CX, (BX); \
+	ADDQ $8, keys+48(FP); \
+	CMPQ n+56(FP), $0; \
+	JEQ done; \
+	CMPQ R8, R9; \
+	JEQ written; \
+rest: \
+	token; \
+	CMPQ R8, R9; \
+	JNE rest; \
+	TAIL(frame); \
+written: \
+	XCHGQ R12, R13; \
+	JMP loop; \
+done: \
+	MOVQ d+0(FP), DI; \
+	MOVOU X11, 0(DI); \
+	MOVOU X12, 16(DI); \
+	RET
+
 // func sha256Blocks(h *[8]uint32, p []byte)
 TEXT ·sha256Blocks(SB), NOSPLIT, $0-32
 	MOVQ h+0(FP), DI
@@ -485,6 +719,18 @@ TEXT ·sha256ChainPickleAVX512(SB), NOSPLIT, $0-64
 TEXT ·sha256ChainSGLangAVX512(SB), NOSPLIT, $0-64
 	FUSED(NO_CONSTS, SGLANG_STEP, NO_FRAME, PARENT_SPLICE0, KEY_FIRST8)
 
+// func sha256ChainCBORScalar(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
+TEXT ·sha256ChainCBORScalar(SB), NOSPLIT, $0-64
+	FUSED_SCALAR(·sha256TokCBOR(SB), CBOR_W, CBOR_TOKEN, NO_FRAME, PARENT_SPLICE(3, 13, ·sha256Low3(SB)), KEY_LAST8)
+
+// func sha256ChainPickleScalar(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
+TEXT ·sha256ChainPickleScalar(SB), NOSPLIT, $0-64
+	FUSED_SCALAR(·sha256TokPickle(SB), PICKLE_W, PICKLE_TOKEN, PICKLE_FRAME, PARENT_SPLICE(13, 3, ·sha256Low13(SB)), KEY_LAST8)
+
+// func sha256ChainSGLangScalar(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
+TEXT ·sha256ChainSGLangScalar(SB), NOSPLIT, $0-64
+	FUSED_SCALAR(·sha256TokCBOR(SB), SGLANG_W, SGLANG_TOKEN, NO_FRAME, PARENT_SPLICE0, KEY_FIRST8)
+
 // Round constants K[0..63] (FIPS 180-4 section 4.2.2), two per 8-byte word, low first.
 DATA ·sha256K+0(SB)/8, $0x71374491428a2f98
 DATA ·sha256K+8(SB)/8, $0xe9b5dba5b5c0fbcf
@@ -539,3 +785,106 @@ GLOBL ·sha256Low3(SB), RODATA|NOPTR, $16
 DATA ·sha256Low13+0(SB)/8, $0xffffffffffffffff
 DATA ·sha256Low13+8(SB)/8, $0x000000ffffffffff
 GLOBL ·sha256Low13(SB), RODATA|NOPTR, $16
+
+// Token tables of the scalar fused loops, indexed by a token's highest set bit: at 0 the
+// word ORed in (8 bytes each), at 256 the shift, at 288 the encoded size (a byte each),
+// at 320 a zero (CBOR_TOKEN's index for tokens < 24: index 0's form, head 0, shift 56,
+// size 1, is theirs).
+// CBOR: heads 0x18, 0x19, 0x1a at bytes 6, 5, 3 of the byte-swapped token, for highest
+// bits 4..7, 8..15, 16..31.
+DATA ·sha256TokCBOR+0(SB)/8, $0x0000000000000000
+DATA ·sha256TokCBOR+8(SB)/8, $0x0000000000000000
+DATA ·sha256TokCBOR+16(SB)/8, $0x0000000000000000
+DATA ·sha256TokCBOR+24(SB)/8, $0x0000000000000000
+DATA ·sha256TokCBOR+32(SB)/8, $0x0018000000000000
+DATA ·sha256TokCBOR+40(SB)/8, $0x0018000000000000
+DATA ·sha256TokCBOR+48(SB)/8, $0x0018000000000000
+DATA ·sha256TokCBOR+56(SB)/8, $0x0018000000000000
+DATA ·sha256TokCBOR+64(SB)/8, $0x0000190000000000
+DATA ·sha256TokCBOR+72(SB)/8, $0x0000190000000000
+DATA ·sha256TokCBOR+80(SB)/8, $0x0000190000000000
+DATA ·sha256TokCBOR+88(SB)/8, $0x0000190000000000
+DATA ·sha256TokCBOR+96(SB)/8, $0x0000190000000000
+DATA ·sha256TokCBOR+104(SB)/8, $0x0000190000000000
+DATA ·sha256TokCBOR+112(SB)/8, $0x0000190000000000
+DATA ·sha256TokCBOR+120(SB)/8, $0x0000190000000000
+DATA ·sha256TokCBOR+128(SB)/8, $0x000000001a000000
+DATA ·sha256TokCBOR+136(SB)/8, $0x000000001a000000
+DATA ·sha256TokCBOR+144(SB)/8, $0x000000001a000000
+DATA ·sha256TokCBOR+152(SB)/8, $0x000000001a000000
+DATA ·sha256TokCBOR+160(SB)/8, $0x000000001a000000
+DATA ·sha256TokCBOR+168(SB)/8, $0x000000001a000000
+DATA ·sha256TokCBOR+176(SB)/8, $0x000000001a000000
+DATA ·sha256TokCBOR+184(SB)/8, $0x000000001a000000
+DATA ·sha256TokCBOR+192(SB)/8, $0x000000001a000000
+DATA ·sha256TokCBOR+200(SB)/8, $0x000000001a000000
+DATA ·sha256TokCBOR+208(SB)/8, $0x000000001a000000
+DATA ·sha256TokCBOR+216(SB)/8, $0x000000001a000000
+DATA ·sha256TokCBOR+224(SB)/8, $0x000000001a000000
+DATA ·sha256TokCBOR+232(SB)/8, $0x000000001a000000
+DATA ·sha256TokCBOR+240(SB)/8, $0x000000001a000000
+DATA ·sha256TokCBOR+248(SB)/8, $0x000000001a000000
+DATA ·sha256TokCBOR+256(SB)/8, $0x3030303038383838
+DATA ·sha256TokCBOR+264(SB)/8, $0x2828282828282828
+DATA ·sha256TokCBOR+272(SB)/8, $0x1818181818181818
+DATA ·sha256TokCBOR+280(SB)/8, $0x1818181818181818
+DATA ·sha256TokCBOR+288(SB)/8, $0x0202020201010101
+DATA ·sha256TokCBOR+296(SB)/8, $0x0303030303030303
+DATA ·sha256TokCBOR+304(SB)/8, $0x0505050505050505
+DATA ·sha256TokCBOR+312(SB)/8, $0x0505050505050505
+DATA ·sha256TokCBOR+320(SB)/8, $0
+GLOBL ·sha256TokCBOR(SB), RODATA|NOPTR, $328
+
+// Pickle: BININT1 'K', BININT2 'M', BININT 'J' (value shifted 8) for highest bits 0..7,
+// 8..15, 16..30; LONG1 0x8a 0x05 (value shifted 16, then a zero sign byte) for bit 31.
+DATA ·sha256TokPickle+0(SB)/8, $0x000000000000004b
+DATA ·sha256TokPickle+8(SB)/8, $0x000000000000004b
+DATA ·sha256TokPickle+16(SB)/8, $0x000000000000004b
+DATA ·sha256TokPickle+24(SB)/8, $0x000000000000004b
+DATA ·sha256TokPickle+32(SB)/8, $0x000000000000004b
+DATA ·sha256TokPickle+40(SB)/8, $0x000000000000004b
+DATA ·sha256TokPickle+48(SB)/8, $0x000000000000004b
+DATA ·sha256TokPickle+56(SB)/8, $0x000000000000004b
+DATA ·sha256TokPickle+64(SB)/8, $0x000000000000004d
+DATA ·sha256TokPickle+72(SB)/8, $0x000000000000004d
+DATA ·sha256TokPickle+80(SB)/8, $0x000000000000004d
+DATA ·sha256TokPickle+88(SB)/8, $0x000000000000004d
+DATA ·sha256TokPickle+96(SB)/8, $0x000000000000004d
+DATA ·sha256TokPickle+104(SB)/8, $0x000000000000004d
+DATA ·sha256TokPickle+112(SB)/8, $0x000000000000004d
+DATA ·sha256TokPickle+120(SB)/8, $0x000000000000004d
+DATA ·sha256TokPickle+128(SB)/8, $0x000000000000004a
+DATA ·sha256TokPickle+136(SB)/8, $0x000000000000004a
+DATA ·sha256TokPickle+144(SB)/8, $0x000000000000004a
+DATA ·sha256TokPickle+152(SB)/8, $0x000000000000004a
+DATA ·sha256TokPickle+160(SB)/8, $0x000000000000004a
+DATA ·sha256TokPickle+168(SB)/8, $0x000000000000004a
+DATA ·sha256TokPickle+176(SB)/8, $0x000000000000004a
+DATA ·sha256TokPickle+184(SB)/8, $0x000000000000004a
+DATA ·sha256TokPickle+192(SB)/8, $0x000000000000004a
+DATA ·sha256TokPickle+200(SB)/8, $0x000000000000004a
+DATA ·sha256TokPickle+208(SB)/8, $0x000000000000004a
+DATA ·sha256TokPickle+216(SB)/8, $0x000000000000004a
+DATA ·sha256TokPickle+224(SB)/8, $0x000000000000004a
+DATA ·sha256TokPickle+232(SB)/8, $0x000000000000004a
+DATA ·sha256TokPickle+240(SB)/8, $0x000000000000004a
+DATA ·sha256TokPickle+248(SB)/8, $0x000000000000058a
+DATA ·sha256TokPickle+256(SB)/8, $0x0808080808080808
+DATA ·sha256TokPickle+264(SB)/8, $0x0808080808080808
+DATA ·sha256TokPickle+272(SB)/8, $0x0808080808080808
+DATA ·sha256TokPickle+280(SB)/8, $0x1008080808080808
+DATA ·sha256TokPickle+288(SB)/8, $0x0202020202020202
+DATA ·sha256TokPickle+296(SB)/8, $0x0303030303030303
+DATA ·sha256TokPickle+304(SB)/8, $0x0505050505050505
+DATA ·sha256TokPickle+312(SB)/8, $0x0705050505050505
+DATA ·sha256TokPickle+320(SB)/8, $0
+GLOBL ·sha256TokPickle(SB), RODATA|NOPTR, $328
+
+// The initial hash value as STATE_IN lays it out: ABEF (f e b a, lowest lane first)
+// and CDGH (h g d c).
+DATA ·sha256InitABEF+0(SB)/8, $0x510e527f9b05688c
+DATA ·sha256InitABEF+8(SB)/8, $0x6a09e667bb67ae85
+GLOBL ·sha256InitABEF(SB), RODATA|NOPTR, $16
+DATA ·sha256InitCDGH+0(SB)/8, $0x1f83d9ab5be0cd19
+DATA ·sha256InitCDGH+8(SB)/8, $0x3c6ef372a54ff53a
+GLOBL ·sha256InitCDGH(SB), RODATA|NOPTR, $16
