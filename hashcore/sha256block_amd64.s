@@ -420,20 +420,26 @@ done: \
 // BX, CX, R14 scratch (R14: the next message's length in bytes once written), X14
 // scratch, X15 zero. The next key's address is kept in keys+48(FP).
 
-// WSTEP(token, frame, skip) writes the next token of the message being written and,
-// after its last token, the message's tail; nothing once the message is written.
-#define WSTEP(token, frame, skip) \
+// WSTEP(token, skip) writes the next token of the message being written, if any.
+#define WSTEP(token, skip) \
 	CMPQ R8, R9; \
 	JEQ skip; \
 	token; \
+skip:
+
+// TSTEP(frame, skip) writes the message's tail once its tokens are written, if it is
+// not written yet (DI == 0 once it is, or when there is no message to write).
+#define TSTEP(frame, skip) \
 	CMPQ R8, R9; \
 	JNE skip; \
+	TESTQ DI, DI; \
+	JZ skip; \
 	TAIL(frame); \
 skip:
 
 // TAIL writes the message's end after its last token at DI: the extras (32 bytes
 // stored), 0x80 and 63 zeros, the frame length (pickle) and the bit length; and leaves
-// the padded message's length in R14.
+// the padded message's length in R14, DI 0.
 #define TAIL(frame) \
 	MOVOU 64(R10), X14; \
 	MOVOU X14, 0(DI); \
@@ -451,7 +457,8 @@ skip:
 	ANDQ $~63, R14; \
 	SHLQ $3, DI; \
 	BSWAPQ DI; \
-	MOVQ DI, -8(R13)(R14*1)
+	MOVQ DI, -8(R13)(R14*1); \
+	XORL DI, DI
 
 // CBOR_TOKEN writes the token at (R8) as a CBOR unsigned int at (DI), one 8-byte store,
 // and advances both. The table (sha256TokCBOR), indexed by the token's highest set bit
@@ -495,13 +502,15 @@ skip:
 	ADDQ $4, DI; \
 	ADDQ $4, R8
 
-#define CBOR_W(skip) WSTEP(CBOR_TOKEN, NO_FRAME, skip)
-#define PICKLE_W(skip) WSTEP(PICKLE_TOKEN, PICKLE_FRAME, skip)
-#define SGLANG_W(skip) WSTEP(SGLANG_TOKEN, NO_FRAME, skip)
+#define CBOR_W(skip) WSTEP(CBOR_TOKEN, skip)
+#define PICKLE_W(skip) WSTEP(PICKLE_TOKEN, skip)
+#define SGLANG_W(skip) WSTEP(SGLANG_TOKEN, skip)
+#define NO_FRAME_T(skip) TSTEP(NO_FRAME, skip)
+#define PICKLE_FRAME_T(skip) TSTEP(PICKLE_FRAME, skip)
 
-// ROUNDS64W is ROUNDS64 with the write step w (labels l0..l15) after each group of
-// four rounds.
-#define ROUNDS64W(w, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15) \
+// ROUNDS64W is ROUNDS64 with the token step w (labels l0..l15) after each group of
+// four rounds, and the tail step t (labels t7, t15) after groups 7 and 15.
+#define ROUNDS64W(w, t, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, t7, t15) \
 	MOVO X1, X9; \
 	MOVO X2, X10; \
 	ROUNDS4(X3, 0); \
@@ -532,6 +541,7 @@ skip:
 	NEXTW(X3, X6, X5); \
 	SHA256MSG1 X6, X5; \
 	w(l7); \
+	t(t7); \
 	ROUNDS4(X3, 128); \
 	NEXTW(X4, X3, X6); \
 	SHA256MSG1 X3, X6; \
@@ -560,12 +570,13 @@ skip:
 	w(l14); \
 	ROUNDS4(X6, 240); \
 	w(l15); \
+	t(t15); \
 	PADDL X9, X1; \
 	PADDL X10, X2
 
 // FUSED_SCALAR is the body of the sha256Chain*Scalar functions: FUSED's contract, with
-// the write step w and its token and frame macros.
-#define FUSED_SCALAR(table, w, token, frame, parent, key) \
+// the token step w, the tail step t and their token and frame macros.
+#define FUSED_SCALAR(table, w, t, token, frame, parent, key) \
 	MOVQ d+0(FP), DI; \
 	MOVOU 0(DI), X11; \
 	MOVOU 16(DI), X12; \
@@ -584,6 +595,7 @@ loop: \
 	MOVQ R12, SI; \
 	LEAQ (R12)(R14*1), DX; \
 	MOVQ R8, R9; \
+	XORL DI, DI; \
 	DECQ n+56(FP); \
 	JZ hash; \
 	MOVOU 0(R10), X14; \
@@ -597,7 +609,7 @@ hash: \
 	MOVOU ·sha256InitABEF(SB), X1; \
 	MOVOU ·sha256InitCDGH(SB), X2; \
 	parent; \
-	ROUNDS64W(w, f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15); \
+	ROUNDS64W(w, t, f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, ft7, ft15); \
 	ADDQ $64, SI; \
 	CMPQ SI, DX; \
 	JEQ msgdone; \
@@ -606,7 +618,7 @@ blkloop: \
 	LOADW(16, X4); \
 	LOADW(32, X5); \
 	LOADW(48, X6); \
-	ROUNDS64W(w, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15); \
+	ROUNDS64W(w, t, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, bt7, bt15); \
 	ADDQ $64, SI; \
 	CMPQ SI, DX; \
 	JNE blkloop; \
@@ -623,12 +635,14 @@ msgdone: \
 	ADDQ $8, keys+48(FP); \
 	CMPQ n+56(FP), $0; \
 	JEQ done; \
-	CMPQ R8, R9; \
-	JEQ written; \
 rest: \
-	token; \
 	CMPQ R8, R9; \
-	JNE rest; \
+	JEQ tail; \
+	token; \
+	JMP rest; \
+tail: \
+	TESTQ DI, DI; \
+	JZ written; \
 	TAIL(frame); \
 written: \
 	XCHGQ R12, R13; \
@@ -721,15 +735,15 @@ TEXT ·sha256ChainSGLangAVX512(SB), NOSPLIT, $0-64
 
 // func sha256ChainCBORScalar(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
 TEXT ·sha256ChainCBORScalar(SB), NOSPLIT, $0-64
-	FUSED_SCALAR(·sha256TokCBOR(SB), CBOR_W, CBOR_TOKEN, NO_FRAME, PARENT_SPLICE(3, 13, ·sha256Low3(SB)), KEY_LAST8)
+	FUSED_SCALAR(·sha256TokCBOR(SB), CBOR_W, NO_FRAME_T, CBOR_TOKEN, NO_FRAME, PARENT_SPLICE(3, 13, ·sha256Low3(SB)), KEY_LAST8)
 
 // func sha256ChainPickleScalar(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
 TEXT ·sha256ChainPickleScalar(SB), NOSPLIT, $0-64
-	FUSED_SCALAR(·sha256TokPickle(SB), PICKLE_W, PICKLE_TOKEN, PICKLE_FRAME, PARENT_SPLICE(13, 3, ·sha256Low13(SB)), KEY_LAST8)
+	FUSED_SCALAR(·sha256TokPickle(SB), PICKLE_W, PICKLE_FRAME_T, PICKLE_TOKEN, PICKLE_FRAME, PARENT_SPLICE(13, 3, ·sha256Low13(SB)), KEY_LAST8)
 
 // func sha256ChainSGLangScalar(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
 TEXT ·sha256ChainSGLangScalar(SB), NOSPLIT, $0-64
-	FUSED_SCALAR(·sha256TokCBOR(SB), SGLANG_W, SGLANG_TOKEN, NO_FRAME, PARENT_SPLICE0, KEY_FIRST8)
+	FUSED_SCALAR(·sha256TokCBOR(SB), SGLANG_W, NO_FRAME_T, SGLANG_TOKEN, NO_FRAME, PARENT_SPLICE0, KEY_FIRST8)
 
 // Round constants K[0..63] (FIPS 180-4 section 4.2.2), two per 8-byte word, low first.
 DATA ·sha256K+0(SB)/8, $0x71374491428a2f98
