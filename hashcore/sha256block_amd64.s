@@ -55,63 +55,108 @@
 	PBLENDW $0xF0, X2, X1; \
 	PALIGNR $8, X7, X2
 
-// ROUNDS64 compresses one block whose schedule groups 0..3 are loaded in X3..X6 into
+// ROUNDS64W compresses one block whose schedule groups 0..3 are loaded in X3..X6 into
 // ABEF (X1), CDGH (X2). Group g (words 4g..4g+3) lives in X3..X6 by g mod 4; in group
 // g's rounds the next group is finished (NEXTW, g = 3..14) and then MSG1 starts group
-// g+3 (g = 1..12).
-#define ROUNDS64 \
+// g+3 (g = 1..12). After each group of four rounds comes the step w (labels l0..l15),
+// and after groups 7 and 15 the step t (labels t7, t15): the scalar fused loops write
+// the next message there (ROUNDS64 has no steps).
+#define ROUNDS64W(w, t, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, t7, t15) \
 	MOVO X1, X9; \
 	MOVO X2, X10; \
 	ROUNDS4(X3, 0); \
+	w(l0); \
 	ROUNDS4(X4, 16); \
 	SHA256MSG1 X4, X3; \
+	w(l1); \
 	ROUNDS4(X5, 32); \
 	SHA256MSG1 X5, X4; \
+	w(l2); \
 	ROUNDS4(X6, 48); \
 	NEXTW(X3, X6, X5); \
 	SHA256MSG1 X6, X5; \
+	w(l3); \
 	ROUNDS4(X3, 64); \
 	NEXTW(X4, X3, X6); \
 	SHA256MSG1 X3, X6; \
+	w(l4); \
 	ROUNDS4(X4, 80); \
 	NEXTW(X5, X4, X3); \
 	SHA256MSG1 X4, X3; \
+	w(l5); \
 	ROUNDS4(X5, 96); \
 	NEXTW(X6, X5, X4); \
 	SHA256MSG1 X5, X4; \
+	w(l6); \
 	ROUNDS4(X6, 112); \
 	NEXTW(X3, X6, X5); \
 	SHA256MSG1 X6, X5; \
+	w(l7); \
+	t(t7); \
 	ROUNDS4(X3, 128); \
 	NEXTW(X4, X3, X6); \
 	SHA256MSG1 X3, X6; \
+	w(l8); \
 	ROUNDS4(X4, 144); \
 	NEXTW(X5, X4, X3); \
 	SHA256MSG1 X4, X3; \
+	w(l9); \
 	ROUNDS4(X5, 160); \
 	NEXTW(X6, X5, X4); \
 	SHA256MSG1 X5, X4; \
+	w(l10); \
 	ROUNDS4(X6, 176); \
 	NEXTW(X3, X6, X5); \
 	SHA256MSG1 X6, X5; \
+	w(l11); \
 	ROUNDS4(X3, 192); \
 	NEXTW(X4, X3, X6); \
 	SHA256MSG1 X3, X6; \
+	w(l12); \
 	ROUNDS4(X4, 208); \
 	NEXTW(X5, X4, X3); \
+	w(l13); \
 	ROUNDS4(X5, 224); \
 	NEXTW(X6, X5, X4); \
+	w(l14); \
 	ROUNDS4(X6, 240); \
+	w(l15); \
+	t(t15); \
 	PADDL X9, X1; \
 	PADDL X10, X2
 
-// BLOCK compresses the 64 bytes at SI.
-#define BLOCK \
+#define NO_STEP(label)
+
+#define ROUNDS64 ROUNDS64W(NO_STEP, NO_STEP, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, t7, t15)
+
+// BLOCK compresses the 64 bytes at SI (BLOCKW: with ROUNDS64W's steps).
+#define BLOCKW(w, t, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, t7, t15) \
 	LOADW(0, X3); \
 	LOADW(16, X4); \
 	LOADW(32, X5); \
 	LOADW(48, X6); \
-	ROUNDS64
+	ROUNDS64W(w, t, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, t7, t15)
+
+#define BLOCK BLOCKW(NO_STEP, NO_STEP, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, t7, t15)
+
+// HASH_MSG hashes the padded message at SI..DX: its first block, whose schedule
+// words parent loads, with the rounds first, each later one with next (labels
+// blocks, last), and leaves the digest's bytes in X1 and X2.
+#define HASH_MSG(parent, first, next, blocks, last) \
+	parent; \
+	first; \
+	ADDQ $64, SI; \
+	CMPQ SI, DX; \
+	JEQ last; \
+blocks: \
+	next; \
+	ADDQ $64, SI; \
+	CMPQ SI, DX; \
+	JNE blocks; \
+last: \
+	STATE_OUT; \
+	PSHUFB X8, X1; \
+	PSHUFB X8, X2
 
 // PARENT_AT(at, rest, mask) loads the first block of a message whose bytes at..at+31
 // are the 32-byte digest at (DI) instead of what p holds there (0 < at < 16, rest =
@@ -169,20 +214,7 @@
 	MOVOU ·sha256Init+0(SB), X1; \
 	MOVOU ·sha256Init+16(SB), X2; \
 	STATE_IN; \
-	parent; \
-	ROUNDS64; \
-	ADDQ $64, SI; \
-	CMPQ SI, DX; \
-	JEQ final; \
-loop: \
-	BLOCK; \
-	ADDQ $64, SI; \
-	CMPQ SI, DX; \
-	JNE loop; \
-final: \
-	STATE_OUT; \
-	PSHUFB X8, X1; \
-	PSHUFB X8, X2; \
+	HASH_MSG(parent, ROUNDS64, BLOCK, loop, final); \
 	MOVOU X1, 0(DI); \
 	MOVOU X2, 16(DI); \
 done: \
@@ -313,15 +345,20 @@ done: \
 	LEAQ -11(DI), CX; \
 	MOVQ CX, 3(R13)
 
-// FUSED is the body of the sha256Chain*AVX512 functions.
-#define FUSED(consts, step, frame, parent, key) \
+// FUSED_ARGS loads the fused loops' arguments every loop keeps in the same registers:
+// the parent digest's bytes (X11, X12), plan (R10), the two slots (R12, R13).
+#define FUSED_ARGS \
 	MOVQ d+0(FP), DI; \
 	MOVOU 0(DI), X11; \
 	MOVOU 16(DI), X12; \
 	MOVQ plan+8(FP), R10; \
 	MOVQ slots+16(FP), R12; \
 	MOVQ slotSize+24(FP), R13; \
-	ADDQ R12, R13; \
+	ADDQ R12, R13
+
+// FUSED is the body of the sha256Chain*AVX512 functions.
+#define FUSED(consts, step, frame, parent, key) \
+	FUSED_ARGS; \
 	MOVQ blocks0+32(FP), BX; \
 	MOVQ tokens+40(FP), R8; \
 	MOVQ keys+48(FP), R11; \
@@ -369,20 +406,7 @@ written: \
 	MOVQ BX, DX; \
 	SHLQ $6, DX; \
 	ADDQ SI, DX; \
-	parent; \
-	ROUNDS64; \
-	ADDQ $64, SI; \
-	CMPQ SI, DX; \
-	JEQ msgdone; \
-blkloop: \
-	BLOCK; \
-	ADDQ $64, SI; \
-	CMPQ SI, DX; \
-	JNE blkloop; \
-msgdone: \
-	STATE_OUT; \
-	PSHUFB X8, X1; \
-	PSHUFB X8, X2; \
+	HASH_MSG(parent, ROUNDS64, BLOCK, blkloop, msgdone); \
 	MOVO X1, X11; \
 	MOVO X2, X12; \
 	key; \
@@ -508,82 +532,10 @@ skip:
 #define NO_FRAME_T(skip) TSTEP(NO_FRAME, skip)
 #define PICKLE_FRAME_T(skip) TSTEP(PICKLE_FRAME, skip)
 
-// ROUNDS64W is ROUNDS64 with the token step w (labels l0..l15) after each group of
-// four rounds, and the tail step t (labels t7, t15) after groups 7 and 15.
-#define ROUNDS64W(w, t, l0, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, t7, t15) \
-	MOVO X1, X9; \
-	MOVO X2, X10; \
-	ROUNDS4(X3, 0); \
-	w(l0); \
-	ROUNDS4(X4, 16); \
-	SHA256MSG1 X4, X3; \
-	w(l1); \
-	ROUNDS4(X5, 32); \
-	SHA256MSG1 X5, X4; \
-	w(l2); \
-	ROUNDS4(X6, 48); \
-	NEXTW(X3, X6, X5); \
-	SHA256MSG1 X6, X5; \
-	w(l3); \
-	ROUNDS4(X3, 64); \
-	NEXTW(X4, X3, X6); \
-	SHA256MSG1 X3, X6; \
-	w(l4); \
-	ROUNDS4(X4, 80); \
-	NEXTW(X5, X4, X3); \
-	SHA256MSG1 X4, X3; \
-	w(l5); \
-	ROUNDS4(X5, 96); \
-	NEXTW(X6, X5, X4); \
-	SHA256MSG1 X5, X4; \
-	w(l6); \
-	ROUNDS4(X6, 112); \
-	NEXTW(X3, X6, X5); \
-	SHA256MSG1 X6, X5; \
-	w(l7); \
-	t(t7); \
-	ROUNDS4(X3, 128); \
-	NEXTW(X4, X3, X6); \
-	SHA256MSG1 X3, X6; \
-	w(l8); \
-	ROUNDS4(X4, 144); \
-	NEXTW(X5, X4, X3); \
-	SHA256MSG1 X4, X3; \
-	w(l9); \
-	ROUNDS4(X5, 160); \
-	NEXTW(X6, X5, X4); \
-	SHA256MSG1 X5, X4; \
-	w(l10); \
-	ROUNDS4(X6, 176); \
-	NEXTW(X3, X6, X5); \
-	SHA256MSG1 X6, X5; \
-	w(l11); \
-	ROUNDS4(X3, 192); \
-	NEXTW(X4, X3, X6); \
-	SHA256MSG1 X3, X6; \
-	w(l12); \
-	ROUNDS4(X4, 208); \
-	NEXTW(X5, X4, X3); \
-	w(l13); \
-	ROUNDS4(X5, 224); \
-	NEXTW(X6, X5, X4); \
-	w(l14); \
-	ROUNDS4(X6, 240); \
-	w(l15); \
-	t(t15); \
-	PADDL X9, X1; \
-	PADDL X10, X2
-
 // FUSED_SCALAR is the body of the sha256Chain*Scalar functions: FUSED's contract, with
 // the token step w, the tail step t and their token and frame macros.
 #define FUSED_SCALAR(table, w, t, token, frame, parent, key) \
-	MOVQ d+0(FP), DI; \
-	MOVOU 0(DI), X11; \
-	MOVOU 16(DI), X12; \
-	MOVQ plan+8(FP), R10; \
-	MOVQ slots+16(FP), R12; \
-	MOVQ slotSize+24(FP), R13; \
-	ADDQ R12, R13; \
+	FUSED_ARGS; \
 	MOVQ blocks0+32(FP), R14; \
 	SHLQ $6, R14; \
 	MOVQ tokens+40(FP), R8; \
@@ -608,24 +560,7 @@ loop: \
 hash: \
 	MOVOU ·sha256InitABEF(SB), X1; \
 	MOVOU ·sha256InitCDGH(SB), X2; \
-	parent; \
-	ROUNDS64W(w, t, f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, ft7, ft15); \
-	ADDQ $64, SI; \
-	CMPQ SI, DX; \
-	JEQ msgdone; \
-blkloop: \
-	LOADW(0, X3); \
-	LOADW(16, X4); \
-	LOADW(32, X5); \
-	LOADW(48, X6); \
-	ROUNDS64W(w, t, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, bt7, bt15); \
-	ADDQ $64, SI; \
-	CMPQ SI, DX; \
-	JNE blkloop; \
-msgdone: \
-	STATE_OUT; \
-	PSHUFB X8, X1; \
-	PSHUFB X8, X2; \
+	HASH_MSG(parent, ROUNDS64W(w, t, f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, ft7, ft15), BLOCKW(w, t, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, bt7, bt15), blkloop, msgdone); \
 	MOVO X1, X11; \
 	MOVO X2, X12; \
 	key; \
