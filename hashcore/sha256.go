@@ -90,15 +90,15 @@ func fusedSlot(msgMax, extras int) int {
 // one-token-at-a-time path on CPUs that have them.
 var useTokensAVX512 = haveTokensAVX512
 
-// sha256FusedPlan holds what sha256ChainCBORAVX512 needs to write a chain's block
-// messages itself: the bytes before the tokens (the parent digest's bytes are
-// placeholders) and after them, which are the same for every block after the first.
-// The field offsets are part of the assembly's contract.
+// sha256FusedPlan holds what the fused loops (sha256Chain*AVX512, sha256Chain*Scalar)
+// need to write a chain's block messages themselves: the bytes before the tokens (the
+// parent digest's bytes are placeholders) and after them, which are the same for every
+// block after the first. The field offsets are part of the assembly's contract.
 type sha256FusedPlan struct {
-	prefix    [64]byte // the message up to the first token (stored: bytes 0..7 and 32..63)
+	prefix    [64]byte // the message up to the first token (stored: bytes 0..15 and 32..47, AVX-512 32..63)
 	extras    [64]byte // the message after the last token (stored: bytes 0..31)
 	pad       [64]byte // 0x80 then zeros: the start of the padding
-	prefixLen uint64
-	extrasLen uint64 // at most 32
-	tokBytes  uint64 // 4 * block size, a multiple of 16
+	prefixLen uint64   // at most 48
+	extrasLen uint64   // at most 32
+	tokBytes  uint64   // 4 * block size (AVX-512 loops: a multiple of 16)
 }
