@@ -486,9 +486,10 @@ skip:
 
 // CBOR_TOKEN writes the token at (R8) as a CBOR unsigned int at (DI), one 8-byte store,
 // and advances both. The table (sha256TokCBOR), indexed by the token's highest set bit
-// or by 0 for tokens < 24, gives a word that puts the head byte right before the
-// byte-swapped value's significant bytes, the right shift that brings the head to byte
-// 0, and the encoded size.
+// or by 0 for tokens < 24 (which covers BSR of 0, undefined; the XOR only breaks BSR's
+// dependence on its destination), gives a word that puts the head byte right before
+// the byte-swapped value's significant bytes, the right shift that brings the head to
+// byte 0, and the encoded size.
 #define CBOR_TOKEN \
 	MOVL (R8), BX; \
 	XORL R14, R14; \
@@ -505,12 +506,14 @@ skip:
 	ADDQ $4, R8
 
 // PICKLE_TOKEN writes the token at (R8) as a pickle int opcode at (DI) and advances
-// both: the table (sha256TokPickle), indexed by the token's highest set bit (0 for 0),
-// gives the opcode bytes, the left shift that puts the value after them, and the size.
+// both: the table (sha256TokPickle), indexed by the highest set bit of the token | 1
+// (BSR of 0 is undefined), gives the opcode bytes, the left shift that puts the value
+// after them, and the size.
 #define PICKLE_TOKEN \
 	MOVL (R8), BX; \
-	XORL R14, R14; \
-	BSRL BX, R14; \
+	MOVL BX, R14; \
+	ORL $1, R14; \
+	BSRL R14, R14; \
 	MOVBLZX 256(R11)(R14*1), CX; \
 	SHLQ CX, BX; \
 	ORQ 0(R11)(R14*8), BX; \
