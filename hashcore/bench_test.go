@@ -66,11 +66,11 @@ func BenchmarkHashChain(b *testing.B) {
 		// path before kvgate's SHA-NI block function and AVX-512 token encoders, and
 		// the one CPUs without them take): the ratio of the two rows is what they buy.
 		// The Go loop that pipelines per-block calls of the block function, which the
-		// fused assembly loop replaces where it runs: the ratio is what fusing buys.
-		if haveSHA256Fused && strings.Contains(bs.name, "sha256") {
+		// fused assembly loops replace where they run: the ratio is what fusing buys.
+		if (haveSHA256Fused || haveSHA256FusedScalar) && strings.Contains(bs.name, "sha256") {
 			b.Run(name+"/pipelined", func(b *testing.B) {
-				useSHA256Fused = false
-				defer func() { useSHA256Fused = haveSHA256Fused }()
+				useSHA256Fused, useSHA256FusedScalar = false, false
+				defer func() { useSHA256Fused, useSHA256FusedScalar = haveSHA256Fused, haveSHA256FusedScalar }()
 				run(b)
 			})
 		}

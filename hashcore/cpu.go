@@ -44,7 +44,8 @@ func CPUFeatures() string {
 // the block function crypto/sha256 picks (following its own selection rule,
 // crypto/internal/fips140/sha256, Go 1.26), e.g. "avx2 (crypto/sha256)"; and whether
 // the block messages' tokens are encoded with AVX-512, and whether the chains run in
-// the fused assembly loop that writes each message while hashing the previous one.
+// a fused assembly loop that writes each message while hashing the previous one (the
+// AVX-512 loop, else the scalar one).
 func SHA256Path() string {
 	var s string
 	if haveSHA256Blocks {
@@ -55,7 +56,7 @@ func SHA256Path() string {
 	if haveTokensAVX512 {
 		s += ", avx512 token encoding"
 	}
-	if haveSHA256Fused {
+	if haveSHA256Fused || haveSHA256FusedScalar {
 		s += ", fused loop"
 	}
 	return s + ")"

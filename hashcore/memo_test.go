@@ -14,7 +14,7 @@ import (
 )
 
 // memoSpecs is every contract, at the block sizes that take each of its code paths (the
-// fused loops need a multiple of 4; 1 and 5 do not; 300 tokens overflow one pickle frame).
+// AVX-512 fused loops need a multiple of 4, 1 and 5 are not; 300 tokens overflow one pickle frame).
 func memoSpecs() []Spec {
 	var out []Spec
 	for _, bs := range []int{16, 5, 1, 300} {

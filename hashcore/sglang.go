@@ -81,9 +81,11 @@ func (c *sglangChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, e
 	}
 	buf := slices.Grow(sc.buf[:0], 32+4*words+sha256PadSlack) // sha256Sum pads in place
 	for i := 0; i < nb; i++ {
-		if !c.bigram && useSHA256Fused && useSHA256Blocks && useTokensAVX512 && bs%4 == 0 && d.N == 32 {
-			dst = c.appendKeysFused(dst, &d, tokens[i*bs:nb*bs], sc)
-			break
+		if !c.bigram && useSHA256Blocks && d.N == 32 {
+			if loop := pickFusedLoop(bs, 0, fusedSlot(32+4*bs, 0)); loop != fusedNone {
+				dst = c.appendKeysFused(dst, &d, tokens[i*bs:nb*bs], sc, loop)
+				break
+			}
 		}
 		if useSHA256Blocks && d.N == 32 {
 			// The block function takes the parent from d.B: buf[:32] is only its slot.
@@ -120,15 +122,14 @@ func (c *sglangChain) appendPage(buf []byte, tokens []uint32, i int) []byte {
 	return buf
 }
 
-// appendKeysFused hashes pages of a multiple of 4 tokens chained on the 32-byte
-// digest d in one call of the fused assembly loop (see vllmChain.appendKeysFused);
-// needs haveSHA256Fused.
-func (c *sglangChain) appendKeysFused(dst []uint64, d *Digest, tokens []uint32, sc *scratch) []uint64 {
+// appendKeysFused hashes pages chained on the 32-byte digest d in one call of the
+// fused assembly loop loop (see vllmChain.appendKeysFused).
+func (c *sglangChain) appendKeysFused(dst []uint64, d *Digest, tokens []uint32, sc *scratch, loop fusedLoop) []uint64 {
 	bs := c.blockSize
 	nb := len(tokens) / bs
 	plan := sha256FusedPlan{prefixLen: 32, tokBytes: 4 * uint64(bs)}
 	plan.pad[0] = 0x80
-	slot := (32 + 4*bs + 72 + 63) &^ 63
+	slot := fusedSlot(32+4*bs, 0)
 	buf := slices.Grow(sc.batch[:0], 2*slot)[:2*slot]
 	first := appendUint32sLE(buf[:32:slot], tokens[:bs]) // buf[:32] is the parent's slot
 	blocks0 := len(sha256Pad(first, len(first))) >> 6
@@ -137,7 +138,11 @@ func (c *sglangChain) appendKeysFused(dst []uint64, d *Digest, tokens []uint32, 
 		next = &tokens[bs]
 	}
 	keys := dst[len(dst) : len(dst)+nb]
-	sha256ChainSGLangAVX512(&d.B, &plan, &buf[0], slot, blocks0, next, &keys[0], nb)
+	if loop == fusedAVX512 {
+		sha256ChainSGLangAVX512(&d.B, &plan, &buf[0], slot, blocks0, next, &keys[0], nb)
+	} else {
+		sha256ChainSGLangScalar(&d.B, &plan, &buf[0], slot, blocks0, next, &keys[0], nb)
+	}
 	sc.batch = buf[:0]
 	return dst[:len(dst)+nb]
 }

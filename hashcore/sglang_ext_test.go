@@ -206,15 +206,10 @@ func FuzzSGLangSaltBigram(f *testing.F) {
 			}
 		}
 		check("default")
-		old, oldFused := useTokensAVX512, useSHA256Fused
-		useTokensAVX512, useSHA256Fused = false, false
-		check("portable")
-		useTokensAVX512, useSHA256Fused = old, oldFused
-		if haveSHA256Blocks {
-			useSHA256Blocks = false
-			check("stdlib")
-			useSHA256Blocks = true
+		for _, path := range sha256ChainPaths() {
+			withChainPath(path, func() { check(path.name) })
 		}
+		withPortablePath(t, func() { check("portable") })
 	})
 }
 

@@ -50,19 +50,55 @@ func sha256Pad(p []byte, n int) []byte {
 // to cover the pipelined Go loop on CPUs that have them.
 var useSHA256Fused = haveSHA256Fused
 
+// useSHA256FusedScalar selects the scalar fused assembly loops where the AVX-512 ones
+// do not run; tests turn it off to cover the pipelined Go loop.
+var useSHA256FusedScalar = haveSHA256FusedScalar
+
+// fusedLoop names the fused assembly loop that runs a chain's blocks.
+type fusedLoop uint8
+
+const (
+	fusedNone   fusedLoop = iota // none: the pipelined Go loop (appendKeysSHA256)
+	fusedAVX512                  // sha256Chain*AVX512
+	fusedScalar                  // sha256Chain*Scalar
+)
+
+// pickFusedLoop returns the fused loop that runs blocks of bs tokens whose messages
+// after the first have exN bytes of extras (pickle: suffix), written in slots of slot
+// bytes (fusedSlot). The loops store 32 bytes of extras; the scalar loop's two slots
+// stay within the pipelined loop's run of messages, so a pooled scratch stays as small.
+func pickFusedLoop(bs, exN, slot int) fusedLoop {
+	switch {
+	case exN > 32:
+		return fusedNone
+	case useSHA256Fused && useTokensAVX512 && bs%4 == 0:
+		return fusedAVX512
+	case useSHA256FusedScalar && 2*slot <= sha256RunBytes:
+		return fusedScalar
+	}
+	return fusedNone
+}
+
+// fusedSlot is the room a fused loop needs for one message of at most msgMax bytes
+// before its extras and extras bytes of extras: the message, its padding and the
+// stores that run up to 64 bytes past it, in whole cache lines.
+func fusedSlot(msgMax, extras int) int {
+	return (msgMax + extras + 72 + 63) &^ 63
+}
+
 // useTokensAVX512 selects the AVX-512 token encoders; tests turn it off to cover the
 // one-token-at-a-time path on CPUs that have them.
 var useTokensAVX512 = haveTokensAVX512
 
-// sha256FusedPlan holds what sha256ChainCBORAVX512 needs to write a chain's block
-// messages itself: the bytes before the tokens (the parent digest's bytes are
-// placeholders) and after them, which are the same for every block after the first.
-// The field offsets are part of the assembly's contract.
+// sha256FusedPlan holds what the fused loops (sha256Chain*AVX512, sha256Chain*Scalar)
+// need to write a chain's block messages themselves: the bytes before the tokens (the
+// parent digest's bytes are placeholders) and after them, which are the same for every
+// block after the first. The field offsets are part of the assembly's contract.
 type sha256FusedPlan struct {
-	prefix    [64]byte // the message up to the first token (stored: bytes 0..7 and 32..63)
+	prefix    [64]byte // the message up to the first token (stored: bytes 0..15 and 32..47, AVX-512 32..63)
 	extras    [64]byte // the message after the last token (stored: bytes 0..31)
 	pad       [64]byte // 0x80 then zeros: the start of the padding
-	prefixLen uint64
-	extrasLen uint64 // at most 32
-	tokBytes  uint64 // 4 * block size, a multiple of 16
+	prefixLen uint64   // at most 48
+	extrasLen uint64   // at most 32
+	tokBytes  uint64   // 4 * block size (AVX-512 loops: a multiple of 16)
 }

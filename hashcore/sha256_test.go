@@ -195,9 +195,9 @@ func TestChainsMatchStdlibPath(t *testing.T) {
 // crypto/sha256 and one-token-at-a-time encoding.
 func withPortablePath(t *testing.T, f func()) {
 	t.Helper()
-	old, oldFused := useTokensAVX512, useSHA256Fused
-	useTokensAVX512, useSHA256Fused = false, false
-	defer func() { useTokensAVX512, useSHA256Fused = old, oldFused }()
+	old, oldFused, oldScalar := useTokensAVX512, useSHA256Fused, useSHA256FusedScalar
+	useTokensAVX512, useSHA256Fused, useSHA256FusedScalar = false, false, false
+	defer func() { useTokensAVX512, useSHA256Fused, useSHA256FusedScalar = old, oldFused, oldScalar }()
 	withSHA256Blocks(t, false, f)
 }
 

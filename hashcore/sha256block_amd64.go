@@ -55,6 +55,23 @@ func sha256ChainPickleAVX512(d *[32]byte, plan *sha256FusedPlan, slots *byte, sl
 //go:noescape
 func sha256ChainSGLangAVX512(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
 
+// sha256ChainCBORScalar, sha256ChainPickleScalar and sha256ChainSGLangScalar are the
+// sha256Chain*AVX512 loops for CPUs without AVX-512: the same contract, with the
+// messages written one token at a time among the SHA rounds. They need only the block
+// function's CPU features (haveSHA256Blocks) and take any block size.
+//
+//go:noescape
+func sha256ChainCBORScalar(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
+
+//go:noescape
+func sha256ChainPickleScalar(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
+
+//go:noescape
+func sha256ChainSGLangScalar(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int)
+
+// haveSHA256FusedScalar reports whether the sha256Chain*Scalar loops can run here.
+var haveSHA256FusedScalar = haveSHA256Blocks
+
 // haveSHA256Fused reports whether the sha256Chain*AVX512 loops can run here: the block
 // function's and the AVX-512 token encoders' CPU needs, and AVX-512 VL.
 var haveSHA256Fused = haveSHA256Blocks && haveTokensAVX512 && cpuid.CPU.Supports(cpuid.AVX512VL)

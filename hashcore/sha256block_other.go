@@ -21,6 +21,9 @@ func sha256ChainAt13(d *[32]byte, p []byte) { sha256Blocks(nil, p) }
 // haveSHA256Fused is false where kvgate has no block function of its own.
 const haveSHA256Fused = false
 
+// haveSHA256FusedScalar is false where kvgate has no block function of its own.
+const haveSHA256FusedScalar = false
+
 func sha256ChainCBORAVX512(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int) {
 	sha256Blocks(nil, nil)
 }
@@ -30,5 +33,17 @@ func sha256ChainPickleAVX512(d *[32]byte, plan *sha256FusedPlan, slots *byte, sl
 }
 
 func sha256ChainSGLangAVX512(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int) {
+	sha256Blocks(nil, nil)
+}
+
+func sha256ChainCBORScalar(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int) {
+	sha256Blocks(nil, nil)
+}
+
+func sha256ChainPickleScalar(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int) {
+	sha256Blocks(nil, nil)
+}
+
+func sha256ChainSGLangScalar(d *[32]byte, plan *sha256FusedPlan, slots *byte, slotSize int, blocks0 int, tokens *uint32, keys *uint64, n int) {
 	sha256Blocks(nil, nil)
 }

@@ -117,11 +117,13 @@ func (c *vllmChain) AppendKeys(dst []uint64, parent Digest, tokens []uint32, ex 
 	pipelined := !c.xxh && useSHA256Blocks && (pickleFast || !c.pickle)
 	for i := 0; i < nb; i++ {
 		if pipelined && d.N == 32 {
-			if useSHA256Fused && useTokensAVX512 && bs%4 == 0 && len(exN) <= 32 {
-				dst = c.appendKeysFused(dst, &d, tokens[i*bs:nb*bs], ex0, exN, sc)
-				break
+			prefixLen, tokMax := c.fusedLayout()
+			slot := fusedSlot(prefixLen+tokMax*bs, max(len(ex0), len(exN)))
+			if loop := pickFusedLoop(bs, len(exN), slot); loop != fusedNone {
+				dst = c.appendKeysFused(dst, &d, tokens[i*bs:nb*bs], ex0, exN, sc, loop, slot)
+			} else {
+				dst = c.appendKeysSHA256(dst, &d, tokens[i*bs:nb*bs], ex0, exN, sc, blockCap)
 			}
-			dst = c.appendKeysSHA256(dst, &d, tokens[i*bs:nb*bs], ex0, exN, sc, blockCap)
 			break
 		}
 		blk := tokens[i*bs : (i+1)*bs]
@@ -210,32 +212,39 @@ func (c *vllmChain) encodeAround32(buf []byte, tokens []uint32, extras []byte) [
 	return sha256Pad(buf, n)
 }
 
-// appendKeysFused is appendKeysSHA256 for blocks of a multiple of 4 tokens whose
-// extras (pickle: suffix) after the first block take at most 32 bytes, on CPUs with
-// haveSHA256Fused: the first block's message is written here, every later one by the
-// assembly loop itself, which hashes the whole run in one call.
-func (c *vllmChain) appendKeysFused(dst []uint64, d *Digest, tokens []uint32, ex0, exN []byte, sc *scratch) []uint64 {
+// fusedLayout returns where the tokens of a block message chained on a 32-byte digest
+// start, and the most bytes a token takes.
+func (c *vllmChain) fusedLayout() (prefixLen, tokMax int) {
+	if c.pickle {
+		prefixLen = pickleParent32At + 33 // the parent, MEMOIZE
+		if c.blockSize > 3 {
+			prefixLen++ // MARK
+		}
+		return prefixLen, 7
+	}
+	return cborParent32At + 32 + c.cbor.tokHeadN, 5
+}
+
+// appendKeysFused is appendKeysSHA256 on CPUs with a fused assembly loop (loop, from
+// pickFusedLoop): the first block's message is written here, every later one by the
+// assembly loop itself, which hashes the whole run in one call, in slots of slot bytes.
+func (c *vllmChain) appendKeysFused(dst []uint64, d *Digest, tokens []uint32, ex0, exN []byte, sc *scratch, loop fusedLoop, slot int) []uint64 {
 	bs := c.blockSize
 	nb := len(tokens) / bs
 	var plan sha256FusedPlan
-	var prefixLen, tokMax int // bytes before the first token, most bytes a token takes
+	prefixLen, _ := c.fusedLayout()
 	if c.pickle {
 		plan.prefix[0], plan.prefix[1], plan.prefix[2] = pkProto, 5, pkFrame
 		plan.prefix[11], plan.prefix[12] = pkShortBinBytes, 32
-		plan.prefix[pickleParent32At+32], plan.prefix[pickleParent32At+33] = pkMemoize, pkMark // bs >= 4
-		prefixLen, tokMax = pickleParent32At+34, 7
+		plan.prefix[pickleParent32At+32], plan.prefix[pickleParent32At+33] = pkMemoize, pkMark // MARK: bs > 3
 	} else {
 		plan.prefix[0], plan.prefix[1], plan.prefix[2] = 0x83, 0x58, 32
 		binary.LittleEndian.PutUint64(plan.prefix[cborParent32At+32:], c.cbor.tokHeadWord)
-		prefixLen, tokMax = cborParent32At+32+c.cbor.tokHeadN, 5
 	}
 	copy(plan.extras[:], exN)
 	plan.pad[0] = 0x80
 	plan.prefixLen, plan.extrasLen = uint64(prefixLen), uint64(len(exN))
 	plan.tokBytes = 4 * uint64(bs)
-	// A slot holds a message, its padding and the stores that run up to 64 bytes past
-	// the message.
-	slot := (prefixLen + tokMax*bs + max(len(ex0), len(exN)) + 72 + 63) &^ 63
 	buf := slices.Grow(sc.batch[:0], 2*slot)[:2*slot]
 	blocks0 := len(c.encodeAround32(buf[:slot:slot], tokens[:bs], ex0)) >> 6
 	next := &tokens[0]
@@ -243,10 +252,15 @@ func (c *vllmChain) appendKeysFused(dst []uint64, d *Digest, tokens []uint32, ex
 		next = &tokens[bs]
 	}
 	keys := dst[len(dst) : len(dst)+nb]
-	if c.pickle {
+	switch {
+	case loop == fusedAVX512 && c.pickle:
 		sha256ChainPickleAVX512(&d.B, &plan, &buf[0], slot, blocks0, next, &keys[0], nb)
-	} else {
+	case loop == fusedAVX512:
 		sha256ChainCBORAVX512(&d.B, &plan, &buf[0], slot, blocks0, next, &keys[0], nb)
+	case c.pickle:
+		sha256ChainPickleScalar(&d.B, &plan, &buf[0], slot, blocks0, next, &keys[0], nb)
+	default:
+		sha256ChainCBORScalar(&d.B, &plan, &buf[0], slot, blocks0, next, &keys[0], nb)
 	}
 	sc.batch = buf[:0]
 	return dst[:len(dst)+nb]
