@@ -25,6 +25,9 @@ for name, runs in sorted(v.items()):
     a = [r["A"] for r in runs.values() if "A" in r]
     b = [r["B"] for r in runs.values() if "B" in r]
     ratio = [r["B"] / r["A"] for r in runs.values() if "A" in r and "B" in r]
+    if not a or not b:  # a benchmark only one binary has
+        print("%s only in %s" % (name, "old" if a else "new"))
+        continue
     print("%s old min %.0f med %.0f | new min %.0f med %.0f | median new/old %.3f over %d pairs"
           % (name, min(a), statistics.median(a), min(b), statistics.median(b), statistics.median(ratio), len(ratio)))
 '
