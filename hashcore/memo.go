@@ -36,7 +36,10 @@ import (
 // 64 bits a busy proxy would see a false hit every few days.)
 //
 // Entries live in a fixed table of 128-byte slots, sized from the byte bound when the memo
-// is made and never grown: an identity's low word picks a set of chainMemoWays slots.
+// is made and never grown: an identity's low word picks a set of chainMemoWays slots. Each
+// slot's identity low word is kept again in a tag table, a set's tags in one cache line,
+// so that a lookup reads one line per set and follows only the way whose tag matches, and
+// a walk loads the tags of a batch of stretches together (their misses overlap).
 // Readers take no lock: each slot is a seqlock of atomic words (an odd sequence while
 // written, re-checked after the read). Writers claim a slot with a compare-and-swap and skip
 // it when another writer holds it; a full set evicts a random way. Nothing allocates.
@@ -44,7 +47,8 @@ type ChainMemo struct {
 	chain     Chain
 	blockSize int
 	slots     []chainSlot
-	sets      uint64 // a power of two
+	tags      []atomic.Uint64 // per slot: its entry's id.lo, stored after the entry
+	sets      uint64          // a power of two
 	maxBytes  int64
 
 	entries                          atomic.Int64
@@ -93,9 +97,9 @@ func NewChainMemo(c Chain, maxBytes int64) (*ChainMemo, error) {
 	if maxBytes < MinChainMemoBytes {
 		return nil, fmt.Errorf("hashcore: chain memo bound of %d bytes: must be at least %d", maxBytes, MinChainMemoBytes)
 	}
-	sets := uint64(1) << (63 - bits.LeadingZeros64(uint64(maxBytes/(chainSlotBytes*chainMemoWays))))
+	sets := uint64(1) << (63 - bits.LeadingZeros64(uint64(maxBytes/((chainSlotBytes+8)*chainMemoWays))))
 	return &ChainMemo{chain: c, blockSize: c.BlockSize(), sets: sets, maxBytes: maxBytes,
-		slots: make([]chainSlot, sets*chainMemoWays)}, nil
+		slots: make([]chainSlot, sets*chainMemoWays), tags: make([]atomic.Uint64, sets*chainMemoWays)}, nil
 }
 
 // Chain returns the contract the memo serves.
@@ -117,7 +121,7 @@ func (m *ChainMemo) Stats() ChainMemoStats {
 	n := m.entries.Load()
 	return ChainMemoStats{Hits: m.hits.Load(), Misses: m.misses.Load(), Inserts: m.inserts.Load(),
 		Evictions: m.evictions.Load(), Entries: n, Bytes: n * chainSlotBytes,
-		TableBytes: int64(len(m.slots)) * chainSlotBytes, MaxBytes: m.maxBytes}
+		TableBytes: int64(len(m.slots)) * (chainSlotBytes + 8), MaxBytes: m.maxBytes}
 }
 
 // memoID is a prefix's identity.
@@ -158,18 +162,34 @@ func (m *ChainMemo) AppendKeysHit(dst []uint64, tokens []uint32, ex *Extras) ([]
 		sc = getScratch()
 	}
 
-	// The known stretches.
+	// The known stretches, memoBatch at a time: their identities (a chain over the tokens
+	// alone), their sets' tags loaded together, then the lookups in order.
 	id := memoID{hi: memoRootHi}
 	parent := m.chain.Root()
 	s := 0
 	var next memoID
-	for ; s < ns; s++ {
-		next = m.nextID(id, tokens[s*stretchTokens:(s+1)*stretchTokens], mix, salt, s == 0, sc)
-		var ok bool
-		if dst, ok = m.lookup(dst, next, &parent); !ok {
-			break
+	var ids [memoBatch]memoID
+	var tags [memoBatch][chainMemoWays]uint64
+walk:
+	for s < ns {
+		n := min(memoBatch, ns-s)
+		for j, prev := 0, id; j < n; j++ {
+			prev = m.nextID(prev, tokens[(s+j)*stretchTokens:(s+j+1)*stretchTokens], mix, salt, s+j == 0, sc)
+			ids[j] = prev
 		}
-		id = next
+		for j := range n {
+			t := m.setTags(ids[j])
+			tags[j] = [chainMemoWays]uint64{t[0].Load(), t[1].Load(), t[2].Load(), t[3].Load()}
+		}
+		for j := range n {
+			next = ids[j]
+			var ok bool
+			if dst, ok = m.lookup(dst, next, &tags[j], &parent); !ok {
+				break walk
+			}
+			id = next
+			s++
+		}
 	}
 	hit := s * memoStretch
 	// The rest: each full stretch hashed and stored, then the blocks after the last one.
@@ -219,11 +239,25 @@ func (m *ChainMemo) set(id memoID) []chainSlot {
 	return m.slots[i : i+chainMemoWays : i+chainMemoWays]
 }
 
+// setTags is the tags of id's set.
+func (m *ChainMemo) setTags(id memoID) []atomic.Uint64 {
+	i := (id.lo & (m.sets - 1)) * chainMemoWays
+	return m.tags[i : i+chainMemoWays : i+chainMemoWays]
+}
+
+// memoBatch is how many stretches a walk looks up at a time.
+const memoBatch = 8
+
 // lookup appends the keys of the stretch ending prefix id to dst and sets *d to the digest
-// after it, when the memo holds them.
-func (m *ChainMemo) lookup(dst []uint64, id memoID, d *Digest) ([]uint64, bool) {
+// after it, when the memo holds them; tags are the set's tags, loaded by the caller. A way
+// whose tag differs is not read (a tag stored late only costs a miss; a stale one is
+// caught by the slot's own identity).
+func (m *ChainMemo) lookup(dst []uint64, id memoID, tags *[chainMemoWays]uint64, d *Digest) ([]uint64, bool) {
 	set := m.set(id)
 	for i := range set {
+		if tags[i] != id.lo {
+			continue
+		}
 		s := &set[i]
 		seq := s.seq.Load()
 		if seq == 0 || seq&seqWriting != 0 || s.lo.Load() != id.lo || s.hi.Load() != id.hi {
@@ -288,5 +322,6 @@ func (m *ChainMemo) store(id memoID, keys []uint64, d *Digest) {
 		s.digest[k].Store(binary.LittleEndian.Uint64(d.B[8*k:]))
 	}
 	s.seq.Store((seq>>8+1)<<8 | uint64(d.N)<<seqLenShift)
+	m.setTags(id)[victim].Store(id.lo)
 	m.inserts.Add(1)
 }

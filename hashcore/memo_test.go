@@ -194,6 +194,13 @@ func TestChainMemoIdentity(t *testing.T) {
 // TestChainMemoKeyIsExact: every prefix forced into one set, so entries collide and evict
 // all along: keys stay exact; an entry with the right low word and another high word is
 // not served.
+// lookupOne is one lookup as a walk makes it: the set's tags, then its slots.
+func lookupOne(m *ChainMemo, id memoID, d *Digest) ([]uint64, bool) {
+	t := m.setTags(id)
+	tags := [chainMemoWays]uint64{t[0].Load(), t[1].Load(), t[2].Load(), t[3].Load()}
+	return m.lookup(nil, id, &tags, d)
+}
+
 func TestChainMemoKeyIsExact(t *testing.T) {
 	c, _ := New(Spec{Engine: "vllm", Algo: "sha256", BlockSize: 4})
 	m := newTestChainMemo(t, c, MinChainMemoBytes)
@@ -203,10 +210,10 @@ func TestChainMemoKeyIsExact(t *testing.T) {
 	d.B[31] = 9
 	m.store(memoID{hi: 8, lo: 7}, keys, &d)
 	var got Digest
-	if _, ok := m.lookup(nil, memoID{hi: 9, lo: 7}, &got); ok {
+	if _, ok := lookupOne(m, memoID{hi: 9, lo: 7}, &got); ok {
 		t.Fatal("served an entry whose high word differs")
 	}
-	if k, ok := m.lookup(nil, memoID{hi: 8, lo: 7}, &got); !ok || !slices.Equal(k, keys) || got != d {
+	if k, ok := lookupOne(m, memoID{hi: 8, lo: 7}, &got); !ok || !slices.Equal(k, keys) || got != d {
 		t.Fatalf("exact entry: %v %v %v", k, ok, got)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
