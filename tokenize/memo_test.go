@@ -441,30 +441,36 @@ func TestMemoConcurrent(t *testing.T) {
 		inputs, wants = append(inputs, in), append(wants, want)
 		msgs = append(msgs, chatMsg{"assistant", randomTurn(docs, rng)})
 	}
-	var wg sync.WaitGroup
-	errs := make(chan string, 8)
-	for g := 0; g < 8; g++ {
-		wg.Add(1)
-		go func(g int) {
-			defer wg.Done()
-			var ids []uint32
-			for k := 0; k < 3*len(inputs); k++ {
-				i := (k*7 + g*5) % len(inputs)
-				ids, _ = m.EncodeChatMemo(ids, inputs[i], memo)
-				if !slices.Equal(ids, wants[i]) {
-					errs <- fmt.Sprintf("goroutine %d input %d: memo differs%s", g, i, firstDiff(ids, wants[i]))
-					return
+	// Then again with a small render memo beside it: iterations replay, their token notes
+	// are set and read concurrently, and entries with their notes are evicted meanwhile.
+	for _, render := range []*RenderMemo{nil, newTestRenderMemo(t, 256<<10)} {
+		var wg sync.WaitGroup
+		errs := make(chan string, 8)
+		for g := 0; g < 8; g++ {
+			wg.Add(1)
+			go func(g int) {
+				defer wg.Done()
+				var ids []uint32
+				for k := 0; k < 3*len(inputs); k++ {
+					i := (k*7 + g*5) % len(inputs)
+					in := *inputs[i]
+					in.RenderMemo = render
+					ids, _ = m.EncodeChatMemo(ids, &in, memo)
+					if !slices.Equal(ids, wants[i]) {
+						errs <- fmt.Sprintf("goroutine %d input %d (render memo %v): memos differ%s", g, i, render != nil, firstDiff(ids, wants[i]))
+						return
+					}
 				}
-			}
-		}(g)
-	}
-	wg.Wait()
-	close(errs)
-	for e := range errs {
-		t.Error(e)
-	}
-	if st := memo.Stats(); st.Bytes > st.MaxBytes || st.Hits == 0 {
-		t.Errorf("after the race: %+v", st)
+			}(g)
+		}
+		wg.Wait()
+		close(errs)
+		for e := range errs {
+			t.Error(e)
+		}
+		if st := memo.Stats(); st.Bytes > st.MaxBytes || st.Hits == 0 || render != nil && st.Notes == 0 {
+			t.Errorf("after the race (render memo %v): %+v", render != nil, st)
+		}
 	}
 }
 
