@@ -45,20 +45,39 @@ func (inv *Inventory) Score(keys []uint64, eligible Mask, mode Mode, scores []in
 	return rank(&e, words, scores)
 }
 
-// rank returns the eligible endpoints with the highest and next-highest score; walking
-// indexes upward with strict comparisons gives ties to the lowest index.
+// rank returns the eligible endpoints with the highest and next-highest score, ties to
+// the lowest index. Only eligible endpoints score above 0 (the loops count nothing else
+// and Score zeroed the rest), so the walk looks at nonzero scores alone, passing eight
+// zeros at a time (over a fleet nearly every endpoint scores 0), and when fewer than two
+// scored, the lowest eligible endpoints of score 0 follow, as an upward walk over every
+// eligible endpoint with strict comparisons would rank them.
 func rank(e *[maxWords]uint64, words int, scores []int32) (best, second int) {
 	best, second = -1, -1
 	bs, ss := int32(-1), int32(-1)
-	for w := 0; w < words; w++ {
-		for m := e[w]; m != 0; m &= m - 1 {
-			i := w*64 + bits.TrailingZeros64(m)
-			switch sc := scores[i]; {
-			case sc > bs:
-				second, ss = best, bs
-				best, bs = i, sc
-			case sc > ss:
-				second, ss = i, sc
+	for i := 0; i < len(scores); i++ {
+		if i&7 == 0 && i+8 <= len(scores) {
+			if g := scores[i : i+8 : i+8]; g[0]|g[1]|g[2]|g[3]|g[4]|g[5]|g[6]|g[7] == 0 {
+				i += 7
+				continue
+			}
+		}
+		switch sc := scores[i]; {
+		case sc == 0:
+		case sc > bs:
+			second, ss = best, bs
+			best, bs = i, sc
+		case sc > ss:
+			second, ss = i, sc
+		}
+	}
+	for w := 0; w < words && second < 0; w++ {
+		for m := e[w]; m != 0 && second < 0; m &= m - 1 {
+			switch i := w*64 + bits.TrailingZeros64(m); {
+			case scores[i] != 0:
+			case best < 0:
+				best = i
+			default:
+				second = i
 			}
 		}
 	}
