@@ -86,12 +86,37 @@ func (c *Cost) Select(cd *Candidates, obs Observer) int {
 }
 
 // costRound is one Select's fleet-wide inputs: the time, the eligible count and the fair
-// share's total work and scale.
+// share's scale and total work. The total is summed when a candidate first needs it
+// (summed): a candidate whose cached prefix is private competes whatever its share, so
+// a decision a private holder wins clearly needs no pass over the fleet's work.
 type costRound struct {
 	now      time.Time
 	eligible int
-	total    float64
 	scale    float64
+	total    float64
+	summed   bool
+	observed bool // an Observer records every term, the share too
+}
+
+// sumWork sets r.total, the eligible candidates' recent work, once per round.
+func (c *Cost) sumWork(cd *Candidates, r *costRound) {
+	if r.summed {
+		return
+	}
+	r.summed = true
+	// In a local, not r.total: the sum would go through memory on every add, a
+	// store-to-load round trip on the loop's one serial chain.
+	total := 0.0
+	for w, word := range cd.Eligible {
+		for ; word != 0; word &= word - 1 {
+			i := w<<6 | bits.TrailingZeros64(word)
+			if i >= len(cd.Matched) {
+				break
+			}
+			total += c.Queues.Work(i)
+		}
+	}
+	r.total = total
 }
 
 // terms fills t with candidate i's cost terms and returns its in-flight count and
@@ -111,19 +136,20 @@ func (c *Cost) terms(cd *Candidates, r *costRound, i int, t *Terms) (load int64,
 	}
 	t.GPUTokens = int(t.Matched-t.CPU-t.Storage) * cd.BlockSize
 	t.CPUTokens, t.StorageTokens = int(t.CPU)*cd.BlockSize, int(t.Storage)*cd.BlockSize
-	if r.scale > 0 {
+	if r.scale > 0 && c.Popular != nil && cached > 0 {
+		t.Followers = c.Popular.Count(cd.Blocks, cached/cd.BlockSize)
+	}
+	// A cached prefix whose recent followers brought less work than copying it
+	// elsewhere costs is private to this endpoint: it stays.
+	private := cached > 0 && t.Followers*int64(uncached) < int64(cached)
+	if r.scale > 0 && (!private || r.observed) {
+		c.sumWork(cd, r)
 		w := float64(uncached) / t.Rate * r.scale
 		if after := r.total + w; after > 0 {
 			t.Share = (c.Queues.Work(i) + w) / after
 			t.OverShare = t.Share*float64(r.eligible) > c.FairShare
 		}
-		if c.Popular != nil && cached > 0 {
-			t.Followers = c.Popular.Count(cd.Blocks, cached/cd.BlockSize)
-		}
 	}
-	// A cached prefix whose recent followers brought less work than copying it
-	// elsewhere costs is private to this endpoint: it stays.
-	private := cached > 0 && t.Followers*int64(uncached) < int64(cached)
 	return load, !t.OverShare || private
 }
 
@@ -161,25 +187,17 @@ func (c *Cost) selectAt(cd *Candidates, obs Observer, turn uint64, now time.Time
 	if n == 0 {
 		return -1
 	}
-	r := costRound{now: now}
-	// In locals, not r's fields: r's address is taken below, so the sum would go through
-	// memory on every add, a store-to-load round trip on the loop's one serial chain.
-	eligible, total := 0, 0.0
-	share := c.FairShare > 0
+	r := costRound{now: now, observed: obs != nil}
 	for w, word := range cd.Eligible {
-		for ; word != 0; word &= word - 1 {
-			i := w<<6 | bits.TrailingZeros64(word)
-			if i >= n {
-				break
-			}
-			eligible++
-			if share {
-				total += c.Queues.Work(i)
-			}
+		if w<<6 >= n {
+			break
 		}
+		if left := n - w<<6; left < 64 {
+			word &= 1<<left - 1
+		}
+		r.eligible += bits.OnesCount64(word)
 	}
-	r.eligible, r.total = eligible, total
-	if share {
+	if c.FairShare > 0 {
 		r.scale = c.Queues.WorkScale(now)
 	}
 	prune := obs == nil && !full && n >= pruneFrom
