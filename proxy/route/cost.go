@@ -104,19 +104,7 @@ func (c *Cost) sumWork(cd *Candidates, r *costRound) {
 		return
 	}
 	r.summed = true
-	// In a local, not r.total: the sum would go through memory on every add, a
-	// store-to-load round trip on the loop's one serial chain.
-	total := 0.0
-	for w, word := range cd.Eligible {
-		for ; word != 0; word &= word - 1 {
-			i := w<<6 | bits.TrailingZeros64(word)
-			if i >= len(cd.Matched) {
-				break
-			}
-			total += c.Queues.Work(i)
-		}
-	}
-	r.total = total
+	r.total = c.Queues.TotalWork(cd.Eligible, len(cd.Matched))
 }
 
 // terms fills t with candidate i's cost terms and returns its in-flight count and

@@ -2,9 +2,12 @@ package route
 
 import (
 	"math"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvgate/kvgate/shard"
 )
 
 // Queues is kvgate's view of the work waiting at each endpoint: the prefill tokens it sent
@@ -163,6 +166,37 @@ func (q *Queues) WorkScale(now time.Time) float64 {
 // Work is ep's recent prefill work, scaled like every endpoint's (only ratios mean
 // anything).
 func (q *Queues) Work(ep int) float64 { return loadF(&q.work[ep]) }
+
+// TotalWork is the recent work of the endpoints el holds below n, summed in endpoint
+// order (so the same state always gives the same float total). Why its own loop: on a
+// fleet it runs over every endpoint on a decision, and the floats' one serial chain of
+// adds is all it should wait for, so the loop keeps the sum and the array in registers
+// (a sum through memory adds a store-to-load round trip to every add) and takes whole
+// words of the mask without their bits.
+func (q *Queues) TotalWork(el shard.Mask, n int) float64 {
+	work := q.work[:min(n, len(q.work))]
+	total := 0.0
+	for w, word := range el {
+		lo := w << 6
+		if lo >= len(work) {
+			break
+		}
+		if word == ^uint64(0) && lo+64 <= len(work) {
+			for i := range work[lo : lo+64] {
+				total += loadF(&work[lo+i])
+			}
+			continue
+		}
+		for ; word != 0; word &= word - 1 {
+			i := lo | bits.TrailingZeros64(word)
+			if i >= len(work) {
+				break
+			}
+			total += loadF(&work[i])
+		}
+	}
+	return total
+}
 
 // addWork counts sec seconds of prefill compute sent to ep now. When the scale grows large
 // every endpoint's work is rescaled to a new origin (every ~hour and a half), under workMu
