@@ -45,20 +45,39 @@ func (inv *Inventory) Score(keys []uint64, eligible Mask, mode Mode, scores []in
 	return rank(&e, words, scores)
 }
 
-// rank returns the eligible endpoints with the highest and next-highest score; walking
-// indexes upward with strict comparisons gives ties to the lowest index.
+// rank returns the eligible endpoints with the highest and next-highest score, ties to
+// the lowest index. Only eligible endpoints score above 0 (the loops count nothing else
+// and Score zeroed the rest), so the walk looks at nonzero scores alone, passing eight
+// zeros at a time (over a fleet nearly every endpoint scores 0), and when fewer than two
+// scored, the lowest eligible endpoints of score 0 follow, as an upward walk over every
+// eligible endpoint with strict comparisons would rank them.
 func rank(e *[maxWords]uint64, words int, scores []int32) (best, second int) {
 	best, second = -1, -1
 	bs, ss := int32(-1), int32(-1)
-	for w := 0; w < words; w++ {
-		for m := e[w]; m != 0; m &= m - 1 {
-			i := w*64 + bits.TrailingZeros64(m)
-			switch sc := scores[i]; {
-			case sc > bs:
-				second, ss = best, bs
-				best, bs = i, sc
-			case sc > ss:
-				second, ss = i, sc
+	for i := 0; i < len(scores); i++ {
+		if i&7 == 0 && i+8 <= len(scores) {
+			if g := scores[i : i+8 : i+8]; g[0]|g[1]|g[2]|g[3]|g[4]|g[5]|g[6]|g[7] == 0 {
+				i += 7
+				continue
+			}
+		}
+		switch sc := scores[i]; {
+		case sc == 0:
+		case sc > bs:
+			second, ss = best, bs
+			best, bs = i, sc
+		case sc > ss:
+			second, ss = i, sc
+		}
+	}
+	for w := 0; w < words && second < 0; w++ {
+		for m := e[w]; m != 0 && second < 0; m &= m - 1 {
+			switch i := w*64 + bits.TrailingZeros64(m); {
+			case scores[i] != 0:
+			case best < 0:
+				best = i
+			default:
+				second = i
 			}
 		}
 	}
@@ -144,28 +163,83 @@ func (w *probeWindow) next(inv *Inventory, keys []uint64, i int) (*table, uint64
 // an inline set costs one eligibility test and increment per id, a spilled one the
 // popcount walk over its bitmask. A spilled set's block is a second cache miss that
 // depends on the first, so instead of waiting for it the loop prefetches it and scores
-// the set a few spilled keys later (deferredSpills): overlap is a sum, order-free.
+// the set a few spilled keys later (deferredSpills): overlap is a sum, order-free. A key
+// missing from its full home bucket is the same case (deferredRuns).
 func (inv *Inventory) overlapSparse(keys []uint64, e *[maxWords]uint64, words int, scores []int32) {
 	var pw probeWindow
 	var later deferredSpills
+	var past deferredRuns
 	pw.prime(inv, keys)
 	for i, k := range keys {
 		t, b := pw.next(inv, keys, i)
-		set, slot := t.probe(k, b)
-		if isSpill(set) || slot == zeroSlot {
-			if later.add(t, k, slot, set) {
-				later.score(e, words, scores)
+		var set uint64
+		var slot int
+		if k == 0 {
+			set, slot = t.probe(k, b)
+		} else if set, slot = t.probeHome(k, b); slot == pastSlot {
+			if past.add(t, k, b) {
+				past.score(&later, e, words, scores)
 			}
 			continue
 		}
-		for ; set != 0; set >>= idBits {
-			ep := int(set&idField) - 1
-			if e[ep>>6&(maxWords-1)]&(1<<(uint(ep)&63)) != 0 {
-				scores[ep]++
-			}
+		if isSpill(set) || slot == zeroSlot {
+			later.add(t, k, slot, set, e, words, scores)
+			continue
+		}
+		countInline(set, e, scores)
+	}
+	past.score(&later, e, words, scores)
+	later.score(e, words, scores)
+}
+
+// deferredRuns holds the keys overlapSparse found missing from their home bucket, which
+// was full: whether such a key lies further on takes the bucket's overflow bit and then
+// the next bucket, two more cache misses that depend on the first (a prompt's uncached
+// tail is mostly such misses at a fleet's load). Instead of waiting for them the loop
+// prefetches both and resolves the key a few such keys later.
+type deferredRuns struct {
+	n     int
+	tabs  [runBatch]*table
+	keys  [runBatch]uint64
+	homes [runBatch]uint64
+}
+
+// runBatch is how many such keys overlapSparse keeps in flight.
+const runBatch = 8
+
+// add queues key, missing from its full home bucket b of t, prefetching the bucket's
+// overflow word and the next bucket, and reports whether the queue is full.
+func (d *deferredRuns) add(t *table, key, b uint64) bool {
+	next := b + 1
+	if next == t.nb {
+		next = 0
+	}
+	lines := [2]unsafe.Pointer{unsafe.Pointer(&t.ovf[b/64]), unsafe.Pointer(&t.buckets[next])}
+	prefetchLines(&lines[0], len(lines))
+	i := d.n & (runBatch - 1)
+	d.tabs[i], d.keys[i], d.homes[i] = t, key, b
+	d.n++
+	return d.n == runBatch
+}
+
+// score walks on the queued keys' probe runs past their home buckets, counts what they
+// find into scores (a spilled set through later) and empties the queue.
+func (d *deferredRuns) score(later *deferredSpills, e *[maxWords]uint64, words int, scores []int32) {
+	for i := 0; i < d.n; i++ {
+		t, k, b := d.tabs[i&(runBatch-1)], d.keys[i&(runBatch-1)], d.homes[i&(runBatch-1)]
+		if !t.overflowed(b) {
+			continue // no insert passed the home bucket: the key is absent
+		}
+		if b++; b == t.nb {
+			b = 0
+		}
+		if set, slot := t.probe(k, b); isSpill(set) {
+			later.add(t, k, slot, set, e, words, scores)
+		} else {
+			countInline(set, e, scores)
 		}
 	}
-	later.score(e, words, scores)
+	*d = deferredRuns{}
 }
 
 // spillBatch is how many spilled sets overlapSparse keeps in flight.
@@ -181,15 +255,26 @@ type deferredSpills struct {
 }
 
 // add queues a spilled set (slot zeroSlot: key 0's mask), prefetching its block, and
-// reports whether the queue is full.
-func (d *deferredSpills) add(t *table, key uint64, slot int, w uint64) bool {
+// scores the queue into scores once it is full.
+func (d *deferredSpills) add(t *table, key uint64, slot int, w uint64, e *[maxWords]uint64, words int, scores []int32) {
 	if slot != zeroSlot {
 		t.prefetchSpilled(w)
 	}
 	i := d.n & (spillBatch - 1)
 	d.tabs[i], d.keys[i], d.slots[i] = t, key, slot
-	d.n++
-	return d.n == spillBatch
+	if d.n++; d.n == spillBatch {
+		d.score(e, words, scores)
+	}
+}
+
+// countInline counts an inline set's eligible endpoints into scores.
+func countInline(set uint64, e *[maxWords]uint64, scores []int32) {
+	for ; set != 0; set >>= idBits {
+		ep := int(set&idField) - 1
+		if e[ep>>6&(maxWords-1)]&(1<<(uint(ep)&63)) != 0 {
+			scores[ep]++
+		}
+	}
 }
 
 // score reads the queued sets (re-checked as sparseLookup does) into scores and empties
@@ -201,12 +286,7 @@ func (d *deferredSpills) score(e *[maxWords]uint64, words int, scores []int32) {
 		switch {
 		case !ok:
 		case !isSpill(set): // back inline since the probe
-			for ; set != 0; set >>= idBits {
-				ep := int(set&idField) - 1
-				if e[ep>>6&(maxWords-1)]&(1<<(uint(ep)&63)) != 0 {
-					scores[ep]++
-				}
-			}
+			countInline(set, e, scores)
 		default:
 			for w := 0; w < words; w++ {
 				for x := m[w] & e[w]; x != 0; x &= x - 1 {

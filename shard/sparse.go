@@ -40,6 +40,7 @@ import (
 // table rebuild; a rebuild compacts the spilled sets into the new table's own arena.
 const (
 	sparseIDs    = 4
+	sparseSlots  = 4 // slots a bucket (layoutFor), each set word whole (64 bits)
 	idBits       = 16
 	idField      = 1<<idBits - 1
 	spillTag     = uint64(idField) << (64 - idBits) // top field all ones: the set is spilled
@@ -237,6 +238,38 @@ func (t *table) sparseLookup(key, b uint64, m *[maxWords]uint64) (uint64, bool) 
 		return w, w != 0
 	}
 	return t.spilledSet(key, slot, m)
+}
+
+// pastSlot is probeHome's slot for a key its home bucket, full, does not hold: the key
+// may lie further on the probe run, if an insert ever passed the bucket (overflowed).
+const pastSlot = -3
+
+// probeHome is probe's first step for a sparse table's reader (key not 0), over the home
+// bucket b alone: key's set word and slot, noSlot when the key is absent, or pastSlot
+// when the bucket is full without it. Lock-free as probe is: the set word counts only if
+// the key still reads as ours after it. A sparse table's bucket has sparseSlots slots,
+// slot j's set word whole in word sparseSlots+j: the walk has constant bounds and no
+// mask arithmetic.
+func (t *table) probeHome(key, b uint64) (set uint64, slot int) {
+	bk := &t.buckets[b]
+	for j := 0; j < sparseSlots; j++ {
+		k := atomic.LoadUint64(&bk[j])
+		if k == key {
+			w := atomic.LoadUint64(&bk[sparseSlots+j])
+			again := atomic.LoadUint64(&bk[j])
+			runtime.KeepAlive(t) // its buckets may be a mapping unmapped with it
+			if again != key {
+				return 0, noSlot // a tombstone's slot since reused or emptied: absent
+			}
+			return w, slotOf(b, j)
+		}
+		if k == 0 {
+			runtime.KeepAlive(t)
+			return 0, noSlot
+		}
+	}
+	runtime.KeepAlive(t)
+	return 0, pastSlot
 }
 
 // spilledSet reads the bitmask of key's spilled set in slot (probe found its spill word

@@ -88,7 +88,7 @@ func layoutFor(endpoints int) layout {
 	case endpoints <= 64:
 		return layout{kpb: 4, mw: 64, lmask: ^uint64(0), rebuildNum: 17, rebuildDen: 25} // 16 B/slot
 	default:
-		return layout{sparse: true, kpb: 4, mw: 64, lmask: ^uint64(0), rebuildNum: 17, rebuildDen: 25}
+		return layout{sparse: true, kpb: sparseSlots, mw: 64, lmask: ^uint64(0), rebuildNum: 17, rebuildDen: 25}
 	}
 }
 

@@ -86,12 +86,25 @@ func (c *Cost) Select(cd *Candidates, obs Observer) int {
 }
 
 // costRound is one Select's fleet-wide inputs: the time, the eligible count and the fair
-// share's total work and scale.
+// share's scale and total work. The total is summed when a candidate first needs it
+// (summed): a candidate whose cached prefix is private competes whatever its share, so
+// a decision a private holder wins clearly needs no pass over the fleet's work.
 type costRound struct {
 	now      time.Time
 	eligible int
-	total    float64
 	scale    float64
+	total    float64
+	summed   bool
+	observed bool // an Observer records every term, the share too
+}
+
+// sumWork sets r.total, the eligible candidates' recent work, once per round.
+func (c *Cost) sumWork(cd *Candidates, r *costRound) {
+	if r.summed {
+		return
+	}
+	r.summed = true
+	r.total = c.Queues.TotalWork(cd.Eligible, len(cd.Matched))
 }
 
 // terms fills t with candidate i's cost terms and returns its in-flight count and
@@ -111,19 +124,20 @@ func (c *Cost) terms(cd *Candidates, r *costRound, i int, t *Terms) (load int64,
 	}
 	t.GPUTokens = int(t.Matched-t.CPU-t.Storage) * cd.BlockSize
 	t.CPUTokens, t.StorageTokens = int(t.CPU)*cd.BlockSize, int(t.Storage)*cd.BlockSize
-	if r.scale > 0 {
+	if r.scale > 0 && c.Popular != nil && cached > 0 {
+		t.Followers = c.Popular.Count(cd.Blocks, cached/cd.BlockSize)
+	}
+	// A cached prefix whose recent followers brought less work than copying it
+	// elsewhere costs is private to this endpoint: it stays.
+	private := cached > 0 && t.Followers*int64(uncached) < int64(cached)
+	if r.scale > 0 && (!private || r.observed) {
+		c.sumWork(cd, r)
 		w := float64(uncached) / t.Rate * r.scale
 		if after := r.total + w; after > 0 {
 			t.Share = (c.Queues.Work(i) + w) / after
 			t.OverShare = t.Share*float64(r.eligible) > c.FairShare
 		}
-		if c.Popular != nil && cached > 0 {
-			t.Followers = c.Popular.Count(cd.Blocks, cached/cd.BlockSize)
-		}
 	}
-	// A cached prefix whose recent followers brought less work than copying it
-	// elsewhere costs is private to this endpoint: it stays.
-	private := cached > 0 && t.Followers*int64(uncached) < int64(cached)
 	return load, !t.OverShare || private
 }
 
@@ -153,48 +167,32 @@ const pruneFrom = 32
 // the candidate of the least floor competes within the fair share and its reach (its cost
 // plus the widest band a candidate can tie it within) is below every other floor, no other
 // candidate can beat or tie it: the scan would offer every one to a pick that is, or
-// becomes, that candidate and turn it away, so it wins whatever the rotation. Otherwise the
-// scan runs, passing over each candidate whose floor is past both picks' reach. Under
-// pruneFrom candidates the full scan costs less than the floors.
+// becomes, that candidate and turn it away, so it wins whatever the rotation (clearWinner).
+// Otherwise the scan runs, passing over each candidate whose floor is past both picks'
+// reach. Under pruneFrom candidates the full scan costs less than the floors.
 func (c *Cost) selectAt(cd *Candidates, obs Observer, turn uint64, now time.Time, full bool) int {
 	n := len(cd.Matched)
 	if n == 0 {
 		return -1
 	}
-	r := costRound{now: now}
-	prune := obs == nil && !full && n >= pruneFrom
-	low, low2, lowAt := math.Inf(1), math.Inf(1), -1 // the least floor, where, the next least
-	share := c.FairShare > 0
+	r := costRound{now: now, observed: obs != nil}
 	for w, word := range cd.Eligible {
-		for ; word != 0; word &= word - 1 {
-			i := w<<6 | bits.TrailingZeros64(word)
-			if i >= n {
-				break
-			}
-			r.eligible++
-			if share {
-				r.total += c.Queues.Work(i)
-			}
-			if !prune {
-				continue
-			}
-			switch f := c.floor(cd, i); {
-			case f < low:
-				low2, low, lowAt = low, f, i
-			case f < low2:
-				low2 = f
-			}
+		if w<<6 >= n {
+			break
 		}
+		if left := n - w<<6; left < 64 {
+			word &= 1<<left - 1
+		}
+		r.eligible += bits.OnesCount64(word)
 	}
 	if c.FairShare > 0 {
 		r.scale = c.Queues.WorkScale(now)
 	}
+	prune := obs == nil && !full && n >= pruneFrom
 	var terms Terms
-	if prune && lowAt >= 0 {
-		_, in := c.terms(cd, &r, lowAt, &terms)
-		// A margin of 1e-12 keeps float rounding of the comparison on the safe side.
-		if reach := terms.Cost + 1000*float64(cd.BlockSize)/terms.Rate; in && reach*(1+1e-12) < low2 {
-			return lowAt
+	if prune {
+		if i := c.clearWinner(cd, &r, &terms); i >= 0 {
+			return i
 		}
 	}
 	start := rotatedStart(cd.Eligible, n, r.eligible, turn)
@@ -228,4 +226,88 @@ func (c *Cost) selectAt(cd *Candidates, obs Observer, turn uint64, now time.Time
 		return within.i
 	}
 	return all.i
+}
+
+// clearWinner returns the candidate that wins whatever the rotation when the floors show
+// one: the candidate of the least floor, competing within the fair share, whose reach is
+// below every other candidate's floor. -1 when they do not.
+//
+// Why holders first: a candidate that holds less than MinBlocks of the prompt has the
+// whole prompt's floor, and Queues.FloorAll bounds all of those at once, so when the
+// least holder's floor is below that bound only the holders' floors are needed (a few
+// over a fleet, found in one pass over Matched) instead of every candidate's. When the
+// bound does not settle it (no holder, a shallow one, a fleet whose least line is far
+// below most endpoints'), every candidate's floor is taken, as the scan would.
+func (c *Cost) clearWinner(cd *Candidates, r *costRound, t *Terms) int {
+	if cd.MinBlocks > 0 {
+		low, low2, lowAt := math.Inf(1), math.Inf(1), -1
+		for i := cd.nextHolder(0); i >= 0; i = cd.nextHolder(i + 1) {
+			switch f := c.Queues.Floor(i, cd.Uncached(i)); {
+			case f < low:
+				low2, low, lowAt = low, f, i
+			case f < low2:
+				low2 = f
+			}
+		}
+		if rest := c.Queues.FloorAll(cd.Tokens); lowAt >= 0 && low < rest {
+			// lowAt is the least floor of all; every other floor is >= min(low2, rest).
+			reach, in := c.reach(cd, r, t, lowAt)
+			switch {
+			case in && reach < min(low2, rest):
+				return lowAt
+			case !in || reach >= low2:
+				return -1 // every candidate's floors would not clear it either
+			}
+			// Only the bound on the non-holders was in the way: take their floors.
+		}
+	}
+	low, low2, lowAt := math.Inf(1), math.Inf(1), -1
+	for w, word := range cd.Eligible {
+		for ; word != 0; word &= word - 1 {
+			i := w<<6 | bits.TrailingZeros64(word)
+			if i >= len(cd.Matched) {
+				break
+			}
+			switch f := c.floor(cd, i); {
+			case f < low:
+				low2, low, lowAt = low, f, i
+			case f < low2:
+				low2 = f
+			}
+		}
+	}
+	if lowAt >= 0 {
+		if reach, in := c.reach(cd, r, t, lowAt); in && reach < low2 {
+			return lowAt
+		}
+	}
+	return -1
+}
+
+// nextHolder is the first eligible candidate from i on that holds at least MinBlocks
+// (>= 1) of the prompt, or -1. Over a fleet nearly every candidate holds nothing: the
+// loop passes eight zero counts at a time.
+func (c *Candidates) nextHolder(i int) int {
+	m, least := c.Matched, c.MinBlocks
+	for ; i < len(m); i++ {
+		if i&7 == 0 && i+8 <= len(m) {
+			if g := m[i : i+8 : i+8]; g[0]|g[1]|g[2]|g[3]|g[4]|g[5]|g[6]|g[7] == 0 {
+				i += 7
+				continue
+			}
+		}
+		if m[i] >= least && c.Eligible.Has(i) {
+			return i
+		}
+	}
+	return -1
+}
+
+// reach fills t with candidate i's terms and returns its reach, the highest cost that
+// can still beat or tie it (its cost plus the widest band a tie can have against it),
+// raised by a margin of 1e-12 that keeps float rounding of the comparisons with floors
+// on the safe side, and whether it competes within the fair share.
+func (c *Cost) reach(cd *Candidates, r *costRound, t *Terms, i int) (float64, bool) {
+	_, in := c.terms(cd, r, i, t)
+	return (t.Cost + 1000*float64(cd.BlockSize)/t.Rate) * (1 + 1e-12), in
 }

@@ -2,9 +2,12 @@ package route
 
 import (
 	"math"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvgate/kvgate/shard"
 )
 
 // Queues is kvgate's view of the work waiting at each endpoint: the prefill tokens it sent
@@ -13,16 +16,31 @@ import (
 // usage). Request-path reads are atomic loads; writes come from request completions and
 // the scraper.
 type Queues struct {
-	eps        []epQueue
+	eps []epQueue
+	// work is each endpoint's recent prefill work (float64 bits: prefill seconds sent,
+	// scaled, see workT0), apart from eps: the cost policy sums every eligible
+	// endpoint's on each decision, and in one array that pass reads 8 bytes an endpoint
+	// in sequence instead of a cache line each.
+	work       []atomic.Uint64
 	pinnedRate float64       // tokens/s from -kv-prefill-rate; 0 learns per endpoint
 	staleAfter time.Duration // an engine report older than this no longer counts
 	slotsFlag  int64         // -kv-engine-slots; 0 learns them from the engine's reports
 
-	// Each endpoint's recent prefill work (epQueue.work) is kept scaled by
+	// Each endpoint's recent prefill work (work) is kept scaled by
 	// e^((t-workT0)/ShareWindow) for the time t it was sent, so that comparing endpoints
 	// needs no decay per read: shares are ratios and the common factor cancels.
 	workMu sync.Mutex
 	workT0 atomic.Int64 // unix nanos the scale counts from
+
+	// The least prefill line of the fleet: no endpoint's base is below lowBase and none's
+	// rate is above topRate, at every moment (see setLine), so FloorAll bounds every
+	// endpoint's Floor at once. Writers of a rate or base hold lineMu; lowAt and topAt
+	// are the endpoints whose values the bounds are, -1 once the bound may be loose.
+	lineMu  sync.Mutex
+	lowBase atomic.Uint64 // float64 bits
+	topRate atomic.Uint64 // float64 bits
+	lowAt   int
+	topAt   int
 }
 
 // ShareWindow is the time constant over which an endpoint's share of the fleet's recent
@@ -47,12 +65,10 @@ const fitDecay = 0.98
 const serviceDecay = 0.9
 
 type epQueue struct {
-	queued atomic.Int64  // uncached prompt tokens sent, no first token yet
-	rate   atomic.Uint64 // float64 bits: prefill tokens/s
-	base   atomic.Uint64 // float64 bits: fixed seconds before the first token
-	// work next to rate and base: the cost policy's first pass over a fleet reads these
-	// three of every endpoint (Floor, Work), one cache line each.
-	work     atomic.Uint64 // float64 bits: prefill seconds sent, scaled (see Queues.workT0)
+	queued atomic.Int64 // uncached prompt tokens sent, no first token yet
+	// rate and base in the first line: the cost policy's floors read only these two.
+	rate     atomic.Uint64 // float64 bits: prefill tokens/s
+	base     atomic.Uint64 // float64 bits: fixed seconds before the first token
 	service  atomic.Uint64 // float64 bits: mean seconds a request holds its endpoint
 	slots    atomic.Int64  // requests the engine runs at once (learned or pinned); 0 unknown
 	running  atomic.Int64  // engine-reported, at engAt
@@ -66,14 +82,14 @@ type epQueue struct {
 
 	mu  sync.Mutex // the fit's sums
 	fit lineFit
-	_   [40]byte
+	_   [40]byte // to three whole cache lines
 }
 
 // NewQueues returns the view for n endpoints. rate pins every endpoint's prefill rate
 // (tokens/s) when > 0; slots pins the engines' concurrent-request capacity when > 0.
 // Engine reports older than staleAfter decay to kvgate's own accounting.
 func NewQueues(n int, rate float64, slots int, staleAfter time.Duration) *Queues {
-	q := &Queues{eps: make([]epQueue, n), pinnedRate: rate, staleAfter: staleAfter, slotsFlag: int64(slots)}
+	q := &Queues{eps: make([]epQueue, n), work: make([]atomic.Uint64, n), pinnedRate: rate, staleAfter: staleAfter, slotsFlag: int64(slots)}
 	q.workT0.Store(time.Now().UnixNano())
 	r := float64(PriorRate)
 	if rate > 0 {
@@ -82,6 +98,12 @@ func NewQueues(n int, rate float64, slots int, staleAfter time.Duration) *Queues
 	for i := range q.eps {
 		q.eps[i].rate.Store(math.Float64bits(r))
 		q.eps[i].slots.Store(int64(slots))
+	}
+	storeF(&q.topRate, r)
+	storeF(&q.lowBase, 0)
+	q.topAt, q.lowAt = -1, -1
+	if n > 0 {
+		q.topAt, q.lowAt = 0, 0
 	}
 	return q
 }
@@ -97,8 +119,7 @@ func (q *Queues) Reset(ep int) {
 	e.mu.Lock()
 	e.fit = lineFit{}
 	e.mu.Unlock()
-	storeF(&e.rate, r)
-	storeF(&e.base, 0)
+	q.setLine(ep, r, 0)
 	storeF(&e.service, 0)
 	storeF(&e.kvUsage, 0)
 	e.slots.Store(q.slotsFlag)
@@ -133,7 +154,7 @@ func (q *Queues) Sent(ep, uncached int) Ticket {
 	alone := e.queued.Add(int64(uncached)) == int64(uncached)
 	e.prefills.Add(1)
 	rate := loadF(&e.rate)
-	q.addWork(e, float64(uncached)/rate)
+	q.addWork(ep, float64(uncached)/rate)
 	return Ticket{alone: alone, send: e.sends.Add(1), prefill: loadF(&e.base) + float64(uncached)/rate}
 }
 
@@ -144,23 +165,54 @@ func (q *Queues) WorkScale(now time.Time) float64 {
 
 // Work is ep's recent prefill work, scaled like every endpoint's (only ratios mean
 // anything).
-func (q *Queues) Work(ep int) float64 { return loadF(&q.eps[ep].work) }
+func (q *Queues) Work(ep int) float64 { return loadF(&q.work[ep]) }
 
-// addWork counts sec seconds of prefill compute sent to e now. When the scale grows large
+// TotalWork is the recent work of the endpoints el holds below n, summed in endpoint
+// order (so the same state always gives the same float total). Why its own loop: on a
+// fleet it runs over every endpoint on a decision, and the floats' one serial chain of
+// adds is all it should wait for, so the loop keeps the sum and the array in registers
+// (a sum through memory adds a store-to-load round trip to every add) and takes whole
+// words of the mask without their bits.
+func (q *Queues) TotalWork(el shard.Mask, n int) float64 {
+	work := q.work[:min(n, len(q.work))]
+	total := 0.0
+	for w, word := range el {
+		lo := w << 6
+		if lo >= len(work) {
+			break
+		}
+		if word == ^uint64(0) && lo+64 <= len(work) {
+			for i := range work[lo : lo+64] {
+				total += loadF(&work[lo+i])
+			}
+			continue
+		}
+		for ; word != 0; word &= word - 1 {
+			i := lo | bits.TrailingZeros64(word)
+			if i >= len(work) {
+				break
+			}
+			total += loadF(&work[i])
+		}
+	}
+	return total
+}
+
+// addWork counts sec seconds of prefill compute sent to ep now. When the scale grows large
 // every endpoint's work is rescaled to a new origin (every ~hour and a half), under workMu
 // so no add is lost; a reader in that instant may compare two scales once, harmlessly.
-func (q *Queues) addWork(e *epQueue, sec float64) {
+func (q *Queues) addWork(ep int, sec float64) {
 	q.workMu.Lock()
 	now := time.Now()
 	scale := q.WorkScale(now)
 	if scale > 1e40 {
-		for i := range q.eps {
-			storeF(&q.eps[i].work, loadF(&q.eps[i].work)/scale)
+		for i := range q.work {
+			storeF(&q.work[i], loadF(&q.work[i])/scale)
 		}
 		q.workT0.Store(now.UnixNano())
 		scale = 1
 	}
-	storeF(&e.work, loadF(&e.work)+sec*scale)
+	storeF(&q.work[ep], loadF(&q.work[ep])+sec*scale)
 	q.workMu.Unlock()
 }
 
@@ -184,9 +236,48 @@ func (q *Queues) FirstToken(ep, uncached int, ttft time.Duration, t Ticket) {
 	e.mu.Unlock()
 	e.samples.Add(1)
 	if ok {
-		storeF(&e.rate, rate)
-		storeF(&e.base, base)
+		q.setLine(ep, rate, base)
 	}
+}
+
+// setLine stores ep's prefill line (rate tokens/s, base seconds) and keeps the fleet's
+// least line (lowBase, topRate) below every endpoint's at every moment: a bound the
+// new values pass is moved before they are stored, so a reader that sees them sees the
+// bound too; a bound that only loosens (its endpoint got slower) is made tight again
+// after them, from every endpoint's values (O(endpoints), and only when the endpoint
+// holding the bound changes; a loose bound is still a bound meanwhile).
+func (q *Queues) setLine(ep int, rate, base float64) {
+	e := &q.eps[ep]
+	q.lineMu.Lock()
+	defer q.lineMu.Unlock()
+	if rate >= loadF(&q.topRate) {
+		storeF(&q.topRate, rate)
+		q.topAt = ep
+	}
+	if base <= loadF(&q.lowBase) {
+		storeF(&q.lowBase, base)
+		q.lowAt = ep
+	}
+	storeF(&e.rate, rate)
+	storeF(&e.base, base)
+	if (q.topAt == ep && rate < loadF(&q.topRate)) || (q.lowAt == ep && base > loadF(&q.lowBase)) {
+		q.tightenLine()
+	}
+}
+
+// tightenLine sets the least line to the endpoints' own extremes. lineMu held.
+func (q *Queues) tightenLine() {
+	top, low := math.Inf(-1), math.Inf(1)
+	for i := range q.eps {
+		if r := loadF(&q.eps[i].rate); r > top {
+			top, q.topAt = r, i
+		}
+		if b := loadF(&q.eps[i].base); b < low {
+			low, q.lowAt = b, i
+		}
+	}
+	storeF(&q.topRate, top)
+	storeF(&q.lowBase, low)
 }
 
 // Unsent takes back a request Sent to ep that ended without a first byte.
@@ -323,6 +414,16 @@ func (q *Queues) Predict(t *Terms, ep, uncached int, inflight int64, now time.Ti
 func (q *Queues) Floor(ep, uncached int) float64 {
 	e := &q.eps[ep]
 	return (loadF(&e.base) + float64(uncached)/loadF(&e.rate)) * 1000
+}
+
+// FloorAll is a lower bound on Floor(ep, uncached) for every endpoint ep at once: the
+// prefill alone on the fleet's least line, the least base and the highest rate, which
+// no endpoint's own line passes below (setLine). Exact in floats too, with no margin:
+// each operation of Floor's formula is correctly rounded and so monotone in its
+// operands (a smaller base, a larger rate give a result no larger), so the bound's
+// result is <= every endpoint's Floor as Floor computes it.
+func (q *Queues) FloorAll(uncached int) float64 {
+	return (loadF(&q.lowBase) + float64(uncached)/loadF(&q.topRate)) * 1000
 }
 
 // EndpointView is one endpoint's learned and reported state, for /debug/inventory.

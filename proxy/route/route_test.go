@@ -400,23 +400,68 @@ func TestRuleSelectors(t *testing.T) {
 	}
 }
 
-// BenchmarkCostSelectFleet: the cost policy over a 1,024-endpoint fleet where three
-// endpoints hold some of an 8,192-token prompt (the fleet bench's decision).
-func BenchmarkCostSelectFleet(b *testing.B) {
+// fleetCost is the cost policy over a 1,024-endpoint fleet where three endpoints hold
+// some of an 8,192-token prompt (the fleet bench's decision): endpoint 5 the most, 384
+// blocks. shared makes its prefix a shared one (more recent followers than its copy
+// costs) and the fleet's recent work even enough that endpoint 5 stays within its fair
+// share: then its share decides whether it competes, and every endpoint's work is summed.
+func fleetCost(shared bool) (*Cost, *Candidates) {
 	const n = 1024
 	q := NewQueues(n, 0, 0, time.Second)
 	c := &Cost{Loads: balance.NewLoads(n), Queues: q, Popular: NewPopularity(16), FairShare: DefaultFairShare}
 	matched := make([]int32, n)
 	matched[5], matched[300], matched[900] = 384, 256, 128
 	for i := 0; i < n; i++ {
+		if shared { // recent work that is done: an even share, no queue
+			q.FirstToken(i, 20000, time.Second, q.Sent(i, 20000))
+		}
 		q.Sent(i, 100*(i%7))
 	}
 	cd := candidates(n, matched, 8192)
-	cd.Blocks = chain(1, 512, 256, 2)
-	c.Popular.Record(cd.Blocks, time.Now())
-	b.ReportAllocs()
-	for b.Loop() {
-		c.Select(cd, nil)
+	cd.Blocks = chain(1, 512, 512, 2)
+	for k := 0; k < 1+9*btoi(shared); k++ {
+		c.Popular.Record(cd.Blocks, time.Now())
+	}
+	return c, cd
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// BenchmarkCostSelectFleet: the cost policy over fleetCost's 1,024 endpoints, the
+// holder's prefix private (a conversation's history) or shared.
+func BenchmarkCostSelectFleet(b *testing.B) {
+	for _, shared := range []bool{false, true} {
+		b.Run(map[bool]string{false: "private", true: "shared"}[shared], func(b *testing.B) {
+			c, cd := fleetCost(shared)
+			if w := c.Select(cd, nil); w != 5 {
+				b.Fatalf("winner %d, want 5", w)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				c.Select(cd, nil)
+			}
+		})
+	}
+}
+
+// TestCostSelectFleetAllocatesNothing: BenchmarkCostSelectFleet's 0 allocs/op, on both
+// of the clear-winner test's paths (a private holder: no share; a shared one: the sum).
+func TestCostSelectFleetAllocatesNothing(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		c, cd := fleetCost(shared)
+		var obs recorder = map[int]Terms{}
+		c.selectAt(cd, obs, 0, time.Now(), true)
+		if private := obs[5].Followers*int64(obs[5].Uncached) < 384*16; private == shared || shared && obs[5].OverShare {
+			t.Fatalf("shared %v: endpoint 5 %+v: the case does not take the path it names", shared, obs[5])
+		}
+		if a := testing.AllocsPerRun(1000, func() { c.Select(cd, nil) }); a != 0 {
+			t.Fatalf("shared %v: Select allocates %.1f per call", shared, a)
+		}
 	}
 }
 
@@ -467,13 +512,8 @@ func TestCostPrunedMatchesFullScan(t *testing.T) {
 					q.Observe(i, Report{Running: int64(rng.IntN(12)), Waiting: int64(rng.IntN(3)), Slots: int64(rng.IntN(2) * 8)}, loads.Get(i), now)
 				}
 			}
-			if pinned == 0 && rng.IntN(8) == 0 { // a learned rate of its own
-				rate := 2000 + float64(rng.IntN(20000))
-				for k := 0; k < 6; k++ {
-					u := 256 * (k + 1)
-					tk := q.Sent(i, u)
-					q.FirstToken(i, u, time.Duration(float64(u)/rate*float64(time.Second)), tk)
-				}
+			if pinned == 0 && rng.IntN(8) == 0 { // a learned line of its own
+				learnLine(q, i, 2000+float64(rng.IntN(20000)), float64(rng.IntN(3))*0.02*rng.Float64())
 			}
 		}
 		cd := candidates(n, matched, tokens)
@@ -501,6 +541,100 @@ func TestCostPrunedMatchesFullScan(t *testing.T) {
 				t.Fatalf("round %d (n %d, %d holders, fair share %v) turn %d: pruned scan %d, full scan %d",
 					round, n, holders, c.FairShare, turn, got, want)
 			}
+			if turn >= 4 {
+				continue
+			}
+			if got := c.selectAt(cd, recorder{}, turn, now, true); got != want {
+				t.Fatalf("round %d turn %d: observed scan %d, full scan %d", round, turn, got, want)
+			}
 		}
+		// The fleet changes under the policy: lines learned faster or slower (the bound on
+		// every floor, Queues.FloorAll, must follow each), endpoints replaced, queues
+		// moving. The pruned scan must still decide as the full one after each change.
+		for step := 0; step < 6; step++ {
+			for k := 1 + rng.IntN(4); k > 0; k-- {
+				i := rng.IntN(n)
+				switch rng.IntN(6) {
+				case 0: // a line far faster than the rest
+					learnLine(q, i, 30000+float64(rng.IntN(200000)), 0)
+				case 5: // seconds of base everywhere, then one endpoint without
+					for e := n - 1; e >= 0; e-- { // downward: the least base moves once
+						q.setLine(e, loadF(&q.eps[e].rate), 1+2*rng.Float64())
+					}
+					q.setLine(i, loadF(&q.eps[i].rate), 0)
+				case 1:
+					learnLine(q, i, 500+float64(rng.IntN(5000)), 0.05*rng.Float64())
+				case 2:
+					q.Reset(i)
+				case 3:
+					q.setLine(i, 100+float64(rng.IntN(1e6)), 0.1*rng.Float64())
+				default:
+					q.Sent(i, rng.IntN(8000))
+				}
+			}
+			for turn := uint64(0); turn < 2; turn++ {
+				want := c.selectAt(cd, nil, turn, now, true)
+				if got := c.selectAt(cd, nil, turn, now, false); got != want {
+					t.Fatalf("round %d (n %d) step %d turn %d: pruned scan %d, full scan %d",
+						round, n, step, turn, got, want)
+				}
+			}
+		}
+	}
+}
+
+// learnLine teaches endpoint i the prefill line ttft = base + uncached/rate through the
+// rate fit (six samples, each alone at the endpoint), as first tokens would.
+func learnLine(q *Queues, i int, rate, base float64) {
+	for k := 0; k < 6; k++ {
+		u := 256 * (k + 1)
+		tk := q.Sent(i, u)
+		q.FirstToken(i, u, time.Duration((base+float64(u)/rate)*float64(time.Second)), tk)
+	}
+}
+
+// TestFloorAllFollowsEveryLine: after every change of any endpoint's line (rates learned
+// faster and slower, bases lower and higher, endpoints reset, pinned fleets too), the
+// fleet's least line is exactly the least base and the highest rate there are, and its
+// floor is at most every endpoint's own.
+func TestFloorAllFollowsEveryLine(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 80))
+	for _, n := range []int{1, 3, 64, 1024} {
+		q := NewQueues(n, 0, 0, time.Hour)
+		for op := 0; op < 3000; op++ {
+			i := rng.IntN(n)
+			switch rng.IntN(6) {
+			case 0:
+				q.Reset(i)
+			case 1:
+				learnLine(q, i, 100+float64(rng.IntN(50000)), 0.05*rng.Float64())
+			default:
+				// The extremes' own endpoints move most often: the bound must tighten.
+				if rng.IntN(2) == 0 {
+					i = q.topAt
+				}
+				q.setLine(i, 100+float64(rng.IntN(1e6)), []float64{0, 0.001, 0.3}[rng.IntN(3)]*rng.Float64())
+			}
+			top, low := 0.0, math.Inf(1)
+			for e := range q.eps {
+				top, low = max(top, loadF(&q.eps[e].rate)), min(low, loadF(&q.eps[e].base))
+			}
+			if got := loadF(&q.topRate); got != top {
+				t.Fatalf("n %d op %d: least line's rate %v, the fleet's highest %v", n, op, got, top)
+			}
+			if got := loadF(&q.lowBase); got != low {
+				t.Fatalf("n %d op %d: least line's base %v, the fleet's least %v", n, op, got, low)
+			}
+			tokens := rng.IntN(1 << 17)
+			for e := 0; e < n; e++ {
+				if all, own := q.FloorAll(tokens), q.Floor(e, tokens); all > own {
+					t.Fatalf("n %d op %d: FloorAll(%d) %v above endpoint %d's floor %v", n, op, tokens, all, e, own)
+				}
+			}
+		}
+	}
+	pinned := NewQueues(16, 2500, 0, time.Hour)
+	if got, want := pinned.FloorAll(5000), pinned.Floor(3, 5000); got != want {
+		t.Fatalf("pinned fleet: FloorAll %v, every endpoint's floor %v", got, want)
 	}
 }
