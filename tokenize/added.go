@@ -37,7 +37,13 @@ type trieNode struct {
 	// instead of an edge scan per byte, for each of the 2 added tokens of every message.
 	run   string
 	runTo int32
+	// dense: the children by byte, for a node with more than denseEdges edges (the nodes
+	// right after "<" and "<|" fan out to dozens), so a step is one load, not an edge scan.
+	dense *[256]int32
 }
+
+// denseEdges is how many edges a node may scan before it gets a dense table.
+const denseEdges = 4
 
 type trieEdge struct {
 	b  byte
@@ -84,6 +90,12 @@ func newTokenTrie(tokens []addedToken, pattern func(addedToken) string) *tokenTr
 	}
 	for i := range t.nodes {
 		n := &t.nodes[i]
+		if len(n.edges) > denseEdges {
+			n.dense = new([256]int32)
+			for _, e := range n.edges {
+				n.dense[e.b] = e.to
+			}
+		}
 		if len(n.edges) != 1 {
 			continue
 		}
@@ -132,10 +144,14 @@ func (t *tokenTrie) longestAt(s string, i int) (int32, int) {
 		}
 		b := s[j]
 		next := int32(0)
-		for _, e := range n.edges {
-			if e.b == b {
-				next = e.to
-				break
+		if n.dense != nil {
+			next = n.dense[b]
+		} else {
+			for _, e := range n.edges {
+				if e.b == b {
+					next = e.to
+					break
+				}
 			}
 		}
 		if next == 0 {
