@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"runtime"
 	"testing"
 	"time"
@@ -174,5 +175,114 @@ func TestRecvSocketAllocatesNothing(t *testing.T) {
 	runtime.GC()
 	if allocs := testing.AllocsPerRun(500, recv); allocs != 0 {
 		t.Fatalf("%.2f allocs per message over a socket, want 0", allocs)
+	}
+}
+
+// socketPair is a connected loopback pair: the accepted end and the dialled one.
+func socketPair(t *testing.T) (a, b net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	b, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, err = ln.Accept(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+// TestSinkStalledPeerHitsDeadline: Pub's writer to a peer that stops reading parks once
+// the socket is full and gives up at the write deadline (Pub drops such a peer), having
+// written what fit; everything written arrives intact once the peer reads.
+func TestSinkStalledPeerHitsDeadline(t *testing.T) {
+	a, b := socketPair(t)
+	w := socketSink(a)
+	chunk := make([]byte, 64<<10)
+	for i := range chunk {
+		chunk[i] = byte(i * 13)
+	}
+	a.SetWriteDeadline(time.Now().Add(300 * time.Millisecond)) //nolint:errcheck
+	start := time.Now()
+	var sent int
+	var err error
+	for err == nil && time.Since(start) < 10*time.Second {
+		var n int
+		n, err = w.Write(chunk)
+		sent += n
+	}
+	if !errors.Is(err, os.ErrDeadlineExceeded) || time.Since(start) > 5*time.Second {
+		t.Fatalf("writing to a stalled peer: %v after %v, want the deadline", err, time.Since(start))
+	}
+	got := make([]byte, sent)
+	if _, err := io.ReadFull(b, got); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range got {
+		if c != chunk[i%len(chunk)] {
+			t.Fatalf("octet %d of %d: %d, want %d", i, sent, c, chunk[i%len(chunk)])
+		}
+	}
+}
+
+// TestSinkGonePeerIsError: writing to a peer that closed ends in an error (EPIPE or a
+// reset), not a signal that kills the process.
+func TestSinkGonePeerIsError(t *testing.T) {
+	a, b := socketPair(t)
+	w := socketSink(a)
+	b.Close()
+	var err error
+	for i := 0; i < 100 && err == nil; i++ {
+		_, err = w.Write(make([]byte, 4096))
+		time.Sleep(time.Millisecond)
+	}
+	if err == nil {
+		t.Fatal("100 writes to a closed peer all succeeded")
+	}
+}
+
+// TestPubSendAllocatesNothing: once its buffer has grown, Send writes a message to a
+// subscribed peer without allocating.
+func TestPubSendAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's instrumentation allocates")
+	}
+	p, err := Listen("tcp://127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	s, err := Dial(context.Background(), p.Addr(), Options{Subscribe: []string{""}, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := p.WaitSubscribed(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			if _, err := s.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+	topic, seq, payload := []byte("kv"), make([]byte, 8), make([]byte, 400)
+	for i := 0; i < 16; i++ {
+		if err := p.Send(topic, seq, payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if allocs := testing.AllocsPerRun(1000, func() {
+		if err := p.Send(topic, seq, payload); err != nil {
+			t.Fatal(err)
+		}
+	}); allocs != 0 {
+		t.Fatalf("%.2f allocs per Send, want 0", allocs)
 	}
 }
