@@ -524,8 +524,8 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 		ms64(row.LagP50), ms64(row.LagP99), row.LagBatches, ms64(row.StampP50), ms64(row.StampP99), ms64(row.StampMax))
 	say("churn: %.0f batches/s applied (%.0f keys/s), kvgate CPU %.1f%% (%.0f ns a key), runner CPU %.1f%%", row.EventsPerSec,
 		row.EventsPerSec*2*fleetGroup, row.IngestCPU, nsPerKey(row), row.RunnerCPU)
-	say("kvgate runtime: scheduling latency p99 %.3f ms, %.0f GCs (CPU %.1f%% of a core), longest pause <= %.2f ms",
-		ms64(row.SchedP99), row.GCs, row.GCCPU, ms64(row.PauseMax))
+	say("kvgate runtime: scheduling latency p99 %.3f ms, %.0f GCs (CPU %.1f%% of a core), longest pause <= %.2f ms; %.0f inventory shard rebuilds",
+		ms64(row.SchedP99), row.GCs, row.GCCPU, ms64(row.PauseMax), m1.rebuilds-m0.rebuilds)
 	if n := m1.reconnects - m0.reconnects; n > 0 {
 		// A publisher drops a subscriber whose socket stayed full for its send timeout
 		// (zmtp.Pub: 5 s), so a starved kvgate loses events here, and its lag says so.
@@ -688,6 +688,7 @@ type fleetScrape struct {
 	stages               map[string]stageSum
 	gcs, gcCPU           float64 // GC cycles and the collector's CPU seconds so far
 	reconnects           float64 // ingest's redials after a lost connection, all engines
+	rebuilds             float64 // inventory shard table rebuilds (each under its shard's mutex)
 	// hist holds the histograms the fleet reads (lagFamily, schedFamily, pauseFamily).
 	hist map[string]*cumHist
 }
@@ -799,6 +800,8 @@ func scrapeFleet(url string) fleetScrape {
 			s.batches += v
 		case "kvgate_ingest_reconnects_total":
 			s.reconnects += v
+		case "kvgate_inventory_rebuilds_total":
+			s.rebuilds = v
 		case "kvgate_route_seconds_sum":
 			s.routeSum = v
 		case "kvgate_route_seconds_count":
