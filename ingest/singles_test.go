@@ -240,19 +240,9 @@ func TestSinglesOffOverForeignKeys(t *testing.T) {
 // mode has two holders, and leaves the inventory only with the second removal; a single
 // removed leaves at once; the GPU tier count stays the distinct hashes held.
 func TestSinglesThroughSwitch(t *testing.T) {
-	ok := loadStreams(t)["vllm-ok"]
-	inv := newInv(t)
-	cfg := testConfig(inv)
-	cfg.Keys = KeysAuto
-	cfg.Chain, cfg.Spec = ruleChain(t, "vllm", "sha256_cbor", 16)
-	m, err := NewManager(cfg, []EndpointConfig{{Name: "v", Engine: "vllm", Events: "tcp://127.0.0.1:1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, inv, a, root := autoKeysEndpoint(t)
 	rk := m.eps[0].rk[0]
-	a := newApplier(m.eps[0], rk)
-	root := ok.pubEvents(t)[0].(enginepub.BlockStored) // three blocks from the root, attested
-	a.apply(fmtBatch(root))
+	a.apply(fmtBatch(root)) // three blocks from the root, attested
 	if rk.singles != 3 || rk.refs.live != 0 {
 		t.Fatalf("before the switch: %d singles, %d entries", rk.singles, rk.refs.live)
 	}

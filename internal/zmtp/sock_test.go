@@ -83,12 +83,12 @@ func recvWithin(t *testing.T, s *Sub, d time.Duration) ([][]byte, error) {
 // first reads.
 func TestRecvMessageThenClose(t *testing.T) {
 	msg := vllmMessage(300)
-	for _, parked := range []bool{true, false} {
-		name := "queued"
-		if parked {
-			name = "parked"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		parked bool
+	}{{"parked", true}, {"queued", false}} {
+		parked := tc.parked
+		t.Run(tc.name, func(t *testing.T) {
 			for round := 0; round < 20; round++ {
 				conn, s := subscribed(t)
 				write := func() {
