@@ -37,10 +37,10 @@ import (
 // speaking vLLM's event wire format (enginepub, msgpack array layout, vLLM framing):
 // internal/zmtp's load-generation PUB by default, go-zeromq's with Publishers "zmq4".
 //
-// Per N: fill the inventory to Entries (key, endpoint) entries, then churn at EventRate
-// batches per second per endpoint (each a BlockStored of 16 new blocks, plus a
-// BlockRemoved of the endpoint's oldest 16 once it holds its share of Entries, so the
-// size stays put: an engine whose cache is full), and measure while it runs:
+// Per N: fill the inventory to FleetEntries(cfg, N) (key, endpoint) entries, then churn
+// at EventRate batches per second per endpoint (each a BlockStored of 16 new blocks, plus
+// a BlockRemoved of the endpoint's oldest 16 once it holds its share of the entries, so
+// the size stays put: an engine whose cache is full), and measure while it runs:
 //   - ingest CPU %: kvgate's process CPU (process_cpu_seconds_total) over the churn
 //     window, percent of one core, with no request traffic;
 //   - RSS (process_resident_memory_bytes) and the inventory's bytes per entry
@@ -63,8 +63,10 @@ import (
 
 // FleetConfig configures RunFleet.
 type FleetConfig struct {
-	Sizes     []int         // fleet sizes N (endpoints), e.g. 8, 64, 256, 1024
-	Entries   int           // (key, endpoint) entries to reach before measuring
+	Sizes []int // fleet sizes N (endpoints), e.g. 8, 64, 256, 1024
+	// Entries is the (key, endpoint) entries to reach before measuring, across the fleet,
+	// the same at every size. 0: FleetEntriesAt1024 x N / 1,024 at size N (FleetEntries).
+	Entries   int
 	EventRate float64       // churn batches per second per endpoint
 	Measure   time.Duration // churn window for ingest CPU
 	Markers   int           // lag markers per N
@@ -86,6 +88,21 @@ type FleetConfig struct {
 	Tokenizer  string    // tokenizer directory kvgate loads for Model
 	Progress   io.Writer // optional: a line per phase
 	Seed       uint64
+}
+
+// FleetEntriesAt1024 is the inventory the fleet fills by default at 1,024 endpoints
+// (issue 13: 100M (key, endpoint) entries); a smaller fleet gets its endpoints' share of
+// it, so every size measures the same per-endpoint inventory (97,656 entries an
+// endpoint: 781k at N=8, 25M at 256).
+const FleetEntriesAt1024 = 100_000_000
+
+// FleetEntries is the (key, endpoint) entries cfg fills a fleet of n endpoints to:
+// cfg.Entries, or by default n endpoints' share of FleetEntriesAt1024.
+func FleetEntries(cfg FleetConfig, n int) int {
+	if cfg.Entries > 0 {
+		return cfg.Entries
+	}
+	return int(int64(FleetEntriesAt1024) * int64(n) / 1024)
 }
 
 // FleetRow is one fleet size's measurements.
@@ -241,9 +258,10 @@ func groupKeys(dst []uint64, e int, g uint64) []uint64 {
 
 func (fe *fleetEngine) held() int { return len(fe.groups) - fe.head }
 
-// fleetHot is the number of hot chains: sized for about fleetSharedHolders holders each.
-func fleetHot(cfg FleetConfig) uint64 {
-	return uint64(max(1, cfg.Entries/fleetGroup/fleetSharedFraction/fleetSharedHolders))
+// fleetHot is the number of hot chains for a fill of entries: sized for about
+// fleetSharedHolders holders each.
+func fleetHot(entries int) uint64 {
+	return uint64(max(1, entries/fleetGroup/fleetSharedFraction/fleetSharedHolders))
 }
 
 // nextGroup picks the group an engine stores next: a new unique one, or one time in
@@ -293,6 +311,7 @@ func (fe *fleetEngine) step(e int, r *rand.Rand, hot uint64, keep int, st, rm []
 
 func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n int) (FleetRow, error) {
 	row := FleetRow{Endpoints: n}
+	entries := FleetEntries(cfg, n)
 	say := func(format string, a ...any) {
 		if cfg.Progress != nil {
 			fmt.Fprintf(cfg.Progress, "fleet %4d: "+format+"\n", append([]any{n}, a...)...)
@@ -312,7 +331,7 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 		if err != nil {
 			return row, fmt.Errorf("publisher %d: %w", i, err)
 		}
-		engines[i] = &fleetEngine{pub: pub, shared: make([]uint64, (fleetHot(cfg)+63)/64)}
+		engines[i] = &fleetEngine{pub: pub, shared: make([]uint64, (fleetHot(entries)+63)/64)}
 	}
 	stub, err := startStubEngine()
 	if err != nil {
@@ -358,7 +377,7 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 		// placement (bench's TTFT runs do, against engines that cache).
 		"-kv-fair-share", "0",
 		// A large -fleet-entries on a small fleet must not meet the per-endpoint bound.
-		"-kv-max-keys-per-endpoint", strconv.Itoa(max(shard.DefaultMaxKeysPerEndpoint, 2*cfg.Entries/n+fleetPromptTokens))}
+		"-kv-max-keys-per-endpoint", strconv.Itoa(max(shard.DefaultMaxKeysPerEndpoint, 2*entries/n+fleetPromptTokens))}
 	stop, err := startChild(ctx, cfg.Kvgate, args, "http://"+admin+"/readyz")
 	if err != nil {
 		return row, fmt.Errorf("kvgate: %w", err)
@@ -398,8 +417,8 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 	// ZmqEventPublisher, vllm/distributed/kv_events.py @ b4e69e0a), which kvgate sees as a
 	// seq gap; go-zeromq's PUB queues without bound instead: pacing keeps the queues short
 	// and the fill lossless either way.
-	keep := cfg.Entries / n / fleetGroup
-	hot := fleetHot(cfg)
+	keep := entries / n / fleetGroup
+	hot := fleetHot(entries)
 	var st, rm []uint64
 	t0 := time.Now()
 	for round := 0; round < keep; round++ {
@@ -505,8 +524,8 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 		ms64(row.LagP50), ms64(row.LagP99), row.LagBatches, ms64(row.StampP50), ms64(row.StampP99), ms64(row.StampMax))
 	say("churn: %.0f batches/s applied (%.0f keys/s), kvgate CPU %.1f%% (%.0f ns a key), runner CPU %.1f%%", row.EventsPerSec,
 		row.EventsPerSec*2*fleetGroup, row.IngestCPU, nsPerKey(row), row.RunnerCPU)
-	say("kvgate runtime: scheduling latency p99 %.3f ms, %.0f GCs (CPU %.1f%% of a core), longest pause <= %.2f ms",
-		ms64(row.SchedP99), row.GCs, row.GCCPU, ms64(row.PauseMax))
+	say("kvgate runtime: scheduling latency p99 %.3f ms, %.0f GCs (CPU %.1f%% of a core), longest pause <= %.2f ms; %.0f inventory shard rebuilds",
+		ms64(row.SchedP99), row.GCs, row.GCCPU, ms64(row.PauseMax), m1.rebuilds-m0.rebuilds)
 	if n := m1.reconnects - m0.reconnects; n > 0 {
 		// A publisher drops a subscriber whose socket stayed full for its send timeout
 		// (zmtp.Pub: 5 s), so a starved kvgate loses events here, and its lag says so.
@@ -669,6 +688,7 @@ type fleetScrape struct {
 	stages               map[string]stageSum
 	gcs, gcCPU           float64 // GC cycles and the collector's CPU seconds so far
 	reconnects           float64 // ingest's redials after a lost connection, all engines
+	rebuilds             float64 // inventory shard table rebuilds (each under its shard's mutex)
 	// hist holds the histograms the fleet reads (lagFamily, schedFamily, pauseFamily).
 	hist map[string]*cumHist
 }
@@ -780,6 +800,8 @@ func scrapeFleet(url string) fleetScrape {
 			s.batches += v
 		case "kvgate_ingest_reconnects_total":
 			s.reconnects += v
+		case "kvgate_inventory_rebuilds_total":
+			s.rebuilds = v
 		case "kvgate_route_seconds_sum":
 			s.routeSum = v
 		case "kvgate_route_seconds_count":

@@ -100,6 +100,24 @@ func TestFleetRejectsBadConfig(t *testing.T) {
 	}
 }
 
+// TestFleetEntries: by default each size fills its endpoints' share of 100M entries at
+// 1,024 (issue 13's size), so the per-endpoint inventory is the same at every size; an
+// explicit Entries is the fill at every size.
+func TestFleetEntries(t *testing.T) {
+	for _, c := range []struct{ entries, n, want int }{
+		{0, 1024, 100_000_000},
+		{0, 256, 25_000_000},
+		{0, 8, 781_250},
+		{0, 1, 97_656},
+		{4096, 4, 4096},
+		{4096, 1024, 4096},
+	} {
+		if got := FleetEntries(FleetConfig{Entries: c.entries}, c.n); got != c.want {
+			t.Errorf("entries %d at N=%d: %d, want %d", c.entries, c.n, got, c.want)
+		}
+	}
+}
+
 // TestLagQuantile: quantiles of a histogram's growth between two scrapes, linear within
 // the bucket, worked by hand: 100 batches, 50 in (0, 1 ms], 40 in (1, 2], 9 in (2, 5], 1
 // past 10 ms.

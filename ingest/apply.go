@@ -25,6 +25,9 @@ type applier struct {
 	lora  string
 	salt  string
 	ex    hashcore.Extras
+	// Scratch of storedSingles and removed: the keys kept as singles, those with a
+	// holder-count entry, those the inventory held already.
+	single, counted, held []uint64
 }
 
 func newApplier(e *endpoint, r *rankState) *applier {
@@ -96,10 +99,12 @@ func (e *endpoint) clearLocked(r *rankState) {
 	}
 	r.blocks.reset()
 	r.refs.reset()
+	r.singles = 0
 	var n [numMedia]int64
 	for _, o := range e.rk {
 		if o != r {
 			o.refs.countTiers(&n)
+			n[singleTier] += o.singles
 		}
 	}
 	for i := range e.tiers {
@@ -172,26 +177,33 @@ func extrasReproducible(ev *Event) bool {
 func (a *applier) stored(ev *Event) {
 	e := a.e
 	cfg := &e.m.cfg
+	r := a.r
 	e.c.stored.Inc()
 	nb := len(ev.Hashes)
-	a.r.refs.touch(ev.Hashes)
+	slot := r.tierSlot[ev.Medium]
+	routed := slot == r.slot
+	fastKeys := false
+	if slot >= 0 && nb > 0 && (e.ct.Load().chain != nil || e.keys != KeysEngine) {
+		// Before the holders: a parity mismatch here switches the endpoint to fast keys,
+		// and the key mode decides how a hash held once is kept.
+		fastKeys = a.hashBlocks(ev, routed)
+	}
+	if ev.Medium != singleTier {
+		a.endSingles(r)
+	}
 	var fresh [numMedia]int64 // the tier counts' changes, added once per event
-	for _, h := range ev.Hashes {
-		e.hold(a.r, h, ev.Medium, &fresh)
-	}
-	for t := range fresh {
-		if fresh[t] != 0 {
-			e.tiers[t].Add(fresh[t])
-		}
-	}
-	slot := a.r.tierSlot[ev.Medium]
-	if slot < 0 || nb == 0 {
+	if r.keepsSingles(ev.Medium) {
+		a.storedSingles(ev, slot, &fresh)
+		e.addTiers(&fresh)
 		return
 	}
-	routed := slot == a.r.slot
-	fastKeys := false
-	if e.ct.Load().chain != nil || e.keys != KeysEngine {
-		fastKeys = a.hashBlocks(ev, routed)
+	r.refs.touch(ev.Hashes)
+	for _, h := range ev.Hashes {
+		e.hold(r, h, ev.Medium, &fresh)
+	}
+	e.addTiers(&fresh)
+	if slot < 0 || nb == 0 {
+		return
 	}
 	var added int
 	if e.fast.Load() {
@@ -208,8 +220,70 @@ func (a *applier) stored(ev *Event) {
 	e.c.keysAdded.Add(added)
 }
 
+// storedSingles applies a store of engine keys on rank r's GPU tier, whose lone holders
+// r keeps as singles: a hash with a refs entry counts one more holder there; any other
+// is a single unless the inventory already held it (a single's second holder: it gets
+// an entry of two). Nearly every store of a churning cache is a new single, which costs
+// no refs lookup at all while r's table is empty.
+func (a *applier) storedSingles(ev *Event, slot int, fresh *[numMedia]int64) {
+	e, r := a.e, a.r
+	inv := e.m.cfg.Inventory.(heldInventory)
+	single := ev.Hashes
+	added := 0
+	if r.refs.live > 0 {
+		r.refs.touch(ev.Hashes)
+		a.single, a.counted = a.single[:0], a.counted[:0]
+		for _, h := range ev.Hashes {
+			if r.refs.find(h) != nil {
+				e.hold(r, h, ev.Medium, fresh)
+				a.counted = append(a.counted, h)
+			} else {
+				a.single = append(a.single, h)
+			}
+		}
+		if len(a.counted) > 0 {
+			added = inv.Add(slot, a.counted)
+		}
+		single = a.single
+	}
+	if len(single) > 0 {
+		n, held := inv.AddHeld(slot, single, a.held[:0])
+		a.held = held
+		added += n
+		r.singles += int64(n)
+		fresh[singleTier] += int64(n)
+		for _, h := range held {
+			e.holdAgain(r, h, fresh)
+		}
+	}
+	e.c.keysAdded.Add(added)
+}
+
+// holdAgain counts a second holder of h on r's single tier, which the inventory held
+// already (e.mu held): a single gets a refs entry of two, a hash that got its entry
+// earlier in the same event one more.
+func (e *endpoint) holdAgain(r *rankState, h uint64, fresh *[numMedia]int64) {
+	if r.refs.find(h) == nil {
+		r.singles--
+		e.hold(r, h, singleTier, fresh)
+		fresh[singleTier]-- // it was on the tier already, as a single
+	}
+	e.hold(r, h, singleTier, fresh)
+}
+
+// addTiers adds an event's changes to the tier counts.
+func (e *endpoint) addTiers(fresh *[numMedia]int64) {
+	for t := range fresh {
+		if fresh[t] != 0 {
+			e.tiers[t].Add(fresh[t])
+		}
+	}
+}
+
 // hold counts one more holder of engine hash h on tier m of rank r (e.mu held), and
-// the change to each tier's count of distinct hashes in d.
+// the change to each tier's count of distinct hashes in d. A full table drops another
+// hash's entry: that hash leaves the tier counts, but one held on r's single tier stays
+// there as a single (one holder, which it has at least).
 func (e *endpoint) hold(r *rankState, h uint64, m Medium, d *[numMedia]int64) {
 	fresh, dropped := r.refs.inc(h, m)
 	if fresh {
@@ -217,6 +291,10 @@ func (e *endpoint) hold(r *rankState, h uint64, m Medium, d *[numMedia]int64) {
 	}
 	if dropped != 0 {
 		e.c.refEvictions.Inc()
+		if dropped.Has(singleTier) && r.singlesOn {
+			dropped &^= 1 << singleTier
+			r.singles++
+		}
 		for t := Medium(0); t < numMedia; t++ {
 			if dropped.Has(t) {
 				d[t]--
@@ -410,6 +488,9 @@ func (a *applier) switchToFastLocked() {
 	e := a.e
 	inv := e.m.cfg.Inventory
 	e.fast.Store(true)
+	for _, r := range e.rk {
+		a.endSingles(r)
+	}
 	e.c.modeSwitches.Inc()
 	buf := a.rm[:0]
 	for _, r := range e.rk {
@@ -434,6 +515,42 @@ func (a *applier) switchToFastLocked() {
 		}
 	}
 	a.rm = buf[:0]
+}
+
+// endSingles stops r keeping singles (e.mu held) and gives each of them a holder-count
+// entry, from the engine keys r's slot holds without one: before a switch to fast keys
+// clears the slot that was their only record, and at r's first event on another tier
+// (an offloading engine: a hash may then have holders on several tiers, and those must
+// all be in one entry). (Paging the slot while other endpoints' writes rebuild a shard
+// may miss a key: that hash then has no entry, and its removal is applied as a lone
+// holder's, as any unknown hash's.)
+func (a *applier) endSingles(r *rankState) {
+	if !r.singlesOn {
+		return
+	}
+	r.singlesOn = false
+	if r.singles == 0 {
+		return
+	}
+	e := a.e
+	inv := e.m.cfg.Inventory.(heldInventory)
+	var fresh [numMedia]int64
+	keys, cur := a.held[:0], uint64(0)
+	for {
+		keys, cur = inv.Keys(r.slot, cur, 4096, keys[:0])
+		for _, k := range keys {
+			if r.refs.find(k) == nil {
+				e.hold(r, k, singleTier, &fresh)
+				fresh[singleTier]-- // on the tier already, as a single
+			}
+		}
+		if cur == 0 {
+			break
+		}
+	}
+	a.held = keys[:0]
+	r.singles = 0
+	e.addTiers(&fresh)
 }
 
 // reproducesAt reports whether the endpoint's contract at block size bs reproduces a
@@ -543,15 +660,29 @@ func (a *applier) removed(ev *Event) {
 	cfg := &e.m.cfg
 	e.c.removed.Inc()
 	fast := e.fast.Load()
-	a.rm = a.rm[:0]
+	a.rm, a.single = a.rm[:0], a.single[:0]
 	r := a.r
 	slot := r.tierSlot[ev.Medium]
+	if ev.Medium != singleTier {
+		a.endSingles(r)
+	}
+	singles := r.keepsSingles(ev.Medium)
 	r.refs.touch(ev.Hashes)
 	var tierGone int64 // hashes gone from the tier, taken off its count once per event
 	for _, h := range ev.Hashes {
 		known, gone, left := r.refs.dec(h, ev.Medium)
+		if !known && singles {
+			// No entry: a single (held once, here) or never stored. The inventory tells
+			// which: whatever it removes was a single, counted off below.
+			a.single = append(a.single, h)
+			r.blocks.del(h)
+			continue
+		}
 		if known && gone {
 			tierGone++
+		}
+		if singles && left == 1<<singleTier && r.refs.dropSingle(h, singleTier) {
+			r.singles++ // one holder left, on this tier: a single again
 		}
 		if !gone || slot < 0 || r.holdsIn(left, slot) {
 			// Still held on a tier indexed in the same slot, or never indexed.
@@ -575,10 +706,16 @@ func (a *applier) removed(ev *Event) {
 			b.level = 1
 		}
 	}
-	if tierGone != 0 {
-		e.tiers[ev.Medium].Add(-tierGone)
-	}
 	if len(a.rm) > 0 {
 		e.c.keysRemoved.Add(cfg.Inventory.Remove(slot, a.rm))
+	}
+	if len(a.single) > 0 {
+		n := cfg.Inventory.Remove(slot, a.single)
+		r.singles -= int64(n)
+		tierGone += int64(n)
+		e.c.keysRemoved.Add(n)
+	}
+	if tierGone != 0 {
+		e.tiers[ev.Medium].Add(-tierGone)
 	}
 }

@@ -43,10 +43,17 @@ func benchPayloads(tb testing.TB, chain hashcore.Chain) (stored, removed [][]byt
 }
 
 // countingInventory stands in for the index where a measurement is of ingest's own
-// work: it only counts.
+// work: it only counts. Every store is new to it (AddHeld lists none held), so ranks
+// over it keep singles, as over a shard.Inventory.
 type countingInventory struct{ added, removed, clears int }
 
 func (c *countingInventory) Add(ep int, keys []uint64) int { c.added += len(keys); return len(keys) }
+func (c *countingInventory) AddHeld(ep int, keys, held []uint64) (int, []uint64) {
+	return c.Add(ep, keys), held
+}
+func (c *countingInventory) Keys(ep int, cursor uint64, limit int, dst []uint64) ([]uint64, uint64) {
+	return dst, 0
+}
 func (c *countingInventory) Remove(ep int, keys []uint64) int {
 	c.removed += len(keys)
 	return len(keys)
@@ -144,6 +151,9 @@ func TestDecodeApplyZeroAlloc(t *testing.T) {
 		{"rehash+attest", KeysRehash, chain},
 	} {
 		a := benchApplier(t, bc.keys, bc.chain, &countingInventory{})
+		if singles := a.r.singlesOn; singles != (bc.keys == KeysEngine) {
+			t.Fatalf("%s: singles on %v", bc.name, singles)
+		}
 		for i := 0; i < 4; i++ {
 			a.apply(stored[i])
 			a.apply(removed[i])

@@ -63,6 +63,15 @@ type Inventory interface {
 	Count(ep int) int
 }
 
+// heldInventory is an Inventory that also says which stores were repeats and lists an
+// endpoint's keys, as *shard.Inventory does: with it a rank keeps the hashes it holds
+// once on its GPU tier without holder-count entries (rankState.singles).
+type heldInventory interface {
+	Inventory
+	AddHeld(ep int, keys, held []uint64) (int, []uint64)
+	Keys(ep int, cursor uint64, limit int, dst []uint64) ([]uint64, uint64)
+}
+
 // EndpointConfig is one engine endpoint to follow.
 type EndpointConfig struct {
 	Name   string

@@ -148,7 +148,28 @@ type rankState struct {
 	// rank's CPU or storage slot (EndpointConfig.CPUSlots, StorageSlots), or -1: not
 	// indexed (its holders are still counted).
 	tierSlot [numMedia]int
+	// singles, while singlesOn, is how many hashes are held once on the GPU tier and on
+	// no other: such a hash has no refs entry, its bit in slot is its one holder, and refs
+	// keeps only hashes with a second holder, which under churn are few (at 100M entries
+	// over 1,024 engines the tables took 2 GiB, and looking every hash up cost each key a
+	// cache miss). On when the inventory reports which stores were repeats
+	// (heldInventory), the GPU tier is indexed in slot and slot was empty when the rank
+	// was made (every key in it is this rank's own); off for good once the endpoint
+	// switches to fast keys (the slot holds other keys then) or the rank's engine
+	// announces a block on another tier (an offloading engine: holders on several tiers
+	// go in one entry), its singles then given entries (applier.endSingles). (A single
+	// the inventory evicts at its own per-endpoint bound stays in the GPU tier count: its
+	// removal finds nothing to remove, which reads as a hash never stored.)
+	singles   int64
+	singlesOn bool
 }
+
+// singleTier is the tier whose lone holders rankState.singles keeps.
+const singleTier = MediumGPU
+
+// keepsSingles reports whether r keeps hashes held once on tier m outside refs (e.mu
+// held).
+func (r *rankState) keepsSingles(m Medium) bool { return r.singlesOn && m == singleTier }
 
 // holdsIn reports whether one of the tiers in left is indexed in slot.
 func (r *rankState) holdsIn(left Media, slot int) bool {

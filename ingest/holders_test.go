@@ -291,17 +291,7 @@ func TestTopicWithSGLangEpoch(t *testing.T) {
 // inventory; when a parity failure switches the endpoint to re-hashed keys, only blocks
 // still on the GPU are indexed again.
 func TestSwitchSkipsBlocksOffRoutedTiers(t *testing.T) {
-	ok := loadStreams(t)["vllm-ok"]
-	inv := newInv(t)
-	cfg := testConfig(inv)
-	cfg.Keys = KeysAuto
-	cfg.Chain, cfg.Spec = ruleChain(t, "vllm", "sha256_cbor", 16)
-	m, err := NewManager(cfg, []EndpointConfig{{Name: "v", Engine: "vllm", Events: "tcp://127.0.0.1:1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := newApplier(m.eps[0], m.eps[0].rk[0])
-	root := ok.pubEvents(t)[0].(enginepub.BlockStored) // three blocks from the root
+	m, inv, a, root := autoKeysEndpoint(t)
 	a.apply(fmtBatch(root))
 	offloaded := root.Hashes[2]
 	a.apply(fmtBatch(enginepub.BlockStored{Hashes: []uint64{offloaded}, Medium: "CPU"}))
@@ -326,6 +316,23 @@ func TestSwitchSkipsBlocksOffRoutedTiers(t *testing.T) {
 	if got := invKeys(inv, 0); !slices.Equal(got, sorted(want)) {
 		t.Fatalf("after the switch\n got %v\nwant %v (the CPU-only block must stay out)", got, sorted(want))
 	}
+}
+
+// autoKeysEndpoint is one vLLM endpoint under a 16-token sha256_cbor rule in auto key
+// mode (a parity failure switches it to fast keys), its applier, and the vllm-ok
+// stream's first store: three blocks from the root, with their tokens.
+func autoKeysEndpoint(t *testing.T) (*Manager, *shard.Inventory, *applier, enginepub.BlockStored) {
+	t.Helper()
+	ok := loadStreams(t)["vllm-ok"]
+	inv := newInv(t)
+	cfg := testConfig(inv)
+	cfg.Keys = KeysAuto
+	cfg.Chain, cfg.Spec = ruleChain(t, "vllm", "sha256_cbor", 16)
+	m, err := NewManager(cfg, []EndpointConfig{{Name: "v", Engine: "vllm", Events: "tcp://127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, inv, newApplier(m.eps[0], m.eps[0].rk[0]), ok.pubEvents(t)[0].(enginepub.BlockStored)
 }
 
 func testTokensN(n int, seed uint32) []uint32 {

@@ -104,6 +104,7 @@ func (m *Manager) add(ec EndpointConfig) error {
 		return fmt.Errorf("ingest: %s: %w", ec.Name, err)
 	}
 	e.ct.Store(ct)
+	held, _ := m.cfg.Inventory.(heldInventory)
 	for r, slot := range append([]int{ec.Index}, ec.RankSlots...) {
 		rs := &rankState{rank: r, slot: slot,
 			blocks: newBlockMap(m.cfg.BlockMapSize), refs: newRefTable(m.cfg.RefCountSize)}
@@ -118,6 +119,7 @@ func (m *Manager) add(ec EndpointConfig) error {
 				rs.tierSlot[md] = ec.StorageSlots[r]
 			}
 		}
+		rs.singlesOn = held != nil && !e.fast.Load() && rs.tierSlot[singleTier] == slot && m.cfg.Inventory.Count(slot) == 0
 		e.rk = append(e.rk, rs)
 	}
 	m.eps = append(m.eps, e)

@@ -47,7 +47,9 @@ func (e *refEntry) holders() Media {
 // way with no spill (one set, nearly always). At full capacity, a hash that finds no
 // free slot within refMaxProbe sets evicts round-robin from its home set: the evicted
 // hash is forgotten (counted), and its later removal is applied as if it had one
-// holder, which is what ingest did before counting.
+// holder, which is what ingest did before counting. A rank that keeps singles
+// (rankState.singles) has entries only for hashes with a second holder: under churn
+// its table stays empty and unallocated.
 //
 // Why it grows (doubling its sets once its entries pass half its slots) instead of
 // being allocated whole: one table per endpoint at the default capacity is 2 MiB, so a
@@ -118,14 +120,17 @@ func (t *refTable) set(i uint64) []refEntry {
 	return t.ents[i*refWays+1 : i*refWays+refWays : i*refWays+refWays]
 }
 
-// find returns k's entry, or nil.
-func (t *refTable) find(k uint64) *refEntry {
-	i := t.home(k)
+// locate finds k's entry: way j of set i.
+func (t *refTable) locate(k uint64) (i uint64, j int, ok bool) {
+	if t.live == 0 {
+		return 0, 0, false // (an empty table: the common case where ranks hold hashes once)
+	}
+	i = t.home(k)
 	for d := 0; d < t.sets; d++ {
 		s := t.set(i)
 		for j := range s {
 			if s[j].key == k && s[j].counts != 0 {
-				return &s[j]
+				return i, j, true
 			}
 		}
 		if *t.spill(i) == 0 {
@@ -133,7 +138,16 @@ func (t *refTable) find(k uint64) *refEntry {
 		}
 		i = (i + 1) & t.mask
 	}
-	return nil
+	return 0, 0, false
+}
+
+// find returns k's entry, or nil.
+func (t *refTable) find(k uint64) *refEntry {
+	i, j, ok := t.locate(k)
+	if !ok {
+		return nil
+	}
+	return &t.set(i)[j]
 }
 
 // place stores e (a key not in the table) in the first free slot within limit sets of
@@ -208,43 +222,42 @@ func (t *refTable) inc(k uint64, m Medium) (newOnTier bool, dropped Media) {
 // entry (never seen, or dropped from a full set): the caller then treats it as the last
 // holder. goneFromTier: m holds k no more. left: the tiers still holding k.
 func (t *refTable) dec(k uint64, m Medium) (known, goneFromTier bool, left Media) {
-	if t.ents == nil {
+	i, j, ok := t.locate(k)
+	if !ok {
 		return false, true, 0
 	}
-	i := t.home(k)
-	for d := 0; d < t.sets; d++ {
-		s := t.set(i)
-		for j := range s {
-			e := &s[j]
-			if e.counts == 0 || e.key != k {
-				continue
-			}
-			switch c := e.count(m); c {
-			case 0: // a removal with no store on this tier: nothing to take away
-				return true, false, e.holders()
-			case refMax: // saturated: stays
-			default:
-				e.counts -= 1 << (refBits * m)
-			}
-			gone, left := e.count(m) == 0, e.holders()
-			if e.counts == 0 {
-				t.free(i, j)
-			}
-			return true, gone, left
-		}
-		if *t.spill(i) == 0 {
-			break
-		}
-		i = (i + 1) & t.mask
+	e := &t.set(i)[j]
+	switch c := e.count(m); c {
+	case 0: // a removal with no store on this tier: nothing to take away
+		return true, false, e.holders()
+	case refMax: // saturated: stays
+	default:
+		e.counts -= 1 << (refBits * m)
 	}
-	return false, true, 0
+	gone, left := e.count(m) == 0, e.holders()
+	if e.counts == 0 {
+		t.free(i, j)
+	}
+	return true, gone, left
+}
+
+// dropSingle frees k's entry when it counts exactly one holder, on tier m, and reports
+// whether it did: that hash is then held once on m, which the caller records elsewhere
+// (rankState.singles).
+func (t *refTable) dropSingle(k uint64, m Medium) bool {
+	i, j, ok := t.locate(k)
+	if !ok || t.set(i)[j].counts != 1<<(refBits*m) {
+		return false
+	}
+	t.free(i, j)
+	return true
 }
 
 // touch loads the set of every key before the caller walks them one by one: the loads
 // are independent, so their cache misses overlap instead of queueing behind each
 // update (Go has no prefetch instruction; a read it cannot drop does the same).
 func (t *refTable) touch(keys []uint64) {
-	if t.ents == nil {
+	if t.live == 0 {
 		return
 	}
 	var x uint64

@@ -212,6 +212,19 @@ func (inv *Inventory) validEP(ep int) bool {
 // prefetched before any lock is taken (their misses overlap), then its keys are applied
 // one shard at a time, each shard's mutex taken once for all of the chunk's keys in it.
 func (inv *Inventory) Add(ep int, keys []uint64) (added int) {
+	return inv.add(ep, keys, nil)
+}
+
+// AddHeld is Add, and appends to held (returned) each of keys that ep held already: the
+// stores that were repeats, in no particular order. A caller that counts holders of its
+// own learns which keys had one without asking again (ingest keeps counts only for
+// hashes with more than one holder).
+func (inv *Inventory) AddHeld(ep int, keys, held []uint64) (added int, _ []uint64) {
+	added = inv.add(ep, keys, &held)
+	return added, held
+}
+
+func (inv *Inventory) add(ep int, keys []uint64, held *[]uint64) (added int) {
 	if !inv.validEP(ep) {
 		return 0
 	}
@@ -230,6 +243,10 @@ func (inv *Inventory) Add(ep int, keys []uint64) (added int) {
 			for ; r < len(chunk) && chunkShard(c.order[r]) == s; r++ {
 				i := chunkPos(c.order[r])
 				switch inv.addLocked(s, sh, ep, chunk[i], c.hash[i], c.tab[i], c.home[i], &cnt) {
+				case addHeld:
+					if held != nil {
+						*held = append(*held, chunk[i])
+					}
 				case addNew:
 					added++
 				case addEvicted:

@@ -281,9 +281,10 @@ func TestKeysArbitraryCursor(t *testing.T) {
 	}
 }
 
-// TestWritesAllocateNothing: Add and Remove locate and apply a batch's chunks on the
-// stack, so once the tables are sized (a rebuild allocates one, by design) a batch of
-// writes allocates nothing, narrow masks and sparse sets alike.
+// TestWritesAllocateNothing: Add, AddHeld and Remove locate and apply a batch's chunks
+// on the stack, so once the tables are sized (a rebuild allocates one, by design) and
+// AddHeld's buffer has room, a batch of writes allocates nothing, narrow masks and
+// sparse sets alike.
 func TestWritesAllocateNothing(t *testing.T) {
 	for _, eps := range []int{8, 1024} {
 		inv, _ := New(Config{Endpoints: eps})
@@ -294,9 +295,14 @@ func TestWritesAllocateNothing(t *testing.T) {
 		inv.Add(1, keys)
 		batch := keys[:40] // two whole chunks and part of a third
 		rebuilds := inv.Stats().Rebuilds
+		held := make([]uint64, 0, len(batch))
 		if a := testing.AllocsPerRun(100, func() {
 			if inv.Remove(1, batch) != len(batch) || inv.Add(1, batch) != len(batch) {
 				t.Fatal("a batch was not applied whole")
+			}
+			var n int
+			if n, held = inv.AddHeld(1, batch, held[:0]); n != 0 || len(held) != len(batch) {
+				t.Fatalf("a repeated batch: %d added, %d held, want 0 and %d", n, len(held), len(batch))
 			}
 		}); a != 0 {
 			t.Errorf("endpoints=%d: %.1f allocations per batch, want 0", eps, a)

@@ -21,14 +21,25 @@ func newModel(endpoints int) *model {
 }
 
 func (m *model) add(ep int, keys []uint64) int {
+	n, _ := m.addHeld(ep, keys)
+	return n
+}
+
+// addHeld is add, and the keys ep held already, sorted (a key repeated in keys is
+// held from its second occurrence on).
+func (m *model) addHeld(ep int, keys []uint64) (int, []uint64) {
 	n := 0
+	var held []uint64
 	for _, k := range keys {
 		if !m.eps[ep][k] {
 			m.eps[ep][k] = true
 			n++
+		} else {
+			held = append(held, k)
 		}
 	}
-	return n
+	slices.Sort(held)
+	return n, held
 }
 
 func (m *model) remove(ep int, keys []uint64) int {
@@ -174,13 +185,24 @@ func TestPropertyAgainstModel(t *testing.T) {
 			ks := keySpace(r, tc.keySpace)
 			scores := make([]int32, tc.endpoints)
 			maxSpilled := int64(0)
+			var heldBuf []uint64
 			for op := 0; op < tc.ops; op++ {
 				ep := r.IntN(tc.endpoints)
 				switch x := r.IntN(1000); {
 				case x < 600:
 					keys := pick(r, ks, 1+r.IntN(40))
-					if got, want := inv.Add(ep, keys), m.add(ep, keys); got != want {
-						t.Fatalf("op %d: Add(%d) = %d, model %d", op, ep, got, want)
+					if r.IntN(2) == 0 {
+						if got, want := inv.Add(ep, keys), m.add(ep, keys); got != want {
+							t.Fatalf("op %d: Add(%d) = %d, model %d", op, ep, got, want)
+						}
+						break
+					}
+					got, held := inv.AddHeld(ep, keys, heldBuf[:0])
+					want, wantHeld := m.addHeld(ep, keys)
+					heldBuf = held
+					slices.Sort(held)
+					if got != want || !slices.Equal(held, wantHeld) {
+						t.Fatalf("op %d: AddHeld(%d) = %d, held %v; model %d, %v", op, ep, got, held, want, wantHeld)
 					}
 				case x < 990:
 					keys := pick(r, ks, 1+r.IntN(60))

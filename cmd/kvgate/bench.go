@@ -37,7 +37,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	overhead := fs.Bool("overhead", false, "measure kvgate's added latency and req/s against a direct connection to a zero-latency engine")
 	fleet := fs.String("fleet", "", "fleet simulator: comma-separated fleet sizes (endpoints, 1..1024), e.g. 8,64,256,1024: ZeroMQ vLLM publishers churning blocks into one kvgate; table of RSS, B/entry, ingest CPU, event lag and decision time, plots in -out")
 	var fc bench.FleetConfig
-	fs.IntVar(&fc.Entries, "fleet-entries", 2_000_000, "fleet: (key, endpoint) entries to reach before measuring, across the fleet")
+	fs.IntVar(&fc.Entries, "fleet-entries", 0, "fleet: (key, endpoint) entries to reach before measuring, across the fleet, the same at every size; 0: each size N fills 100M x N / 1,024 (97,656 an endpoint: 781k at 8, 100M at 1,024)")
 	fs.Float64Var(&fc.EventRate, "fleet-rate", 4, "fleet: churn batches per second per endpoint (each stores 16 blocks and removes the 16 oldest)")
 	fs.DurationVar(&fc.Measure, "fleet-measure", 5*time.Second, "fleet: churn window over which ingest CPU is measured")
 	fs.IntVar(&fc.Markers, "fleet-markers", 100, "fleet: event-lag markers per fleet size")
@@ -375,8 +375,12 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 func runFleet(fc bench.FleetConfig, out, plotFmt string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	fmt.Fprintf(stdout, "fleet: sizes %v, %d entries, %.1f churn batches/s per endpoint (16 blocks stored, 16 removed), %v CPU window\n\n",
-		fc.Sizes, fc.Entries, fc.EventRate, fc.Measure)
+	entries := fmt.Sprintf("%d entries", fc.Entries)
+	if fc.Entries == 0 {
+		entries = fmt.Sprintf("%d x N / 1024 entries", bench.FleetEntriesAt1024)
+	}
+	fmt.Fprintf(stdout, "fleet: sizes %v, %s, %.1f churn batches/s per endpoint (16 blocks stored, 16 removed), %v CPU window\n\n",
+		fc.Sizes, entries, fc.EventRate, fc.Measure)
 	start := time.Now()
 	rows, err := bench.RunFleet(ctx, fc)
 	bench.WriteFleetTable(stdout, rows)

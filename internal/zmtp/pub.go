@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -30,6 +31,7 @@ type Pub struct {
 
 type pubPeer struct {
 	conn net.Conn
+	w    io.Writer  // conn's messages go through it (socketSink)
 	wmu  sync.Mutex // serializes writes: Send and PONGs
 	// until is the write deadline Send last set (wmu held). Send moves it only once less
 	// than half of sendTimeout is left: setting a deadline re-arms a runtime timer, which
@@ -76,7 +78,7 @@ func (p *Pub) accept() {
 func (p *Pub) serve(c net.Conn) {
 	defer p.wg.Done()
 	defer c.Close()
-	peer := &pubPeer{conn: c}
+	peer := &pubPeer{conn: c, w: socketSink(c)}
 	r := frameReader{rd: bufio.NewReaderSize(c, 4096)}
 	c.SetDeadline(time.Now().Add(sendTimeout)) //nolint:errcheck
 	var out []byte
@@ -238,7 +240,7 @@ func (p *Pub) Send(frames ...[]byte) error {
 			q.until = now.Add(sendTimeout)
 			q.conn.SetWriteDeadline(q.until) //nolint:errcheck
 		}
-		_, err := q.conn.Write(p.out)
+		_, err := q.w.Write(p.out)
 		q.wmu.Unlock()
 		if err != nil {
 			q.conn.Close() // its serve goroutine drops it

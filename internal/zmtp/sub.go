@@ -88,8 +88,13 @@ func Handshake(ctx context.Context, rw io.ReadWriter, opt Options) (*Sub, error)
 	if opt.ReadBuffer <= 0 {
 		opt.ReadBuffer = DefaultReadBuffer
 	}
-	s := &Sub{frameReader: frameReader{rd: bufio.NewReaderSize(rw, opt.ReadBuffer)}, w: rw, maxMsg: opt.MaxMessage}
-	if c, ok := rw.(net.Conn); ok {
+	src := io.Reader(rw)
+	c, isConn := rw.(net.Conn)
+	if isConn {
+		src = socketSource(c)
+	}
+	s := &Sub{frameReader: frameReader{rd: bufio.NewReaderSize(src, opt.ReadBuffer)}, w: rw, maxMsg: opt.MaxMessage}
+	if isConn {
 		s.conn = c
 		if opt.Timeout > 0 {
 			c.SetDeadline(time.Now().Add(opt.Timeout)) //nolint:errcheck // a closed conn fails the reads below

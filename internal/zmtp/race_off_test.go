@@ -1,0 +1,5 @@
+//go:build !race
+
+package zmtp
+
+const raceEnabled = false
