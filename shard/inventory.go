@@ -97,13 +97,20 @@ type shardState struct {
 	mu   sync.Mutex
 	live int // keys with a non-zero mask (including key 0); under mu
 	used int // claimed slots: live + tombstones (key 0 excluded); under mu
+	// trigger: the used slots at which a new key rebuilds the table (compactTrigger);
+	// under mu.
+	trigger int
+	// spare is the next rebuild's table, made and faulted in ahead of it off the lock
+	// (prepareSpare); spareAsked says one was asked for since the last rebuild (under mu).
+	spare      atomic.Pointer[table]
+	spareAsked bool
 	// liveGauge mirrors live for the lock-free readers (Len, Stats), stored once per
 	// hold of mu that changed it rather than once per key.
 	liveGauge atomic.Int64
 	// usedGauge mirrors used for Stats, which must not read used without the mutex;
 	// it is refreshed every 64 claims and on every rebuild.
 	usedGauge atomic.Int64
-	_         [128 - 8 - 8 - 8 - 8 - 8]byte
+	_         [128 - 8 - 8 - 8 - 8 - 8 - 8 - 8 - 8]byte
 }
 
 // publishLive refreshes liveGauge after a hold of mu that may have changed live.
@@ -176,7 +183,9 @@ func New(cfg Config) (*Inventory, error) {
 	}
 	inv.shift = 64 - inv.shardBits
 	for i := range inv.tabs {
-		inv.tabs[i].Store(newTable(minBuckets, inv.words, inv.lay))
+		t := newTable(minBuckets, inv.words, inv.lay)
+		inv.tabs[i].Store(t)
+		inv.shards[i].trigger = t.maxUsed()
 	}
 	return inv, nil
 }
@@ -402,7 +411,7 @@ func (inv *Inventory) addLocked(s int, sh *shardState, ep int, k, h uint64, loca
 		t.reuse(free, k, ep) // a tombstone: stays counted in used
 		sh.live++
 	case !ok:
-		if sh.used+1 > t.maxUsed() || free < 0 {
+		if sh.used+1 > sh.trigger || free < 0 {
 			t = inv.rebuildLocked(s, sh, sh.live+1)
 			free = t.freeSlot(t.home(h, inv.shardBits))
 		}
@@ -410,6 +419,10 @@ func (inv *Inventory) addLocked(s int, sh *shardState, ep int, k, h uint64, loca
 		t.setBit(free, ep)
 		t.claim(free, k)
 		sh.used++
+		if !sh.spareAsked && sh.used >= sh.trigger-spareLead(t, sh.trigger) && hugeTable(t.nb, inv.lay) {
+			sh.spareAsked = true
+			go inv.prepareSpare(sh, t.nb)
+		}
 		if sh.used%64 == 0 {
 			sh.usedGauge.Store(int64(sh.used)) // a gauge: coarse is enough
 		}
@@ -468,13 +481,71 @@ func (inv *Inventory) clearLocked(t *table, sh *shardState, slot, ep int) {
 // tombstones, and returns it.
 func (inv *Inventory) rebuildLocked(s int, sh *shardState, want int) *table {
 	old := inv.tabs[s].Load()
-	nt := newTable(bucketsFor(want, inv.lay), inv.words, inv.lay)
+	nb := bucketsFor(want, inv.lay)
+	nt := sh.spare.Swap(nil)
+	if nt == nil || nt.nb != nb {
+		if nt != nil {
+			retireTable(nt) // another size than this rebuild wants
+		}
+		nt = newTable(nb, inv.words, inv.lay)
+	}
+	sh.spareAsked = false
 	n := old.rebuildInto(nt, inv.shardBits)
 	inv.tabs[s].Store(nt)
+	retireTable(old)
 	sh.used = n
+	sh.trigger = compactTrigger(nt, n, uint64(s)<<32|inv.rebuilds.Load())
 	sh.usedGauge.Store(int64(n))
 	inv.rebuilds.Add(1)
 	return nt
+}
+
+// prepareSpare makes a table of nb buckets for shard sh's next rebuild and faults its
+// pages in, then leaves it in sh.spare, where rebuildLocked takes it if the rebuild wants
+// that size (a compaction under steady churn wants the same size again).
+//
+// Why: a huge table's first touch is the kernel backing it with huge pages, which with
+// THP's defrag at "madvise" means direct compaction at the fault; measured here, 23-28 ms
+// for a 10 MiB table, four times the 5.5-7 ms its rebuild takes to copy 390K keys. Done
+// under the shard's mutex, as the rebuild was, that stalled every writer of the shard
+// (event lag p99 at 100M entries, bench/RESULTS.md, session 8); done here, it stalls
+// nobody. At most one spare a shard, asked for only near its trigger (spareLead), so the
+// spares held at a time are the few shards about to rebuild.
+func (inv *Inventory) prepareSpare(sh *shardState, nb uint64) {
+	t := newTable(nb, inv.words, inv.lay)
+	t.touch()
+	if old := sh.spare.Swap(t); old != nil {
+		retireTable(old)
+	}
+}
+
+// spareLead is how many used slots before its trigger a shard asks for a spare table:
+// 1/256 of the table. Why so few: a spare is the table's whole size again, held until the
+// rebuild, and the time it is held is this lead over the shard's growth in used slots,
+// a second or so at 1M keys/s over 100M entries (256 shards, ~2,000 tombstones a second
+// each), where making it takes ~30 ms. At a sixteenth, ~80 spares (0.8 GB) were held at
+// once there. A shard that outruns its spare rebuilds into a new table, as before.
+func spareLead(t *table, trigger int) int {
+	return min(t.capacity()/256, trigger/2)
+}
+
+// compactTrigger is where a table rebuilt with used slots in use rebuilds next: somewhere
+// in the upper half of its headroom up to maxUsed, drawn from seed (the shard and the
+// rebuild count). Why: under steady churn (as many removes as stores) the used slots of
+// every shard grow at the same rate, from the same load, in tables of the same size (a
+// fleet's 256 shards hold equal shares, and huge-page rounding makes their tables equal),
+// so with one trigger they all compacted within a few seconds of each other: at 100M
+// entries, 256 rebuilds of ~25 ms holding their shards' locks back to back, which stalled
+// ingest for seconds (event lag p99 ~0.5 s, bench/RESULTS.md, session 8). Triggers spread
+// over half the headroom spread the rebuilds over the churn instead, each shard's next
+// one redrawn, so they do not fall back into step.
+func compactTrigger(t *table, used int, seed uint64) int {
+	max := t.maxUsed()
+	if used >= max {
+		return max
+	}
+	headroom := uint64(max - used)
+	return max - int(headroom/2*(mix(seed)>>40)>>24)
 }
 
 // maybeShrinkLocked rebuilds a table whose live keys fill under 1/shrinkLoadDen of it.
@@ -619,7 +690,9 @@ func (inv *Inventory) ClearAll() {
 	}
 	inv.clearEpoch++
 	for s := range inv.shards {
-		inv.tabs[s].Store(newTable(minBuckets, inv.words, inv.lay))
+		t := newTable(minBuckets, inv.words, inv.lay)
+		retireTable(inv.tabs[s].Swap(t))
+		inv.shards[s].trigger = t.maxUsed()
 		inv.shards[s].used = 0
 		inv.shards[s].usedGauge.Store(0)
 		inv.shards[s].live = 0
@@ -655,6 +728,9 @@ func (inv *Inventory) MemoryBytes() int64 {
 	n := int64(len(inv.shards))*128 + int64(len(inv.tabs))*8 + int64(len(inv.counts))*64 + 256
 	for s := range inv.tabs {
 		n += inv.tabs[s].Load().bytes()
+		if sp := inv.shards[s].spare.Load(); sp != nil {
+			n += sp.bytes()
+		}
 	}
 	return n
 }

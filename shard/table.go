@@ -118,6 +118,9 @@ type table struct {
 	// beyond it. Misses, common at a prompt's uncached tail, then cost about one bucket
 	// instead of the whole probe run. It costs one bit per bucket, so it stays in cache.
 	ovf []uint64
+	// retired, for a table in a mapping of its own (thp_linux.go): set once a newer table
+	// replaced it, so its unmapping counts against what retireTable awaits.
+	retired *atomic.Bool
 }
 
 // zeroSlot is the slot index writers use for key 0's out-of-table mask; noSlot is
@@ -137,12 +140,21 @@ func newTable(nb uint64, words int, lay layout) *table {
 	if hugeTable(nb, lay) {
 		if b, mem, ok := mapBuckets(nb); ok {
 			t.buckets = b
+			t.retired = new(atomic.Bool)
 			unmapWhenUnreachable(t, mem)
 			return t
 		}
 	}
 	t.buckets = make([]bucket, nb)
 	return t
+}
+
+// touch writes every 4 KiB page of a table no reader can see yet (a zero to a zero), so
+// that the kernel backs it now rather than at the rebuild's first writes.
+func (t *table) touch() {
+	for i := 0; i < len(t.buckets); i += 4096 / 64 {
+		t.buckets[i][0] = 0
+	}
 }
 
 // bucketsFor is the bucket count of a table rebuilt to hold live keys.

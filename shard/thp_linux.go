@@ -86,8 +86,48 @@ var unmappedTables atomic.Int64
 // holds the *table while it probes (every reader path keeps it live to its last bucket
 // load, runtime.KeepAlive where the compiler could otherwise drop it early).
 func unmapWhenUnreachable(t *table, mem []byte) {
-	runtime.AddCleanup(t, func(m []byte) {
-		_ = munmap(m)
+	runtime.AddCleanup(t, func(m mapping) {
+		_ = munmap(m.mem)
 		unmappedTables.Add(1)
-	}, mem)
+		if m.retired.Load() {
+			retiredBytes.Add(-int64(len(m.mem)))
+		}
+	}, mapping{mem, t.retired})
 }
+
+// mapping is what a table's cleanup needs (it must not reach the table itself).
+type mapping struct {
+	mem     []byte
+	retired *atomic.Bool
+}
+
+// retireTable notes that t, replaced by a newer table, awaits its cleanup. Why: a
+// mapping is off the Go heap, so the collector's pacing does not see it, and the cleanup
+// that unmaps a replaced table runs only after a collection. With the index off the heap,
+// the heap is small and collections are rare: at 100M entries, churn that compacts every
+// shard in turn kept 0.4-1.4 GB of replaced tables mapped (bench/RESULTS.md, session 8).
+// So once the replaced tables awaiting their cleanup pass retireCollectBytes, one
+// collection is started (never two at once): the memory held beyond the live tables
+// stays about that bound, for a collection of a small heap every few hundred MiB of
+// rebuilds.
+func retireTable(t *table) {
+	if t.retired == nil || t.retired.Swap(true) {
+		return
+	}
+	n := retiredBytes.Add(int64(len(t.buckets)) * int64(unsafe.Sizeof(bucket{})))
+	if n >= retireCollectBytes && collecting.CompareAndSwap(false, true) {
+		go func() {
+			runtime.GC()
+			collecting.Store(false)
+		}()
+	}
+}
+
+// retireCollectBytes is how much replaced tables may wait for their unmapping before a
+// collection is started.
+const retireCollectBytes = 128 << 20
+
+var (
+	retiredBytes atomic.Int64 // mapped bytes of replaced tables not unmapped yet
+	collecting   atomic.Bool  // a collection retireTable started is running
+)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -171,4 +172,106 @@ func anonHugeKB(addr uintptr) (huge, size int, err error) {
 		}
 	}
 	return 0, 0, fmt.Errorf("no mapping holds %#x", addr)
+}
+
+// TestRetiredTablesCollected: replaced mapped tables are unmapped without anyone calling
+// the collector: once retireCollectBytes of them wait for their cleanup, retireTable
+// starts a collection, so the mappings held beyond the live tables stay about that bound
+// on a heap that would not collect by itself (this test allocates almost nothing).
+func TestRetiredTablesCollected(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(-1)) // no collection but the one retireTable starts
+	lay := layoutFor(1024)
+	unmapped0, retired0 := unmappedTables.Load(), retiredBytes.Load()
+	per := int64(hugeBuckets) * 64
+	n := int(retireCollectBytes/per) + 2
+	for i := 0; i < n; i++ {
+		tb := newTable(hugeBuckets, 1, lay)
+		if tb.retired == nil {
+			t.Skip("no mapped tables here (mmap failed): nothing to collect")
+		}
+		retireTable(tb)
+		retireTable(tb) // twice: counted once
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for unmappedTables.Load()-unmapped0 < int64(n) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := unmappedTables.Load() - unmapped0; got < int64(n) {
+		t.Fatalf("%d of %d retired tables (%d MiB) unmapped", got, n, int64(n)*per>>20)
+	}
+	// (Other tests' replaced tables may be unmapped meanwhile: the count may fall below.)
+	if left := retiredBytes.Load() - retired0; left > 0 {
+		t.Fatalf("%d retired bytes left counted after every retired table was unmapped", left)
+	}
+}
+
+// TestSpareTableUsed: a shard whose huge table nears its rebuild trigger gets a spare
+// table made and faulted in off its lock, and the rebuild publishes that spare (same
+// size under steady churn) with every key in it.
+func TestSpareTableUsed(t *testing.T) {
+	inv, err := New(Config{Endpoints: 1024, Shards: 1, MaxKeysPerEndpoint: 1 << 24})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh := &inv.shards[0]
+	var next uint64 = 1
+	batch := func() []uint64 {
+		k := make([]uint64, 64)
+		for i := range k {
+			k[i] = benchKey(next)
+			next++
+		}
+		return k
+	}
+	// Fill past a huge table's size, then churn (store new keys, remove the oldest) until
+	// the table nears its trigger: the spare is asked for there.
+	var held [][]uint64
+	for inv.tabs[0].Load().retired == nil || len(held) < 2*int(hugeBuckets)/64 {
+		k := batch()
+		inv.Add(1, k)
+		held = append(held, k)
+	}
+	asked := func() bool {
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		return sh.spareAsked
+	}
+	before := inv.tabs[0].Load()
+	for !asked() && inv.tabs[0].Load() == before {
+		k := batch()
+		inv.Add(1, k)
+		inv.Remove(1, held[0])
+		held = append(held[1:], k)
+	}
+	if inv.tabs[0].Load() != before {
+		t.Fatal("the table was rebuilt before a spare was asked for")
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	var spare *table
+	for spare == nil && time.Now().Before(deadline) { // made on a goroutine of its own
+		time.Sleep(time.Millisecond)
+		spare = sh.spare.Load()
+	}
+	if spare == nil {
+		t.Fatal("a spare table was asked for but never made")
+	}
+	for inv.tabs[0].Load() == before && time.Now().Before(deadline) {
+		k := batch()
+		inv.Add(1, k)
+		inv.Remove(1, held[0])
+		held = append(held[1:], k)
+	}
+	if got := inv.tabs[0].Load(); got != spare {
+		t.Fatalf("the rebuild published table %p (%d buckets), not the spare %p (%d buckets)", got, got.nb, spare, spare.nb)
+	}
+	var all []uint64
+	for _, k := range held {
+		all = append(all, k...)
+	}
+	el := NewMask(1024)
+	el.SetAll(1024)
+	scores := make([]int32, 1024)
+	if inv.Score(all, el, Overlap, scores); int(scores[1]) != len(all) {
+		t.Fatalf("after the rebuild endpoint 1 holds %d of its %d keys", scores[1], len(all))
+	}
 }
