@@ -488,6 +488,7 @@ func (a *applier) switchToFastLocked() {
 	e := a.e
 	inv := e.m.cfg.Inventory
 	e.fast.Store(true)
+	e.m.keysChanged()
 	for _, r := range e.rk {
 		a.endSingles(r)
 	}

@@ -210,6 +210,15 @@ func TestParityAttestation(t *testing.T) {
 			if c.rehash && c.keys == KeysAuto && st.ModeSwitches != 1 {
 				t.Fatalf("mode switches %d", st.ModeSwitches)
 			}
+			// KeyGen moved for the endpoint's arrival and once more for a switch to fast
+			// keys or an adopted block size, and for nothing else.
+			wantGen := uint64(1)
+			if c.rehash && c.keys == KeysAuto || st.BlockSizeAdopted {
+				wantGen = 2
+			}
+			if g := m.KeyGen(); g != wantGen {
+				t.Fatalf("KeyGen %d, want %d", g, wantGen)
+			}
 		})
 	}
 }

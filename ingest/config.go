@@ -110,6 +110,9 @@ func (m Media) Has(t Medium) bool { return m&(1<<t) != 0 }
 // Config is shared by every endpoint of a rule.
 type Config struct {
 	Inventory Inventory // normally a *shard.Inventory
+	// OnKeysChange, when set, is called after each move of Manager.KeyGen (an event
+	// plane's fallback manager tells its route replica).
+	OnKeysChange func()
 	// Slots is how many inventory indices endpoints may take, those added at runtime
 	// (Manager.AddEndpoint) included; 0: the largest given index + 1.
 	Slots int

@@ -85,6 +85,7 @@ func (e *endpoint) adoptLocked(bs int) bool {
 		next.chain, next.spec = c, &s
 	}
 	e.ct.Store(next)
+	e.m.keysChanged()
 	e.parity.Store(parityUnknown)
 	e.cause.Store(nil)
 	e.sizeMismatch.Store(false)

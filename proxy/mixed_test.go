@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -139,5 +140,42 @@ func TestResponseHopByHopLowerCase(t *testing.T) {
 	}
 	if res.Header.Get("X-Engine") != "e" || res.Header.Get("Content-Type") != "application/json" {
 		t.Errorf("end-to-end response headers lost: %v", res.Header)
+	}
+}
+
+// An endpoint whose events fail parity switches to kvgate's fast keys while kvgate runs:
+// the request path's classification of the slots (kept between requests, keyedSlots)
+// follows, so the next request scores that endpoint by fast keys and finds its blocks.
+func TestKeyedSlotsFollowSwitch(t *testing.T) {
+	a, b := newKVEngine(t, "a", enginepub.VLLM), newKVEngine(t, "b", enginepub.VLLM)
+	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""), b.spec(1, "vllm", ""))
+	cfg.KV.PendingTTL = 0 // only the engines' events count as held
+	s := startProxy(t, cfg)
+	toks := engineTokens(t, sharedPrefix)
+	post(t, s.url("/v1/completions"), complPrompt(sharedPrefix)) // classified: both by engine keys
+	gen := s.kv.keyedSlots().gen
+	if s.kv.mgr.UsesFastKeys(0) {
+		t.Fatal("a starts on fast keys")
+	}
+	// Keys that are not the contract's for these tokens: parity fails, a switches.
+	bogus := make([]uint64, 4)
+	for i := range bogus {
+		bogus[i] = 0xbad0000 + uint64(i)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.pub.WaitSubscribed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.pub.Publish(enginepub.BlockStored{Hashes: bogus, TokenIDs: toks[:4*blockSize], BlockSize: blockSize}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a on fast keys", func() bool { return s.kv.mgr.UsesFastKeys(0) && s.kv.inv.Count(0) == 4 })
+	res, body := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix))
+	if res.Header.Get("x-kvgate-endpoint") != "a" || res.Header.Get("x-kvgate-route") != "kv-hit" {
+		t.Fatalf("after the switch: %s %s %s", res.Header.Get("x-kvgate-endpoint"), res.Header.Get("x-kvgate-route"), body)
+	}
+	if kc := s.kv.keyedSlots(); kc.gen == gen || !kc.fast.Has(0) || kc.eng.Has(0) || !kc.eng.Has(1) {
+		t.Fatalf("classification gen %d (was %d): fast %v eng %v", kc.gen, gen, kc.fast, kc.eng)
 	}
 }

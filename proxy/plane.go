@@ -87,6 +87,9 @@ type eventSource interface {
 	Close() error
 	Status(i int) ingest.EndpointStatus
 	UsesFastKeys(i int) bool
+	// KeyGen moves whenever what UsesFastKeys or Contract answers for any endpoint may
+	// have changed (kvRouter.slotKeys keeps its classification until it does).
+	KeyGen() uint64
 	// Contract is the chains endpoint i's keys are under (its engine's, kvgate's fast
 	// one at its block size); nil, nil: the rule's.
 	Contract(i int) (engine, fast hashcore.Chain)
@@ -215,6 +218,7 @@ func armFallback(r *plane.Route, icfg ingest.Config, eps []ingest.EndpointConfig
 		return nil
 	}
 	icfg.Metrics = nil
+	icfg.OnKeysChange = r.KeysChanged
 	if _, err := ingest.NewManager(icfg, sub); err != nil { // validates now, not mid-outage
 		return refuse("-endpoint", "%v", err)
 	}

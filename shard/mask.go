@@ -66,6 +66,22 @@ func (m Mask) Count() int {
 	return n
 }
 
+// And sets m to a AND b, as far as all three reach (m's words past them clear), and
+// returns how many endpoints m holds: a whole word at a time, where testing each index
+// would cost a branch per endpoint.
+func (m Mask) And(a, b Mask) int {
+	n := 0
+	for w := range m {
+		var x uint64
+		if w < len(a) && w < len(b) {
+			x = a[w] & b[w]
+		}
+		m[w] = x
+		n += bits.OnesCount64(x)
+	}
+	return n
+}
+
 // lowBits returns a word with the low n bits set, 0 <= n <= 64.
 func lowBits(n int) uint64 {
 	if n >= 64 {

@@ -123,6 +123,7 @@ func TestRouteStateMachine(t *testing.T) {
 	msg := func(h header, keys ...uint64) []byte { return appendMsg(nil, h, keys) }
 	state := func() string { s, _ := r.State(0); return s }
 	// Ops before any snapshot are ignored: their base is unknown.
+	gen := r.KeyGen()
 	e.apply(msg(header{op: OpStore, epoch: 5, seq: 1}, 1, 2))
 	if inv.Count(0) != 0 || state() != StateSyncing {
 		t.Fatalf("op before snapshot applied: %d keys, %s", inv.Count(0), state())
@@ -147,6 +148,19 @@ func TestRouteStateMachine(t *testing.T) {
 	e.apply(msg(header{op: OpStore, epoch: 5, seq: 15}, 5))
 	if s, why := r.State(0); s != StateDegraded || !strings.Contains(why, "gap") || e.gaps.Get() != 1 || inv.Count(0) != 4 {
 		t.Fatalf("gap: %s %q gaps %d keys %d", s, why, e.gaps.Get(), inv.Count(0))
+	}
+	// The key kind the ingest replica names: KeyGen moves when it changes, only then.
+	if g := r.KeyGen(); g != gen {
+		t.Fatalf("KeyGen moved from %d to %d without a change of key kind", gen, g)
+	}
+	e.apply(msg(header{op: OpStore, epoch: 5, seq: 16, kind: kindFast}, 6))
+	e.apply(msg(header{op: OpStore, epoch: 5, seq: 17, kind: kindFast}, 7))
+	if g := r.KeyGen(); g != gen+1 || !r.UsesFastKeys(0) {
+		t.Fatalf("to fast keys: KeyGen %d (was %d), fast %v", g, gen, r.UsesFastKeys(0))
+	}
+	e.apply(msg(header{op: OpStore, epoch: 5, seq: 18}, 8))
+	if g := r.KeyGen(); g != gen+2 || r.UsesFastKeys(0) {
+		t.Fatalf("back to engine keys: KeyGen %d (was %d), fast %v", g, gen, r.UsesFastKeys(0))
 	}
 	// The next snapshot heals it; a clear empties the endpoint.
 	e.apply(msg(header{op: OpSnapshot, epoch: 5, seq: 20, chunks: 1}, 2, 3, 4, 5))

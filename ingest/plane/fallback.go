@@ -64,6 +64,7 @@ func (r *Route) stepFallback(ctx context.Context, now time.Time) {
 			// everything the fallback wrote, and no fallback write can follow it.
 			src.Close()
 			r.fbActive.Store(nil)
+			r.KeysChanged()
 			log.Info("plane: back: direct subscription stopped; resyncing from the plane")
 			for _, e := range r.all {
 				if r.covered(e.Index) {
@@ -92,6 +93,7 @@ func (r *Route) stepFallback(ctx context.Context, now time.Time) {
 	r.fbFailed = false
 	src.Start(ctx)
 	r.fbActive.Store(&src)
+	r.KeysChanged()
 	log.Warn("plane: down: following the engines directly until it returns", "down_for", now.Sub(r.downSince).Round(time.Millisecond))
 	for _, e := range r.all {
 		if r.covered(e.Index) {
@@ -104,6 +106,7 @@ func (r *Route) stepFallback(ctx context.Context, now time.Time) {
 func (r *Route) stopFallback() {
 	if src := r.fallbackSource(); src != nil {
 		r.fbActive.Store(nil)
+		r.KeysChanged()
 		src.Close()
 	}
 }

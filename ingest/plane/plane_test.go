@@ -423,11 +423,15 @@ func TestRouteFallsBackToDirect(t *testing.T) {
 		t.Fatal("fell back with the plane up")
 	}
 
+	gen := r.KeyGen()
 	ns.Kill()
 	waitFor(t, "direct fallback subscribed", 10*time.Second, func() bool {
 		_, why := r.State(0)
 		return strings.Contains(why, "directly") && r.Status(0).Connected
 	})
+	if r.KeyGen() == gen { // the fallback answers UsesFastKeys now
+		t.Fatal("KeyGen did not move when the fallback started")
+	}
 	probe := uint64(0xbeef)
 	l.models[0][probe] = true
 	waitFor(t, "fallback applies engine events", 10*time.Second, func() bool {
@@ -447,6 +451,9 @@ func TestRouteFallsBackToDirect(t *testing.T) {
 	agree(t, "back on the plane", 20*time.Second, l, ing, rr)
 	if r.fallbackSource() != nil || started.Load() != 1 {
 		t.Fatalf("fallback still running (started %d)", started.Load())
+	}
+	if g := r.KeyGen(); g < gen+2 {
+		t.Fatalf("KeyGen %d: did not move again when the fallback stopped (before it: %d)", g, gen)
 	}
 	l.store(t, 0, 3)
 	agree(t, "live on the plane", 15*time.Second, l, ing, rr)

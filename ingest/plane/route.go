@@ -79,8 +79,9 @@ type Route struct {
 
 	fb        *Fallback
 	fbActive  atomic.Pointer[Source]
-	downSince time.Time // watch goroutine only
-	fbFailed  bool      // watch goroutine only
+	keyGen    atomic.Uint64 // KeyGen
+	downSince time.Time     // watch goroutine only
+	fbFailed  bool          // watch goroutine only
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
@@ -369,7 +370,9 @@ func (e *subEndpoint) apply(data []byte) {
 		return
 	}
 	e.lastMsg.Store(time.Now().UnixNano())
-	e.fast.Store(h.kind == kindFast)
+	if fast := h.kind == kindFast; e.fast.Swap(fast) != fast {
+		r.KeysChanged()
+	}
 	if h.op == OpSnapshot {
 		e.applySnapshot(data)
 		return
@@ -498,6 +501,15 @@ func (r *Route) ep(i int) *subEndpoint {
 	}
 	return r.eps[i]
 }
+
+// KeyGen is a count of the changes to what UsesFastKeys answers for any endpoint (the
+// ingest replica's key kind for one, the direct fallback started or stopped, or a change
+// the fallback's own manager reports through KeysChanged): ingest.Manager.KeyGen's
+// counterpart on a route replica.
+func (r *Route) KeyGen() uint64 { return r.keyGen.Load() }
+
+// KeysChanged moves KeyGen (the fallback's ingest.Config.OnKeysChange).
+func (r *Route) KeysChanged() { r.keyGen.Add(1) }
 
 // UsesFastKeys reports whether endpoint i's inventory holds kvgate's fast keys, as the
 // ingest replica's last message said (the direct fallback's, while it runs). Lock-free.
