@@ -88,3 +88,36 @@ func TestRoutingZeroAllocRanksAndGroups(t *testing.T) {
 		t.Errorf("routing over ranks and key groups allocates %v per request", n)
 	}
 }
+
+// A follow-up turn (BenchmarkRouteFollowup's: the memos on, every earlier turn routed
+// before, the last message new text each time) allocates nothing per request: what it
+// stores of the new turn goes into the memos' slabs and ring, whole slabs at a time, so
+// over a run of turns that is under one allocation a request (AllocsPerRun's measure).
+func TestFollowupZeroAlloc(t *testing.T) {
+	body, at := followupBody()
+	s, st := benchServerWith(t, body, func(*Config) {})
+	var d decision
+	n := 0
+	turn := func() {
+		for k, m := 6, n; k >= 0; k-- {
+			st.body[at+k] = byte('0' + m%10)
+			m /= 10
+		}
+		n++
+		if err := openai.Scan(st.body, &st.oa); err != nil {
+			t.Fatal(err)
+		}
+		clear(st.excluded)
+		s.decide(st, &d, false)
+	}
+	for range 100 {
+		turn()
+	}
+	notes := s.kv.memo.Stats().Notes
+	if a := testing.AllocsPerRun(2000, turn); a != 0 {
+		t.Errorf("a follow-up turn allocates %v times", a)
+	}
+	if s.kv.memo.Stats().Notes == notes || st.memoBlocks == 0 {
+		t.Errorf("the follow-ups took no token notes (%d) or chain memo blocks (%d)", s.kv.memo.Stats().Notes-notes, st.memoBlocks)
+	}
+}
