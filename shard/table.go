@@ -149,9 +149,14 @@ func newTable(nb uint64, words int, lay layout) *table {
 	return t
 }
 
-// touch writes every 4 KiB page of a table no reader can see yet (a zero to a zero), so
-// that the kernel backs it now rather than at the rebuild's first writes.
+// touch has the kernel back every page of a table no reader can see yet, so that it
+// does now rather than at the rebuild's first writes. populate asks for all of it in one
+// system call where the kernel can (thp_linux.go); otherwise each 4 KiB page gets a
+// write (a zero to a zero).
 func (t *table) touch() {
+	if populate(t.buckets) {
+		return
+	}
 	for i := 0; i < len(t.buckets); i += 4096 / 64 {
 		t.buckets[i][0] = 0
 	}

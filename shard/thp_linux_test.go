@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -148,6 +149,11 @@ func TestMappedTablesUnmapUnderReaders(t *testing.T) {
 
 // anonHugeKB is the AnonHugePages and the size of the /proc/self/smaps mapping holding addr.
 func anonHugeKB(addr uintptr) (huge, size int, err error) {
+	return smapsKB(addr, "AnonHugePages:")
+}
+
+// smapsKB reads one KiB field (such as "Rss:") of the mapping that holds addr.
+func smapsKB(addr uintptr, field string) (kb, size int, err error) {
 	f, err := os.Open("/proc/self/smaps")
 	if err != nil {
 		return 0, 0, err
@@ -164,11 +170,11 @@ func anonHugeKB(addr uintptr) (huge, size int, err error) {
 			}
 			continue
 		}
-		if in && strings.HasPrefix(l, "AnonHugePages:") {
-			if _, err := fmt.Sscanf(strings.TrimPrefix(l, "AnonHugePages:"), "%d", &huge); err != nil {
+		if in && strings.HasPrefix(l, field) {
+			if _, err := fmt.Sscanf(strings.TrimPrefix(l, field), "%d", &kb); err != nil {
 				return 0, 0, err
 			}
-			return huge, size, nil
+			return kb, size, nil
 		}
 	}
 	return 0, 0, fmt.Errorf("no mapping holds %#x", addr)
@@ -274,4 +280,48 @@ func TestSpareTableUsed(t *testing.T) {
 	if inv.Score(all, el, Overlap, scores); int(scores[1]) != len(all) {
 		t.Fatalf("after the rebuild endpoint 1 holds %d of its %d keys", scores[1], len(all))
 	}
+}
+
+// TestTouchBacksEveryPage: touch leaves a fresh mapped table wholly resident (Rss from
+// /proc/self/smaps, none before), through one madvise where the kernel has
+// MADV_POPULATE_WRITE (5.14 on), which this test requires of such a kernel.
+func TestTouchBacksEveryPage(t *testing.T) {
+	lay := layoutFor(MaxEndpoints)
+	tb := newTable(bucketsFor(int(3*hugeBuckets), lay), MaxEndpoints/64, lay)
+	addr := uintptr(unsafe.Pointer(&tb.buckets[0]))
+	rss, size, err := smapsKB(addr, "Rss:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rss != 0 {
+		t.Fatalf("a fresh %d KiB table has %d KiB resident before touch", size, rss)
+	}
+	tb.touch()
+	if rss, _, err = smapsKB(addr, "Rss:"); err != nil {
+		t.Fatal(err)
+	}
+	if rss != size {
+		t.Fatalf("after touch %d of %d KiB resident", rss, size)
+	}
+	var u syscall.Utsname
+	if err := syscall.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	var rel []byte
+	for _, c := range u.Release {
+		if c == 0 {
+			break
+		}
+		rel = append(rel, byte(c))
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(string(rel), "%d.%d", &major, &minor); err != nil {
+		t.Fatalf("kernel release %q: %v", rel, err)
+	}
+	fresh := newTable(tb.nb, MaxEndpoints/64, lay)
+	if ok := populate(fresh.buckets); ok != (major > 5 || major == 5 && minor >= 14) {
+		t.Fatalf("populate = %v on kernel %s", ok, rel)
+	}
+	runtime.KeepAlive(tb)
+	runtime.KeepAlive(fresh)
 }
