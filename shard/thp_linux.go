@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -137,11 +138,25 @@ func retireTable(t *table) {
 	}
 	n := retiredBytes.Add(int64(len(t.buckets)) * int64(unsafe.Sizeof(bucket{})))
 	if n >= retireCollectBytes && collecting.CompareAndSwap(false, true) {
-		go func() {
-			runtime.GC()
-			collecting.Store(false)
-		}()
+		go collectRetired()
 	}
+}
+
+// collectRetired runs collections until the replaced tables awaiting their unmapping
+// are under retireCollectBytes, a few at most. Why more than one: tables retired while a
+// collection runs are not freed by it, and a burst of rebuilds (a shrink of every shard,
+// a fleet cleared) may retire many at once and then none, so no later retireTable would
+// start the collection that frees them. The pause lets the cleanups a collection queued
+// run before the count is read again.
+func collectRetired() {
+	for range 4 {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+		if retiredBytes.Load() < retireCollectBytes {
+			break
+		}
+	}
+	collecting.Store(false)
 }
 
 // retireCollectBytes is how much replaced tables may wait for their unmapping before a
