@@ -99,6 +99,7 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		f.counter("kvgate_inventory_evicted_total", st.EvictedAtBound)
 		f.counter("kvgate_inventory_dropped_total", st.DroppedAtBound)
 		f.counter("kvgate_inventory_rebuilds_total", st.Rebuilds)
+		f.counter("kvgate_inventory_compactions_dropped_total", st.CompactionsDropped)
 		if m := s.kv.memo; m != nil {
 			ms := m.Stats()
 			f.counter("kvgate_tokenize_memo_hits_total", ms.Hits)

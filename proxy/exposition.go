@@ -55,6 +55,7 @@ var familyHelp = map[string]string{
 	"kvgate_inventory_evicted_total":             "Keys evicted at the per-endpoint bound.",
 	"kvgate_inventory_dropped_total":             "Keys not added at the per-endpoint bound.",
 	"kvgate_inventory_rebuilds_total":            "Inventory table rebuilds.",
+	"kvgate_inventory_compactions_dropped_total": "Background table compactions given up (writers outran the copy, or a whole-shard change came during it); a rebuild under the shard's lock took over.",
 	"kvgate_prefix_trie_keys":                    "Block keys of prompts kvgate sent, remembered per endpoint (mode 1's prefix trie, mode 3's pending entries).",
 	"kvgate_prefix_trie_memory_bytes":            "Bytes the prefix trie or pending entries hold.",
 	"kvgate_tokenize_memo_hits_total":            "Text segments between special tokens whose token IDs came from the tokenization memo.",

@@ -8,7 +8,8 @@
 // the garbage collector as the grace period); writers (Add, Remove, ClearEndpoint) take
 // one shard's mutex at a time (ClearAll takes them all, in order) and change a published
 // table only by atomic stores of whole 64-bit words into slots that never move; growth,
-// shrinking and tombstone compaction build a new table and publish it (table.go). A seqlock was the
+// shrinking and tombstone compaction build a new table and publish it (table.go; large
+// tables compact in the background while writers go on, compact.go). A seqlock was the
 // alternative: it would let writers move keys (Robin Hood, backward-shift delete) but
 // would make readers retry while a writer is preempted inside a shard, and a
 // ClearEndpoint sweep would stall scoring; RCU plus immovable slots has no retry path.
@@ -86,6 +87,7 @@ type Stats struct {
 	DroppedAtBound     uint64 // new keys not added at the bound (no victim found)
 	BadEndpoint        uint64 // calls naming an endpoint outside [0, Endpoints); ignored
 	Rebuilds           uint64 // shard tables rebuilt (grow, shrink or tombstone compaction)
+	CompactionsDropped uint64 // background compactions given up (compact.go); a rebuild under the lock took over
 	EndpointClears     uint64 // ClearEndpoint calls
 	AllClears          uint64 // ClearAll calls
 }
@@ -100,10 +102,11 @@ type shardState struct {
 	// trigger: the used slots at which a new key rebuilds the table (compactTrigger);
 	// under mu.
 	trigger int
-	// spare is the next rebuild's table, made and faulted in ahead of it off the lock
-	// (prepareSpare); spareAsked says one was asked for since the last rebuild (under mu).
-	spare      atomic.Pointer[table]
-	spareAsked bool
+	// compaction is the background compaction of this shard's table (compact.go), set
+	// from the moment one is started until it publishes or gives up; under mu.
+	compaction *compaction
+	// copying is the table a compaction is copying into, for MemoryBytes (lock-free).
+	copying atomic.Pointer[table]
 	// liveGauge mirrors live for the lock-free readers (Len, Stats), stored once per
 	// hold of mu that changed it rather than once per key.
 	liveGauge atomic.Int64
@@ -143,6 +146,7 @@ type Inventory struct {
 	clearEpoch uint64
 
 	added, removed, evicted, dropped, badEP, rebuilds, epClears, allClears atomic.Uint64
+	compactDrops                                                           atomic.Uint64
 }
 
 // New builds an empty inventory.
@@ -411,7 +415,7 @@ func (inv *Inventory) addLocked(s int, sh *shardState, ep int, k, h uint64, loca
 		t.reuse(free, k, ep) // a tombstone: stays counted in used
 		sh.live++
 	case !ok:
-		if sh.used+1 > sh.trigger || free < 0 {
+		if sh.used+1 > sh.limit(t) || free < 0 {
 			t = inv.rebuildLocked(s, sh, sh.live+1)
 			free = t.freeSlot(t.home(h, inv.shardBits))
 		}
@@ -419,9 +423,8 @@ func (inv *Inventory) addLocked(s int, sh *shardState, ep int, k, h uint64, loca
 		t.setBit(free, ep)
 		t.claim(free, k)
 		sh.used++
-		if !sh.spareAsked && sh.used >= sh.trigger-spareLead(t, sh.trigger) && hugeTable(t.nb, inv.lay) {
-			sh.spareAsked = true
-			go inv.prepareSpare(sh, t.nb)
+		if sh.compaction == nil && sh.used >= sh.trigger-compactLead(t, sh.trigger) && t.capacity() >= compactMinSlots {
+			inv.startCompaction(s, sh)
 		}
 		if sh.used%64 == 0 {
 			sh.usedGauge.Store(int64(sh.used)) // a gauge: coarse is enough
@@ -433,6 +436,7 @@ func (inv *Inventory) addLocked(s int, sh *shardState, ep int, k, h uint64, loca
 		}
 		t.setBit(slot, ep)
 	}
+	sh.noteDirty(k)
 	cnt.pending++
 	return r
 }
@@ -467,6 +471,11 @@ func (inv *Inventory) evictLocked(t *table, sh *shardState, ep int, k, h uint64)
 // clearLocked clears ep's bit on slot, which holds it; the caller counts it off ep's
 // count.
 func (inv *Inventory) clearLocked(t *table, sh *shardState, slot, ep int) {
+	if slot == zeroSlot {
+		sh.noteDirty(0)
+	} else {
+		sh.noteDirty(t.key(slot))
+	}
 	t.clearBit(slot, ep)
 	if !t.live(slot) {
 		sh.live--
@@ -482,15 +491,8 @@ func (inv *Inventory) clearLocked(t *table, sh *shardState, slot, ep int) {
 func (inv *Inventory) rebuildLocked(s int, sh *shardState, want int) *table {
 	old := inv.tabs[s].Load()
 	nb := bucketsFor(want, inv.lay)
-	nt := sh.spare.Swap(nil)
-	if nt == nil || nt.nb != nb {
-		if nt != nil {
-			retireTable(nt) // another size than this rebuild wants
-		}
-		nt = newTable(nb, inv.words, inv.lay)
-	}
-	sh.spareAsked = false
-	n := old.rebuildInto(nt, inv.shardBits)
+	nt := newTable(nb, inv.words, inv.lay)
+	n := old.copyLiveInto(nt, inv.shardBits)
 	inv.tabs[s].Store(nt)
 	retireTable(old)
 	sh.used = n
@@ -498,35 +500,6 @@ func (inv *Inventory) rebuildLocked(s int, sh *shardState, want int) *table {
 	sh.usedGauge.Store(int64(n))
 	inv.rebuilds.Add(1)
 	return nt
-}
-
-// prepareSpare makes a table of nb buckets for shard sh's next rebuild and faults its
-// pages in, then leaves it in sh.spare, where rebuildLocked takes it if the rebuild wants
-// that size (a compaction under steady churn wants the same size again).
-//
-// Why: a huge table's first touch is the kernel backing it with huge pages, which with
-// THP's defrag at "madvise" means direct compaction at the fault; measured here, 23-28 ms
-// for a 10 MiB table, four times the 5.5-7 ms its rebuild takes to copy 390K keys. Done
-// under the shard's mutex, as the rebuild was, that stalled every writer of the shard
-// (event lag p99 at 100M entries, bench/RESULTS.md, session 8); done here, it stalls
-// nobody. At most one spare a shard, asked for only near its trigger (spareLead), so the
-// spares held at a time are the few shards about to rebuild.
-func (inv *Inventory) prepareSpare(sh *shardState, nb uint64) {
-	t := newTable(nb, inv.words, inv.lay)
-	t.touch()
-	if old := sh.spare.Swap(t); old != nil {
-		retireTable(old)
-	}
-}
-
-// spareLead is how many used slots before its trigger a shard asks for a spare table:
-// 1/256 of the table. Why so few: a spare is the table's whole size again, held until the
-// rebuild, and the time it is held is this lead over the shard's growth in used slots,
-// a second or so at 1M keys/s over 100M entries (256 shards, ~2,000 tombstones a second
-// each), where making it takes ~30 ms. At a sixteenth, ~80 spares (0.8 GB) were held at
-// once there. A shard that outruns its spare rebuilds into a new table, as before.
-func spareLead(t *table, trigger int) int {
-	return min(t.capacity()/256, trigger/2)
 }
 
 // compactTrigger is where a table rebuilt with used slots in use rebuilds next: somewhere
@@ -631,6 +604,9 @@ func (inv *Inventory) ClearEndpoint(ep int) {
 		restarts := 0
 		for pos, cleared := 0, int64(0); ; {
 			sh.mu.Lock()
+			if c := sh.compaction; c != nil {
+				c.stale = true // a sweep changes too many keys to replay (compact.go)
+			}
 			t := inv.tabs[s].Load()
 			if t != seen {
 				// First chunk, or a writer rebuilt the table between chunks: sweep the
@@ -728,8 +704,8 @@ func (inv *Inventory) MemoryBytes() int64 {
 	n := int64(len(inv.shards))*128 + int64(len(inv.tabs))*8 + int64(len(inv.counts))*64 + 256
 	for s := range inv.tabs {
 		n += inv.tabs[s].Load().bytes()
-		if sp := inv.shards[s].spare.Load(); sp != nil {
-			n += sp.bytes()
+		if ct := inv.shards[s].copying.Load(); ct != nil {
+			n += ct.bytes()
 		}
 	}
 	return n
@@ -748,6 +724,7 @@ func (inv *Inventory) Stats() Stats {
 		DroppedAtBound:     inv.dropped.Load(),
 		BadEndpoint:        inv.badEP.Load(),
 		Rebuilds:           inv.rebuilds.Load(),
+		CompactionsDropped: inv.compactDrops.Load(),
 		EndpointClears:     inv.epClears.Load(),
 		AllClears:          inv.allClears.Load(),
 	}

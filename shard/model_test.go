@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -156,9 +157,7 @@ func pick(r *rand.Rand, ks []uint64, n int) []uint64 {
 }
 
 func TestPropertyAgainstModel(t *testing.T) {
-	for _, tc := range []struct {
-		endpoints, shards, keySpace, ops int
-	}{
+	for _, tc := range []modelCase{
 		{1, 1, 300, 3000},
 		{5, 2, 1500, 6000},
 		{8, 0, 3000, 6000},
@@ -175,66 +174,79 @@ func TestPropertyAgainstModel(t *testing.T) {
 		{512, 2, 60, 3000},
 		{65, 1, 40, 3000},
 	} {
-		t.Run("", func(t *testing.T) {
-			r := rand.New(rand.NewPCG(uint64(tc.endpoints), uint64(tc.shards)))
-			inv, err := New(Config{Endpoints: tc.endpoints, Shards: tc.shards})
-			if err != nil {
-				t.Fatal(err)
-			}
-			m := newModel(tc.endpoints)
-			ks := keySpace(r, tc.keySpace)
-			scores := make([]int32, tc.endpoints)
-			maxSpilled := int64(0)
-			var heldBuf []uint64
-			for op := 0; op < tc.ops; op++ {
-				ep := r.IntN(tc.endpoints)
-				switch x := r.IntN(1000); {
-				case x < 600:
-					keys := pick(r, ks, 1+r.IntN(40))
-					if r.IntN(2) == 0 {
-						if got, want := inv.Add(ep, keys), m.add(ep, keys); got != want {
-							t.Fatalf("op %d: Add(%d) = %d, model %d", op, ep, got, want)
-						}
-						break
-					}
-					got, held := inv.AddHeld(ep, keys, heldBuf[:0])
-					want, wantHeld := m.addHeld(ep, keys)
-					heldBuf = held
-					slices.Sort(held)
-					if got != want || !slices.Equal(held, wantHeld) {
-						t.Fatalf("op %d: AddHeld(%d) = %d, held %v; model %d, %v", op, ep, got, held, want, wantHeld)
-					}
-				case x < 990:
-					keys := pick(r, ks, 1+r.IntN(60))
-					if r.IntN(2) == 0 {
-						keys = m.sortedKeys(ep)
-						r.Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
-						keys = keys[:len(keys)/2]
-					}
-					if got, want := inv.Remove(ep, keys), m.remove(ep, keys); got != want {
-						t.Fatalf("op %d: Remove(%d) = %d, model %d", op, ep, got, want)
-					}
-				case x < 998:
-					inv.ClearEndpoint(ep)
-					m.clearEndpoint(ep)
-				default:
-					inv.ClearAll()
-					m.clearAll()
+		// Each case twice: tables rebuilt under the mutex (these are small) and every
+		// table compacted in the background (compact.go) while the ops go on.
+		for _, minSlots := range []int{compactMinSlots, 0} {
+			t.Run(fmt.Sprintf("endpoints=%d/compact-min=%d", tc.endpoints, minSlots), func(t *testing.T) {
+				defer func(n int) { compactMinSlots = n }(compactMinSlots)
+				compactMinSlots = minSlots
+				propertyAgainstModel(t, tc)
+			})
+		}
+	}
+}
+
+type modelCase struct{ endpoints, shards, keySpace, ops int }
+
+func propertyAgainstModel(t *testing.T, tc modelCase) {
+	r := rand.New(rand.NewPCG(uint64(tc.endpoints), uint64(tc.shards)))
+	inv, err := New(Config{Endpoints: tc.endpoints, Shards: tc.shards})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newModel(tc.endpoints)
+	ks := keySpace(r, tc.keySpace)
+	scores := make([]int32, tc.endpoints)
+	maxSpilled := int64(0)
+	var heldBuf []uint64
+	for op := 0; op < tc.ops; op++ {
+		ep := r.IntN(tc.endpoints)
+		switch x := r.IntN(1000); {
+		case x < 600:
+			keys := pick(r, ks, 1+r.IntN(40))
+			if r.IntN(2) == 0 {
+				if got, want := inv.Add(ep, keys), m.add(ep, keys); got != want {
+					t.Fatalf("op %d: Add(%d) = %d, model %d", op, ep, got, want)
 				}
-				if op%50 == 0 || op == tc.ops-1 {
-					checkAgainstModel(t, r, inv, m, ks, scores)
-					maxSpilled = max(maxSpilled, inv.Stats().Spilled)
-				}
+				break
 			}
-			if tc.endpoints > 64 && tc.keySpace <= 100 && maxSpilled == 0 {
-				t.Fatal("no endpoint set ever spilled: the case misses the spilled representation")
+			got, held := inv.AddHeld(ep, keys, heldBuf[:0])
+			want, wantHeld := m.addHeld(ep, keys)
+			heldBuf = held
+			slices.Sort(held)
+			if got != want || !slices.Equal(held, wantHeld) {
+				t.Fatalf("op %d: AddHeld(%d) = %d, held %v; model %d, %v", op, ep, got, held, want, wantHeld)
 			}
-		})
+		case x < 990:
+			keys := pick(r, ks, 1+r.IntN(60))
+			if r.IntN(2) == 0 {
+				keys = m.sortedKeys(ep)
+				r.Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
+				keys = keys[:len(keys)/2]
+			}
+			if got, want := inv.Remove(ep, keys), m.remove(ep, keys); got != want {
+				t.Fatalf("op %d: Remove(%d) = %d, model %d", op, ep, got, want)
+			}
+		case x < 998:
+			inv.ClearEndpoint(ep)
+			m.clearEndpoint(ep)
+		default:
+			inv.ClearAll()
+			m.clearAll()
+		}
+		if op%50 == 0 || op == tc.ops-1 {
+			checkAgainstModel(t, r, inv, m, ks, scores)
+			maxSpilled = max(maxSpilled, inv.Stats().Spilled)
+		}
+	}
+	if tc.endpoints > 64 && tc.keySpace <= 100 && maxSpilled == 0 {
+		t.Fatal("no endpoint set ever spilled: the case misses the spilled representation")
 	}
 }
 
 func checkAgainstModel(t *testing.T, r *rand.Rand, inv *Inventory, m *model, ks []uint64, scores []int32) {
 	t.Helper()
+	inv.waitCompactions()
 	n := inv.Endpoints()
 	if got, want := inv.Len(), m.len(); got != want {
 		t.Fatalf("Len = %d, model %d", got, want)

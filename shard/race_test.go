@@ -31,6 +31,14 @@ func TestConcurrentWritersAndReaders(t *testing.T) {
 			runConcurrent(t, endpoints)
 		})
 	}
+	// Every table compacted in the background (compact.go) under the same load.
+	for _, endpoints := range []int{10, 1024} {
+		t.Run(fmt.Sprintf("endpoints=%d/compact-min=0", endpoints), func(t *testing.T) {
+			defer func(n int) { compactMinSlots = n }(compactMinSlots)
+			compactMinSlots = 0
+			runConcurrent(t, endpoints)
+		})
+	}
 }
 
 const (

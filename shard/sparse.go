@@ -316,15 +316,3 @@ func (t *table) prefetchSpilled(w uint64) {
 		prefetch(unsafe.Pointer(&blk[i]))
 	}
 }
-
-// sparseCopy copies slot's set word w of t into slot nslot of the unpublished table nt,
-// giving a spilled set a block of nt's own arena. Writer-side.
-func (t *table) sparseCopy(w uint64, nt *table, nslot int) {
-	if isSpill(w) {
-		idx, sw := nt.spill.alloc(nt.bw)
-		copy(nt.spill.block(idx, nt.bw), t.spill.block(uint32(w), t.bw))
-		w = sw
-		nt.spilled.Add(1)
-	}
-	*nt.setWordAt(nslot) = w
-}

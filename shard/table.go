@@ -505,41 +505,6 @@ func (t *table) trimTail(slot int) int {
 	return n
 }
 
-// rebuildInto copies every live key of t into the unpublished table nt (same layout)
-// and returns the number copied. Writer-side: t's slots change only under the shard
-// mutex the caller holds, so plain loads of them are race-free, and nt is private until
-// published, so plain stores into it are too.
-func (t *table) rebuildInto(nt *table, shardBits uint) int {
-	n := 0
-	copy(nt.zero, t.zero)
-	for bi := range t.buckets {
-		bk := &t.buckets[bi]
-		for j := 0; j < t.kpb; j++ {
-			k := bk[j&(bucketWords-1)]
-			if k == 0 {
-				break // slots fill in order: the rest of the bucket is empty
-			}
-			p, sh := t.maskAt(bk, j)
-			m := *p >> sh & t.lmask
-			if m == 0 {
-				continue
-			}
-			free := nt.freeSlotPrivate(nt.home(mix(k), shardBits))
-			fb := &nt.buckets[free>>slotShift]
-			fj := free & (1<<slotShift - 1)
-			fb[fj] = k
-			if t.sparse {
-				t.sparseCopy(m, nt, free)
-			} else {
-				fp, fsh := nt.maskAt(fb, fj)
-				*fp |= m << fsh
-			}
-			n++
-		}
-	}
-	return n
-}
-
 // freeSlotPrivate is freeSlot for a table no reader can see yet: plain loads and stores.
 func (t *table) freeSlotPrivate(b uint64) int {
 	for {

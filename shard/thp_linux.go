@@ -79,7 +79,7 @@ const madvPopulateWrite = 23
 //
 // Why a system call rather than the writes: backing a fresh huge-page table means direct
 // compaction at each fault, 23-28 ms for a 10 MiB table here, and a page fault keeps the
-// goroutine's P the whole time, so at 100M entries (a spare table prepared every second
+// goroutine's P the whole time, so at 100M entries (a compaction's table made every second
 // or so) one of two Ps was gone ~3% of the time and the event appliers queued behind the
 // other. In a system call the runtime hands the P to another thread.
 func populate(b []bucket) bool {

@@ -1,0 +1,237 @@
+package shard
+
+// Background compaction. Under steady churn (as many removes as stores) a shard's table
+// fills with tombstones and is rebuilt every second or so at fleet sizes. A rebuild under
+// the shard's mutex stalls every writer of the shard for the copy, 7 ms for 390K keys
+// alone and 30-85 ms measured inside a busy kvgate at 100M entries (the copying goroutine
+// is descheduled while it holds the lock), which was the event lag's p99 there
+// (bench/RESULTS.md, session 8). So a table nearing its trigger is compacted by a
+// goroutine of its own while writers go on writing the published table:
+//
+//  1. under the mutex: note the table being copied and start a dirty log;
+//  2. off the mutex: make the new table, fault it in, and copy every live key of the
+//     published table into it, reading it as lock-free readers do (each key re-read
+//     after its set, so a slot another key took meanwhile is not copied under the old key);
+//  3. under the mutex: give every key the log names the set the published table holds
+//     for it now (the writers' own view), then publish the new table.
+//
+// Writers log each key whose set they change while a compaction copies (noteDirty), so a
+// key missing from the log held one set through the whole copy, and the copy read that
+// set. A key in the log may have been copied torn or not at all; step 3 makes it exact.
+// A sweep of the whole table (ClearEndpoint) marks the compaction stale rather than log
+// every key; a stale compaction, or one whose table was replaced meanwhile (a rebuild
+// under the mutex when writers ran out of room, a shrink, ClearAll), is dropped.
+
+import (
+	"sync/atomic"
+)
+
+// compaction is one background compaction of a shard's table; fields under the shard's
+// mutex.
+type compaction struct {
+	from  *table   // the published table it copies
+	dirty []uint64 // keys whose set changed since the copy began (nil until it began)
+	on    bool     // the copy began: writers log into dirty
+	stale bool     // a change too wide to log happened: drop the copy
+}
+
+// compactMinSlots is the smallest table compacted in the background. Smaller tables
+// rebuild under the mutex in well under a millisecond, cheaper than a goroutine and a
+// second table; tables of this size and up take about a millisecond and more.
+var compactMinSlots = 1 << 14 // a variable for tests, which compact every table
+
+// compactLead is how many used slots before its trigger a shard starts compacting: 1/256
+// of the table. Why so few: the new table is the whole table's size again, held from the
+// start to the publish, and the copy takes milliseconds against the second or so a
+// shard takes to use that many slots at 1M keys/s over 100M entries (256 shards, ~2,000
+// tombstones a second each). A shard that outruns its compaction goes on to the table's
+// load bound (limit), then rebuilds under the mutex as before.
+func compactLead(t *table, trigger int) int {
+	return min(t.capacity()/256, trigger/2)
+}
+
+// compactHook, when set (tests only), runs between the copy and the publish with no lock
+// held, so a test can write into the table being copied deterministically.
+var compactHook func()
+
+// limit is the used slots at which an insert rebuilds t under the mutex: the trigger, or
+// while a compaction runs, the table's load bound (the compaction will publish soon).
+func (sh *shardState) limit(t *table) int {
+	if c := sh.compaction; c != nil && !c.stale {
+		return t.maxUsed()
+	}
+	return sh.trigger
+}
+
+// noteDirty logs key k as changed, when a compaction is copying. Under the mutex.
+func (sh *shardState) noteDirty(k uint64) {
+	if c := sh.compaction; c != nil && c.on && !c.stale {
+		c.dirty = append(c.dirty, k)
+	}
+}
+
+// startCompaction starts compacting shard s's table in the background. Under the mutex.
+func (inv *Inventory) startCompaction(s int, sh *shardState) {
+	sh.compaction = &compaction{from: inv.tabs[s].Load()}
+	go inv.compact(s, sh, sh.compaction, bucketsFor(sh.live+1, inv.lay))
+}
+
+// compact runs compaction c of shard s into a new table of nb buckets.
+func (inv *Inventory) compact(s int, sh *shardState, c *compaction, nb uint64) {
+	nt := newTable(nb, inv.words, inv.lay)
+	nt.touch()
+	sh.copying.Store(nt)
+	defer sh.copying.Store(nil)
+
+	sh.mu.Lock()
+	if inv.tabs[s].Load() != c.from {
+		sh.compaction = nil
+		sh.mu.Unlock()
+		inv.compactDrops.Add(1)
+		retireTable(nt)
+		return
+	}
+	c.on = true
+	sh.mu.Unlock()
+
+	n := c.from.copyLiveInto(nt, inv.shardBits)
+	if compactHook != nil {
+		compactHook()
+	}
+
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.compaction = nil
+	if c.stale || inv.tabs[s].Load() != c.from {
+		inv.compactDrops.Add(1)
+		retireTable(nt)
+		return
+	}
+	for _, k := range c.dirty {
+		if n >= nt.maxUsed() {
+			// The writers outran the copy: past the new table's load bound, drop it
+			// (the table is still private) and let the mutex rebuild take over.
+			inv.compactDrops.Add(1)
+			retireTable(nt)
+			return
+		}
+		n += c.from.replayInto(nt, k, inv.shardBits)
+	}
+	inv.tabs[s].Store(nt)
+	retireTable(c.from)
+	sh.used = n
+	sh.trigger = compactTrigger(nt, n, uint64(s)<<32|inv.rebuilds.Load())
+	sh.usedGauge.Store(int64(n))
+	inv.rebuilds.Add(1)
+}
+
+// copyLiveInto copies every live key of t into nt (same layout, not yet published: plain
+// stores) and returns the slots it claimed there. It reads t as lock-free readers do, so
+// writers may change t meanwhile (a background compaction) or not (a rebuild under the
+// mutex): each key is copied only if it still reads the same after its set was read. A
+// key whose set changed during the copy may be copied with a set of any moment of the
+// change, or not at all; the writers logged it (see compact).
+func (t *table) copyLiveInto(nt *table, shardBits uint) int {
+	n := 0
+	for i := range t.zero {
+		nt.zero[i] = atomic.LoadUint64(&t.zero[i])
+	}
+	var blk [maxWords]uint64 // a spilled set's words
+	for bi := range t.buckets {
+		bk := &t.buckets[bi]
+		for j := 0; j < t.kpb; j++ {
+			kp := &bk[j&(bucketWords-1)]
+			k := atomic.LoadUint64(kp)
+			if k == 0 {
+				break // slots fill in order: the rest of the bucket is empty
+			}
+			p, sh := t.maskAt(bk, j)
+			m := atomic.LoadUint64(p) >> sh & t.lmask
+			if m == 0 {
+				continue
+			}
+			if t.sparse && isSpill(m) {
+				src := t.spill.block(uint32(m), t.bw)
+				for i := range src {
+					blk[i&(maxWords-1)] = atomic.LoadUint64(&src[i])
+				}
+			}
+			if atomic.LoadUint64(kp) != k {
+				continue // the slot passed to another key: logged
+			}
+			free := nt.freeSlotPrivate(nt.home(mix(k), shardBits))
+			nt.putPrivate(free, k, m, blk[:t.bw])
+			n++
+		}
+	}
+	return n
+}
+
+// putPrivate stores key k with set word (or mask) m into the empty slot free of nt, a
+// table no reader can see yet; blk is a spilled set's words when m is a spill word.
+func (nt *table) putPrivate(free int, k, m uint64, blk []uint64) {
+	nt.buckets[free>>slotShift][free&(1<<slotShift-1)] = k
+	nt.putSet(free, m, blk)
+}
+
+// replayInto gives key k in nt (not yet published) the set t holds for it now, and
+// returns the slots that claimed in nt (0 or 1). Under the shard's mutex, so t's words
+// are the writers' own view.
+func (t *table) replayInto(nt *table, k uint64, shardBits uint) int {
+	if k == 0 {
+		copy(nt.zero, t.zero)
+		return 0
+	}
+	var m uint64
+	var blk []uint64
+	if slot, ok := t.find(k, t.home(mix(k), shardBits)); ok {
+		bk := &t.buckets[slot>>slotShift]
+		p, sh := t.maskAt(bk, slot&(1<<slotShift-1))
+		m = *p >> sh & t.lmask
+		if t.sparse && isSpill(m) {
+			blk = t.spill.block(uint32(m), t.bw)
+		}
+	}
+	if ns, ok := nt.find(k, nt.home(mix(k), shardBits)); ok {
+		// Empty the copy's set (a tombstone, still a used slot), then write t's.
+		bk := &nt.buckets[ns>>slotShift]
+		p, sh := nt.maskAt(bk, ns&(1<<slotShift-1))
+		if nt.sparse {
+			p = nt.setWordAt(ns)
+			if old := *p; isSpill(old) {
+				nt.spill.release(old)
+				nt.spilled.Add(-1)
+			}
+			*p = 0
+		} else {
+			*p &^= nt.lmask << sh
+		}
+		if m != 0 {
+			nt.putSet(ns, m, blk)
+		}
+		return 0
+	}
+	if m == 0 {
+		return 0
+	}
+	nt.putPrivate(nt.freeSlotPrivate(nt.home(mix(k), shardBits)), k, m, blk)
+	return 1
+}
+
+// putSet stores set word (or mask) m into slot ns of nt (not yet published), whose set
+// is empty; blk is a spilled set's words when m is a spill word.
+func (nt *table) putSet(ns int, m uint64, blk []uint64) {
+	bk := &nt.buckets[ns>>slotShift]
+	if !nt.sparse {
+		p, sh := nt.maskAt(bk, ns&(1<<slotShift-1))
+		*p |= m << sh
+		return
+	}
+	if isSpill(m) {
+		idx, sw := nt.spill.alloc(nt.bw)
+		copy(nt.spill.block(idx, nt.bw), blk)
+		m = sw
+		nt.spilled.Add(1)
+	}
+	*nt.setWordAt(ns) = m
+}
