@@ -22,15 +22,7 @@ func TestCompactionInBackground(t *testing.T) {
 	sh := &inv.shards[0]
 	m := newModel(eps)
 	r := rand.New(rand.NewPCG(7, 8))
-	var next uint64 = 1
-	fresh := func(n int) []uint64 {
-		k := make([]uint64, n)
-		for i := range k {
-			k[i] = benchKey(next)
-			next++
-		}
-		return k
-	}
+	fresh := freshKeys()
 	add := func(ep int, keys []uint64) {
 		if got, want := inv.Add(ep, keys), m.add(ep, keys); got != want {
 			t.Fatalf("Add(%d) = %d, model %d", ep, got, want)
@@ -97,24 +89,31 @@ func TestCompactionInBackground(t *testing.T) {
 		held = append(held[:len(held)-1], k)
 		ks = append(ks, k...)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for copied := false; !copied; {
-		select {
-		case <-at:
-			copied = true
-			continue
-		default:
+	// churnUntilCopied churns until the hook reports a copy done, calling check first
+	// each round.
+	churnUntilCopied := func(check func()) {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			select {
+			case <-at:
+				return
+			default:
+			}
+			check()
+			if time.Now().After(deadline) {
+				t.Fatal("no compaction copied the table")
+			}
+			churn()
 		}
+	}
+	churnUntilCopied(func() {
 		if inv.tabs[0].Load() != before {
 			t.Fatal("the table was rebuilt under the mutex before a compaction copied it")
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("no compaction copied the table")
-		}
-		churn()
-	}
+	})
 	close(proceed)
 	<-ran
+	deadline := time.Now().Add(20 * time.Second)
 	for inv.tabs[0].Load() == before && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
@@ -145,19 +144,7 @@ func TestCompactionInBackground(t *testing.T) {
 		at <- struct{}{}
 	}
 	drops := inv.Stats().CompactionsDropped
-	deadline = time.Now().Add(20 * time.Second)
-	for copied := false; !copied; {
-		select {
-		case <-at:
-			copied = true
-			continue
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no second compaction copied the table")
-		}
-		churn()
-	}
+	churnUntilCopied(func() {})
 	<-ran
 	inv.waitCompactions()
 	if inv.Stats().CompactionsDropped != drops+1 {

@@ -16,15 +16,7 @@ func TestCompactionsSpreadOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var next uint64 = 1
-	fresh := func(n int) []uint64 {
-		k := make([]uint64, n)
-		for i := range k {
-			k[i] = benchKey(next)
-			next++
-		}
-		return k
-	}
+	fresh := freshKeys()
 	var held [][]uint64
 	for range shards * perShard / batch {
 		k := fresh(batch)
@@ -66,5 +58,18 @@ func TestCompactionsSpreadOut(t *testing.T) {
 		sorted[0], sorted[shards-1], sorted[shards/2], most, shards, width)
 	if most > shards/3 {
 		t.Fatalf("%d of %d shards compacted within %d steps (a tenth of the way to the median)", most, shards, width)
+	}
+}
+
+// freshKeys returns a source of keys never handed out before (benchKey of 1, 2, ...).
+func freshKeys() func(n int) []uint64 {
+	var next uint64 = 1
+	return func(n int) []uint64 {
+		k := make([]uint64, n)
+		for i := range k {
+			k[i] = benchKey(next)
+			next++
+		}
+		return k
 	}
 }

@@ -2,6 +2,18 @@
 
 #include "textflag.h"
 
+// STEP32 jumps to found with BX the mask of stop bytes among the 32 at SI+AX, if any.
+#define STEP32 \
+	VMOVDQU   (SI)(AX*1), Y0 \
+	VPCMPEQB  Y0, Y1, Y4     \
+	VPCMPEQB  Y0, Y2, Y5     \
+	VPCMPGTB  Y0, Y3, Y6     \
+	VPOR      Y4, Y5, Y4     \
+	VPOR      Y4, Y6, Y4     \
+	VPMOVMSKB Y4, BX         \
+	TESTL     BX, BX         \
+	JNZ       found
+
 // func plainEndAVX2(s []byte) int
 //
 // The index of the first byte of s that a JSON string cannot hold as plain ASCII: the
@@ -22,30 +34,14 @@ TEXT ·plainEndAVX2(SB), NOSPLIT, $0-32
 	SUBQ $32, DX // the last full step's start
 
 loop:
-	VMOVDQU  (SI)(AX*1), Y0
-	VPCMPEQB Y0, Y1, Y4
-	VPCMPEQB Y0, Y2, Y5
-	VPCMPGTB Y0, Y3, Y6
-	VPOR     Y4, Y5, Y4
-	VPOR     Y4, Y6, Y4
-	VPMOVMSKB Y4, BX
-	TESTL    BX, BX
-	JNZ      found
+	STEP32
 	ADDQ     $32, AX
 	CMPQ     AX, DX
 	JBE      loop
 	CMPQ     AX, CX
 	JEQ      none
 	MOVQ     DX, AX // the rest, as the last 32 bytes
-	VMOVDQU  (SI)(AX*1), Y0
-	VPCMPEQB Y0, Y1, Y4
-	VPCMPEQB Y0, Y2, Y5
-	VPCMPGTB Y0, Y3, Y6
-	VPOR     Y4, Y5, Y4
-	VPOR     Y4, Y6, Y4
-	VPMOVMSKB Y4, BX
-	TESTL    BX, BX
-	JNZ      found
+	STEP32
 
 none:
 	VZEROUPPER
