@@ -19,7 +19,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"gonum.org/v1/plot"
@@ -861,15 +860,6 @@ func startStubEngine() (*stubEngine, error) {
 const stubMetrics = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"fleet\"} 0\n" +
 	"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"fleet\"} 0\n" +
 	"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"fleet\"} 0.5\n"
-
-// selfCPU is this process's user + system CPU time so far.
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 func (s *stubEngine) Addr() string { return s.ln.Addr().String() }
 func (s *stubEngine) Close() error { return s.srv.Close() }
