@@ -81,7 +81,8 @@ func (inv *Inventory) compact(s int, sh *shardState, c *compaction, nb uint64) {
 	nt := newTable(nb, inv.words, inv.lay)
 	nt.touch()
 	sh.copying.Store(nt)
-	defer sh.copying.Store(nil)
+	// Only its own: once this compaction has left the mutex, a writer may start the next.
+	defer sh.copying.CompareAndSwap(nt, nil)
 
 	sh.mu.Lock()
 	if inv.tabs[s].Load() != c.from {
