@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,10 +35,19 @@ func TestTRTDrainOverHTTPS(t *testing.T) {
 		t.Fatal(err)
 	}
 	var q enginepub.TRTQueue
+	// firstGone: the first proxy has shut down. A drain it sent just before, still in the
+	// server's socket or handler, must not take the event stored for the second proxy:
+	// requests with a client certificate (only the first proxy has one) are answered empty
+	// from then on, and the second proxy's, if any got through, still drain.
+	var firstGone atomic.Bool
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/kv_cache_events":
 			w.Header().Set("Content-Type", "application/json")
+			if firstGone.Load() && r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+				w.Write([]byte("[]"))
+				return
+			}
 			w.Write(q.Drain(nil))
 		case "/health":
 		default:
@@ -65,6 +75,7 @@ func TestTRTDrainOverHTTPS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s.Shutdown(ctx)
+	firstGone.Store(true)
 	q.Stored(103, true, enginepub.TRTBlock{Hash: 200, Tokens: toks[4*blockSize : 5*blockSize]})
 	cfg2 := kvConfig(t, KVConverged, "name=t,url="+srv.URL+",engine=trtllm")
 	cfg2.Upstream.CA = pki.path("ca.pem")
