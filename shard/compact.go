@@ -30,8 +30,7 @@ import (
 // mutex.
 type compaction struct {
 	from  *table   // the published table it copies
-	dirty []uint64 // keys whose set changed since the copy began (nil until it began)
-	on    bool     // the copy began: writers log into dirty
+	dirty []uint64 // keys whose set changed since it started
 	stale bool     // a change too wide to log happened: drop the copy
 }
 
@@ -63,9 +62,9 @@ func (sh *shardState) limit(t *table) int {
 	return sh.trigger
 }
 
-// noteDirty logs key k as changed, when a compaction is copying. Under the mutex.
+// noteDirty logs key k as changed, when a compaction runs. Under the mutex.
 func (sh *shardState) noteDirty(k uint64) {
-	if c := sh.compaction; c != nil && c.on && !c.stale {
+	if c := sh.compaction; c != nil && !c.stale {
 		c.dirty = append(c.dirty, k)
 	}
 }
@@ -83,17 +82,6 @@ func (inv *Inventory) compact(s int, sh *shardState, c *compaction, nb uint64) {
 	sh.copying.Store(nt)
 	// Only its own: once this compaction has left the mutex, a writer may start the next.
 	defer sh.copying.CompareAndSwap(nt, nil)
-
-	sh.mu.Lock()
-	if inv.tabs[s].Load() != c.from {
-		sh.compaction = nil
-		sh.mu.Unlock()
-		inv.compactDrops.Add(1)
-		retireTable(nt)
-		return
-	}
-	c.on = true
-	sh.mu.Unlock()
 
 	n := c.from.copyLiveInto(nt, inv.shardBits)
 	if compactHook != nil {
@@ -183,15 +171,10 @@ func (t *table) replayInto(nt *table, k uint64, shardBits uint) int {
 		copy(nt.zero, t.zero)
 		return 0
 	}
-	var m uint64
+	m, _ := t.probe(k, t.home(mix(k), shardBits))
 	var blk []uint64
-	if slot, ok := t.find(k, t.home(mix(k), shardBits)); ok {
-		bk := &t.buckets[slot>>slotShift]
-		p, sh := t.maskAt(bk, slot&(1<<slotShift-1))
-		m = *p >> sh & t.lmask
-		if t.sparse && isSpill(m) {
-			blk = t.spill.block(uint32(m), t.bw)
-		}
+	if t.sparse && isSpill(m) {
+		blk = t.spill.block(uint32(m), t.bw)
 	}
 	if ns, ok := nt.find(k, nt.home(mix(k), shardBits)); ok {
 		// Empty the copy's set (a tombstone, still a used slot), then write t's.
