@@ -87,7 +87,12 @@ func (inv *Inventory) compact(s int, sh *shardState, c *compaction, nb uint64) {
 	if compactHook != nil {
 		compactHook()
 	}
+	inv.publishCompaction(s, sh, c, nt, n)
+}
 
+// publishCompaction replays compaction c's dirty log into nt, its copy with n slots
+// claimed, and publishes nt as shard s's table, or drops it (see the top of the file).
+func (inv *Inventory) publishCompaction(s int, sh *shardState, c *compaction, nt *table, n int) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.compaction = nil
@@ -119,14 +124,20 @@ func (inv *Inventory) compact(s int, sh *shardState, c *compaction, nb uint64) {
 // writers may change t meanwhile (a background compaction) or not (a rebuild under the
 // mutex): each key is copied only if it still reads the same after its set was read. A
 // key whose set changed during the copy may be copied with a set of any moment of the
-// change, or not at all; the writers logged it (see compact).
+// change, or not at all, or twice (removed after its bucket was copied, and stored again
+// in a bucket not copied yet); the writers logged it (see compact).
 func (t *table) copyLiveInto(nt *table, shardBits uint) int {
-	n := 0
 	for i := range t.zero {
 		nt.zero[i] = atomic.LoadUint64(&t.zero[i])
 	}
+	return t.copyBuckets(nt, shardBits, 0, t.nb)
+}
+
+// copyBuckets is copyLiveInto for t's buckets [lo, hi), key 0 aside.
+func (t *table) copyBuckets(nt *table, shardBits uint, lo, hi uint64) int {
+	n := 0
 	var blk [maxWords]uint64 // a spilled set's words
-	for bi := range t.buckets {
+	for bi := lo; bi < hi; bi++ {
 		bk := &t.buckets[bi]
 		for j := 0; j < t.kpb; j++ {
 			kp := &bk[j&(bucketWords-1)]
@@ -176,20 +187,7 @@ func (t *table) replayInto(nt *table, k uint64, shardBits uint) int {
 	if t.sparse && isSpill(m) {
 		blk = t.spill.block(uint32(m), t.bw)
 	}
-	if ns, ok := nt.find(k, nt.home(mix(k), shardBits)); ok {
-		// Empty the copy's set (a tombstone, still a used slot), then write t's.
-		bk := &nt.buckets[ns>>slotShift]
-		p, sh := nt.maskAt(bk, ns&(1<<slotShift-1))
-		if nt.sparse {
-			p = nt.setWordAt(ns)
-			if old := *p; isSpill(old) {
-				nt.spill.release(old)
-				nt.spilled.Add(-1)
-			}
-			*p = 0
-		} else {
-			*p &^= nt.lmask << sh
-		}
+	if ns := nt.emptyCopies(k, nt.home(mix(k), shardBits)); ns >= 0 {
 		if m != 0 {
 			nt.putSet(ns, m, blk)
 		}
@@ -200,6 +198,51 @@ func (t *table) replayInto(nt *table, k uint64, shardBits uint) int {
 	}
 	nt.putPrivate(nt.freeSlotPrivate(nt.home(mix(k), shardBits)), k, m, blk)
 	return 1
+}
+
+// emptyCopies empties the set of every slot of nt (not yet published) holding key k,
+// leaving tombstones (still used slots), and returns the first such slot, or -1. Why
+// every one: the copy may have copied k twice (see copyLiveInto), and a second copy left
+// with a stale set would surface once the first went.
+func (nt *table) emptyCopies(k, b uint64) int {
+	first := -1
+	for n := nt.nb; n > 0; n-- {
+		bk := &nt.buckets[b]
+		for j := 0; j < nt.kpb; j++ {
+			switch bk[j&(bucketWords-1)] {
+			case 0:
+				return first // slots fill in order: the run ends here
+			case k:
+				ns := slotOf(b, j)
+				if first < 0 {
+					first = ns
+				}
+				nt.emptySet(ns)
+			}
+		}
+		if nt.ovf[b/64]&(1<<(b%64)) == 0 {
+			return first
+		}
+		if b++; b == nt.nb {
+			b = 0
+		}
+	}
+	return first
+}
+
+// emptySet empties slot ns's set in nt (not yet published), releasing a spilled block.
+func (nt *table) emptySet(ns int) {
+	if nt.sparse {
+		p := nt.setWordAt(ns)
+		if old := *p; isSpill(old) {
+			nt.spill.release(old)
+			nt.spilled.Add(-1)
+		}
+		*p = 0
+		return
+	}
+	p, sh := nt.maskAt(&nt.buckets[ns>>slotShift], ns&(1<<slotShift-1))
+	*p &^= nt.lmask << sh
 }
 
 // putSet stores set word (or mask) m into slot ns of nt (not yet published), whose set

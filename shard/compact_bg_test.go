@@ -2,6 +2,7 @@ package shard
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 )
@@ -190,5 +191,72 @@ func (inv *Inventory) waitCompactions() {
 			}
 			time.Sleep(100 * time.Microsecond)
 		}
+	}
+}
+
+// TestCompactionKeyCopiedTwice: a key removed after the copy passed its bucket, its slot
+// then taken by another key, and the key stored again in a bucket the copy has not reached
+// is copied twice. The publish must leave it one slot with its set: a second copy with a
+// stale set would be listed twice, and would surface once the first was removed.
+func TestCompactionKeyCopiedTwice(t *testing.T) {
+	inv, err := New(Config{Endpoints: 4, Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh := &inv.shards[0]
+	tab := inv.tabs[0].Load()
+	// kpb+1 keys homed at bucket 0: the first kpb fill it, the last takes a tombstone.
+	var h []uint64
+	for i := uint64(1); len(h) <= tab.kpb; i++ {
+		if k := benchKey(i); tab.home(mix(k), inv.shardBits) == 0 {
+			h = append(h, k)
+		}
+	}
+	k := h[0]
+	inv.Add(0, h[:tab.kpb])
+
+	// A compaction, its copy run by hand in two parts around the writes.
+	sh.mu.Lock()
+	c := &compaction{from: tab}
+	sh.compaction = c
+	sh.mu.Unlock()
+	nt := newTable(tab.nb, inv.words, inv.lay)
+	n := tab.copyBuckets(nt, inv.shardBits, 0, 1)
+	inv.Remove(0, []uint64{k}) // a tombstone in bucket 0, not its last slot: kept
+	inv.Add(1, h[tab.kpb:])    // takes the tombstone's slot
+	inv.Add(0, []uint64{k})    // bucket 0 is full: k goes to bucket 1
+	if inv.tabs[0].Load() != tab {
+		t.Fatal("the writes rebuilt the table")
+	}
+	if slot, ok := tab.find(k, 0); !ok || slot>>slotShift != 1 {
+		t.Fatalf("k is at slot %d (found %v), want bucket 1", slot, ok)
+	}
+	n += tab.copyBuckets(nt, inv.shardBits, 1, tab.nb)
+	inv.publishCompaction(0, sh, c, nt, n)
+	if inv.tabs[0].Load() != nt {
+		t.Fatal("the compaction was not published")
+	}
+
+	live := 0
+	for slot := 0; slot < nt.slots(); slot++ {
+		if nt.key(slot) == k && nt.live(slot) {
+			live++
+		}
+	}
+	if live != 1 {
+		t.Fatalf("k is live in %d slots of the published table, want 1", live)
+	}
+	if got := listAll(t, inv, 0, 0); len(got) != tab.kpb {
+		t.Fatalf("endpoint 0 lists %d keys, holds %d", len(got), tab.kpb)
+	}
+	inv.Remove(0, []uint64{k})
+	if got := listAll(t, inv, 0, 0); slices.Contains(got, k) || len(got) != tab.kpb-1 {
+		t.Fatalf("after removing k, endpoint 0 lists %d keys (k among them: %v)", len(got), slices.Contains(got, k))
+	}
+	sh.mu.Lock()
+	used, claimed := sh.used, nt.claimedSlots()
+	sh.mu.Unlock()
+	if used != claimed {
+		t.Fatalf("used = %d, the published table has %d claimed slots", used, claimed)
 	}
 }
