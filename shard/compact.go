@@ -36,8 +36,10 @@ type compaction struct {
 
 // compactMinSlots is the smallest table compacted in the background. Smaller tables
 // rebuild under the mutex in well under a millisecond, cheaper than a goroutine and a
-// second table; tables of this size and up take about a millisecond and more.
-var compactMinSlots = 1 << 14 // a variable for tests, which compact every table
+// second table; tables of this size and up take about a millisecond and more. An
+// inventory copies it at New (Inventory.compactMinSlots), so a test can compact every
+// table of its own inventory without touching another test's.
+const compactMinSlots = 1 << 14
 
 // compactLead is how many used slots before its trigger a shard starts compacting: 1/256
 // of the table. Why so few: the new table is the whole table's size again, held from the
@@ -48,10 +50,6 @@ var compactMinSlots = 1 << 14 // a variable for tests, which compact every table
 func compactLead(t *table, trigger int) int {
 	return min(t.capacity()/256, trigger/2)
 }
-
-// compactHook, when set (tests only), runs between the copy and the publish with no lock
-// held, so a test can write into the table being copied deterministically.
-var compactHook func()
 
 // limit is the used slots at which an insert rebuilds t under the mutex: the trigger, or
 // while a compaction runs, the table's load bound (the compaction will publish soon).
@@ -84,8 +82,8 @@ func (inv *Inventory) compact(s int, sh *shardState, c *compaction, nb uint64) {
 	defer sh.copying.CompareAndSwap(nt, nil)
 
 	n := c.from.copyLiveInto(nt, inv.shardBits)
-	if compactHook != nil {
-		compactHook()
+	if inv.compactHook != nil {
+		inv.compactHook()
 	}
 	inv.publishCompaction(s, sh, c, nt, n)
 }

@@ -18,8 +18,7 @@ func TestCompactionInBackground(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func(n int) { compactMinSlots = n }(compactMinSlots)
-	compactMinSlots = 1 << 11
+	inv.compactMinSlots = 1 << 11
 	sh := &inv.shards[0]
 	m := newModel(eps)
 	r := rand.New(rand.NewPCG(7, 8))
@@ -40,7 +39,7 @@ func TestCompactionInBackground(t *testing.T) {
 		add(ep, shared)
 	}
 	var held [][]uint64
-	for inv.tabs[0].Load().capacity() < 2*compactMinSlots {
+	for inv.tabs[0].Load().capacity() < 2*inv.compactMinSlots {
 		k := fresh(64)
 		add(1+r.IntN(eps-1), k)
 		held = append(held, k)
@@ -55,8 +54,8 @@ func TestCompactionInBackground(t *testing.T) {
 	// The hook waits at the copy's end until the churn below stops, then writes.
 	at, proceed, ran := make(chan struct{}), make(chan struct{}), make(chan struct{}, 1)
 	var during []uint64
-	compactHook = func() {
-		defer func() { compactHook = nil; ran <- struct{}{} }()
+	inv.compactHook = func() {
+		defer func() { inv.compactHook = nil; ran <- struct{}{} }()
 		at <- struct{}{}
 		<-proceed
 		if !sh.mu.TryLock() {
@@ -78,7 +77,6 @@ func TestCompactionInBackground(t *testing.T) {
 		remove(5, during[250:])
 		add(5, during[250:260]) // removed and stored again
 	}
-	defer func() { compactHook = nil }()
 	before := inv.tabs[0].Load()
 	rebuilds := inv.rebuilds.Load()
 	// Churn (store new keys, remove the oldest) until a compaction has copied: the
@@ -138,8 +136,8 @@ func TestCompactionInBackground(t *testing.T) {
 	}
 
 	// A sweep under the copy: the compaction is dropped, nothing is lost.
-	compactHook = func() {
-		defer func() { compactHook = nil; ran <- struct{}{} }()
+	inv.compactHook = func() {
+		defer func() { inv.compactHook = nil; ran <- struct{}{} }()
 		inv.ClearEndpoint(5)
 		m.clearEndpoint(5)
 		at <- struct{}{}

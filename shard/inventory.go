@@ -147,6 +147,14 @@ type Inventory struct {
 
 	added, removed, evicted, dropped, badEP, rebuilds, epClears, allClears atomic.Uint64
 	compactDrops                                                           atomic.Uint64
+
+	// compactMinSlots is the package's compactMinSlots, or a test's own.
+	compactMinSlots int
+	// compactHook, when set (tests only, before any write), runs in a compaction between
+	// the copy and the publish with no lock held, so a test can write into the table
+	// being copied deterministically. A field, not a package variable: a compaction
+	// another test left running must not run this test's hook.
+	compactHook func()
 }
 
 // New builds an empty inventory.
@@ -178,6 +186,8 @@ func New(cfg Config) (*Inventory, error) {
 		tabs:      make([]atomic.Pointer[table], n),
 		shards:    make([]shardState, n),
 		counts:    make([]paddedCount, cfg.Endpoints),
+
+		compactMinSlots: compactMinSlots,
 	}
 	if inv.maxPerEP == 0 {
 		inv.maxPerEP = DefaultMaxKeysPerEndpoint
@@ -423,7 +433,7 @@ func (inv *Inventory) addLocked(s int, sh *shardState, ep int, k, h uint64, loca
 		t.setBit(free, ep)
 		t.claim(free, k)
 		sh.used++
-		if sh.compaction == nil && sh.used >= sh.trigger-compactLead(t, sh.trigger) && t.capacity() >= compactMinSlots {
+		if sh.compaction == nil && sh.used >= sh.trigger-compactLead(t, sh.trigger) && t.capacity() >= inv.compactMinSlots {
 			inv.startCompaction(s, sh)
 		}
 		if sh.used%64 == 0 {

@@ -181,9 +181,7 @@ func TestPropertyAgainstModel(t *testing.T) {
 		// table compacted in the background (compact.go) while the ops go on.
 		for _, minSlots := range []int{compactMinSlots, 0} {
 			t.Run(fmt.Sprintf("endpoints=%d/compact-min=%d", tc.endpoints, minSlots), func(t *testing.T) {
-				defer func(n int) { compactMinSlots = n }(compactMinSlots)
-				compactMinSlots = minSlots
-				propertyAgainstModel(t, tc)
+				propertyAgainstModel(t, tc, minSlots)
 			})
 		}
 	}
@@ -191,12 +189,13 @@ func TestPropertyAgainstModel(t *testing.T) {
 
 type modelCase struct{ endpoints, shards, keySpace, ops int }
 
-func propertyAgainstModel(t *testing.T, tc modelCase) {
+func propertyAgainstModel(t *testing.T, tc modelCase, compactMin int) {
 	r := rand.New(rand.NewPCG(uint64(tc.endpoints), uint64(tc.shards)))
 	inv, err := New(Config{Endpoints: tc.endpoints, Shards: tc.shards})
 	if err != nil {
 		t.Fatal(err)
 	}
+	inv.compactMinSlots = compactMin
 	m := newModel(tc.endpoints)
 	ks := keySpace(r, tc.keySpace)
 	scores := make([]int32, tc.endpoints)

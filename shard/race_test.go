@@ -28,15 +28,13 @@ func TestConcurrentWritersAndReaders(t *testing.T) {
 	// (shared keys held by the pinned endpoint and up to 8 writers spill and unspill).
 	for _, endpoints := range []int{8, 10, 20, 64, 130, 1024} {
 		t.Run(fmt.Sprintf("endpoints=%d", endpoints), func(t *testing.T) {
-			runConcurrent(t, endpoints)
+			runConcurrent(t, endpoints, compactMinSlots)
 		})
 	}
 	// Every table compacted in the background (compact.go) under the same load.
 	for _, endpoints := range []int{10, 1024} {
 		t.Run(fmt.Sprintf("endpoints=%d/compact-min=0", endpoints), func(t *testing.T) {
-			defer func(n int) { compactMinSlots = n }(compactMinSlots)
-			compactMinSlots = 0
-			runConcurrent(t, endpoints)
+			runConcurrent(t, endpoints, 0)
 		})
 	}
 }
@@ -46,11 +44,12 @@ const (
 	raceReaders = 4
 )
 
-func runConcurrent(t *testing.T, endpoints int) {
+func runConcurrent(t *testing.T, endpoints, compactMin int) {
 	inv, err := New(Config{Endpoints: endpoints, Shards: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
+	inv.compactMinSlots = compactMin
 	// Writer w writes endpoint w; the last endpoint is pinned, so a rule of 8 endpoints
 	// (the 1-byte mask layout) gets 7 writers.
 	writers := min(raceWriters, endpoints-1)
