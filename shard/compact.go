@@ -135,6 +135,7 @@ func (t *table) copyLiveInto(nt *table, shardBits uint) int {
 func (t *table) copyBuckets(nt *table, shardBits uint, lo, hi uint64) int {
 	n := 0
 	var blk [maxWords]uint64 // a spilled set's words
+	nw := 0                  // how many
 	for bi := lo; bi < hi; bi++ {
 		bk := &t.buckets[bi]
 		for j := 0; j < t.kpb; j++ {
@@ -149,16 +150,17 @@ func (t *table) copyBuckets(nt *table, shardBits uint, lo, hi uint64) int {
 				continue
 			}
 			if t.sparse && isSpill(m) {
-				src := t.spill.block(uint32(m), t.bw)
+				src := t.spillBlock(m)
 				for i := range src {
 					blk[i&(maxWords-1)] = atomic.LoadUint64(&src[i])
 				}
+				nw = len(src)
 			}
 			if atomic.LoadUint64(kp) != k {
 				continue // the slot passed to another key: logged
 			}
 			free := nt.freeSlotPrivate(nt.home(mix(k), shardBits))
-			nt.putPrivate(free, k, m, blk[:t.bw])
+			nt.putPrivate(free, k, m, blk[:nw])
 			n++
 		}
 	}
@@ -183,7 +185,7 @@ func (t *table) replayInto(nt *table, k uint64, shardBits uint) int {
 	m, _ := t.probe(k, t.home(mix(k), shardBits))
 	var blk []uint64
 	if t.sparse && isSpill(m) {
-		blk = t.spill.block(uint32(m), t.bw)
+		blk = t.spillBlock(m)
 	}
 	if ns := nt.emptyCopies(k, nt.home(mix(k), shardBits)); ns >= 0 {
 		if m != 0 {
@@ -233,7 +235,7 @@ func (nt *table) emptySet(ns int) {
 	if nt.sparse {
 		p := nt.setWordAt(ns)
 		if old := *p; isSpill(old) {
-			nt.spill.release(old)
+			nt.releaseSpill(old)
 			nt.spilled.Add(-1)
 		}
 		*p = 0
@@ -253,8 +255,8 @@ func (nt *table) putSet(ns int, m uint64, blk []uint64) {
 		return
 	}
 	if isSpill(m) {
-		idx, sw := nt.spill.alloc(nt.bw)
-		copy(nt.spill.block(idx, nt.bw), blk)
+		words, sw := nt.allocSpill(isList(m))
+		copy(words, blk)
 		m = sw
 		nt.spilled.Add(1)
 	}

@@ -77,7 +77,7 @@ type Stats struct {
 	Keys               int64  // unique keys held by at least one endpoint
 	Slots              int64  // slots allocated across shards
 	Tombstones         int64  // slots of keys no endpoint holds any more, until the next rebuild
-	Spilled            int64  // keys whose endpoint set spilled to an out-of-line bitmask (> 64 endpoints)
+	Spilled            int64  // keys whose endpoint set spilled to an out-of-line list or bitmask (> 64 endpoints)
 	MemoryBytes        int64  // bytes held by the index
 	Shards             int    // shard count
 	MaxKeysPerEndpoint int    // the bound in force

@@ -16,11 +16,17 @@ import (
 //   - up to sparseIDs endpoint ids, 16 bits each, stored as id+1, packed from the low
 //     field up with no holes (so a zero field ends the set and 0 is the empty set);
 //   - or, once a key is held by more than sparseIDs endpoints, a spill word: spillTag
-//     in the top field, then a 16-bit generation and a 32-bit block index into the
-//     table's spill arena, where the key's endpoint bitmask lives (Endpoints/64 words).
-//     A spilled set that falls to unspillAt endpoints goes back inline, freeing the block
-//     (one below sparseIDs, so a key whose holders flap around four does not take and
-//     free a block on every change).
+//     in the top field, then a 16-bit generation and a 32-bit block index into one of
+//     the table's two arenas: up to listIDs endpoints, a list block (listWords words of
+//     16-bit fields, each an id+1 or 0, holes allowed); more, a bitmask block
+//     (Endpoints/64 words). Why
+//     two: in a fleet most spilled sets are a few holders past sparseIDs (hot prefixes
+//     cached by 5-8 engines), and a bitmask spends 128 bytes at 1,024 endpoints where a
+//     list spends 16 (at 100M entries, 260 MB of bitmask blocks against ~35 MB).
+//     A set that falls one below its form's capacity goes back to the smaller form,
+//     freeing its block: a bitmask at relistAt endpoints becomes a list, a list at
+//     unspillAt goes back inline (so a key whose holders flap around a capacity does
+//     not take and free a block on every change).
 //
 // Why readers stay lock-free: the set word is one atomic word in the bucket, so a reader
 // of an inline set gets it whole, and the key re-check after it (as table.lookup does)
@@ -29,7 +35,10 @@ import (
 // before it frees the block (unspill) and a block is handed out again only with its
 // generation bumped, so an unchanged set word (index and generation) means the words
 // read are this key's block, each word before or after a concurrent bit store, never
-// another key's. A changed one sends the reader round again (the set moved between
+// another key's. A list changes as a bitmask does, one id per store: an add fills an
+// empty field, a remove empties the id's field (the holes are why a list is not packed
+// as an inline set is: moving an id between two words would take two stores, and a
+// reader between them could miss an id held throughout). A changed one sends the reader round again (the set moved between
 // inline and spilled under it); a reader that loses spillRetries rounds in a row reports
 // the key absent, a transient miss, never a wrong set. The residual is a generation
 // wrapping (65,536 hand-outs of one block) between a reader's two loads, nanoseconds
@@ -49,6 +58,11 @@ const (
 
 	spillBaseShift = 4 // chunk c holds 16<<c blocks
 	spillChunks    = 32
+
+	listIDs   = 8               // ids in a list block
+	listWords = listIDs / 4     // 16-bit ids, four a word
+	listBit   = uint32(1) << 31 // in a spill word's index: a list block
+	relistAt  = listIDs - 1     // a bitmask set this small goes back to a list
 )
 
 // An inline id (endpoint+1) must never fill a field with ones, or a set of four would
@@ -75,7 +89,40 @@ func inlineHas(w uint64, ep int) bool {
 	return false
 }
 
-// spillArena is one table's store of spilled endpoint bitmasks. Readers index chunks
+// isList reports whether spill word w names a list block (else a bitmask block).
+func isList(w uint64) bool { return uint32(w)&listBit != 0 }
+
+// spillBlock returns the words of the block spill word w names: a list's listWords or a
+// bitmask's bw.
+func (t *table) spillBlock(w uint64) []uint64 {
+	if isList(w) {
+		return t.lists.block(uint32(w)&^listBit, listWords)
+	}
+	return t.spill.block(uint32(w), t.bw)
+}
+
+// allocSpill hands out a cleared block, a list or a bitmask, and the spill word naming
+// it. Writer-side.
+func (t *table) allocSpill(list bool) ([]uint64, uint64) {
+	if list {
+		idx, w := t.lists.alloc(listWords)
+		return t.lists.block(idx, listWords), w | uint64(listBit)
+	}
+	idx, w := t.spill.alloc(t.bw)
+	return t.spill.block(idx, t.bw), w
+}
+
+// releaseSpill frees the block spill word w names, which no set word names any more.
+// Writer-side.
+func (t *table) releaseSpill(w uint64) {
+	if isList(w) {
+		t.lists.release(w &^ uint64(listBit))
+		return
+	}
+	t.spill.release(w)
+}
+
+// spillArena is one table's store of spilled endpoint sets (lists or bitmasks). Readers index chunks
 // through atomic pointers; the rest is writer-side, under the shard mutex (or private to
 // an unpublished table).
 type spillArena struct {
@@ -86,7 +133,15 @@ type spillArena struct {
 	bytes  atomic.Int64
 }
 
-type spillChunk struct{ w []uint64 }
+// spillChunk is one chunk of an arena's blocks. Chunks of spillMapBytes and up are
+// mappings off the Go heap (thp_linux.go), unmapped once the chunk is unreachable: at
+// 100M entries over 1,024 endpoints the arenas hold ~260 MB, which on the heap doubled
+// the collector's goal (a heap the size of the live index's spill plus as much garbage)
+// for words that hold no pointers. mapped says which.
+type spillChunk struct {
+	w      []uint64
+	mapped bool
+}
 
 // spillLoc maps a block index to its chunk and the block's position in it.
 func spillLoc(idx uint32) (c, off int) {
@@ -113,7 +168,7 @@ func (a *spillArena) alloc(bw int) (idx uint32, w uint64) {
 		a.n++
 		if c, off := spillLoc(idx); off == 0 {
 			blocks := 1 << spillBaseShift << c
-			a.chunks[c].Store(&spillChunk{w: make([]uint64, blocks*bw)})
+			a.chunks[c].Store(newSpillChunk(blocks * bw))
 			// The words, plus the generation and free-list entries the blocks will need.
 			a.bytes.Add(int64(blocks*bw)*8 + int64(blocks)*6 + 32)
 		}
@@ -138,7 +193,7 @@ func (t *table) setWordAt(slot int) *uint64 {
 
 // sparseHas reports whether slot's set holds ep. Writers call it under the shard mutex;
 // lock-free readers (Keys) get sparseLookup's guarantee for the set word: a spilled
-// set's bit is taken only if the set word still names the same block afterwards.
+// set's words are taken only if the set word still names the same block afterwards.
 func (t *table) sparseHas(slot, ep int) bool {
 	p := t.setWordAt(slot)
 	for try := 0; try < spillRetries; try++ {
@@ -147,8 +202,13 @@ func (t *table) sparseHas(slot, ep int) bool {
 		if !isSpill(w) {
 			return inlineHas(w, ep)
 		}
-		blk := t.spill.block(uint32(w), t.bw)
-		has := atomic.LoadUint64(&blk[ep>>6])&(1<<(uint(ep)&63)) != 0
+		blk := t.spillBlock(w)
+		var has bool
+		if isList(w) {
+			has = inlineHas(atomic.LoadUint64(&blk[0]), ep) || inlineHas(atomic.LoadUint64(&blk[1]), ep)
+		} else {
+			has = atomic.LoadUint64(&blk[ep>>6])&(1<<(uint(ep)&63)) != 0
+		}
 		again := atomic.LoadUint64(p)
 		runtime.KeepAlive(t) // its buckets may be a mapping unmapped with it
 		if again == w {
@@ -158,13 +218,98 @@ func (t *table) sparseHas(slot, ep int) bool {
 	return false
 }
 
-// sparseAdd adds ep, not held, to slot's set, spilling a full inline set. Writer-side.
+// idList is a spilled set's ids (id+1 fields), gathered by a writer to move the set to
+// another form.
+type idList struct {
+	n   int
+	ids [listIDs + 1]uint64
+}
+
+// addWord appends the ids of an inline word or a list block's word (skipping holes).
+func (l *idList) addWord(w uint64) {
+	for ; w != 0; w >>= idBits {
+		if f := w & idField; f != 0 && l.n < len(l.ids) {
+			l.ids[l.n] = f
+			l.n++
+		}
+	}
+}
+
+// word packs ids [from, from+4) into a word, from the low field up.
+func (l *idList) word(from int) uint64 {
+	w := uint64(0)
+	for i := from; i < min(from+sparseIDs, l.n); i++ {
+		w |= l.ids[i] << ((i - from) * idBits)
+	}
+	return w
+}
+
+// respill moves the set of set word *p (w, spilled) to the ids of l in another form:
+// inline up to unspillAt, a list up to listIDs, else a bitmask. Writer-side: the new
+// form is filled before the set word names it, and the old block freed after.
+func (t *table) respill(p *uint64, w uint64, l *idList) {
+	var nw uint64
+	switch {
+	case l.n <= unspillAt:
+		nw = l.word(0)
+		t.spilled.Add(-1)
+	case l.n <= listIDs:
+		var blk []uint64
+		blk, nw = t.allocSpill(true)
+		atomic.StoreUint64(&blk[0], l.word(0))
+		atomic.StoreUint64(&blk[1], l.word(sparseIDs))
+	default:
+		var blk []uint64
+		blk, nw = t.allocSpill(false)
+		for _, id := range l.ids[:l.n] {
+			e := int(id) - 1
+			atomic.StoreUint64(&blk[e>>6], blk[e>>6]|1<<(uint(e)&63))
+		}
+	}
+	atomic.StoreUint64(p, nw) // before release: the block's next owner bumps its generation
+	t.releaseSpill(w)
+}
+
+// listLen is the number of ids in a list block's words.
+func listLen(blk []uint64) int {
+	n := 0
+	for _, w := range blk[:listWords] {
+		for ; w != 0; w >>= idBits {
+			if w&idField != 0 {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// sparseAdd adds ep, not held, to slot's set, spilling a full inline set to a list and
+// a full list to a bitmask. Writer-side.
 func (t *table) sparseAdd(slot, ep int) {
 	p := t.setWordAt(slot)
 	w := atomic.LoadUint64(p)
 	if isSpill(w) {
-		q := &t.spill.block(uint32(w), t.bw)[ep>>6]
-		atomic.StoreUint64(q, atomic.LoadUint64(q)|1<<(uint(ep)&63))
+		blk := t.spillBlock(w)
+		if !isList(w) {
+			q := &blk[ep>>6]
+			atomic.StoreUint64(q, atomic.LoadUint64(q)|1<<(uint(ep)&63))
+			return
+		}
+		for i := range blk[:listWords] {
+			x := blk[i]
+			for f := 0; f < 64; f += idBits {
+				if x>>f&idField == 0 {
+					atomic.StoreUint64(&blk[i], x|uint64(ep+1)<<f)
+					return
+				}
+			}
+		}
+		var l idList // full: to a bitmask
+		l.addWord(blk[0])
+		l.addWord(blk[1])
+		l.ids[l.n] = uint64(ep + 1)
+		l.n++
+		t.respill(p, w, &l)
 		return
 	}
 	if n := inlineLen(w); n < sparseIDs {
@@ -172,20 +317,16 @@ func (t *table) sparseAdd(slot, ep int) {
 		return
 	}
 	// Fill the block before the set word names it: a reader that sees the spill word
-	// sees the block's bits.
-	idx, sw := t.spill.alloc(t.bw)
-	blk := t.spill.block(idx, t.bw)
-	for x := w; x != 0; x >>= idBits {
-		e := int(x&idField) - 1
-		atomic.StoreUint64(&blk[e>>6], blk[e>>6]|1<<(uint(e)&63))
-	}
-	atomic.StoreUint64(&blk[ep>>6], blk[ep>>6]|1<<(uint(ep)&63))
+	// sees the block's ids.
+	blk, sw := t.allocSpill(true)
+	atomic.StoreUint64(&blk[0], w)
+	atomic.StoreUint64(&blk[1], uint64(ep+1))
 	atomic.StoreUint64(p, sw)
 	t.spilled.Add(1)
 }
 
-// sparseRemove removes ep, held, from slot's set; a spilled set left with unspillAt
-// endpoints or fewer goes back inline. Writer-side.
+// sparseRemove removes ep, held, from slot's set; a set one below its form's capacity
+// goes to the smaller form (respill). Writer-side.
 func (t *table) sparseRemove(slot, ep int) {
 	p := t.setWordAt(slot)
 	w := atomic.LoadUint64(p)
@@ -203,27 +344,43 @@ func (t *table) sparseRemove(slot, ep int) {
 		atomic.StoreUint64(p, w&^(idField<<last))
 		return
 	}
-	blk := t.spill.block(uint32(w), t.bw)
+	blk := t.spillBlock(w)
+	var l idList
+	if isList(w) {
+		id := uint64(ep + 1)
+	find:
+		for i := range blk[:listWords] {
+			for f := 0; f < 64; f += idBits {
+				if blk[i]>>f&idField == id {
+					atomic.StoreUint64(&blk[i], blk[i]&^(idField<<f))
+					break find
+				}
+			}
+		}
+		if listLen(blk) > unspillAt {
+			return
+		}
+		l.addWord(blk[0])
+		l.addWord(blk[1])
+		t.respill(p, w, &l)
+		return
+	}
 	q := &blk[ep>>6]
 	atomic.StoreUint64(q, atomic.LoadUint64(q)&^(1<<(uint(ep)&63)))
 	n := 0
 	for _, x := range blk {
 		n += bits.OnesCount64(x)
 	}
-	if n > unspillAt {
+	if n > relistAt {
 		return
 	}
-	in := uint64(0)
-	f := 0
 	for i, x := range blk {
 		for ; x != 0; x &= x - 1 {
-			in |= uint64(i*64+bits.TrailingZeros64(x)+1) << f
-			f += idBits
+			l.ids[l.n] = uint64(i*64 + bits.TrailingZeros64(x) + 1)
+			l.n++
 		}
 	}
-	atomic.StoreUint64(p, in) // before release: the block's next owner bumps its generation
-	t.spill.release(w)
-	t.spilled.Add(-1)
+	t.respill(p, w, &l)
 }
 
 // sparseLookup reads key's endpoint set for a reader: it returns the inline set word,
@@ -291,9 +448,21 @@ func (t *table) spilledSet(key uint64, slot int, m *[maxWords]uint64) (uint64, b
 	for try := 0; try < spillRetries; try++ {
 		w := atomic.LoadUint64(p)
 		if isSpill(w) {
-			blk := t.spill.block(uint32(w), t.bw)
-			for i := range blk {
-				m[i&(maxWords-1)] = atomic.LoadUint64(&blk[i])
+			blk := t.spillBlock(w)
+			if isList(w) {
+				clear(m[:t.bw])
+				for _, x := range [listWords]uint64{atomic.LoadUint64(&blk[0]), atomic.LoadUint64(&blk[1])} {
+					for ; x != 0; x >>= idBits {
+						if f := x & idField; f != 0 { // a hole otherwise
+							e := int(f) - 1
+							m[e>>6&(maxWords-1)] |= 1 << (uint(e) & 63)
+						}
+					}
+				}
+			} else {
+				for i := range blk {
+					m[i&(maxWords-1)] = atomic.LoadUint64(&blk[i])
+				}
 			}
 			if atomic.LoadUint64(p) != w {
 				continue // the set moved under us: read it again
@@ -309,9 +478,9 @@ func (t *table) spilledSet(key uint64, slot int, m *[maxWords]uint64) (uint64, b
 	return 0, false
 }
 
-// prefetchSpilled prefetches the bitmask block a spill word w of t names.
+// prefetchSpilled prefetches the block a spill word w of t names.
 func (t *table) prefetchSpilled(w uint64) {
-	blk := t.spill.block(uint32(w), t.bw)
+	blk := t.spillBlock(w)
 	for i := 0; i < len(blk); i += bucketWords {
 		prefetch(unsafe.Pointer(&blk[i]))
 	}

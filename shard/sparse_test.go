@@ -11,10 +11,10 @@ import (
 )
 
 // TestSparseSpillAndUnspill walks one key of a 1,024-endpoint rule through every set
-// shape: inline (1..4 ids, including the highest id), spilled (5.. endpoints), back
-// inline (at unspillAt), and checks Score, Count and the set word at each step, that
-// a freed block is handed out again with a new generation, and that key 0 (kept as a
-// plain bitmask) scores the same way.
+// shape: inline (1..4 ids, including the highest id), a list (5..8), a bitmask (9..),
+// then down again: a list from relistAt, inline from unspillAt. It checks Score, Count
+// and the set word's form at each step, that a freed block is handed out again with a
+// new generation, and that key 0 (kept as a plain bitmask) scores the same way.
 func TestSparseSpillAndUnspill(t *testing.T) {
 	const n = MaxEndpoints
 	inv, err := New(Config{Endpoints: n, Shards: 1})
@@ -25,7 +25,7 @@ func TestSparseSpillAndUnspill(t *testing.T) {
 	all.SetAll(n)
 	scores := make([]int32, n)
 	for _, key := range []uint64{0x1234_5678_9abc_def1, 0} {
-		holders := []int{n - 1, 0, 700, 64, 65, 5, 999, 300}
+		holders := []int{n - 1, 0, 700, 64, 65, 5, 999, 300, 512, 128}
 		setWord := func() uint64 {
 			tb := inv.tabs[0].Load()
 			if key == 0 {
@@ -37,6 +37,8 @@ func TestSparseSpillAndUnspill(t *testing.T) {
 			}
 			return atomic.LoadUint64(tb.setWordAt(slot))
 		}
+		// form is the set word's form check expects: 0 inline, 1 a list, 2 a bitmask.
+		form := 0
 		check := func(held []int) {
 			t.Helper()
 			inv.Score([]uint64{key}, all, Overlap, scores)
@@ -53,8 +55,15 @@ func TestSparseSpillAndUnspill(t *testing.T) {
 			}
 			if key != 0 && len(held) > 0 {
 				w := setWord()
-				if spilled := isSpill(w); spilled != (len(held) > sparseIDs) && !(spilled && len(held) > unspillAt) {
-					t.Fatalf("holders %v: set word %016x (spilled %v)", held, w, spilled)
+				got := 0
+				if isSpill(w) {
+					got = 2
+					if isList(w) {
+						got = 1
+					}
+				}
+				if got != form {
+					t.Fatalf("holders %v: set word %016x, form %d, want %d", held, w, got, form)
 				}
 			}
 		}
@@ -62,17 +71,27 @@ func TestSparseSpillAndUnspill(t *testing.T) {
 			if inv.Add(ep, []uint64{key}) != 1 || inv.Add(ep, []uint64{key}) != 0 {
 				t.Fatalf("add %d: not exactly once", ep)
 			}
+			form = 0
+			if i+1 > listIDs {
+				form = 2
+			} else if i+1 > sparseIDs {
+				form = 1
+			}
 			check(holders[:i+1])
 		}
 		if key != 0 && inv.Stats().Spilled != 1 {
 			t.Fatalf("Spilled = %d with %d holders", inv.Stats().Spilled, len(holders))
 		}
-		gen := uint16(setWord() >> 32)
 		for len(holders) > 0 {
 			ep := holders[len(holders)/2]
 			holders = slices.Delete(holders, len(holders)/2, len(holders)/2+1)
 			if inv.Remove(ep, []uint64{key}) != 1 || inv.Count(ep) != 0 {
 				t.Fatalf("remove %d", ep)
+			}
+			if len(holders) <= unspillAt {
+				form = 0
+			} else if len(holders) <= relistAt {
+				form = 1
 			}
 			check(holders)
 		}
@@ -80,12 +99,18 @@ func TestSparseSpillAndUnspill(t *testing.T) {
 			t.Fatalf("after removing every holder: Len %d, Spilled %d", inv.Len(), inv.Stats().Spilled)
 		}
 		if key != 0 {
-			// Spill again: the freed block comes back with the next generation.
+			// Spill again: the last freed list block comes back with the next generation.
+			tb := inv.tabs[0].Load()
+			idx := tb.lists.free[len(tb.lists.free)-1]
+			gen := tb.lists.gens[idx]
 			for ep := 0; ep <= sparseIDs; ep++ {
 				inv.Add(ep, []uint64{key})
 			}
-			if w := setWord(); !isSpill(w) || uint16(w>>32) != gen+1 || uint32(w) != 0 {
-				t.Fatalf("respilled set word %016x, want block 0 generation %d", w, gen+1)
+			if w := setWord(); !isList(w) || uint16(w>>32) != gen+1 || uint32(w)&^listBit != idx {
+				t.Fatalf("respilled set word %016x, want list block %d generation %d", w, idx, gen+1)
+			}
+			if tb.spill.n != 1 {
+				t.Fatalf("%d bitmask blocks handed out for one key, want 1", tb.spill.n)
 			}
 			inv.ClearAll()
 		}
@@ -121,9 +146,9 @@ func TestSparseArenaChunks(t *testing.T) {
 	}
 }
 
-// TestSparseFlapUnderReaders: one key's set moves between inline and spilled as fast as
-// a writer can toggle endpoints on it, and another key keeps being given the same freed
-// block, while readers score both. The endpoints that never leave must be seen on every
+// TestSparseFlapUnderReaders: one key's set moves between inline, list and bitmask as
+// fast as a writer can toggle endpoints on it, and another key keeps being given the same
+// freed blocks, while readers score both. The endpoints that never leave must be seen on every
 // read, and no endpoint that never held the key may ever appear (a reader that took a
 // block after it changed hands would show one). Run with -race.
 func TestSparseFlapUnderReaders(t *testing.T) {
@@ -133,8 +158,8 @@ func TestSparseFlapUnderReaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	const flapKey, otherKey = 0xabc0_0000_0000_0001, 0xdef0_0000_0000_0002
-	pinned := []int{10, 600, 1023}     // always hold flapKey
-	flappers := []int{20, 21, 22, 900} // come and go on flapKey
+	pinned := []int{10, 600, 1023}                  // always hold flapKey
+	flappers := []int{20, 21, 22, 900, 901, 64, 65} // come and go on flapKey
 	others := []int{500, 501, 502, 503, 504, 505}
 	for _, ep := range pinned {
 		inv.Add(ep, []uint64{flapKey})
@@ -197,8 +222,8 @@ func TestSparseFlapUnderReaders(t *testing.T) {
 	if reads.Load() == 0 {
 		t.Fatal("readers never ran")
 	}
-	if tb := inv.tabs[0].Load(); tb.spill.n < 2 {
-		t.Fatalf("the writer spilled only %d blocks", tb.spill.n)
+	if tb := inv.tabs[0].Load(); tb.lists.n < 2 || tb.spill.n < 1 {
+		t.Fatalf("the writer spilled only %d list and %d bitmask blocks", tb.lists.n, tb.spill.n)
 	}
 }
 

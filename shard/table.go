@@ -103,10 +103,12 @@ type table struct {
 	kpb     int    // layout: slots per bucket
 	mw      uint   // layout: in-bucket mask bits per slot
 	lmask   uint64 // layout: 1<<mw - 1
-	// sparse: slot words are endpoint sets, spilling into spill (sparse.go); bw is the
-	// words of a spilled set's bitmask, spilled the number of spilled sets.
+	// sparse: slot words are endpoint sets, spilling into lists or spill (sparse.go); bw
+	// is the words of a spilled set's bitmask, spilled the number of spilled sets (lists
+	// and bitmasks).
 	sparse  bool
 	bw      int
+	lists   spillArena
 	spill   spillArena
 	spilled atomic.Int64
 	// zero is the mask of key 0 (bw words), which cannot live in a slot because 0 marks
@@ -183,7 +185,7 @@ func (t *table) capacity() int { return int(t.nb) * t.kpb }
 func (t *table) maxUsed() int { return t.capacity() * maxLoadNum / maxLoadDen }
 
 func (t *table) bytes() int64 {
-	return int64(len(t.buckets))*64 + int64(len(t.zero)+len(t.ovf))*8 + t.spill.bytes.Load() + 400
+	return int64(len(t.buckets))*64 + int64(len(t.zero)+len(t.ovf))*8 + t.lists.bytes.Load() + t.spill.bytes.Load() + 400
 }
 
 // slotOf is the slot index of bucket b's slot j.

@@ -100,8 +100,32 @@ func munmap(b []byte) error {
 	return nil
 }
 
-// unmappedTables counts mappings unmapped (tests: tables do not leak their mappings).
-var unmappedTables atomic.Int64
+// unmappedTables and unmappedChunks count mappings unmapped (tests: tables and spill
+// chunks do not leak their mappings).
+var unmappedTables, unmappedChunks atomic.Int64
+
+// spillMapBytes is the smallest spill chunk mapped off the Go heap (see spillChunk): 16
+// pages, so rounding to pages wastes little, and a table's smaller chunks (at most as
+// many bytes again) stay on the heap.
+const spillMapBytes = 64 << 10
+
+// newSpillChunk returns a chunk of words zeroed words: a mapping of its own from
+// spillMapBytes up, unmapped once the chunk is unreachable (a reader holds the table, which
+// holds its chunks), else Go heap memory, as it is when the mapping fails.
+func newSpillChunk(words int) *spillChunk {
+	if n := words * 8; n >= spillMapBytes {
+		mem, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS)
+		if err == nil {
+			ch := &spillChunk{w: unsafe.Slice((*uint64)(unsafe.Pointer(&mem[0])), words), mapped: true}
+			runtime.AddCleanup(ch, func(mem []byte) {
+				_ = syscall.Munmap(mem)
+				unmappedChunks.Add(1)
+			}, mem)
+			return ch
+		}
+	}
+	return &spillChunk{w: make([]uint64, words)}
+}
 
 // unmapWhenUnreachable unmaps a table's bucket mapping once the table is unreachable.
 // That is the same grace period RCU gets from the collector for heap tables: a reader
@@ -123,40 +147,81 @@ type mapping struct {
 	retired *atomic.Bool
 }
 
-// retireTable notes that t, replaced by a newer table, awaits its cleanup. Why: a
-// mapping is off the Go heap, so the collector's pacing does not see it, and the cleanup
-// that unmaps a replaced table runs only after a collection. With the index off the heap,
-// the heap is small and collections are rare: at 100M entries, churn that compacts every
-// shard in turn kept 0.4-1.4 GB of replaced tables mapped (bench/RESULTS.md, session 8).
-// So once the replaced tables awaiting their cleanup pass retireCollectBytes, one
-// collection is started (never two at once): the memory held beyond the live tables
-// stays about that bound, for a collection of a small heap every few hundred MiB of
-// rebuilds.
+// retireTable notes that t, replaced by a newer table, waits for its cleanup, and gives
+// its memory back to the kernel retireGrace later (release), while the mapping stays
+// until the cleanup unmaps it: the RSS then holds about one second of replaced tables
+// (~15 MB at 100M entries under churn).
+//
+// Why the cleanup needs help: a mapping is off the Go heap, so the collector's pacing
+// does not see it, and the cleanup runs only after a collection. With the index off the
+// heap, the heap is small and collections are rare: at 100M entries, churn that compacts
+// every shard in turn kept 0.4-1.4 GB of replaced tables mapped (bench/RESULTS.md,
+// session 8). So once the released tables waiting for their cleanup pass
+// retireCollectBytes, one collection is started (never two at once): the address space
+// held beyond the live tables stays about that bound, for a collection of a small heap
+// every few hundred MiB of rebuilds.
 func retireTable(t *table) {
 	if t.retired == nil || t.retired.Swap(true) {
 		return
 	}
-	n := retiredBytes.Add(int64(len(t.buckets)) * int64(unsafe.Sizeof(bucket{})))
-	if n >= retireCollectBytes && collecting.CompareAndSwap(false, true) {
+	retiredBytes.Add(int64(len(t.buckets)) * int64(unsafe.Sizeof(bucket{})))
+	// The timer holds t until release returns, so the mapping release advises is still
+	// t's (it is unmapped only once t is unreachable).
+	time.AfterFunc(retireGrace, t.release)
+}
+
+// retireGrace is how long a replaced table keeps its memory. Readers hold a table for
+// one lookup or one request's score, tens of microseconds, so a reader still probing a
+// table a second after its replacement is one the scheduler stopped for that long; it
+// would read zeros, every key absent (a routing miss, no more: probes end at an empty
+// slot). Writers only write the published table, and a compaction still copying the
+// replaced table drops its copy at the publish (compact.go).
+const retireGrace = time.Second
+
+// release gives a replaced table's pages back to the kernel (MADV_DONTNEED: reads find
+// zeros from then on), the bucket mapping and the mapped spill chunks, and starts a
+// collection if the tables released wait past retireCollectBytes.
+func (t *table) release() {
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&t.buckets[0])), len(t.buckets)*int(unsafe.Sizeof(bucket{})))
+	_ = syscall.Madvise(b, syscall.MADV_DONTNEED)
+	for _, a := range [...]*spillArena{&t.lists, &t.spill} {
+		for i := range a.chunks {
+			if ch := a.chunks[i].Load(); ch != nil && ch.mapped {
+				_ = syscall.Madvise(unsafe.Slice((*byte)(unsafe.Pointer(&ch.w[0])), len(ch.w)*8), syscall.MADV_DONTNEED)
+			}
+		}
+	}
+	releases.Add(1)
+	if retiredBytes.Load() >= retireCollectBytes && collecting.CompareAndSwap(false, true) {
 		go collectRetired()
 	}
 }
 
 // collectRetired runs collections until the replaced tables awaiting their unmapping
-// are under retireCollectBytes, a few at most. Why more than one: tables retired while a
-// collection runs are not freed by it, and a burst of rebuilds (a shrink of every shard,
-// a fleet cleared) may retire many at once and then none, so no later retireTable would
-// start the collection that frees them. The pause lets the cleanups a collection queued
+// are under retireCollectBytes, a few at most. Why more than one: tables released while
+// a collection runs are not freed by it, and a burst of rebuilds (a shrink of every
+// shard, a fleet cleared) may retire many at once and then none, so no later release
+// would start the collection that frees them. The pause lets the cleanups a collection queued
 // run before the count is read again.
+//
+// Tables released while the collections ran found one running and started none, so
+// when there were such releases and the count is still over the bound, it goes round
+// again.
 func collectRetired() {
-	for range 4 {
-		runtime.GC()
-		time.Sleep(10 * time.Millisecond)
-		if retiredBytes.Load() < retireCollectBytes {
-			break
+	for {
+		seen := releases.Load()
+		for range 4 {
+			runtime.GC()
+			time.Sleep(10 * time.Millisecond)
+			if retiredBytes.Load() < retireCollectBytes {
+				break
+			}
+		}
+		collecting.Store(false)
+		if releases.Load() == seen || retiredBytes.Load() < retireCollectBytes || !collecting.CompareAndSwap(false, true) {
+			return
 		}
 	}
-	collecting.Store(false)
 }
 
 // retireCollectBytes is how much replaced tables may wait for their unmapping before a
@@ -165,5 +230,6 @@ const retireCollectBytes = 128 << 20
 
 var (
 	retiredBytes atomic.Int64 // mapped bytes of replaced tables not unmapped yet
-	collecting   atomic.Bool  // a collection retireTable started is running
+	releases     atomic.Int64 // replaced tables released so far
+	collecting   atomic.Bool  // a collection release started is running
 )

@@ -181,8 +181,8 @@ func smapsKB(addr uintptr, field string) (kb, size int, err error) {
 }
 
 // TestRetiredTablesCollected: replaced mapped tables are unmapped without anyone calling
-// the collector: once retireCollectBytes of them wait for their cleanup, retireTable
-// starts a collection, so the mappings held beyond the live tables stay under about that
+// the collector: once retireCollectBytes of them wait for their cleanup, their release
+// (retireGrace after retireTable) starts a collection, so the mappings held beyond the live tables stay under about that
 // bound on a heap that would not collect by itself (this test allocates almost nothing).
 // Tables retired while that collection runs wait for the next one, so up to the bound of
 // them may stay mapped at the end.
@@ -260,4 +260,132 @@ func TestTouchBacksEveryPage(t *testing.T) {
 	}
 	runtime.KeepAlive(tb)
 	runtime.KeepAlive(fresh)
+}
+
+// TestReplacedTablesGiveMemoryBack: a replaced mapped table stays readable for the grace
+// readers get, then its pages (buckets and mapped spill chunks) are no longer resident
+// (mincore) although the table is still reachable, and reading it finds nothing.
+func TestReplacedTablesGiveMemoryBack(t *testing.T) {
+	inv, err := New(Config{Endpoints: 1024, Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Keys held by 10 endpoints spill to bitmasks: 1,000 of them fill the bitmask
+	// arena's chunks 0-5, the last of them 64 KiB, mapped. 3 huge pages' worth of keys make the table mapped.
+	shared := make([]uint64, 1000)
+	for i := range shared {
+		shared[i] = benchKey(uint64(i) + 1)
+	}
+	for ep := 0; ep < 10; ep++ {
+		inv.Add(ep, shared)
+	}
+	own := make([]uint64, 3*hugeBuckets)
+	for i := range own {
+		own[i] = benchKey(uint64(i) + 1e6)
+	}
+	for i := 0; i < len(own); i += 512 {
+		inv.Add(5, own[i:i+512])
+	}
+	inv.waitCompactions()
+	old := inv.tabs[0].Load()
+	if old.retired == nil {
+		t.Skip("no mapped tables here (mmap failed)")
+	}
+	var chunk *spillChunk
+	for i := range old.spill.chunks {
+		if ch := old.spill.chunks[i].Load(); ch != nil && ch.mapped {
+			chunk = ch
+		}
+	}
+	if chunk == nil {
+		t.Fatalf("no mapped spill chunk among %d spilled sets", old.spilled.Load())
+	}
+	buckets := unsafe.Slice((*byte)(unsafe.Pointer(&old.buckets[0])), len(old.buckets)*64)
+	words := unsafe.Slice((*byte)(unsafe.Pointer(&chunk.w[0])), len(chunk.w)*8)
+	if residentPages(t, buckets) == 0 || residentPages(t, words) == 0 {
+		t.Fatal("the live table's pages are not resident")
+	}
+	home := func(k uint64) uint64 { return old.home(mix(k), inv.shardBits) }
+
+	inv.ClearAll() // replaces the table
+	if inv.tabs[0].Load() == old {
+		t.Fatal("ClearAll kept the table")
+	}
+	// Within the grace a reader still holding the table finds what it held.
+	if old.lookup(own[7], home(own[7])) == 0 || old.lookup(shared[3], home(shared[3])) == 0 {
+		t.Fatal("the replaced table lost its keys at once")
+	}
+	deadline := time.Now().Add(retireGrace + 10*time.Second)
+	for residentPages(t, buckets)+residentPages(t, words) > 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if b, w := residentPages(t, buckets), residentPages(t, words); b+w > 0 {
+		t.Fatalf("%s after the replacement: %d bucket pages and %d spill chunk pages still resident",
+			time.Since(deadline.Add(-retireGrace-10*time.Second)), b, w)
+	}
+	if old.lookup(own[7], home(own[7])) != 0 || old.lookup(shared[3], home(shared[3])) != 0 {
+		t.Fatal("a released table still holds keys")
+	}
+	runtime.KeepAlive(old)
+}
+
+// residentPages is the number of b's pages in memory (mincore).
+func residentPages(t *testing.T, b []byte) int {
+	ps := os.Getpagesize()
+	vec := make([]byte, (len(b)+ps-1)/ps)
+	if _, _, e := syscall.Syscall(syscall.SYS_MINCORE, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)),
+		uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+		t.Fatalf("mincore: %v", e)
+	}
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return n
+}
+
+// TestSpillChunksOffHeap: an arena's chunks of spillMapBytes and up are not Go heap
+// memory (the heap grows by a small part of the arena's bytes), and they are unmapped
+// once the arena is unreachable.
+func TestSpillChunksOffHeap(t *testing.T) {
+	const bw = 16                                            // 1,024 endpoints
+	const blocks = 1<<spillBaseShift<<13 - 1<<spillBaseShift // chunks 0-12, 16 MiB of words
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	a := new(spillArena)
+	for range blocks {
+		a.alloc(bw)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	mapped := 0
+	for i := range a.chunks {
+		if ch := a.chunks[i].Load(); ch != nil && ch.mapped {
+			if len(ch.w)*8 < spillMapBytes {
+				t.Fatalf("chunk %d of %d bytes is mapped, under spillMapBytes", i, len(ch.w)*8)
+			}
+			mapped++
+		} else if ch != nil && len(ch.w)*8 >= spillMapBytes {
+			t.Fatalf("chunk %d of %d bytes is on the heap", i, len(ch.w)*8)
+		}
+	}
+	if mapped != 8 { // chunks 5-12
+		t.Fatalf("%d chunks mapped, want 8", mapped)
+	}
+	heap := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	if arena := a.bytes.Load(); heap > 2<<20 || arena < 16<<20 {
+		t.Fatalf("the heap grew %d KiB for an arena of %d KiB", heap>>10, arena>>10)
+	}
+	runtime.KeepAlive(a)
+	u0 := unmappedChunks.Load()
+	a = nil
+	deadline := time.Now().Add(10 * time.Second)
+	for unmappedChunks.Load()-u0 < int64(mapped) && time.Now().Before(deadline) {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := unmappedChunks.Load() - u0; got < int64(mapped) {
+		t.Fatalf("%d of %d mapped chunks unmapped once unreachable", got, mapped)
+	}
 }

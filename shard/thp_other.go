@@ -14,3 +14,5 @@ func unmapWhenUnreachable(*table, []byte) {}
 func retireTable(*table) {}
 
 func populate([]bucket) bool { return false }
+
+func newSpillChunk(words int) *spillChunk { return &spillChunk{w: make([]uint64, words)} }
