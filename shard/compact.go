@@ -23,6 +23,7 @@ package shard
 // under the mutex when writers ran out of room, a shrink, ClearAll), is dropped.
 
 import (
+	"runtime"
 	"sync/atomic"
 )
 
@@ -81,7 +82,7 @@ func (inv *Inventory) compact(s int, sh *shardState, c *compaction, nb uint64) {
 	// Only its own: once this compaction has left the mutex, a writer may start the next.
 	defer sh.copying.CompareAndSwap(nt, nil)
 
-	n := c.from.copyLiveInto(nt, inv.shardBits)
+	n := c.from.copyLiveInto(nt, inv.shardBits, true)
 	if inv.compactHook != nil {
 		inv.compactHook()
 	}
@@ -124,12 +125,31 @@ func (inv *Inventory) publishCompaction(s int, sh *shardState, c *compaction, nt
 // key whose set changed during the copy may be copied with a set of any moment of the
 // change, or not at all, or twice (removed after its bucket was copied, and stored again
 // in a bucket not copied yet); the writers logged it (see compact).
-func (t *table) copyLiveInto(nt *table, shardBits uint) int {
+//
+// yield (a background compaction, never a copy under the mutex) lets other goroutines
+// run every compactYieldBuckets buckets.
+func (t *table) copyLiveInto(nt *table, shardBits uint, yield bool) int {
 	for i := range t.zero {
 		nt.zero[i] = atomic.LoadUint64(&t.zero[i])
 	}
-	return t.copyBuckets(nt, shardBits, 0, t.nb)
+	if !yield {
+		return t.copyBuckets(nt, shardBits, 0, t.nb)
+	}
+	n := 0
+	for lo := uint64(0); lo < t.nb; lo += compactYieldBuckets {
+		n += t.copyBuckets(nt, shardBits, lo, min(lo+compactYieldBuckets, t.nb))
+		runtime.Gosched()
+	}
+	return n
 }
+
+// compactYieldBuckets is how many buckets a background compaction copies between two
+// yields: 64 KiB of table, ~30-60 us. Why yield: a copy at 100M entries takes 7-15 ms of
+// a core, and the scheduler lets it keep its P that long, so with two Ps the event
+// appliers shared one for the copy's length, and their batches queued (the event lag's
+// p99 sat on the copies, bench/RESULTS.md, session 8). Yielding puts the copy behind
+// the appliers woken meanwhile: the same CPU, spent when they are idle.
+const compactYieldBuckets = 1024
 
 // copyBuckets is copyLiveInto for t's buckets [lo, hi), key 0 aside.
 func (t *table) copyBuckets(nt *table, shardBits uint, lo, hi uint64) int {

@@ -502,7 +502,7 @@ func (inv *Inventory) rebuildLocked(s int, sh *shardState, want int) *table {
 	old := inv.tabs[s].Load()
 	nb := bucketsFor(want, inv.lay)
 	nt := newTable(nb, inv.words, inv.lay)
-	n := old.copyLiveInto(nt, inv.shardBits)
+	n := old.copyLiveInto(nt, inv.shardBits, false)
 	inv.tabs[s].Store(nt)
 	retireTable(old)
 	sh.used = n
