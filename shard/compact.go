@@ -155,7 +155,6 @@ const compactYieldBuckets = 1024
 func (t *table) copyBuckets(nt *table, shardBits uint, lo, hi uint64) int {
 	n := 0
 	var blk [maxWords]uint64 // a spilled set's words
-	nw := 0                  // how many
 	for bi := lo; bi < hi; bi++ {
 		bk := &t.buckets[bi]
 		for j := 0; j < t.kpb; j++ {
@@ -169,18 +168,19 @@ func (t *table) copyBuckets(nt *table, shardBits uint, lo, hi uint64) int {
 			if m == 0 {
 				continue
 			}
+			set := blk[:0]
 			if t.sparse && isSpill(m) {
 				src := t.spillBlock(m)
 				for i := range src {
 					blk[i&(maxWords-1)] = atomic.LoadUint64(&src[i])
 				}
-				nw = len(src)
+				set = blk[:len(src)]
 			}
 			if atomic.LoadUint64(kp) != k {
 				continue // the slot passed to another key: logged
 			}
 			free := nt.freeSlotPrivate(nt.home(mix(k), shardBits))
-			nt.putPrivate(free, k, m, blk[:nw])
+			nt.putPrivate(free, k, m, set)
 			n++
 		}
 	}

@@ -19,10 +19,10 @@ import (
 //     in the top field, then a 16-bit generation and a 32-bit block index into one of
 //     the table's two arenas: up to listIDs endpoints, a list block (listWords words of
 //     16-bit fields, each an id+1 or 0, holes allowed); more, a bitmask block
-//     (Endpoints/64 words). Why
-//     two: in a fleet most spilled sets are a few holders past sparseIDs (hot prefixes
-//     cached by 5-8 engines), and a bitmask spends 128 bytes at 1,024 endpoints where a
-//     list spends 16 (at 100M entries, 260 MB of bitmask blocks against ~35 MB).
+//     (Endpoints/64 words). Why two: in a fleet most spilled sets are a few holders
+//     past sparseIDs (hot prefixes cached by 5-8 engines), and a bitmask spends 128
+//     bytes at 1,024 endpoints where a list spends 16 (at 100M entries, 260 MB of
+//     bitmask blocks against ~35 MB).
 //     A set that falls one below its form's capacity goes back to the smaller form,
 //     freeing its block: a bitmask at relistAt endpoints becomes a list, a list at
 //     unspillAt goes back inline (so a key whose holders flap around a capacity does
@@ -38,8 +38,8 @@ import (
 // another key's. A list changes as a bitmask does, one id per store: an add fills an
 // empty field, a remove empties the id's field (the holes are why a list is not packed
 // as an inline set is: moving an id between two words would take two stores, and a
-// reader between them could miss an id held throughout). A changed one sends the reader round again (the set moved between
-// inline and spilled under it); a reader that loses spillRetries rounds in a row reports
+// reader between them could miss an id held throughout). A changed set word sends the
+// reader round again (the set moved to another form or block under it); a reader that loses spillRetries rounds in a row reports
 // the key absent, a transient miss, never a wrong set. The residual is a generation
 // wrapping (65,536 hand-outs of one block) between a reader's two loads, nanoseconds
 // apart, the same order as table.reuse's.
@@ -122,8 +122,8 @@ func (t *table) releaseSpill(w uint64) {
 	t.spill.release(w)
 }
 
-// spillArena is one table's store of spilled endpoint sets (lists or bitmasks). Readers index chunks
-// through atomic pointers; the rest is writer-side, under the shard mutex (or private to
+// spillArena is one table's store of spilled endpoint sets (lists or bitmasks). Readers
+// index chunks through atomic pointers; the rest is writer-side, under the shard mutex (or private to
 // an unpublished table).
 type spillArena struct {
 	chunks [spillChunks]atomic.Pointer[spillChunk]
@@ -270,17 +270,17 @@ func (t *table) respill(p *uint64, w uint64, l *idList) {
 	t.releaseSpill(w)
 }
 
-// listLen is the number of ids in a list block's words.
-func listLen(blk []uint64) int {
-	n := 0
-	for _, w := range blk[:listWords] {
-		for ; w != 0; w >>= idBits {
-			if w&idField != 0 {
-				n++
+// listField finds the first field of list block blk holding f (an id+1, or 0: an empty
+// field): its word and shift, ok false when no field does.
+func listField(blk []uint64, f uint64) (i int, sh uint, ok bool) {
+	for i := range blk[:listWords] {
+		for sh := uint(0); sh < 64; sh += idBits {
+			if blk[i]>>sh&idField == f {
+				return i, sh, true
 			}
 		}
 	}
-	return n
+	return 0, 0, false
 }
 
 // sparseAdd adds ep, not held, to slot's set, spilling a full inline set to a list and
@@ -295,14 +295,9 @@ func (t *table) sparseAdd(slot, ep int) {
 			atomic.StoreUint64(q, atomic.LoadUint64(q)|1<<(uint(ep)&63))
 			return
 		}
-		for i := range blk[:listWords] {
-			x := blk[i]
-			for f := 0; f < 64; f += idBits {
-				if x>>f&idField == 0 {
-					atomic.StoreUint64(&blk[i], x|uint64(ep+1)<<f)
-					return
-				}
-			}
+		if i, sh, ok := listField(blk, 0); ok {
+			atomic.StoreUint64(&blk[i], blk[i]|uint64(ep+1)<<sh)
+			return
 		}
 		var l idList // full: to a bitmask
 		l.addWord(blk[0])
@@ -347,21 +342,14 @@ func (t *table) sparseRemove(slot, ep int) {
 	blk := t.spillBlock(w)
 	var l idList
 	if isList(w) {
-		id := uint64(ep + 1)
-	find:
-		for i := range blk[:listWords] {
-			for f := 0; f < 64; f += idBits {
-				if blk[i]>>f&idField == id {
-					atomic.StoreUint64(&blk[i], blk[i]&^(idField<<f))
-					break find
-				}
-			}
-		}
-		if listLen(blk) > unspillAt {
-			return
+		if i, sh, ok := listField(blk, uint64(ep+1)); ok {
+			atomic.StoreUint64(&blk[i], blk[i]&^(idField<<sh))
 		}
 		l.addWord(blk[0])
 		l.addWord(blk[1])
+		if l.n > unspillAt {
+			return
+		}
 		t.respill(p, w, &l)
 		return
 	}

@@ -110,8 +110,8 @@ var unmappedTables, unmappedChunks atomic.Int64
 const spillMapBytes = 64 << 10
 
 // newSpillChunk returns a chunk of words zeroed words: a mapping of its own from
-// spillMapBytes up, unmapped once the chunk is unreachable (a reader holds the table, which
-// holds its chunks), else Go heap memory, as it is when the mapping fails.
+// spillMapBytes up, unmapped once the chunk is unreachable (a reader holds the table,
+// which holds its chunks), else Go heap memory, as it is when the mapping fails.
 func newSpillChunk(words int) *spillChunk {
 	if n := words * 8; n >= spillMapBytes {
 		mem, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS)
@@ -182,12 +182,11 @@ const retireGrace = time.Second
 // zeros from then on), the bucket mapping and the mapped spill chunks, and starts a
 // collection if the tables released wait past retireCollectBytes.
 func (t *table) release() {
-	b := unsafe.Slice((*byte)(unsafe.Pointer(&t.buckets[0])), len(t.buckets)*int(unsafe.Sizeof(bucket{})))
-	_ = syscall.Madvise(b, syscall.MADV_DONTNEED)
+	dontNeed(unsafe.Pointer(&t.buckets[0]), len(t.buckets)*int(unsafe.Sizeof(bucket{})))
 	for _, a := range [...]*spillArena{&t.lists, &t.spill} {
 		for i := range a.chunks {
 			if ch := a.chunks[i].Load(); ch != nil && ch.mapped {
-				_ = syscall.Madvise(unsafe.Slice((*byte)(unsafe.Pointer(&ch.w[0])), len(ch.w)*8), syscall.MADV_DONTNEED)
+				dontNeed(unsafe.Pointer(&ch.w[0]), len(ch.w)*8)
 			}
 		}
 	}
@@ -197,16 +196,19 @@ func (t *table) release() {
 	}
 }
 
+// dontNeed gives the n bytes of a mapping at p back to the kernel (MADV_DONTNEED).
+func dontNeed(p unsafe.Pointer, n int) {
+	_ = syscall.Madvise(unsafe.Slice((*byte)(p), n), syscall.MADV_DONTNEED)
+}
+
 // collectRetired runs collections until the replaced tables awaiting their unmapping
 // are under retireCollectBytes, a few at most. Why more than one: tables released while
 // a collection runs are not freed by it, and a burst of rebuilds (a shrink of every
 // shard, a fleet cleared) may retire many at once and then none, so no later release
-// would start the collection that frees them. The pause lets the cleanups a collection queued
-// run before the count is read again.
-//
-// Tables released while the collections ran found one running and started none, so
-// when there were such releases and the count is still over the bound, it goes round
-// again.
+// would start the collection that frees them. The pause lets the cleanups a collection
+// queued run before the count is read again. Tables released while the collections ran
+// found one running and started none, so when there were such releases and the count is
+// still over the bound, it goes round again.
 func collectRetired() {
 	for {
 		seen := releases.Load()
