@@ -310,9 +310,8 @@ func (inv *Inventory) prefixSparse(keys []uint64, e *[maxWords]uint64, words int
 		set, ok := t.sparseLookup(k, b, &held)
 		if !isSpill(set) {
 			clear(held[:words])
-			for ; ok && set != 0; set >>= idBits {
-				ep := int(set&idField) - 1
-				held[ep>>6&(maxWords-1)] |= 1 << (uint(ep) & 63)
+			if ok {
+				orIDs(&held, set)
 			}
 		}
 		left := uint64(0)

@@ -39,8 +39,8 @@ import (
 // empty field, a remove empties the id's field (the holes are why a list is not packed
 // as an inline set is: moving an id between two words would take two stores, and a
 // reader between them could miss an id held throughout). A changed set word sends the
-// reader round again (the set moved to another form or block under it); a reader that loses spillRetries rounds in a row reports
-// the key absent, a transient miss, never a wrong set. The residual is a generation
+// reader round again (the set moved to another form or block under it); a reader that
+// loses spillRetries rounds in a row reports the key absent, a transient miss, never a wrong set. The residual is a generation
 // wrapping (65,536 hand-outs of one block) between a reader's two loads, nanoseconds
 // apart, the same order as table.reuse's.
 //
@@ -89,6 +89,17 @@ func inlineHas(w uint64, ep int) bool {
 	return false
 }
 
+// orIDs sets in m the bit of every endpoint whose id+1 fills a field of w: an inline set
+// word, or a word of a list block (whose zero fields are holes, skipped).
+func orIDs(m *[maxWords]uint64, w uint64) {
+	for ; w != 0; w >>= idBits {
+		if f := w & idField; f != 0 {
+			e := int(f) - 1
+			m[e>>6&(maxWords-1)] |= 1 << (uint(e) & 63)
+		}
+	}
+}
+
 // isList reports whether spill word w names a list block (else a bitmask block).
 func isList(w uint64) bool { return uint32(w)&listBit != 0 }
 
@@ -123,8 +134,8 @@ func (t *table) releaseSpill(w uint64) {
 }
 
 // spillArena is one table's store of spilled endpoint sets (lists or bitmasks). Readers
-// index chunks through atomic pointers; the rest is writer-side, under the shard mutex (or private to
-// an unpublished table).
+// index chunks through atomic pointers; the rest is writer-side, under the shard mutex
+// (or private to an unpublished table).
 type spillArena struct {
 	chunks [spillChunks]atomic.Pointer[spillChunk]
 	n      uint32   // blocks handed out from chunks so far (free ones included)
@@ -439,14 +450,8 @@ func (t *table) spilledSet(key uint64, slot int, m *[maxWords]uint64) (uint64, b
 			blk := t.spillBlock(w)
 			if isList(w) {
 				clear(m[:t.bw])
-				for _, x := range [listWords]uint64{atomic.LoadUint64(&blk[0]), atomic.LoadUint64(&blk[1])} {
-					for ; x != 0; x >>= idBits {
-						if f := x & idField; f != 0 { // a hole otherwise
-							e := int(f) - 1
-							m[e>>6&(maxWords-1)] |= 1 << (uint(e) & 63)
-						}
-					}
-				}
+				orIDs(m, atomic.LoadUint64(&blk[0]))
+				orIDs(m, atomic.LoadUint64(&blk[1]))
 			} else {
 				for i := range blk {
 					m[i&(maxWords-1)] = atomic.LoadUint64(&blk[i])

@@ -328,3 +328,36 @@ func TestSparseOverlapDeferredSpills(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkPrefixSparse scores a shared 512-key prefix (8,192 tokens at block 16) by its
+// longest leading run over a 1,024-endpoint rule, every key held by the same engines:
+// three (inline sets) or six (id lists, spilled). Each key's set is decoded into the
+// run (prefixSparse), so this times that decode on the path a hot prefix takes.
+func BenchmarkPrefixSparse(b *testing.B) {
+	for _, holders := range []int{3, 6} {
+		b.Run(fmt.Sprintf("holders=%d", holders), func(b *testing.B) {
+			inv, err := New(Config{Endpoints: MaxEndpoints})
+			if err != nil {
+				b.Fatal(err)
+			}
+			keys := make([]uint64, 512)
+			for i := range keys {
+				keys[i] = benchKey(uint64(i) + 1)
+			}
+			for h := 0; h < holders; h++ {
+				inv.Add(h*171+5, keys)
+			}
+			elig := NewMask(MaxEndpoints)
+			elig.SetAll(MaxEndpoints)
+			scores := make([]int32, MaxEndpoints)
+			b.ReportAllocs()
+			for b.Loop() {
+				inv.Score(keys, elig, Prefix, scores)
+			}
+			if scores[5] != int32(len(keys)) {
+				b.Fatalf("prefix score %d, want %d", scores[5], len(keys))
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(keys)), "ns/key")
+		})
+	}
+}

@@ -182,8 +182,9 @@ func smapsKB(addr uintptr, field string) (kb, size int, err error) {
 
 // TestRetiredTablesCollected: replaced mapped tables are unmapped without anyone calling
 // the collector: once retireCollectBytes of them wait for their cleanup, their release
-// (retireGrace after retireTable) starts a collection, so the mappings held beyond the live tables stay under about that
-// bound on a heap that would not collect by itself (this test allocates almost nothing).
+// (retireGrace after retireTable) starts a collection, so the mappings held beyond the
+// live tables stay under about that bound on a heap that would not collect by itself
+// (this test allocates almost nothing).
 // Tables retired while that collection runs wait for the next one, so up to the bound of
 // them may stay mapped at the end.
 func TestRetiredTablesCollected(t *testing.T) {
@@ -271,7 +272,8 @@ func TestReplacedTablesGiveMemoryBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Keys held by 10 endpoints spill to bitmasks: 1,000 of them fill the bitmask
-	// arena's chunks 0-5, the last of them 64 KiB, mapped. 3 huge pages' worth of keys make the table mapped.
+	// arena's chunks 0-5, the last of them 64 KiB, mapped. 3 huge pages' worth of keys
+	// make the table mapped.
 	shared := make([]uint64, 1000)
 	for i := range shared {
 		shared[i] = benchKey(uint64(i) + 1)
