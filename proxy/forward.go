@@ -242,6 +242,9 @@ func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqStat
 		return outcome{kind: outRetry, err: errors.New("endpoint " + ep.spec.Name + " answered " + itoa(code))}
 	}
 	s.m.routed[d.route][d.ep].Inc()
+	if s.kv != nil && s.kv.sendsNewBlocks(st, d) {
+		s.states.eps[d.ep].sentNew.Add(1)
+	}
 	if !bytes.HasPrefix(res.Header.ContentType(), []byte("text/event-stream")) {
 		// A whole answer comes after the last token: it ends the prefill's queue time but
 		// is no sample of its speed.

@@ -597,4 +597,30 @@ func (k *kvRouter) choose(st *reqState, el shard.Mask, d *decision) {
 	}
 }
 
+// sendsNewBlocks reports whether the engine d sends st to should publish stored blocks
+// for it: the prompt has full blocks beyond the longest prefix the engine has reported
+// holding, on any tier of the rank d names or, with no rank named (the engine's own
+// balancer picks), of any of its ranks. The stale check counts only these requests
+// (epState.sentNew). The engines' reports alone count, not kvgate's pending entries:
+// blocks kvgate only expects an engine to hold are exactly what its events confirm.
+func (k *kvRouter) sendsNewBlocks(st *reqState, d *decision) bool {
+	n := int32(len(st.keys))
+	if n == 0 {
+		n = int32(len(st.fastKeys))
+	}
+	if n == 0 {
+		return false
+	}
+	l := k.ranks
+	if d.slot >= 0 {
+		return l.reported(st.scores, d.slot) < n
+	}
+	for r := 0; r < int(l.dp[d.ep]); r++ {
+		if l.reported(st.scores, l.slot(d.ep, r)) >= n {
+			return false
+		}
+	}
+	return true
+}
+
 var errBadTokens = fmt.Errorf("prompt token ids must be integers in [0, 2^32)")

@@ -354,12 +354,3 @@ func (m *proxyMetrics) unregister(i int, name string) {
 		}
 	}
 }
-
-// sentTo is how many requests kvgate has forwarded to endpoint i, over every route.
-func (m *proxyMetrics) sentTo(i int) uint64 {
-	var n uint64
-	for r := Route(0); r < numRoutes; r++ {
-		n += m.routed[r][i].Get()
-	}
-	return n
-}

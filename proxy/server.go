@@ -565,6 +565,7 @@ func (st *reqState) reset() {
 	st.cached = -1
 	clear(st.excluded)
 	st.tail = st.tail[:0]
+	st.keys, st.fastKeys = st.keys[:0], st.fastKeys[:0] // a request kv.route never saw has none
 	st.memoUse, st.memoBlocks, st.renderUse = tokenize.MemoUse{}, 0, tokenize.RenderUse{}
 	st.ngroups = 0
 }

@@ -35,7 +35,7 @@ const (
 	ReasonBlockSize                                // the engine publishes blocks of another size than -kv-block-size
 	ReasonUnkeyableEvents                          // recent BlockStored events kvgate could not key (no token_ids, orphan parents)
 	ReasonTokenizerFailed                          // recent requests failed to template or tokenize (rule-wide)
-	ReasonStale                                    // kvgate keeps sending it requests but no events arrive
+	ReasonStale                                    // kvgate keeps sending it prompts with blocks it has not reported, and no events arrive
 	numReasons
 )
 
@@ -49,7 +49,7 @@ type stateTuning struct {
 	every         time.Duration // evaluation period
 	disconnected  time.Duration // events down this long before it counts (a dial at start takes a moment)
 	recent        time.Duration // unkeyable / tokenizer failures within this window count
-	staleRequests uint64        // requests sent since the endpoint's last event batch
+	staleRequests uint64        // requests with new blocks sent since the endpoint's last event batch
 	zeroHitMisses uint64        // consecutive no_worker misses with a populated inventory
 	populatedKeys int64         // inventory keys (all endpoints) that make it "populated"
 }
@@ -60,9 +60,17 @@ var defaultStateTuning = stateTuning{
 }
 
 // epState is the watcher's view of one endpoint. cur is read lock-free by /metrics and
-// /debug/inventory; the rest belongs to the watcher goroutine.
+// /debug/inventory, and the request path counts sentNew; the rest belongs to the watcher
+// goroutine.
 type epState struct {
 	cur atomic.Uint32 // state | reasons<<8
+	// sentNew counts the requests sent to the endpoint whose prompt has full blocks it has
+	// not reported holding (kvRouter.sendsNewBlocks): each should make it publish stored
+	// blocks. Only these count toward stale: a prompt the engine already caches in full
+	// (a hot system prompt with a short question in its last, partial block) makes a
+	// healthy engine publish nothing, and counting every request flagged such traffic
+	// stale (bench/RESULTS.md, session 11).
+	sentNew atomic.Uint64
 
 	downSince     time.Time
 	lastUnkeyable uint64
@@ -164,7 +172,7 @@ func (w *stateWatcher) evaluateOne(i int, now time.Time, tokRecent bool) {
 	s := w.s
 	es := &w.eps[i]
 	st := s.kv.mgr.Status(i)
-	sent := s.m.sentTo(i)
+	sent := es.sentNew.Load()
 	if !es.initialized {
 		es.initialized = true
 		es.lastBatches, es.sentAtBatch = st.Batches, sent // unkeyable counts from 0: all since start
@@ -284,7 +292,7 @@ func explainReasons(reasons uint8, st *ingest.EndpointStatus, events string) str
 		case ReasonTokenizerFailed:
 			parts = append(parts, "recent requests failed to template or tokenize (kvgate_kv_misses_total{reason=\"tokenize\"})")
 		case ReasonStale:
-			parts = append(parts, "requests keep going to it but no KV events arrive")
+			parts = append(parts, "prompts with blocks it has not reported keep going to it but no KV events arrive")
 		}
 	}
 	if len(parts) == 0 {

@@ -290,3 +290,104 @@ func TestScrapeIntervalBudget(t *testing.T) {
 		}
 	}
 }
+
+// The stale check counts only requests that should make the engine publish: a healthy
+// engine that already holds every full block of what it is sent publishes nothing and
+// stays exact however many such requests it serves; prompts with blocks it has not
+// reported, sent without any event arriving, degrade it (stale) at WARN, and its next
+// event batch makes it exact again.
+func TestRoutingStateStale(t *testing.T) {
+	c := vllmChain(t)
+	a := newKVEngine(t, "a", enginepub.VLLM)
+	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""))
+	s, lb := startLogged(t, cfg, func(s *Server) {
+		fastStates(s)
+		s.states.tun.staleRequests = 5
+	})
+	toks := engineTokens(t, sharedPrefix)
+	full := len(toks) / blockSize
+	a.store(t, c, toks, full)
+	waitFor(t, "events applied", func() bool { return s.kv.inv.Count(0) == full })
+	routing := func() string {
+		st := inventoryStates(t, s)["a"]
+		if len(st.Reasons) > 0 {
+			return st.Routing + "(" + strings.Join(st.Reasons, ",") + ")"
+		}
+		return st.Routing
+	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("log:\n%s", lb.String())
+		}
+	}()
+
+	for i := 0; i < 20; i++ {
+		if res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix)); res.Header.Get("x-kvgate-route") != "kv-hit" {
+			t.Fatalf("route %q, want kv-hit", res.Header.Get("x-kvgate-route"))
+		}
+	}
+	time.Sleep(10 * s.states.tun.every) // evaluations enough to see them
+	if got := routing(); got != "exact" {
+		t.Fatalf("after 20 requests it holds in full: %s, want exact", got)
+	}
+
+	other := strings.Repeat("Completely different words that no engine has cached yet, friend. ", 8)
+	for i := 0; i < 6; i++ {
+		post(t, s.url("/v1/completions"), complPrompt(other))
+	}
+	waitFor(t, "stale", func() bool { return routing() == "degraded(stale)" })
+	if l := lb.lines("level=WARN", "endpoint routing state changed", "endpoint=a", "to=degraded(stale)",
+		"prompts with blocks it has not reported"); len(l) != 1 {
+		t.Errorf("want one WARN transition to stale")
+	}
+	if m := scrapeMetrics(t, s); m[`kvgate_routing_degraded{endpoint="a",reason="stale"}`] != 1 {
+		t.Error("no stale series")
+	}
+	a.store(t, c, engineTokens(t, other), 2)
+	waitFor(t, "exact again after an event batch", func() bool { return routing() == "exact" })
+}
+
+// sendsNewBlocks: a prompt expects stored blocks from where it goes unless that slot (or,
+// with no rank named, one of the endpoint's ranks) reported all its full blocks, on any tier.
+func TestSendsNewBlocks(t *testing.T) {
+	specs := []EndpointSpec{{Name: "a"}, {Name: "b", DP: 3}}
+	k := &kvRouter{ranks: newRankLayout(specs, true, false)}
+	l := k.ranks
+	st := newReqState(l.slots())
+	st.reset()
+	d := &decision{ep: 1, slot: -1}
+	if k.sendsNewBlocks(st, d) {
+		t.Error("a prompt without full blocks expects stores")
+	}
+	st.keys = append(st.keys, 1, 2, 3, 4)
+	for _, c := range []struct {
+		name       string
+		ep, slot   int
+		scores     map[int]int32 // slot -> reported blocks
+		wantStores bool
+	}{
+		{"nothing held", 0, 0, nil, true},
+		{"held in full", 0, 0, map[int]int32{0: 4}, false},
+		{"held in part", 0, 0, map[int]int32{0: 3}, true},
+		{"held in full on the CPU tier", 0, 0, map[int]int32{l.cpu: 4}, false},
+		{"another endpoint holds it", 0, 0, map[int]int32{1: 4}, true},
+		{"the named rank lacks it", 1, l.slot(1, 1), map[int]int32{l.slot(1, 2): 4}, true},
+		{"the named rank holds it", 1, l.slot(1, 2), map[int]int32{l.slot(1, 2): 4}, false},
+		{"no rank named, one holds it", 1, -1, map[int]int32{l.slot(1, 2): 4}, false},
+		{"no rank named, one on its CPU tier", 1, -1, map[int]int32{l.cpu + l.slot(1, 1): 4}, false},
+		{"no rank named, none in full", 1, -1, map[int]int32{1: 3, l.slot(1, 1): 2}, true},
+	} {
+		clear(st.scores)
+		for s, n := range c.scores {
+			st.scores[s] = n
+		}
+		if got := k.sendsNewBlocks(st, &decision{ep: c.ep, slot: c.slot}); got != c.wantStores {
+			t.Errorf("%s: %v, want %v", c.name, got, c.wantStores)
+		}
+	}
+	st.keys, st.fastKeys = st.keys[:0], append(st.fastKeys, 9, 9)
+	st.scores[0] = 1
+	if !k.sendsNewBlocks(st, &decision{ep: 0, slot: 0}) {
+		t.Error("fast keys: 2 blocks, 1 held: want stores")
+	}
+}
