@@ -242,9 +242,7 @@ func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqStat
 		return outcome{kind: outRetry, err: errors.New("endpoint " + ep.spec.Name + " answered " + itoa(code))}
 	}
 	s.m.routed[d.route][d.ep].Inc()
-	if s.kv != nil && s.kv.sendsNewBlocks(st, d) {
-		s.states.eps[d.ep].sentNew.Add(1)
-	}
+	s.noteStores(st, d)
 	if !bytes.HasPrefix(res.Header.ContentType(), []byte("text/event-stream")) {
 		// A whole answer comes after the last token: it ends the prefill's queue time but
 		// is no sample of its speed.
@@ -297,6 +295,16 @@ func (s *Server) sent(d *decision) {
 	d.ticket = s.queues.Sent(d.ep, d.uncached)
 	if q := s.rankQueues(d); q != nil {
 		d.rticket = q.Sent(d.slot, d.uncached)
+	}
+}
+
+// noteStores counts an answered request toward its endpoint's stale check when the
+// engine should publish stored blocks for it (kvRouter.sendsNewBlocks). A mode-1 decode
+// leg (d.prefill set) never counts: the prefill endpoint computes the blocks, and its leg
+// counts them (prefillLeg).
+func (s *Server) noteStores(st *reqState, d *decision) {
+	if s.kv != nil && d.prefill == 0 && s.kv.sendsNewBlocks(st, d) {
+		s.states.eps[d.ep].sentNew.Add(1)
 	}
 }
 

@@ -186,6 +186,7 @@ func (s *Server) prefillLeg(ctx context.Context, c *app.RequestContext, st *reqS
 	st.legResp = resp
 	if err == nil && status == 200 {
 		s.firstToken(d) // the prefill leg answers once its one token exists
+		s.noteStores(st, d)
 	}
 	s.finished(d)
 	if err != nil {

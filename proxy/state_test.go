@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -345,6 +346,55 @@ func TestRoutingStateStale(t *testing.T) {
 	}
 	a.store(t, c, engineTokens(t, other), 2)
 	waitFor(t, "exact again after an event batch", func() bool { return routing() == "exact" })
+}
+
+// In -kv-mode 1 the prefill endpoint computes the blocks, so its leg counts toward its
+// stale check: fully held prompts keep it exact, prompts with new blocks and no event
+// make it stale. The decode endpoint is never scored and stays off.
+func TestRoutingStateStalePD(t *testing.T) {
+	c := vllmChain(t)
+	p, dec := newKVEngine(t, "p1", enginepub.VLLM), newKVEngine(t, "d1", enginepub.VLLM)
+	p.handle = func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"p","choices":[{"index":0,"text":"x","finish_reason":"length"}],"kv_transfer_params":`+vllmKTP+`}`)
+		return true
+	}
+	cfg := kvConfig(t, KVDisaggregated, p.spec(0, "vllm", ",role=prefill"), dec.spec(1, "vllm", ",role=decode"))
+	s, lb := startLogged(t, cfg, func(s *Server) {
+		fastStates(s)
+		s.states.tun.staleRequests = 5
+	})
+	toks := engineTokens(t, sharedPrefix)
+	full := len(toks) / blockSize
+	p.store(t, c, toks, full)
+	waitFor(t, "events applied", func() bool { return s.kv.inv.Count(0) == full })
+	defer func() {
+		if t.Failed() {
+			t.Logf("log:\n%s", lb.String())
+		}
+	}()
+	for i := 0; i < 20; i++ {
+		if res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix)); res.Header.Get("x-kvgate-prefill") != "p1" || res.Header.Get("x-kvgate-route") != "kv-hit" {
+			t.Fatalf("prefill %q route %q, want p1 kv-hit", res.Header.Get("x-kvgate-prefill"), res.Header.Get("x-kvgate-route"))
+		}
+	}
+	time.Sleep(10 * s.states.tun.every)
+	if st := inventoryStates(t, s); st["p1"].Routing != "exact" || st["d1"].Routing != "off" {
+		t.Fatalf("after 20 requests p1 holds in full: %+v", st)
+	}
+	other := strings.Repeat("Completely different words that no engine has cached yet, friend. ", 8)
+	for i := 0; i < 6; i++ {
+		if res, _ := post(t, s.url("/v1/completions"), complPrompt(other)); res.Header.Get("x-kvgate-prefill") != "p1" {
+			t.Fatalf("prefill %q, want p1", res.Header.Get("x-kvgate-prefill"))
+		}
+	}
+	waitFor(t, "p1 stale", func() bool {
+		st := inventoryStates(t, s)["p1"]
+		return st.Routing == "degraded" && strings.Join(st.Reasons, ",") == "stale"
+	})
+	if st := inventoryStates(t, s)["d1"]; st.Routing != "off" {
+		t.Errorf("decode endpoint: %+v", st)
+	}
 }
 
 // sendsNewBlocks: a prompt expects stored blocks from where it goes unless that slot (or,
