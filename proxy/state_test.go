@@ -243,10 +243,9 @@ func TestZeroHitWatchdog(t *testing.T) {
 	})
 	a.store(t, c, engineTokens(t, sharedPrefix), 8)
 	waitFor(t, "events applied", func() bool { return s.kv.inv.Count(0) == 8 })
-	other := strings.Repeat("Completely different words that no engine has cached yet, friend. ", 8)
 	miss := func(n int) {
 		for i := 0; i < n; i++ {
-			if res, _ := post(t, s.url("/v1/completions"), complPrompt(other)); res.Header.Get("x-kvgate-route") != "kv-miss:no_worker" {
+			if res, _ := post(t, s.url("/v1/completions"), complPrompt(uncachedPrompt)); res.Header.Get("x-kvgate-route") != "kv-miss:no_worker" {
 				t.Fatalf("route %q, want kv-miss:no_worker", res.Header.Get("x-kvgate-route"))
 			}
 		}
@@ -298,17 +297,8 @@ func TestScrapeIntervalBudget(t *testing.T) {
 // reported, sent without any event arriving, degrade it (stale) at WARN, and its next
 // event batch makes it exact again.
 func TestRoutingStateStale(t *testing.T) {
-	c := vllmChain(t)
 	a := newKVEngine(t, "a", enginepub.VLLM)
-	cfg := kvConfig(t, KVConverged, a.spec(0, "vllm", ""))
-	s, lb := startLogged(t, cfg, func(s *Server) {
-		fastStates(s)
-		s.states.tun.staleRequests = 5
-	})
-	toks := engineTokens(t, sharedPrefix)
-	full := len(toks) / blockSize
-	a.store(t, c, toks, full)
-	waitFor(t, "events applied", func() bool { return s.kv.inv.Count(0) == full })
+	s, lb := startHolding(t, kvConfig(t, KVConverged, a.spec(0, "vllm", "")), a)
 	routing := func() string {
 		st := inventoryStates(t, s)["a"]
 		if len(st.Reasons) > 0 {
@@ -316,11 +306,6 @@ func TestRoutingStateStale(t *testing.T) {
 		}
 		return st.Routing
 	}
-	defer func() {
-		if t.Failed() {
-			t.Logf("log:\n%s", lb.String())
-		}
-	}()
 
 	for i := 0; i < 20; i++ {
 		if res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix)); res.Header.Get("x-kvgate-route") != "kv-hit" {
@@ -332,9 +317,8 @@ func TestRoutingStateStale(t *testing.T) {
 		t.Fatalf("after 20 requests it holds in full: %s, want exact", got)
 	}
 
-	other := strings.Repeat("Completely different words that no engine has cached yet, friend. ", 8)
 	for i := 0; i < 6; i++ {
-		post(t, s.url("/v1/completions"), complPrompt(other))
+		post(t, s.url("/v1/completions"), complPrompt(uncachedPrompt))
 	}
 	waitFor(t, "stale", func() bool { return routing() == "degraded(stale)" })
 	if l := lb.lines("level=WARN", "endpoint routing state changed", "endpoint=a", "to=degraded(stale)",
@@ -344,7 +328,7 @@ func TestRoutingStateStale(t *testing.T) {
 	if m := scrapeMetrics(t, s); m[`kvgate_routing_degraded{endpoint="a",reason="stale"}`] != 1 {
 		t.Error("no stale series")
 	}
-	a.store(t, c, engineTokens(t, other), 2)
+	a.store(t, vllmChain(t), engineTokens(t, uncachedPrompt), 2)
 	waitFor(t, "exact again after an event batch", func() bool { return routing() == "exact" })
 }
 
@@ -352,27 +336,13 @@ func TestRoutingStateStale(t *testing.T) {
 // stale check: fully held prompts keep it exact, prompts with new blocks and no event
 // make it stale. The decode endpoint is never scored and stays off.
 func TestRoutingStateStalePD(t *testing.T) {
-	c := vllmChain(t)
 	p, dec := newKVEngine(t, "p1", enginepub.VLLM), newKVEngine(t, "d1", enginepub.VLLM)
 	p.handle = func(w http.ResponseWriter, r *http.Request, body []byte) bool {
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"id":"p","choices":[{"index":0,"text":"x","finish_reason":"length"}],"kv_transfer_params":`+vllmKTP+`}`)
 		return true
 	}
-	cfg := kvConfig(t, KVDisaggregated, p.spec(0, "vllm", ",role=prefill"), dec.spec(1, "vllm", ",role=decode"))
-	s, lb := startLogged(t, cfg, func(s *Server) {
-		fastStates(s)
-		s.states.tun.staleRequests = 5
-	})
-	toks := engineTokens(t, sharedPrefix)
-	full := len(toks) / blockSize
-	p.store(t, c, toks, full)
-	waitFor(t, "events applied", func() bool { return s.kv.inv.Count(0) == full })
-	defer func() {
-		if t.Failed() {
-			t.Logf("log:\n%s", lb.String())
-		}
-	}()
+	s, _ := startHolding(t, kvConfig(t, KVDisaggregated, p.spec(0, "vllm", ",role=prefill"), dec.spec(1, "vllm", ",role=decode")), p)
 	for i := 0; i < 20; i++ {
 		if res, _ := post(t, s.url("/v1/completions"), complPrompt(sharedPrefix)); res.Header.Get("x-kvgate-prefill") != "p1" || res.Header.Get("x-kvgate-route") != "kv-hit" {
 			t.Fatalf("prefill %q route %q, want p1 kv-hit", res.Header.Get("x-kvgate-prefill"), res.Header.Get("x-kvgate-route"))
@@ -382,9 +352,8 @@ func TestRoutingStateStalePD(t *testing.T) {
 	if st := inventoryStates(t, s); st["p1"].Routing != "exact" || st["d1"].Routing != "off" {
 		t.Fatalf("after 20 requests p1 holds in full: %+v", st)
 	}
-	other := strings.Repeat("Completely different words that no engine has cached yet, friend. ", 8)
 	for i := 0; i < 6; i++ {
-		if res, _ := post(t, s.url("/v1/completions"), complPrompt(other)); res.Header.Get("x-kvgate-prefill") != "p1" {
+		if res, _ := post(t, s.url("/v1/completions"), complPrompt(uncachedPrompt)); res.Header.Get("x-kvgate-prefill") != "p1" {
 			t.Fatalf("prefill %q, want p1", res.Header.Get("x-kvgate-prefill"))
 		}
 	}
@@ -395,6 +364,29 @@ func TestRoutingStateStalePD(t *testing.T) {
 	if st := inventoryStates(t, s)["d1"]; st.Routing != "off" {
 		t.Errorf("decode endpoint: %+v", st)
 	}
+}
+
+// uncachedPrompt is a prompt no test engine reports blocks of.
+var uncachedPrompt = strings.Repeat("Completely different words that no engine has cached yet, friend. ", 8)
+
+// startHolding starts a server over cfg whose stale check trips at 5 requests, with e (in
+// slot 0) reporting every full block of sharedPrefix; the log is shown if the test fails.
+func startHolding(t *testing.T, cfg Config, e *kvEngine) (*Server, *logBuf) {
+	t.Helper()
+	s, lb := startLogged(t, cfg, func(s *Server) {
+		fastStates(s)
+		s.states.tun.staleRequests = 5
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("log:\n%s", lb.String())
+		}
+	})
+	toks := engineTokens(t, sharedPrefix)
+	full := len(toks) / blockSize
+	e.store(t, vllmChain(t), toks, full)
+	waitFor(t, "events applied", func() bool { return s.kv.inv.Count(0) == full })
+	return s, lb
 }
 
 // sendsNewBlocks: a prompt expects stored blocks from where it goes unless that slot (or,
