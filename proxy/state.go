@@ -35,7 +35,7 @@ const (
 	ReasonBlockSize                                // the engine publishes blocks of another size than -kv-block-size
 	ReasonUnkeyableEvents                          // recent BlockStored events kvgate could not key (no token_ids, orphan parents)
 	ReasonTokenizerFailed                          // recent requests failed to template or tokenize (rule-wide)
-	ReasonStale                                    // kvgate keeps sending it prompts with blocks it has not reported, and no events arrive
+	ReasonStale                                    // prompts with blocks it has not reported keep coming, no events arrive
 	numReasons
 )
 

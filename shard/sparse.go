@@ -40,9 +40,9 @@ import (
 // as an inline set is: moving an id between two words would take two stores, and a
 // reader between them could miss an id held throughout). A changed set word sends the
 // reader round again (the set moved to another form or block under it); a reader that
-// loses spillRetries rounds in a row reports the key absent, a transient miss, never a wrong set. The residual is a generation
-// wrapping (65,536 hand-outs of one block) between a reader's two loads, nanoseconds
-// apart, the same order as table.reuse's.
+// loses spillRetries rounds in a row reports the key absent, a transient miss, never a
+// wrong set. The residual is a generation wrapping (65,536 hand-outs of one block)
+// between a reader's two loads, nanoseconds apart, the same order as table.reuse's.
 //
 // Why blocks live in chunks that never move: the arena grows by publishing a new chunk
 // (twice the last one), so readers never see a block relocated, and growth needs no
