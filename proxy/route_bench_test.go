@@ -300,3 +300,39 @@ func listenBench(b *testing.B) net.Listener {
 	}
 	return ln
 }
+
+// BenchmarkNoteStores is the stale check's share of every answered request
+// (Server.noteStores): a 512-block prompt (8,192 tokens) held in part by the endpoint it
+// went to, over 8 endpoints of which one has 4 data-parallel ranks and no rank named.
+func BenchmarkNoteStores(b *testing.B) {
+	s, st, d := noteStoresFixture()
+	b.ReportAllocs()
+	for b.Loop() {
+		s.noteStores(st, d)
+	}
+	if s.states.eps[d.ep].sentNew.Load() == 0 {
+		b.Fatal("nothing counted")
+	}
+}
+
+// noteStoresFixture is a server with just what noteStores reads, a request state whose
+// prompt has 512 blocks of which the ranks of endpoint 7 reported 100-400, and its
+// decision (no rank named).
+func noteStoresFixture() (*Server, *reqState, *decision) {
+	specs := make([]EndpointSpec, 8)
+	for i := range specs {
+		specs[i].Name = fmt.Sprint("e", i)
+	}
+	specs[7].DP = 4
+	l := newRankLayout(specs, false, false)
+	s := &Server{kv: &kvRouter{ranks: l}, states: &stateWatcher{eps: make([]epState, len(specs))}}
+	st := newReqState(l.slots())
+	st.reset()
+	for i := 0; i < 512; i++ {
+		st.keys = append(st.keys, uint64(i)+1)
+	}
+	for r := 0; r < 4; r++ {
+		st.scores[l.slot(7, r)] = int32(100 * (r + 1))
+	}
+	return s, st, &decision{ep: 7, slot: -1}
+}

@@ -433,3 +433,14 @@ func TestSendsNewBlocks(t *testing.T) {
 		t.Error("fast keys: 2 blocks, 1 held: want stores")
 	}
 }
+
+// The stale check's count on the request path allocates nothing.
+func TestNoteStoresAllocs(t *testing.T) {
+	s, st, d := noteStoresFixture()
+	if n := testing.AllocsPerRun(1000, func() { s.noteStores(st, d) }); n != 0 {
+		t.Errorf("noteStores: %v allocs/op, want 0", n)
+	}
+	if got := s.states.eps[d.ep].sentNew.Load(); got != 1001 {
+		t.Errorf("counted %d requests, want 1001 (each has blocks no rank reported)", got)
+	}
+}
