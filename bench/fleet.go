@@ -106,12 +106,17 @@ func FleetEntries(cfg FleetConfig, n int) int {
 
 // FleetRow is one fleet size's measurements.
 type FleetRow struct {
-	Endpoints      int
-	Entries        int64
-	RSSMB          float64
-	BytesPerEntry  float64
-	IngestCPU      float64       // percent of one core
-	RunnerCPU      float64       // the runner's own CPU (publishers, load generation), percent of one core, same window
+	Endpoints     int
+	Entries       int64
+	RSSMB         float64
+	BytesPerEntry float64
+	IngestCPU     float64 // percent of one core
+	RunnerCPU     float64 // the runner's own CPU (publishers, load generation), percent of one core, same window
+	// Steal is the host's steal over the churn window, percent of the machine's CPU time
+	// (/proc/stat; -1 where it cannot be read): time the hypervisor gave these cores to
+	// other guests while kvgate and the runner had work, so the lag of a window with
+	// much of it is partly the host's.
+	Steal          float64
 	EventsPerSec   float64       // batches applied per second in the churn window
 	LagP50, LagP99 time.Duration // publish -> applied, every batch of the churn window
 	LagBatches     float64       // batches the lag histogram counted in the window
@@ -135,6 +140,11 @@ type FleetRow struct {
 	Route                time.Duration // kvgate_route_seconds mean: parse and token ids too
 	Hits                 int           // decisions kvgate routed as kv-hit
 }
+
+// fleetStealWarn is the host steal (percent of the machine's CPU time in the churn
+// window) from which the fleet run warns that its lag was measured on a slowed machine:
+// one percent of two cores is 20 ms a second taken from processes that had work.
+const fleetStealWarn = 1.0
 
 const (
 	fleetBlockSize = 16
@@ -496,6 +506,8 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 	m0 := scrapeFleet(metricsURL)
 	st0 := stamps.snapshot()
 	self0 := selfCPU()
+	var steal stealWindow
+	steal.begin()
 	stopProfiles, err := startFleetProfiles(cfg.ProfileDir, n, "http://"+admin, cfg.Measure)
 	if err != nil {
 		return row, err
@@ -505,6 +517,8 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 		return row, err
 	}
 	self1 := selfCPU()
+	steal.end()
+	row.Steal = steal.percent()
 	st1 := stamps.snapshot()
 	m1 := scrapeFleet(metricsURL)
 	if el := m1.at.Sub(m0.at).Seconds(); el > 0 {
@@ -521,10 +535,13 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 	row.StampP50, row.StampP99, row.StampMax = st1.quantile(st0, 0.50), st1.quantile(st0, 0.99), st1.max
 	say("lag, publish -> applied: p50 %.2f ms p99 %.2f ms (%.0f batches); of it in the runner, stamp -> written: p50 %.3f ms p99 %.3f ms max %.1f ms",
 		ms64(row.LagP50), ms64(row.LagP99), row.LagBatches, ms64(row.StampP50), ms64(row.StampP99), ms64(row.StampMax))
-	say("churn: %.0f batches/s applied (%.0f keys/s), kvgate CPU %.1f%% (%.0f ns a key), runner CPU %.1f%%", row.EventsPerSec,
-		row.EventsPerSec*2*fleetGroup, row.IngestCPU, nsPerKey(row), row.RunnerCPU)
+	say("churn: %.0f batches/s applied (%.0f keys/s), kvgate CPU %.1f%% (%.0f ns a key), runner CPU %.1f%%, host steal %s%%", row.EventsPerSec,
+		row.EventsPerSec*2*fleetGroup, row.IngestCPU, nsPerKey(row), row.RunnerCPU, percentOrDash(row.Steal))
 	say("kvgate runtime: scheduling latency p99 %.3f ms, %.0f GCs (CPU %.1f%% of a core), longest pause <= %.2f ms; %.0f inventory shard rebuilds",
 		ms64(row.SchedP99), row.GCs, row.GCCPU, ms64(row.PauseMax), m1.rebuilds-m0.rebuilds)
+	if row.Steal >= fleetStealWarn {
+		say("WARN: host steal %.1f%% of the machine's CPU time in the churn window: the hypervisor ran other guests on these cores, so the lag above is partly the host's", row.Steal)
+	}
 	if n := m1.reconnects - m0.reconnects; n > 0 {
 		// A publisher drops a subscriber whose socket stayed full for its send timeout
 		// (zmtp.Pub: 5 s), so a starved kvgate loses events here, and its lag says so.
@@ -866,16 +883,16 @@ func (s *stubEngine) Close() error { return s.srv.Close() }
 
 // WriteFleetTable writes the rows as a markdown table.
 func WriteFleetTable(w io.Writer, rows []FleetRow) {
-	fmt.Fprintln(w, "| endpoints | entries | RSS MB | B/entry | ingest CPU % | lag p50 ms | lag p99 ms | decision us | routed lag p50 ms | routed lag p99 ms |")
-	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| endpoints | entries | RSS MB | B/entry | ingest CPU % | lag p50 ms | lag p99 ms | decision us | routed lag p50 ms | routed lag p99 ms | host steal % |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rows {
 		lost := ""
 		if r.LagLost > 0 {
 			lost = fmt.Sprintf(" (%d lost)", r.LagLost)
 		}
-		fmt.Fprintf(w, "| %d | %d | %.1f | %.1f | %.1f | %.2f | %.2f | %.1f | %.2f | %.2f%s |\n", r.Endpoints, r.Entries, r.RSSMB,
+		fmt.Fprintf(w, "| %d | %d | %.1f | %.1f | %.1f | %.2f | %.2f | %.1f | %.2f | %.2f%s | %s |\n", r.Endpoints, r.Entries, r.RSSMB,
 			r.BytesPerEntry, r.IngestCPU, ms64(r.LagP50), ms64(r.LagP99), float64(r.Decision)/1e3,
-			ms64(r.RoutedP50), ms64(r.RoutedP99), lost)
+			ms64(r.RoutedP50), ms64(r.RoutedP99), lost, percentOrDash(r.Steal))
 	}
 }
 

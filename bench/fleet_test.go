@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -62,9 +63,12 @@ func testFleetRunner(t *testing.T, kvgate, pubs string) {
 	if r.RSSMB <= 0 || r.BytesPerEntry <= 0 || r.IngestCPU <= 0 || r.EventsPerSec <= 0 {
 		t.Errorf("missing measurements: %+v", r)
 	}
+	if runtime.GOOS == "linux" && (r.Steal < 0 || r.Steal > 100) {
+		t.Errorf("host steal %.2f%%, want a share of the window read from /proc/stat", r.Steal)
+	}
 	var tbl bytes.Buffer
 	WriteFleetTable(&tbl, rows)
-	if !strings.HasPrefix(tbl.String(), "| endpoints | entries | RSS MB | B/entry | ingest CPU % | lag p50 ms | lag p99 ms | decision us | routed lag p50 ms | routed lag p99 ms |") ||
+	if !strings.HasPrefix(tbl.String(), "| endpoints | entries | RSS MB | B/entry | ingest CPU % | lag p50 ms | lag p99 ms | decision us | routed lag p50 ms | routed lag p99 ms | host steal % |") ||
 		strings.Count(tbl.String(), "\n") != 3 {
 		t.Errorf("table:\n%s", tbl.String())
 	}

@@ -226,6 +226,9 @@ func TestOverheadShape(t *testing.T) {
 			if r.CPU < time.Microsecond || r.CPU > time.Second || r.CPULoaded < time.Microsecond || r.CPULoaded > time.Second {
 				t.Errorf("%s: CPU per request %v sequential, %v loaded", r.Path, r.CPU, r.CPULoaded)
 			}
+			if r.Steal < 0 || r.Steal > 100 {
+				t.Errorf("%s: host steal %.2f%% over its req/s rounds, want a share read from /proc/stat", r.Path, r.Steal)
+			}
 		}
 	}
 	for _, r := range res.Rows {

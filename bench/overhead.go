@@ -61,6 +61,10 @@ type OverheadRow struct {
 	// the engine's KV events of every path's requests, and idle-to-busy transitions
 	// (the Go scheduler's spinning) count in the sequential figure.
 	CPU, CPULoaded time.Duration
+	// Steal is the host's steal over this path's req/s rounds, percent of the machine's
+	// CPU time (/proc/stat); -1 where it cannot be read. Paths whose rounds differ much
+	// in it ran on machines of different speed, and their req/s do not compare.
+	Steal float64
 }
 
 // StageRow is the mean time of one routing stage at one prompt size in one phase of the
@@ -283,10 +287,13 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 		counts := make([]int64, len(paths))
 		spent := make([]time.Duration, len(paths))
 		cpuLoad := make([]time.Duration, len(paths))
+		steal := make([]stealWindow, len(paths))
 		for round := 0; round < 3; round++ {
 			for j, p := range paths {
 				c0 := procCPU(p.pid)
+				steal[j].begin()
 				n, d := throughput(ctx, hc, p.url+"/v1/chat/completions", bodies, cfg.Concurrency, cfg.ThroughputFor/3)
+				steal[j].end()
 				cpuLoad[j] += procCPU(p.pid) - c0
 				counts[j] += n
 				spent[j] += d
@@ -296,7 +303,8 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 		for j, p := range paths {
 			slices.Sort(lat[j])
 			row := OverheadRow{PromptTokens: size, Tokens: tokens, Path: p.name, N: len(lat[j]), Errors: errs[j],
-				P50: Percentile(lat[j], 50), P99: Percentile(lat[j], 99), RPS: float64(counts[j]) / spent[j].Seconds()}
+				P50: Percentile(lat[j], 50), P99: Percentile(lat[j], 99), RPS: float64(counts[j]) / spent[j].Seconds(),
+				Steal: steal[j].percent()}
 			n := len(lat[j]) + errs[j]
 			if j == 0 { // the engine serves every path's requests
 				n = 0
@@ -649,15 +657,15 @@ http {
 
 // WriteTable writes the overhead table.
 func (r *OverheadResult) WriteTable(w io.Writer) {
-	fmt.Fprintln(w, "| prompt (engine tokens) | path | requests | errors | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s | CPU us/req | CPU us/req loaded |")
-	fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| prompt (engine tokens) | path | requests | errors | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s | CPU us/req | CPU us/req loaded | host steal % |")
+	fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, row := range r.Rows {
 		added50, added99 := "-", "-"
 		if row.Path != "direct" {
 			added50, added99 = fmt.Sprintf("%.3f", ms64(row.AddedP50)), fmt.Sprintf("%.3f", ms64(row.AddedP99))
 		}
-		fmt.Fprintf(w, "| %d | %s | %d | %d | %.3f | %.3f | %s | %s | %.0f | %s | %s |\n", row.Tokens, row.Path, row.N, row.Errors,
-			ms64(row.P50), ms64(row.P99), added50, added99, row.RPS, usOrDash(row.CPU), usOrDash(row.CPULoaded))
+		fmt.Fprintf(w, "| %d | %s | %d | %d | %.3f | %.3f | %s | %s | %.0f | %s | %s | %s |\n", row.Tokens, row.Path, row.N, row.Errors,
+			ms64(row.P50), ms64(row.P99), added50, added99, row.RPS, usOrDash(row.CPU), usOrDash(row.CPULoaded), percentOrDash(row.Steal))
 	}
 }
 
@@ -678,6 +686,14 @@ func (r *OverheadResult) WriteStages(w io.Writer) {
 	for _, s := range r.Stages {
 		fmt.Fprintf(w, "| %d | %s | %s | %d | %.1f |\n", s.PromptTokens, s.Phase, s.Stage, s.Count, float64(s.Mean)/float64(time.Microsecond))
 	}
+}
+
+// percentOrDash prints a percentage, "-" for the -1 of one that could not be read.
+func percentOrDash(p float64) string {
+	if p < 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", p)
 }
 
 func usOrDash(d time.Duration) string {
@@ -732,7 +748,7 @@ func (r *OverheadResult) WriteReport(w io.Writer) {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "Chat requests (max_tokens 1, not streamed) to a zero-latency engine simulator, sequential and interleaved across paths; req/s with concurrent clients. GOMAXPROCS=%d.\n", r.Procs)
 	fmt.Fprintf(w, "kvgate runs %s.\n", r.Mode)
-	fmt.Fprintln(w, "kvgate-plain is the same binary with -kv-mode off: its added latency and CPU are the HTTP path's alone, so kvgate's minus kvgate-plain's is what routing adds. CPU us/req is the path's own process (the engine's for direct), from /proc schedstat.")
+	fmt.Fprintln(w, "kvgate-plain is the same binary with -kv-mode off: its added latency and CPU are the HTTP path's alone, so kvgate's minus kvgate-plain's is what routing adds. CPU us/req is the path's own process (the engine's for direct), from /proc schedstat. Host steal % is the hypervisor's over the path's req/s rounds (/proc/stat): the share of the machine's CPU time given to other guests, so req/s of paths whose steal differs much were measured on machines of different speed.")
 	fmt.Fprintln(w)
 	r.WriteTable(w)
 	fmt.Fprintln(w)
