@@ -96,5 +96,3 @@ func (m *blockMap) reset() {
 	clear(m.ents)
 	m.n = 0
 }
-
-func (m *blockMap) len() int { return m.n }
