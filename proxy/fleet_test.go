@@ -319,9 +319,13 @@ func TestFleetReloadRefusedWhole(t *testing.T) {
 		!strings.Contains(inv, `"last_refused": "-endpoints-file: `+file+`:3`) {
 		t.Errorf("refusal not visible:\n%s\n%s", m, inv)
 	}
-	// Fixed: applied.
+	// Fixed: applied. The new roster shows while the change still holds the fleet's lock,
+	// before it books the change, so the wait is for the books too.
 	writeAtomic(t, file, "name=b,url="+b.url()+"\n")
-	waitFor(t, "the good file applied", func() bool { return s.liveNames() == "b" })
+	waitFor(t, "the good file applied", func() bool {
+		_, m := get(t, s.admURL("/metrics"))
+		return s.liveNames() == "b" && strings.Contains(m, `kvgate_fleet_changes_total{by="-endpoints-file",result="applied"}`)
+	})
 	if _, m := get(t, s.admURL("/metrics")); !strings.Contains(m, "kvgate_fleet_change_refused 0") ||
 		!strings.Contains(m, `kvgate_fleet_changes_total{by="-endpoints-file",result="applied"} 1`) {
 		t.Errorf("after the fix:\n%s", m)
