@@ -141,11 +141,6 @@ type FleetRow struct {
 	Hits                 int           // decisions kvgate routed as kv-hit
 }
 
-// fleetStealWarn is the host steal (percent of the machine's CPU time in the churn
-// window) from which the fleet run warns that its lag was measured on a slowed machine:
-// one percent of two cores is 20 ms a second taken from processes that had work.
-const fleetStealWarn = 1.0
-
 const (
 	fleetBlockSize = 16
 	fleetGroup     = 16 // blocks per stored batch
@@ -539,7 +534,7 @@ func runFleetSize(ctx context.Context, cfg FleetConfig, chain hashcore.Chain, n 
 		row.EventsPerSec*2*fleetGroup, row.IngestCPU, nsPerKey(row), row.RunnerCPU, percentOrDash(row.Steal))
 	say("kvgate runtime: scheduling latency p99 %.3f ms, %.0f GCs (CPU %.1f%% of a core), longest pause <= %.2f ms; %.0f inventory shard rebuilds",
 		ms64(row.SchedP99), row.GCs, row.GCCPU, ms64(row.PauseMax), m1.rebuilds-m0.rebuilds)
-	if row.Steal >= fleetStealWarn {
+	if row.Steal >= stealWarnPercent {
 		say("WARN: host steal %.1f%% of the machine's CPU time in the churn window: the hypervisor ran other guests on these cores, so the lag above is partly the host's", row.Steal)
 	}
 	if n := m1.reconnects - m0.reconnects; n > 0 {

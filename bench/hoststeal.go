@@ -6,6 +6,11 @@ import (
 	"strconv"
 )
 
+// stealWarnPercent is the host steal (percent of the machine's CPU time in a measuring
+// window) from which the fleet and overhead runs warn that they measured a slowed
+// machine: one percent of two cores is 20 ms a second taken from processes that had work.
+const stealWarnPercent = 1.0
+
 // hostTicks is the machine's CPU time so far from /proc/stat's aggregate "cpu" line, in
 // clock ticks summed over every CPU: all of it, and the part the hypervisor gave to
 // other guests while this one had work (steal). On a shared virtual machine steal is

@@ -67,3 +67,22 @@ func TestStealWindow(t *testing.T) {
 		t.Fatalf("steal %v%%", p)
 	}
 }
+
+// The overhead report names every row its host stole stealWarnPercent or more from, and
+// says nothing when none was (or steal could not be read: -1).
+func TestStealWarning(t *testing.T) {
+	rows := []OverheadRow{
+		{Path: "direct", Tokens: 4114, Steal: 0.4},
+		{Path: "kvgate", Tokens: 4114, Steal: 2.5},
+		{Path: "nginx", Tokens: 4114, Steal: stealWarnPercent},
+		{Path: "kvgate-plain", Tokens: 4114, Steal: -1},
+	}
+	want := "WARN: host steal over the req/s rounds of kvgate at 4114 tokens (2.5%), nginx at 4114 tokens (1.0%): " +
+		"the hypervisor ran other guests on these cores, so those req/s were measured on a slower machine."
+	if got := stealWarning(rows); got != want {
+		t.Errorf("warning\n got %q\nwant %q", got, want)
+	}
+	if got := stealWarning([]OverheadRow{rows[0], rows[3]}); got != "" {
+		t.Errorf("warning without steal: %q", got)
+	}
+}

@@ -327,7 +327,33 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 		}
 		res.Stages = appendStages(res.Stages, tokens, "loaded", sequential, scrapeStages(metricsURL))
 	}
+	if w := stealWarning(res.Rows); w != "" {
+		res.Note = strings.TrimSpace(res.Note + "\n\n" + w)
+	}
 	return res, nil
+}
+
+// stealWarning names the rows whose req/s rounds the host stole stealWarnPercent or more
+// from, "" when none: their req/s were measured on a slowed machine and compare with
+// other rows only as far as the steal was alike.
+func stealWarning(rows []OverheadRow) string {
+	var b strings.Builder
+	for _, r := range rows {
+		if r.Steal < stealWarnPercent {
+			continue
+		}
+		if b.Len() == 0 {
+			b.WriteString("WARN: host steal over the req/s rounds of")
+		} else {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, " %s at %d tokens (%.1f%%)", r.Path, r.Tokens, r.Steal)
+	}
+	if b.Len() == 0 {
+		return ""
+	}
+	b.WriteString(": the hypervisor ran other guests on these cores, so those req/s were measured on a slower machine.")
+	return b.String()
 }
 
 // appendStages appends the mean of each stage observed between two scrapes.
