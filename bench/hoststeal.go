@@ -64,10 +64,9 @@ func stealPercent(from, to hostTicks) float64 {
 // stealWindow accumulates steal over several measuring windows (the overhead bench's
 // alternating rounds of one path). A failed reading spoils the whole account.
 type stealWindow struct {
-	bad        bool
-	windows    int
-	start      hostTicks
-	sum, steal uint64
+	bad          bool
+	windows      int
+	start, spent hostTicks // spent: the windows' ticks summed
 }
 
 func (w *stealWindow) begin() {
@@ -84,8 +83,8 @@ func (w *stealWindow) end() {
 		return
 	}
 	w.windows++
-	w.sum += t.total - w.start.total
-	w.steal += t.steal - w.start.steal
+	w.spent.total += t.total - w.start.total
+	w.spent.steal += t.steal - w.start.steal
 }
 
 // percent is the steal over every window so far; -1 when it could not be read.
@@ -93,5 +92,5 @@ func (w *stealWindow) percent() float64 {
 	if w.bad || w.windows == 0 {
 		return -1
 	}
-	return stealPercent(hostTicks{}, hostTicks{total: w.sum, steal: w.steal})
+	return stealPercent(hostTicks{}, w.spent)
 }

@@ -60,8 +60,8 @@ func TestStealWindow(t *testing.T) {
 	}
 	after, _ := readHostTicks()
 	// 100 ms on a CPU are 10 ticks at USER_HZ 100; the whole machine counts more.
-	if after.total < before.total+5 || w.windows != 2 || w.sum < 5 || w.sum > after.total-before.total {
-		t.Fatalf("ticks %+v -> %+v, windows %d summing %d", before, after, w.windows, w.sum)
+	if after.total < before.total+5 || w.windows != 2 || w.spent.total < 5 || w.spent.total > after.total-before.total {
+		t.Fatalf("ticks %+v -> %+v, windows %d summing %d", before, after, w.windows, w.spent.total)
 	}
 	if p := w.percent(); p < 0 || p > 100 {
 		t.Fatalf("steal %v%%", p)
