@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
@@ -119,17 +120,22 @@ const (
 var joinPool = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
 
 // WriteBinary sees the request header (hertz writes it in one call), records the
-// connection under its exchange tag and holds the header back for its body.
+// connection under its exchange tag and holds the header back for its body. A held
+// header's next write is its body, which is not searched: a body may hold any bytes, a
+// tag line among them. Where a body is searched (a streamed body's later chunks, any
+// write after a header too large to hold), a forged line names no exchange: the tag
+// carries the registry's secret (parseTag).
 func (c *trackedConn) WriteBinary(b []byte) (int, error) {
-	if i := bytes.Index(b, connTagLine); i >= 0 {
-		id := b[i+len(connTagLine):]
-		if j := bytes.IndexByte(id, '\r'); j >= 0 && !c.reg.set(c.addr, id[:j], c) {
-			c.Conn.Close() //nolint:errcheck // the client left before the request went out
-			return 0, errExchangeCancelled
-		}
-		if !c.held && len(b) < joinMax {
-			c.hdr, c.held = append(c.hdr[:0], b...), true
-			return len(b), nil
+	if !c.held {
+		if id, ok := c.reg.tagIn(b); ok {
+			if !c.reg.set(c.addr, id, c) {
+				c.Conn.Close() //nolint:errcheck // the client left before the request went out
+				return 0, errExchangeCancelled
+			}
+			if len(b) < joinMax {
+				c.hdr, c.held = append(c.hdr[:0], b...), true
+				return len(b), nil
+			}
 		}
 	}
 	if c.held {
@@ -208,7 +214,16 @@ var connTagKey = []byte(hdrConnTag)
 // buckets lock independently where one mutex over a map would serialize all requests.
 type connRegistry struct {
 	m *xsync.MapOf[exchangeKey, *trackedConn]
+	// secret ends every tag this registry's exchanges send ("<number>.<secret>"), so
+	// that only do's tags register a connection: a tag line in a request body (a client
+	// can send any bytes through the pass-through) would otherwise register the
+	// connection under a number of the client's choosing, an entry nothing takes again
+	// (a leak) or another exchange's (its cancel would close this connection).
+	secret [tagSecretBytes]byte
 }
+
+// tagSecretBytes: '.' and 16 hex digits (64 random bits).
+const tagSecretBytes = 1 + 16
 
 // exchangeKey names an exchange: the upstream address and the tag's number. A struct
 // of the address kvgate already holds and the number, not a joined string: the key is
@@ -219,15 +234,44 @@ type exchangeKey struct {
 }
 
 func newConnRegistry() *connRegistry {
-	return &connRegistry{m: xsync.NewMapOf[exchangeKey, *trackedConn]()}
+	r := &connRegistry{m: xsync.NewMapOf[exchangeKey, *trackedConn]()}
+	r.secret[0] = '.'
+	const hex = "0123456789abcdef"
+	for i, x := 1, rand.Uint64(); i < len(r.secret); i, x = i+1, x>>4 {
+		r.secret[i] = hex[x&15]
+	}
+	return r
 }
 
-// parseTag reads the decimal exchange number do wrote into the tag header; ok is false
-// for anything else (no exchange of kvgate's). strconv allocates only for the error, which
-// do's own tags never take.
-func parseTag(b []byte) (id uint64, ok bool) {
-	id, err := strconv.ParseUint(string(b), 10, 64)
+// appendTag appends the tag of exchange id to dst.
+func (r *connRegistry) appendTag(dst []byte, id uint64) []byte {
+	return append(strconv.AppendUint(dst, id, 10), r.secret[:]...)
+}
+
+// parseTag reads back the exchange number of a tag appendTag wrote; ok is false for
+// anything else (no exchange of this registry's). strconv allocates only for the error,
+// which the registry's own tags never take.
+func (r *connRegistry) parseTag(b []byte) (id uint64, ok bool) {
+	n := len(b) - len(r.secret)
+	if n <= 0 || string(b[n:]) != string(r.secret[:]) {
+		return 0, false
+	}
+	id, err := strconv.ParseUint(string(b[:n]), 10, 64)
 	return id, err == nil
+}
+
+// tagIn finds the exchange tag header in b, a request header as hertz writes it.
+func (r *connRegistry) tagIn(b []byte) (id uint64, ok bool) {
+	i := bytes.Index(b, connTagLine)
+	if i < 0 {
+		return 0, false
+	}
+	tag := b[i+len(connTagLine):]
+	j := bytes.IndexByte(tag, '\r')
+	if j < 0 {
+		return 0, false
+	}
+	return r.parseTag(tag[:j])
 }
 
 // cancelledExchange marks an exchange whose client left before its request header went
@@ -238,11 +282,7 @@ var cancelledExchange = &trackedConn{}
 var errExchangeCancelled = errors.New("client left before the request was sent")
 
 // set records c as carrying the exchange; false if the exchange was cancelled already.
-func (r *connRegistry) set(addr string, tag []byte, c *trackedConn) bool {
-	id, ok := parseTag(tag)
-	if !ok {
-		return true // not an exchange do started: nothing can cancel it
-	}
+func (r *connRegistry) set(addr string, id uint64, c *trackedConn) bool {
 	key := exchangeKey{addr, id}
 	prev, loaded := r.m.LoadOrStore(key, c)
 	if loaded && prev != cancelledExchange {
@@ -268,8 +308,8 @@ func (r *connRegistry) take(key exchangeKey) *trackedConn {
 type exchange struct {
 	reg      *connRegistry
 	key      exchangeKey
-	tag      [20]byte
-	done     sync.WaitGroup // held while the cancel callback may run
+	tag      [20 + tagSecretBytes]byte // the number's decimal digits, then the secret
+	done     sync.WaitGroup            // held while the cancel callback may run
 	onCancel func()
 }
 
@@ -287,7 +327,7 @@ var exchangePool = sync.Pool{New: func() any {
 func (s *Server) do(ctx context.Context, host string, req *protocol.Request, res *protocol.Response) error {
 	ex := exchangePool.Get().(*exchange)
 	ex.reg, ex.key = s.conns, exchangeKey{host, s.exchanges.Add(1)}
-	req.Header.SetCanonical(connTagKey, strconv.AppendUint(ex.tag[:0], ex.key.id, 10)) // copies; the name is canonical
+	req.Header.SetCanonical(connTagKey, s.conns.appendTag(ex.tag[:0], ex.key.id)) // copies; the name is canonical
 	ex.done.Add(1)
 	stop := context.AfterFunc(ctx, ex.onCancel)
 	err := s.client.Do(ctx, req, res)

@@ -2,6 +2,9 @@ package proxy
 
 import (
 	"bytes"
+	"fmt"
+	"io"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -36,7 +39,8 @@ func (r *recordingConn) Flush() error { r.ops = append(r.ops, "flush"); return n
 // (one write at Flush), a small one or none after it as hertz would write them; any other
 // write first releases the header. The bytes and their order never change.
 func TestTrackedConnJoinsHeaderAndBody(t *testing.T) {
-	hdr := []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: e\r\n" + hdrConnTag + ": 7\r\n\r\n")
+	reg := newConnRegistry()
+	hdr := []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: e\r\n" + hdrConnTag + ": " + string(reg.appendTag(nil, 7)) + "\r\n\r\n")
 	large := []byte(strings.Repeat("b", 16<<10))
 	huge := []byte(strings.Repeat("h", joinMax))
 	small := []byte(`{"model":"m"}`)
@@ -62,7 +66,7 @@ func TestTrackedConnJoinsHeaderAndBody(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := &recordingConn{}
-			c := &trackedConn{Conn: rec, addr: "e:1", reg: newConnRegistry()}
+			c := &trackedConn{Conn: rec, addr: "e:1", reg: reg}
 			for round := range 2 { // the second request on the connection starts clean
 				rec.ops, rec.out = nil, bytes.Buffer{}
 				tc.write(c)
@@ -83,15 +87,30 @@ func TestTrackedConnJoinsHeaderAndBody(t *testing.T) {
 	}
 }
 
-// parseTag reads back exactly the numbers do writes, and nothing else.
+// parseTag reads back exactly the numbers do writes, with this registry's secret, and
+// nothing else: not a bare number (what a forged tag line in a body would carry), not
+// another registry's tag.
 func TestParseTag(t *testing.T) {
+	r, other := newConnRegistry(), newConnRegistry()
+	if r.secret == other.secret {
+		t.Fatalf("two registries drew the same secret %q", r.secret[:])
+	}
 	for _, n := range []uint64{0, 1, 7, 10, 99, 12345678901234567890, ^uint64(0)} {
-		if got, ok := parseTag(strconv.AppendUint(nil, n, 10)); !ok || got != n {
-			t.Fatalf("parseTag(%d) = %d, %v", n, got, ok)
+		tag := r.appendTag(nil, n)
+		if got, ok := r.parseTag(tag); !ok || got != n {
+			t.Fatalf("parseTag(%q) = %d, %v", tag, got, ok)
+		}
+		if got, ok := other.parseTag(tag); ok {
+			t.Fatalf("another registry's tag %q read as %d", tag, got)
+		}
+		if got, ok := r.parseTag(strconv.AppendUint(nil, n, 10)); ok {
+			t.Fatalf("the bare number %d read as exchange %d", n, got)
 		}
 	}
-	for _, bad := range []string{"", "-1", "1a", " 1", "18446744073709551616", "999999999999999999999", "1\r"} {
-		if got, ok := parseTag([]byte(bad)); ok {
+	sec := string(r.secret[:])
+	for _, bad := range []string{"", sec, "-1" + sec, "1a" + sec, " 1" + sec, "18446744073709551616" + sec,
+		"1" + sec[:len(sec)-1], "1" + sec + "0", "1" + sec + "\r", "1." + strings.Repeat("0", 16)} {
+		if got, ok := r.parseTag([]byte(bad)); ok {
 			t.Fatalf("parseTag(%q) = %d, accepted", bad, got)
 		}
 	}
@@ -102,18 +121,52 @@ func TestParseTag(t *testing.T) {
 func TestConnRegistryKeys(t *testing.T) {
 	r := newConnRegistry()
 	c := &trackedConn{addr: "e:1", reg: r}
-	if !r.set("e:1", []byte("42"), c) || r.take(exchangeKey{"e:1", 42}) != c {
+	if !r.set("e:1", 42, c) || r.take(exchangeKey{"e:1", 42}) != c {
 		t.Fatal("the connection is not found under (address, 42)")
 	}
-	if !r.set("e:1", []byte("x42"), c) || r.m.Size() != 0 {
-		t.Fatal("a foreign tag was registered")
+	for _, line := range []string{"x42", "42", string(newConnRegistry().appendTag(nil, 42))} {
+		if _, ok := r.tagIn([]byte("POST / HTTP/1.1\r\n" + hdrConnTag + ": " + line + "\r\n\r\n")); ok {
+			t.Fatalf("a foreign tag %q was taken for an exchange", line)
+		}
+	}
+	if id, ok := r.tagIn([]byte("POST / HTTP/1.1\r\n" + hdrConnTag + ": " + string(r.appendTag(nil, 42)) + "\r\n\r\n")); !ok || id != 42 {
+		t.Fatalf("the registry's own tag read as %d, %v", id, ok)
 	}
 	r.cancel(exchangeKey{"e:1", 43})
-	if r.set("e:1", []byte("43"), c) {
+	if r.set("e:1", 43, c) {
 		t.Fatal("a cancelled exchange accepted its connection")
 	}
-	if r.set("e:2", []byte("43"), c) != true {
+	if r.set("e:2", 43, c) != true {
 		t.Fatal("the cancel of one address's exchange reached another's")
+	}
+}
+
+// A request body is the client's bytes, and may carry a line that looks like the exchange
+// tag. It must never register the connection: not in the body that follows a held header
+// (never searched), not in a streamed body's later chunks (searched, but without the
+// registry's secret), and the header's own tag is the one recorded.
+func TestTrackedConnBodyTagLine(t *testing.T) {
+	reg := newConnRegistry()
+	hdr := []byte("POST /x HTTP/1.1\r\nHost: e\r\n" + hdrConnTag + ": " + string(reg.appendTag(nil, 7)) + "\r\n\r\n")
+	forged := func(id uint64, tail string) []byte {
+		return []byte("junk\r\n" + hdrConnTag + ": " + strconv.FormatUint(id, 10) + tail + "\r\n" + strings.Repeat("b", 8<<10))
+	}
+	other := string(newConnRegistry().secret[:])
+	rec := &recordingConn{}
+	c := &trackedConn{Conn: rec, addr: "e:1", reg: reg}
+	c.WriteBinary(hdr)
+	c.WriteBinary(forged(1<<40, ""))      // the held header's body
+	c.WriteBinary(forged(1<<40+1, ""))    // a later chunk, searched
+	c.WriteBinary(forged(1<<40+2, other)) // another registry's secret
+	c.Flush()
+	if c.reg.take(exchangeKey{"e:1", 7}) != c {
+		t.Fatal("the header's own exchange is not registered")
+	}
+	if n := reg.m.Size(); n != 0 {
+		t.Fatalf("%d exchanges registered from the body's lines", n)
+	}
+	if want := string(hdr) + string(forged(1<<40, "")) + string(forged(1<<40+1, "")) + string(forged(1<<40+2, other)); rec.out.String() != want {
+		t.Fatalf("%d bytes written, want %d (or out of order)", rec.out.Len(), len(want))
 	}
 }
 
@@ -122,11 +175,58 @@ func TestConnRegistryKeys(t *testing.T) {
 func TestConnRegistryAllocs(t *testing.T) {
 	r := newConnRegistry()
 	c := &trackedConn{addr: "e:1", reg: r}
-	tag := []byte("123456")
 	if n := testing.AllocsPerRun(200, func() {
-		r.set("e:1", tag, c)
+		r.set("e:1", 123456, c)
 		r.take(exchangeKey{"e:1", 123456})
 	}); n > 1 {
 		t.Fatalf("%v allocations per set and take, want at most 1", n)
+	}
+}
+
+// Through the whole proxy: pass-through requests whose bodies carry tag lines, for numbers
+// the proxy will issue next and for numbers it never issues, with a length and streamed in
+// chunks, all answered and none leaving an exchange registered once they are done (before
+// the secret, each such body left an entry that nothing took: unbounded growth driven by
+// any client).
+func TestForgedTagLinesLeaveNoExchange(t *testing.T) {
+	a := newFakeEngine(t, "a")
+	s := startProxy(t, testConfig(a.url()))
+	body := func(i int) string {
+		var b strings.Builder
+		for k := range 4 {
+			next := s.exchanges.Load() + uint64(k)
+			fmt.Fprintf(&b, "%s\r\n%s: %d\r\n%s\r\n%s: %d\r\n", strings.Repeat("x", 3<<10), hdrConnTag, next, strings.Repeat("y", 3<<10), hdrConnTag, 1<<40+i*4+k)
+		}
+		return b.String()
+	}
+	var sent []string
+	for i := range 20 {
+		sent = append(sent, body(i))
+		var rd io.Reader = strings.NewReader(sent[i])
+		if i%2 == 1 {
+			rd = struct{ io.Reader }{rd} // no length: Go's client sends it chunked, kvgate streams it
+		}
+		req, _ := http.NewRequest("POST", s.url("/forge"), rd)
+		res, err := httpc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != 404 || string(b) != "no such path /forge" {
+			t.Fatalf("request %d: %d %q", i, res.StatusCode, b)
+		}
+	}
+	if n := s.conns.m.Size(); n != 0 {
+		t.Fatalf("%d exchanges left registered after every request ended", n)
+	}
+	got := a.requests()
+	if len(got) != 20 {
+		t.Fatalf("the engine saw %d of the 20 requests", len(got))
+	}
+	for i, r := range got {
+		if r.path != "/forge" || r.body != sent[i] {
+			t.Fatalf("request %d reached the engine as %s with %d body bytes, want /forge with %d", i, r.path, len(r.body), len(sent[i]))
+		}
 	}
 }
