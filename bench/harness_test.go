@@ -217,6 +217,9 @@ func TestOverheadShape(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if res.Rounds != 3 || res.Round != 100*time.Millisecond {
+		t.Errorf("req/s in %d rounds of %v, want 3 of 100ms", res.Rounds, res.Round)
+	}
 	if len(res.Rows) != 3 || res.Rows[0].Path != "direct" || res.Rows[1].Path != "kvgate" || res.Rows[2].Path != "kvgate-plain" {
 		t.Fatalf("rows %+v", res.Rows)
 	}

@@ -39,7 +39,7 @@ type OverheadConfig struct {
 	Requests      int           // sequential requests per size and path (default 300)
 	Warmup        int           // unmeasured requests first (default 30)
 	Concurrency   int           // clients in the req/s measurement (default 8)
-	ThroughputFor time.Duration // default 3s
+	ThroughputFor time.Duration // per path and prompt size, in rounds (throughputRounds); default 3s
 	Nginx         string        // nginx binary; skipped when it does not exist
 	Progress      io.Writer
 }
@@ -97,6 +97,9 @@ type OverheadResult struct {
 	Note   string
 	Mode   string
 	Procs  int
+	// Rounds of Round each per path and prompt size made the req/s (throughputRounds).
+	Rounds int
+	Round  time.Duration
 }
 
 type ohPath struct {
@@ -278,8 +281,8 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 		}
 		sequential := scrapeStages(metricsURL)
 		res.Stages = appendStages(res.Stages, tokens, "sequential", before, sequential)
-		// req/s: pre-built bodies, paths alternating over three rounds so that machine noise
-		// (other processes on the box) hits them alike.
+		// req/s: pre-built bodies, paths alternating over rounds so that machine noise
+		// (other processes on the box, the host's steal) hits them alike.
 		bodies := make([][]byte, 64)
 		for i := range bodies {
 			bodies[i] = body(total + i)
@@ -288,11 +291,13 @@ func RunOverhead(ctx context.Context, cfg OverheadConfig) (*OverheadResult, erro
 		spent := make([]time.Duration, len(paths))
 		cpuLoad := make([]time.Duration, len(paths))
 		steal := make([]stealWindow, len(paths))
-		for round := 0; round < 3; round++ {
+		rounds, each := throughputRounds(cfg.ThroughputFor)
+		res.Rounds, res.Round = rounds, each
+		for round := 0; round < rounds; round++ {
 			for j, p := range paths {
 				c0 := procCPU(p.pid)
 				steal[j].begin()
-				n, d := throughput(ctx, hc, p.url+"/v1/chat/completions", bodies, cfg.Concurrency, cfg.ThroughputFor/3)
+				n, d := throughput(ctx, hc, p.url+"/v1/chat/completions", bodies, cfg.Concurrency, each)
 				steal[j].end()
 				cpuLoad[j] += procCPU(p.pid) - c0
 				counts[j] += n
@@ -396,6 +401,16 @@ func doOnce(ctx context.Context, hc *http.Client, url string, body []byte) (time
 	}
 	_ = json.Unmarshal(b, &u)
 	return d, u.Usage.PromptTokens, nil
+}
+
+// throughputRounds splits a path's req/s measurement of d into rounds of about a second,
+// at least three: the paths take turns round by round, so the longer the measurement the
+// finer the alternation, and a drift in the machine's speed over seconds (the host's
+// steal comes and goes on that scale) falls on every path alike instead of on the one
+// measured while it lasted.
+func throughputRounds(d time.Duration) (int, time.Duration) {
+	n := max(int(d/time.Second), 3)
+	return n, d / time.Duration(n)
 }
 
 // throughput runs conc clients back to back for d and returns the completed requests and
@@ -772,7 +787,7 @@ func ms64(d time.Duration) float64 { return float64(d) / float64(time.Millisecon
 func (r *OverheadResult) WriteReport(w io.Writer) {
 	fmt.Fprintln(w, "# kvgate routing overhead")
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "Chat requests (max_tokens 1, not streamed) to a zero-latency engine simulator, sequential and interleaved across paths; req/s with concurrent clients. GOMAXPROCS=%d.\n", r.Procs)
+	fmt.Fprintf(w, "Chat requests (max_tokens 1, not streamed) to a zero-latency engine simulator, sequential and interleaved across paths; req/s with concurrent clients, the paths taking turns over %d rounds of %v each. GOMAXPROCS=%d.\n", r.Rounds, r.Round, r.Procs)
 	fmt.Fprintf(w, "kvgate runs %s.\n", r.Mode)
 	fmt.Fprintln(w, "kvgate-plain is the same binary with -kv-mode off: its added latency and CPU are the HTTP path's alone, so kvgate's minus kvgate-plain's is what routing adds. CPU us/req is the path's own process (the engine's for direct), from /proc schedstat. Host steal % is the hypervisor's over the path's req/s rounds (/proc/stat): the share of the machine's CPU time given to other guests, so req/s of paths whose steal differs much were measured on machines of different speed.")
 	fmt.Fprintln(w)

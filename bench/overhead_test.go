@@ -30,3 +30,25 @@ func TestRouteQuantiles(t *testing.T) {
 		t.Error("no new observations must give no row")
 	}
 }
+
+// The req/s measurement alternates the paths in rounds of about a second, never fewer
+// than three, and the rounds add up to the measurement asked for.
+func TestThroughputRounds(t *testing.T) {
+	for _, c := range []struct {
+		d     time.Duration
+		n     int
+		round time.Duration
+	}{
+		{300 * time.Millisecond, 3, 100 * time.Millisecond},
+		{3 * time.Second, 3, time.Second},
+		{3500 * time.Millisecond, 3, 3500 * time.Millisecond / 3},
+		{4 * time.Second, 4, time.Second},
+		{15 * time.Second, 15, time.Second},
+		{15500 * time.Millisecond, 15, 15500 * time.Millisecond / 15},
+	} {
+		n, round := throughputRounds(c.d)
+		if n != c.n || round != c.round {
+			t.Errorf("%v: %d rounds of %v, want %d of %v", c.d, n, round, c.n, c.round)
+		}
+	}
+}

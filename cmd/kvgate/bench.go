@@ -104,7 +104,7 @@ func runBench(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 	var oh bench.OverheadConfig
 	fs.IntVar(&oh.Requests, "overhead-requests", 300, "overhead: sequential requests per prompt size and path")
-	fs.DurationVar(&oh.ThroughputFor, "overhead-throughput-for", 3*time.Second, "overhead: duration of each req/s measurement")
+	fs.DurationVar(&oh.ThroughputFor, "overhead-throughput-for", 3*time.Second, "overhead: duration of each path's req/s measurement per prompt size, taken in rounds of about a second (at least three) that alternate the paths")
 	fs.IntVar(&oh.Concurrency, "overhead-concurrency", 8, "overhead: clients in the req/s measurement")
 	fs.StringVar(&oh.Nginx, "nginx", "/usr/sbin/nginx", "overhead: nginx binary for the proxy_pass baseline (skipped when absent)")
 
