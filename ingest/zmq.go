@@ -7,77 +7,16 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
-
-	"github.com/kvgate/kvgate/internal/zmqlog"
 	"github.com/kvgate/kvgate/internal/zmtp"
 )
 
-// The live event stream (a SUB to the engine's PUB) is read by internal/zmtp: one
-// goroutine and one buffered reader per connection, frames into reused buffers. The
-// replay DEALER, a rare path, stays on zmq4 (pure Go), whose behaviours this file guards
-// against:
-//   - Dial retries 10 times with sleeps that ignore the context: we dial once per attempt
-//     (WithDialerMaxRetries(0)) and run our own backoff loop.
-//   - The ZMTP handshake has no deadline: a peer that accepts TCP but never greets would
-//     block Dial forever. Dial runs in its own goroutine; after DialTimeout we abandon it
-//     and a janitor closes that socket when (if ever) Dial returns.
-//   - A dropped connection surfaces as a Recv error (io.EOF); the socket does not redial
-//     by itself (WithAutomaticReconnect(false)): we close it and dial a fresh one.
-//   - A socket's reader goroutine can block pushing into its 10-message queue after Close;
-//     closeSocket drains the queue so it can exit.
-//   - zmq4 logs through the std logger on handshake failures: silenced (zmqlog.Discard).
-
-var errDialTimeout = errors.New("ingest: dial timed out (no ZMTP handshake)")
-
-type zsock struct {
-	s      zmq4.Socket
-	cancel context.CancelFunc
-}
-
-// dialDealer connects a zmq4 DEALER to addr (the engine's replay ROUTER).
-func dialDealer(ctx context.Context, addr string, timeout time.Duration) (*zsock, error) {
-	sctx, cancel := context.WithCancel(ctx)
-	s := zmq4.NewDealer(sctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(timeout),
-		zmq4.WithLogger(zmqlog.Discard), zmq4.WithAutomaticReconnect(false))
-	done := make(chan error, 1)
-	go func() { done <- s.Dial(addr) }()
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case err := <-done:
-		if err != nil {
-			cancel()
-			s.Close()
-			return nil, err
-		}
-		return &zsock{s: s, cancel: cancel}, nil
-	case <-t.C:
-	case <-ctx.Done():
-	}
-	cancel()
-	go func() {
-		<-done
-		closeSocket(s)
-	}()
-	if ctx.Err() != nil {
-		return nil, ctx.Err()
-	}
-	return nil, errDialTimeout
-}
-
-func (z *zsock) close() {
-	z.cancel()
-	closeSocket(z.s)
-}
-
-// closeSocket closes s and drains its receive queue so zmq4's reader goroutines exit.
-func closeSocket(s zmq4.Socket) {
-	s.Close()
-	for i := 0; i < 64; i++ {
-		s.Recv() // returns at once: the socket's context is cancelled
-	}
-}
+// The live event stream (a SUB to the engine's PUB) and the replay DEALER (to the
+// engine's ROUTER) are both read by internal/zmtp: one goroutine and one buffered reader
+// per connection, frames into reused buffers, a handshake bounded by DialTimeout and a
+// message by zmtp.DefaultMaxMessage. (The replay once used zmq4's DEALER, whose
+// handshake has no deadline and which allocates whatever size a frame announces: a
+// stalled replay peer leaked a goroutine and a socket per replay, a hostile one crashed
+// the process.)
 
 // rankSub follows one data-parallel rank of a vLLM/SGLang endpoint.
 type rankSub struct {
@@ -163,6 +102,7 @@ func (s *rankSub) run(ctx context.Context) {
 		if s.replayAddr != "" {
 			s.replay(ctx, -1)
 		}
+		upAt := time.Now()
 		err = s.loop(z)
 		stop()
 		s.e.ranksUp.Add(-1)
@@ -179,6 +119,11 @@ func (s *rankSub) run(ctx context.Context) {
 			s.lastProtoErr = "" // a connection that kept the protocol: WARN again next time
 			s.e.protoErr.Store(nil)
 			log.Info("ingest: connection lost, redialing", "err", err)
+			if time.Since(upAt) < cfg.RetryInterval {
+				// A peer that closes each connection right after the handshake must not
+				// spin this loop either; one that was up a while is redialed at once.
+				backoff(ctx, delay, s.e.wake)
+			}
 		}
 	}
 }
@@ -282,27 +227,27 @@ func (s *rankSub) replay(ctx context.Context, upTo int64) {
 	cfg := &s.e.m.cfg
 	rctx, cancel := context.WithTimeout(ctx, cfg.ReplayTimeout)
 	defer cancel()
-	z, err := dialDealer(rctx, s.replayAddr, cfg.DialTimeout)
+	z, err := zmtp.DialDealer(rctx, s.replayAddr, zmtp.Options{Timeout: cfg.DialTimeout})
 	if err != nil {
 		cfg.Logger.Info("ingest: replay unavailable", "endpoint", s.e.cfg.Name, "rank", s.rank, "err", err)
 		return
 	}
-	defer z.close()
+	defer z.Close()
+	stop := context.AfterFunc(rctx, func() { z.Close() }) // unblocks Recv at the timeout
+	defer stop()
 	start := s.last + 1
 	var sb [8]byte
 	binary.BigEndian.PutUint64(sb[:], uint64(start))
-	if err := z.s.SendMulti(zmq4.NewMsgFrom([]byte{}, sb[:])); err != nil {
+	if err := z.Send(nil, sb[:]); err != nil {
 		return
 	}
-	go func() { <-rctx.Done(); z.cancel() }() // Recv has no deadline of its own
 	n := 0
 	for {
-		msg, err := z.s.Recv()
+		f, err := z.Recv()
 		if err != nil {
 			cfg.Logger.Info("ingest: replay ended without end marker", "endpoint", s.e.cfg.Name, "err", err, "batches", n)
 			break
 		}
-		f := msg.Frames
 		if len(f) > 0 && len(f[0]) == 0 {
 			f = f[1:] // the DEALER/ROUTER delimiter
 		}

@@ -21,6 +21,9 @@ const (
 	// maxCommand bounds a command frame (READY, PING, ...): commands are small; a larger
 	// one is a peer that is not speaking ZMTP to us.
 	maxCommand = 64 << 10
+	// frameCost is what a frame counts against MaxMessage besides its body: the memory
+	// Recv keeps for it (its end offset and its result slice).
+	frameCost = 32
 	// pongTimeout bounds writing a PONG: the reader must not block behind a peer that
 	// does not read its socket.
 	pongTimeout = time.Second
@@ -34,8 +37,8 @@ type Options struct {
 	// Timeout bounds the TCP connect and, separately, the ZMTP handshake (greeting,
 	// READY both ways). 0 = no bound.
 	Timeout time.Duration
-	// MaxMessage bounds one message (all its frames); a larger one is ErrTooLarge.
-	// 0 = DefaultMaxMessage.
+	// MaxMessage bounds one message (all its frames, each counting frameCost octets
+	// besides its body); a larger one is ErrTooLarge. 0 = DefaultMaxMessage.
 	MaxMessage int
 	// ReadBuffer is the buffered reader's size. 0 = DefaultReadBuffer.
 	ReadBuffer int
@@ -58,9 +61,24 @@ type Sub struct {
 	out    []byte   // scratch for what we write (PONG)
 }
 
+// role is a socket type this package connects as, and the peer types it accepts.
+type role struct {
+	own   string
+	peers []string
+}
+
+var (
+	subRole    = role{"SUB", []string{"PUB", "XPUB"}}
+	dealerRole = role{"DEALER", []string{"ROUTER"}}
+)
+
 // Dial connects to addr ("tcp://host:port"), runs the ZMTP handshake and subscribes.
 // ctx cancels the connect and the handshake, not the connection after Dial returns.
 func Dial(ctx context.Context, addr string, opt Options) (*Sub, error) {
+	return dial(ctx, addr, opt, subRole)
+}
+
+func dial(ctx context.Context, addr string, opt Options, r role) (*Sub, error) {
 	hostport, ok := strings.CutPrefix(addr, "tcp://")
 	if !ok {
 		return nil, fmt.Errorf("zmtp: %q: only tcp://host:port is supported", addr)
@@ -70,7 +88,7 @@ func Dial(ctx context.Context, addr string, opt Options) (*Sub, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := Handshake(ctx, conn, opt)
+	s, err := handshake(ctx, conn, opt, r)
 	if err != nil {
 		conn.Close()
 		return nil, err
@@ -82,6 +100,10 @@ func Dial(ctx context.Context, addr string, opt Options) (*Sub, error) {
 // subscriptions. If rw is a net.Conn, opt.Timeout and ctx bound the handshake through
 // its deadline, and the Sub's Close closes it.
 func Handshake(ctx context.Context, rw io.ReadWriter, opt Options) (*Sub, error) {
+	return handshake(ctx, rw, opt, subRole)
+}
+
+func handshake(ctx context.Context, rw io.ReadWriter, opt Options, r role) (*Sub, error) {
 	if opt.MaxMessage <= 0 {
 		opt.MaxMessage = DefaultMaxMessage
 	}
@@ -102,7 +124,7 @@ func Handshake(ctx context.Context, rw io.ReadWriter, opt Options) (*Sub, error)
 		stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) }) //nolint:errcheck
 		defer stop()
 	}
-	if err := s.handshake(opt.Subscribe); err != nil {
+	if err := s.handshake(r, opt.Subscribe); err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
@@ -116,9 +138,9 @@ func Handshake(ctx context.Context, rw io.ReadWriter, opt Options) (*Sub, error)
 	return s, nil
 }
 
-func (s *Sub) handshake(topics []string) error {
+func (s *Sub) handshake(r role, topics []string) error {
 	var err error
-	s.major, s.minor, s.peerType, s.out, err = s.greet(s.w, s.out, "SUB", "PUB", "XPUB")
+	s.major, s.minor, s.peerType, s.out, err = s.greet(s.w, s.out, r.own, r.peers...)
 	if err != nil {
 		return err
 	}
@@ -335,8 +357,11 @@ func (s *Sub) Recv() ([][]byte, error) {
 			}
 			continue
 		}
-		if size > uint64(s.maxMsg-len(s.body)) {
-			return nil, fmt.Errorf("%w: %d octets with this frame (limit %d)", ErrTooLarge, uint64(len(s.body))+size, s.maxMsg)
+		// Each frame costs frameCost besides its body: a message of empty frames adds no
+		// octets but an entry per frame, and must meet the limit too.
+		used := len(s.body) + frameCost*(len(s.ends)+1)
+		if used > s.maxMsg || size > uint64(s.maxMsg-used) {
+			return nil, fmt.Errorf("%w: %d octets in %d frames with this one (limit %d)", ErrTooLarge, uint64(len(s.body))+size, len(s.ends)+1, s.maxMsg)
 		}
 		s.body, err = s.readBody(s.body, int(size))
 		if err != nil {
@@ -383,6 +408,44 @@ func (s *Sub) command() error {
 		}
 	case "ERROR":
 		return fmt.Errorf("%w: %q", ErrPeer, errorReason(data))
+	}
+	return nil
+}
+
+// Dealer is one DEALER connection to a ROUTER peer (an engine's replay socket): Send
+// writes a request, Recv reads the replies as a Sub reads messages, under the same
+// Options (the handshake's deadline, MaxMessage, PINGs answered). Why not zmq4's DEALER:
+// its handshake has no deadline (a peer that accepts and never greets kept a goroutine
+// and the socket for as long as it held the connection) and it allocates whatever size
+// a frame announces (2^62 octets: a panic in its reader goroutine, which ends the
+// process). Send and Recv are for one goroutine; Close may be called from any.
+type Dealer struct{ *Sub }
+
+// DialDealer connects to addr ("tcp://host:port") and runs the ZMTP handshake as a
+// DEALER (opt.Subscribe is not used). ctx and opt.Timeout bound the connect and the
+// handshake, as Dial's; nothing bounds Send or Recv after that but Close.
+func DialDealer(ctx context.Context, addr string, opt Options) (*Dealer, error) {
+	opt.Subscribe = nil
+	s, err := dial(ctx, addr, opt, dealerRole)
+	if err != nil {
+		return nil, err
+	}
+	return &Dealer{s}, nil
+}
+
+// Send writes one message of frames (all but the last with MORE).
+func (d *Dealer) Send(frames ...[]byte) error {
+	d.out = d.out[:0]
+	for i, f := range frames {
+		flags := byte(0)
+		if i < len(frames)-1 {
+			flags = flagMore
+		}
+		d.out = appendFrameHeader(d.out, flags, len(f))
+		d.out = append(d.out, f...)
+	}
+	if _, err := d.w.Write(d.out); err != nil {
+		return fmt.Errorf("zmtp: sending: %w", err)
 	}
 	return nil
 }
