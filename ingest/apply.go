@@ -43,7 +43,7 @@ func (a *applier) apply(payload []byte) error {
 	// Counted once applied, so a reader that sees the count sees the batch's effects.
 	defer e.c.batches.Inc()
 	if err := a.dec.Reset(payload); err != nil {
-		e.c.decodeErrors.Inc()
+		e.lostMessage(err)
 		return err
 	}
 	e.mu.Lock()
@@ -67,9 +67,25 @@ func (a *applier) apply(payload []byte) error {
 	_, err := a.dec.Finish()
 	e.mu.Unlock()
 	if err != nil {
-		e.c.decodeErrors.Inc()
+		e.lostMessage(err)
 	}
 	return err
+}
+
+// lostMessage counts one event message that does not decode, whole or past some events
+// (what it held past them is lost), and WARNs at most once per badEventWarnEvery with the
+// number since the last WARN: an engine whose messages kvgate cannot read (another wire
+// format, a version kvgate does not know) leaves the inventory behind without a word
+// otherwise. Any of the endpoint's goroutines (ranks, replays, the drain) may call it.
+func (e *endpoint) lostMessage(err error) {
+	e.c.decodeErrors.Inc()
+	now, last := time.Now().UnixNano(), e.lostWarned.Load()
+	if now-last < int64(badEventWarnEvery) || !e.lostWarned.CompareAndSwap(last, now) {
+		return
+	}
+	total := e.c.decodeErrors.Get()
+	e.m.cfg.Logger.Warn("ingest: an event message is unreadable; the events in it are lost",
+		"endpoint", e.cfg.Name, "err", err, "unreadable_since_last_warn", total-e.lostAt.Swap(total))
 }
 
 // badEventWarnEvery spaces the WARNs about undecodable events of one endpoint.

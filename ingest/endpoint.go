@@ -136,6 +136,10 @@ type endpoint struct {
 	// badWarned and badSince rate-limit the undecodable-event WARN (e.mu held).
 	badWarned time.Time
 	badSince  int
+	// lostWarned (unix nanos) and lostAt (decodeErrors then) rate-limit the WARN about
+	// messages that do not decode at all, from any of the endpoint's goroutines.
+	lostWarned atomic.Int64
+	lostAt     atomic.Uint64
 }
 
 // rankState is what one data-parallel rank of an endpoint holds (e.mu guards it).

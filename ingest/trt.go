@@ -317,7 +317,7 @@ func (p *trtPoller) poll(ctx context.Context) (int, error) {
 	}
 	evs, err := parseTRTEvents(p.body.Bytes())
 	if err != nil {
-		p.e.c.decodeErrors.Inc()
+		p.e.lostMessage(err)
 		return 0, nil // the engine answered: a bad body is not a lost connection
 	}
 	if len(evs) > 0 {

@@ -160,11 +160,16 @@ func topicMatches(frame []byte, t string) bool {
 	return len(frame) >= len(t) && string(frame[:len(t)]) == t && (len(frame) == len(t) || frame[len(t)] == 0)
 }
 
+var (
+	errLiveFrames   = errors.New("ingest: a live message is not [topic, seq (8 octets), payload]")
+	errReplayFrames = errors.New("ingest: a replayed message is not [\"\", (topic,) seq (8 octets), payload]")
+)
+
 // handle applies one live message [topic, seq, payload].
 func (s *rankSub) handle(frames [][]byte) {
 	c := &s.e.c
 	if len(frames) != 3 || len(frames[1]) != 8 {
-		c.decodeErrors.Inc()
+		s.e.lostMessage(errLiveFrames)
 		return
 	}
 	if t := s.e.cfg.Topic; t != "" && !topicMatches(frames[0], t) {
@@ -258,11 +263,11 @@ func (s *rankSub) replay(ctx context.Context, upTo int64) {
 		case 3: // ["", topic, seq, payload]
 			seqb, payload = f[1], f[2]
 		default:
-			s.e.c.decodeErrors.Inc()
+			s.e.lostMessage(errReplayFrames)
 			continue
 		}
 		if len(seqb) != 8 {
-			s.e.c.decodeErrors.Inc()
+			s.e.lostMessage(errReplayFrames)
 			continue
 		}
 		seq := binary.BigEndian.Uint64(seqb)
