@@ -85,7 +85,7 @@ var (
 // allocates a copy of the name to normalize it).
 func (s *Server) buildUpstream(c *app.RequestContext, req *protocol.Request, ep *endpoint, body []byte, path []byte) {
 	c.Request.Header.CopyTo(&req.Header)
-	stripHop(&req.Header, c.Request.Header.Peek("Connection"))
+	stripHop(&req.Header)
 	req.Header.Del("Expect") // kvgate already holds the whole body
 	if !s.cfg.Listener.ForwardAuthorization {
 		req.Header.Del("Authorization") // kvgate checked it; the engine wants none
@@ -235,6 +235,16 @@ func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqStat
 		s.log.Warn("upstream connect failure", "endpoint", ep.spec.Name, "err", err)
 		return outcome{kind: outRetry, err: err}
 	}
+	if res.StatusCode() < 200 {
+		// An interim answer (a 103 Early Hints): hertz's client takes any but a 100 for
+		// the final one and drops what follows, so the engine's answer is lost. Relayed,
+		// it would leave the client waiting for a final answer that never comes.
+		res.CloseBodyStream() //nolint:errcheck
+		s.brokeOff(d.ep)
+		s.log.Warn("upstream sent an interim answer kvgate cannot relay", "endpoint", ep.spec.Name, "status", res.StatusCode())
+		writeError(c, 502, "upstream_error", "endpoint "+ep.spec.Name+" sent an interim (1xx) answer kvgate cannot relay")
+		return outcome{kind: outDone}
+	}
 	if code := res.StatusCode(); s.answered(d.ep, code) && st.canRetry {
 		// Nothing reached the client: another endpoint answers instead (a sick engine's
 		// 5xx streak costs no request while a healthy one exists).
@@ -367,7 +377,7 @@ func setDecisionHeaders(c *app.RequestContext, ep *endpoint, d *decision) {
 // copyResponseHeader copies res's status and headers minus hop-by-hop ones.
 func copyResponseHeader(c *app.RequestContext, res *protocol.Response) {
 	res.Header.CopyTo(&c.Response.Header)
-	stripHop(&c.Response.Header, res.Header.Peek("Connection"))
+	stripHop(&c.Response.Header)
 }
 
 // relayResponse copies status, headers and body from res to the client. Event streams
@@ -386,7 +396,10 @@ func (s *Server) relayResponse(ctx context.Context, c *app.RequestContext, st *r
 	cl := res.Header.ContentLength()
 	status := res.StatusCode()
 	var first time.Time // first body byte to the client
-	if !sse && cl >= 0 && cl <= 1<<20 {
+	// An answer that has no body by definition (to HEAD, or a 204 or 304: hertz's client
+	// reads none) goes the whole way, empty: streamed, it would get a chunked terminator
+	// that its client reads as the start of the next answer on the connection.
+	if res.MustSkipBody() || !sse && cl >= 0 && cl <= 1<<20 {
 		broke := false
 		st.out = st.out[:0]
 		for {

@@ -25,27 +25,37 @@ var hopHeaders = [...]string{
 type hopHeaderSet interface {
 	Del(key string)
 	DelBytes(key []byte)
-	ResetConnectionClose()
+	PeekAll(key string) [][]byte
+	SetConnectionClose(close bool)
 }
 
-// stripHop deletes from h the hop-by-hop headers and those the sender's Connection
-// header (conn, read from the original, not from h) names.
-func stripHop[H hopHeaderSet](h H, conn []byte) {
-	for len(conn) > 0 {
-		f := conn
-		if i := bytes.IndexByte(conn, ','); i >= 0 {
-			f, conn = conn[:i], conn[i+1:]
-		} else {
-			conn = nil
-		}
-		if f = bytes.TrimSpace(f); len(f) > 0 {
-			h.DelBytes(f)
+// stripHop deletes from h, a copy of a message's header, the hop-by-hop headers and
+// those any of its Connection lines names. The names are read from h's own lines, all
+// of them: hertz keeps "Connection: close" as a flag, and while it is set Peek and
+// PeekAll answer "close" alone, hiding a line such as "Connection: X-Secret" kept
+// beside it (a second line, or a response hertz marked close because it has no
+// length); Peek also answers only the first of several lines. Clearing the flag first
+// uncovers them all (ResetConnectionClose would delete them with it); deleting
+// "Connection" below clears it for good. The values stay valid while names are
+// deleted: deleting moves h's entries, it never writes their bytes.
+func stripHop[H hopHeaderSet](h H) {
+	h.SetConnectionClose(false)
+	for _, conn := range h.PeekAll("Connection") {
+		for len(conn) > 0 {
+			f := conn
+			if i := bytes.IndexByte(conn, ','); i >= 0 {
+				f, conn = conn[:i], conn[i+1:]
+			} else {
+				conn = nil
+			}
+			if f = bytes.TrimSpace(f); len(f) > 0 {
+				h.DelBytes(f)
+			}
 		}
 	}
 	for _, name := range hopHeaders {
 		h.Del(name)
 	}
-	h.ResetConnectionClose()
 }
 
 // errBodyTooLarge: appendBody read past its limit.
@@ -76,42 +86,25 @@ func appendBody(dst []byte, r io.Reader, limit int) ([]byte, error) {
 }
 
 // checkFraming refuses a request whose body framing is ambiguous (RFC 9112 6.1, 6.3):
-// Transfer-Encoding together with Content-Length (400), or a transfer coding other than
-// exactly "chunked" (501; hertz would otherwise read any coding as chunked). Either way
-// the connection closes after the answer, so bytes a front proxy framed differently
-// can never become a second request. Requests with a Content-Length only are not
-// looked at (hertz keeps no Transfer-Encoding for them).
+// Transfer-Encoding together with Content-Length, or Content-Length twice (400), or a
+// transfer coding other than exactly "chunked" (501; hertz would otherwise read any
+// coding as chunked). Either way the connection closes after the answer, so bytes a
+// front proxy framed differently can never become a second request. The raw lines
+// are read, not hertz's parsed header, because hertz hides exactly these cases: of two
+// Content-Length lines it keeps the last (a front proxy may frame by the first), and
+// it drops a "Transfer-Encoding: identity" line, framing by Content-Length or as
+// empty where the RFC says the length cannot be determined.
 func (s *Server) checkFraming(c *app.RequestContext) bool {
-	if c.Request.Header.ContentLength() != -1 {
-		return true
-	}
-	var te, cl int
-	var coding []byte
-	raw := c.Request.Header.RawHeaders()
-	for len(raw) > 0 {
-		line := raw
-		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
-			line, raw = raw[:i], raw[i+1:]
-		} else {
-			raw = nil
-		}
-		k, v, ok := bytes.Cut(line, []byte{':'})
-		if !ok {
-			continue
-		}
-		k = bytes.TrimSpace(k)
-		switch {
-		case bytes.EqualFold(k, hdrTE):
-			te++
-			coding = bytes.TrimSpace(v)
-		case bytes.EqualFold(k, hdrCL):
-			cl++
-		}
-	}
+	te, cl, coding := framingLines(c.Request.Header.RawHeaders())
 	switch {
-	case cl > 0:
+	case te == 0 && cl <= 1:
+		return true
+	case te > 0 && cl > 0:
 		s.m.bad[BadFraming].Inc()
 		writeError(c, 400, "invalid_request_error", "both Content-Length and Transfer-Encoding sent: ambiguous body framing")
+	case cl > 1:
+		s.m.bad[BadFraming].Inc()
+		writeError(c, 400, "invalid_request_error", "more than one Content-Length sent: ambiguous body framing")
 	case te > 1 || !bytes.EqualFold(coding, chunkedCoding):
 		s.m.bad[BadFraming].Inc()
 		writeError(c, 501, "invalid_request_error", "unsupported Transfer-Encoding (only a single \"chunked\" is accepted)")
@@ -120,6 +113,32 @@ func (s *Server) checkFraming(c *app.RequestContext) bool {
 	}
 	closeUnread(c)
 	return false
+}
+
+// framingLines counts raw's Transfer-Encoding and Content-Length lines and returns the
+// last transfer coding. It runs on every request: a line is looked at only when its
+// name has one of the two lengths.
+func framingLines(raw []byte) (te, cl int, coding []byte) {
+	for len(raw) > 0 {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		k, v, ok := bytes.Cut(line, []byte{':'})
+		if k = bytes.TrimSpace(k); !ok || len(k) != len(hdrTE) && len(k) != len(hdrCL) {
+			continue
+		}
+		switch {
+		case bytes.EqualFold(k, hdrTE):
+			te++
+			coding = bytes.TrimSpace(v)
+		case bytes.EqualFold(k, hdrCL):
+			cl++
+		}
+	}
+	return te, cl, coding
 }
 
 // closeUnread answers and closes a connection whose request body is left unread (a

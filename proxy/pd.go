@@ -143,6 +143,10 @@ func (s *Server) legFailed(c *app.RequestContext, i int, kind UpstreamError, err
 
 // relayLegError sends a non-2xx prefill answer to the client as it came.
 func (s *Server) relayLegError(c *app.RequestContext, d *decision, status int, body []byte) {
+	if status < 200 { // an interim answer hertz took for the final one (see forward)
+		writeError(c, 502, "upstream_error", "prefill endpoint "+s.roster().eps[d.ep].spec.Name+" sent an interim (1xx) answer kvgate cannot relay")
+		return
+	}
 	c.Response.Reset()
 	c.Response.SetStatusCode(status)
 	c.Response.Header.SetContentType("application/json")
@@ -257,14 +261,23 @@ func (s *Server) pdSGLang(ctx context.Context, c *app.RequestContext, st *reqSta
 	done := make(chan result, 1)
 	preq := s.prepareLeg(c, d.ep, st.legA) // prepareLeg copies: legA may be reused
 	hintRank(preq, d)
+	legCtx, cancelLeg := context.WithCancel(ctx)
+	defer cancelLeg()
 	go func() {
 		defer protocol.ReleaseRequest(preq)
-		_, _, kind, err := s.doLeg(ctx, d.ep, preq, nil)
+		_, _, kind, err := s.doLeg(legCtx, d.ep, preq, nil)
 		done <- result{kind, err}
 	}()
 	out, failed := s.decodeLeg(ctx, c, st, d, st.legA)
+	if out.kind == outRetry {
+		// No decode engine took the request, so none will fetch the prefill's KV: the
+		// prefill engine would hold its request (and kvgate the client) until its
+		// bootstrap timeout, minutes. Cancelling closes its connection (a neutral
+		// failure for its breaker, as a client's leaving is).
+		cancelLeg()
+	}
 	r := <-done
-	if r.err != nil && ctx.Err() == nil {
+	if r.err != nil && legCtx.Err() == nil {
 		s.log.Warn("sglang prefill leg failed", "endpoint", p.spec.Name, "err", r.err)
 	}
 	return out, failed
