@@ -39,11 +39,45 @@ func (s *Server) adminHandler() http.Handler {
 		want := *s.adminAuth.Load() // "Bearer <token>"; "" when no token is set (SIGHUP may set one)
 		if want != "" && r.URL.Path != "/healthz" && r.URL.Path != "/readyz" &&
 			subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte(want)) != 1 {
-			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			w.Header().Set("WWW-Authenticate", `Bearer realm="kvgate-admin"`)
+			writeHTTPError(w, http.StatusUnauthorized, "invalid_request_error", "missing or invalid admin token (want Authorization: Bearer <token>)")
 			return
+		}
+		if _, pattern := mux.Handler(r); pattern == "" {
+			w = &jsonRefusal{ResponseWriter: w} // the mux answers itself: no route, or not this method
 		}
 		mux.ServeHTTP(w, r)
 	})
+}
+
+// jsonRefusal turns the mux's own plain-text refusal (404: no route; 405: a route that
+// takes another method) into the OpenAI error shape of every other admin error.
+type jsonRefusal struct {
+	http.ResponseWriter
+	refused bool
+}
+
+func (j *jsonRefusal) WriteHeader(code int) {
+	if j.refused {
+		return
+	}
+	if code < 400 {
+		j.ResponseWriter.WriteHeader(code) // a redirect to the canonical path
+		return
+	}
+	j.refused = true
+	msg := "no admin route at this path"
+	if code == http.StatusMethodNotAllowed {
+		msg = "this admin route does not take this method (Allow: " + j.Header().Get("Allow") + ")"
+	}
+	writeHTTPError(j.ResponseWriter, code, "invalid_request_error", msg)
+}
+
+func (j *jsonRefusal) Write(b []byte) (int, error) {
+	if j.refused {
+		return len(b), nil // the mux's text, replaced
+	}
+	return j.ResponseWriter.Write(b)
 }
 
 func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {

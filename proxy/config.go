@@ -146,8 +146,13 @@ func ParseEndpoint(s string) (EndpointSpec, error) {
 		return e, errors.New("url= is required")
 	}
 	u, err := url.Parse(e.URL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || (u.Path != "" && u.Path != "/") {
 		return e, fmt.Errorf("url %q: want http://host:port or https://host:port", e.URL)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return e, fmt.Errorf("url %q: port %s: want 1..65535", e.URL, p)
+		}
 	}
 	host := u.Host
 	if u.Port() == "" {
@@ -201,6 +206,27 @@ func (e *EndpointSpec) at(a netip.Addr) EndpointSpec {
 	}
 	c.Events, c.Replay = swap(e.Events), swap(e.Replay)
 	return c
+}
+
+// checkEventAddrs refuses a vLLM or SGLang endpoint's events= or replay= its subscriber
+// could not dial. Checked with the rule, not when the subscriber starts: an endpoint
+// added at runtime would otherwise join the fleet without one (an ERROR in the log only).
+func (e *EndpointSpec) checkEventAddrs() error {
+	if e.Engine != EngineVLLM && e.Engine != EngineSGLang {
+		return nil // TensorRT-LLM's events come from its URL
+	}
+	for _, a := range [...]struct{ key, v string }{{"events", e.Events}, {"replay", e.Replay}} {
+		if a.v == "" {
+			continue
+		}
+		rest, ok := strings.CutPrefix(a.v, "tcp://")
+		h, p, err := net.SplitHostPort(rest)
+		port, perr := strconv.Atoi(p)
+		if !ok || err != nil || h == "" || h == "*" || perr != nil || port < 1 || port+max(e.DP, 1)-1 > 65535 {
+			return fmt.Errorf("%s=%s: want tcp://host:port, the engine's host (not a wildcard) and a port in 1..65535 (dp ranks on the ports after it)", a.key, a.v)
+		}
+	}
+	return nil
 }
 
 func atoiRange(what, v string, lo, hi int) (int, error) {
@@ -601,6 +627,9 @@ func (c *Config) Validate() error {
 			if e.Engine != EngineTRTLLM && e.Events == "" && !c.planeRoutes() {
 				return refuse("-endpoint", "endpoint %q: KV-Exact needs events=tcp://host:port (the engine's KV event publisher)", e.Name)
 			}
+			if err := e.checkEventAddrs(); err != nil {
+				return refuse("-endpoint", "endpoint %q: %v", e.Name, err)
+			}
 		}
 		if len(c.Models.Tokenizers) == 0 {
 			return refuse("-tokenizer", "KV-Exact needs at least one served model mapped to a tokenizer directory (-model NAME -tokenizer DIR)")
@@ -702,6 +731,10 @@ func (c *Config) Validate() error {
 	}
 	if c.Health.Interval > 0 && c.Health.Timeout <= 0 {
 		return refuse("-health-timeout", "must be > 0")
+	}
+	if c.Health.Interval > 0 && !strings.HasPrefix(c.Health.Path, "/") {
+		// It is joined to each endpoint's http://host:port: without its slash every probe fails.
+		return refuse("-health-path", "%q: want a path starting with /", c.Health.Path)
 	}
 	if c.Select.CHWBLPrefixBytes < 1 {
 		return refuse("-chwbl-prefix-bytes", "must be >= 1")

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvgate/kvgate/ingest"
@@ -117,10 +118,28 @@ type fleetCtl struct {
 	// answers are each discover=dns template's last accepted addresses, by its name.
 	answers map[string][]netip.Addr
 	free    []int // vacant slots, ready for an endpoint
-	// refused is the last refused change's reason ("" once a change applies after it):
-	// the running fleet differs from its sources until fixed (/debug/inventory).
-	refused   string
-	refusedAt time.Time
+	// refused are the refused changes that still stand, by source (fleetChange.why): the
+	// running fleet differs from that source until a change re-applying it applies
+	// (reapplies); another source's success does not hide it.
+	refused map[string]refusal
+	// shown is the latest of refused (nil: none) for view, which takes no lock: a change
+	// holds mu through DNS lookups of up to dnsTimeout, and /metrics must not wait on one.
+	shown atomic.Pointer[refusal]
+}
+
+// refusal is one standing refused change: its source and why.
+type refusal struct {
+	why, msg string
+	at       time.Time
+}
+
+// reapplies are the sources a change by why brings the fleet back in line with: its
+// own, and what it re-reads (a file reload and SIGHUP read the file and look names up).
+var reapplies = map[string][]string{
+	"-endpoints-file": {"-endpoints-file", "dns"},
+	"SIGHUP":          {"SIGHUP", "-endpoints-file", "dns"},
+	"dns":             {"dns"},
+	"admin":           {"admin"},
 }
 
 // fleetView is /debug/inventory's "fleet": the slot table and the last refused change.
@@ -132,15 +151,18 @@ type fleetView struct {
 	RefusedAt   string `json:"refused_at,omitempty"`
 }
 
+// view reads the roster and the published refusal only (no lock: see shown). A free
+// slot is a vacant one laid out for one rank (drain keeps a data-parallel one's).
 func (f *fleetCtl) view() fleetView {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	v := fleetView{Slots: f.cap, Free: len(f.free), LastRefused: f.refused}
-	if f.refused != "" {
-		v.RefusedAt = f.refusedAt.UTC().Format(time.RFC3339)
+	v := fleetView{Slots: f.cap}
+	if r := f.shown.Load(); r != nil {
+		v.LastRefused, v.RefusedAt = r.why+": "+r.msg, r.at.UTC().Format(time.RFC3339)
 	}
-	for _, e := range f.s.roster().eps {
-		if !e.vacant && e.retired.Load() {
+	for i, e := range f.s.roster().eps {
+		switch {
+		case e.vacant && f.s.ranks.dp[i] <= 1:
+			v.Free++
+		case !e.vacant && e.retired.Load():
 			v.Draining++
 		}
 	}
@@ -148,25 +170,45 @@ func (f *fleetCtl) view() fleetView {
 }
 
 // count books one change attempt by its source and result; one that changed nothing
-// (a DNS answer as before) clears a refusal but is not counted.
+// (a DNS answer as before) clears the refusals it re-applies but is not counted.
 func (f *fleetCtl) count(why string, changed bool, err error) {
 	result := "applied"
 	if err != nil {
 		result = "refused"
-		f.refused, f.refusedAt = why+": "+err.Error(), time.Now()
+		f.refuse(why, err.Error())
 	} else {
-		f.refused = ""
+		for _, src := range reapplies[why] {
+			delete(f.refused, src)
+		}
+		f.publish()
 	}
 	if err != nil || changed {
 		f.s.m.set.GetOrCreateCounter(`kvgate_fleet_changes_total{by="` + why + `",result="` + result + `"}`).Inc()
 	}
 }
 
+// refuse records why's refusal (f.mu held).
+func (f *fleetCtl) refuse(why, msg string) {
+	f.refused[why] = refusal{why: why, msg: msg, at: time.Now()}
+	f.publish()
+}
+
+// publish shows the latest standing refusal (f.mu held).
+func (f *fleetCtl) publish() {
+	var last *refusal
+	for _, r := range f.refused {
+		if last == nil || r.at.After(last.at) {
+			last = &r
+		}
+	}
+	f.shown.Store(last)
+}
+
 func newFleetCtl(s *Server, r *net.Resolver) *fleetCtl {
 	if r == nil {
 		r = net.DefaultResolver
 	}
-	return &fleetCtl{s: s, resolver: r, answers: map[string][]netip.Addr{}}
+	return &fleetCtl{s: s, resolver: r, answers: map[string][]netip.Addr{}, refused: map[string]refusal{}}
 }
 
 // initial splits the rule's endpoints into flags and file ones and resolves the
@@ -242,7 +284,11 @@ func (f *fleetCtl) expand(eps []EndpointSpec, answers map[string][]netip.Addr, r
 const dnsTimeout = 5 * time.Second
 
 func (f *fleetCtl) lookup(host string) ([]netip.Addr, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), dnsTimeout)
+	parent := f.s.ctx // shutdown does not wait for a lookup; nil before Start (the initial ones)
+	if parent == nil {
+		parent = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(parent, dnsTimeout)
 	defer cancel()
 	addrs, err := f.resolver.LookupNetIP(ctx, "ip", host)
 	if err != nil {
@@ -272,6 +318,10 @@ type fleetChange struct {
 	admin     []EndpointSpec
 	setAdm    bool
 	resolve   bool
+	// edit, when set, fills the change in from the sources as they are under the fleet's
+	// lock (an admin add or remove), so two admin calls at once each keep the other's
+	// result. Its error names nothing to change: answered, not booked as a refusal.
+	edit func(f *fleetCtl, ch *fleetChange) error
 }
 
 // change validates the fleet ch describes and, if it holds, moves the running one to it.
@@ -279,6 +329,11 @@ type fleetChange struct {
 func (f *fleetCtl) change(ch fleetChange) (err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if ch.edit != nil {
+		if err := ch.edit(f, &ch); err != nil {
+			return err
+		}
+	}
 	changed := false
 	defer func() { f.count(ch.why, changed, err) }()
 	static, file, admin := f.static, f.file, f.admin
@@ -551,7 +606,7 @@ func (s *Server) reloadEndpointsFile() error {
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
-		s.log.Warn("-endpoints-file unreadable: keeping the running endpoints", "file", path, "err", err)
+		s.fileUnreadable(err)
 		return err
 	}
 	sum := sha256.Sum256(b)
@@ -573,7 +628,7 @@ func (s *Server) reloadEndpointsFile() error {
 		f.mu.Lock()
 		f.sum = sum // warn once per content, not every poll
 		if parsed {
-			f.refused = "-endpoints-file: " + err.Error() // change counted it; say where
+			f.refuse("-endpoints-file", err.Error()) // change counted it; say where
 		} else {
 			f.count("-endpoints-file", false, err)
 		}
@@ -581,6 +636,23 @@ func (s *Server) reloadEndpointsFile() error {
 		s.log.Warn("-endpoints-file reload refused: keeping the running endpoints", "file", path, "err", err)
 	}
 	return err
+}
+
+// fileUnreadable shows an -endpoints-file that cannot be read as a refused change,
+// WARNed once per episode, not every poll. Its content is forgotten, so the file back
+// applies (and clears this) even unchanged.
+func (s *Server) fileUnreadable(err error) {
+	f := s.fleet
+	f.mu.Lock()
+	f.sum = [sha256.Size]byte{}
+	again := f.refused["-endpoints-file"].msg == err.Error()
+	if !again {
+		f.count("-endpoints-file", false, err)
+	}
+	f.mu.Unlock()
+	if !again {
+		s.log.Warn("-endpoints-file unreadable: keeping the running endpoints", "file", s.cfg.Fleet.EndpointsFile, "err", err)
+	}
 }
 
 // fileLineOf names where a validation error points in the file: the line of the first
@@ -659,11 +731,10 @@ func (s *Server) AddEndpoint(spec string) error {
 	if err != nil {
 		return err
 	}
-	f := s.fleet
-	f.mu.Lock()
-	admin := append(slices.Clone(f.admin), sp)
-	f.mu.Unlock()
-	return f.change(fleetChange{why: "admin", admin: admin, setAdm: true})
+	return s.fleet.change(fleetChange{why: "admin", edit: func(f *fleetCtl, ch *fleetChange) error {
+		ch.admin, ch.setAdm = append(slices.Clone(f.admin), sp), true
+		return nil
+	}})
 }
 
 // errNoEndpoint: a remove named no endpoint of the fleet.
@@ -672,8 +743,6 @@ var errNoEndpoint = errors.New("no such endpoint")
 // RemoveEndpoint removes the endpoint (or discover=dns template) named name. One from
 // -endpoint flags or the endpoints file comes back with the file's next change.
 func (s *Server) RemoveEndpoint(name string) error {
-	f := s.fleet
-	f.mu.Lock()
 	del := func(eps []EndpointSpec) ([]EndpointSpec, bool) {
 		i := slices.IndexFunc(eps, func(e EndpointSpec) bool { return e.Name == name })
 		if i < 0 {
@@ -681,20 +750,19 @@ func (s *Server) RemoveEndpoint(name string) error {
 		}
 		return slices.Delete(slices.Clone(eps), i, i+1), true
 	}
-	ch := fleetChange{why: "admin"}
-	var ok bool
-	if ch.admin, ok = del(f.admin); ok {
-		ch.setAdm = true
-	} else if ch.file, ok = del(f.file); ok {
-		ch.setFile, ch.lines, ch.sum = true, f.lines, f.sum
-	} else if ch.static, ok = del(f.static); ok {
-		ch.setStatic = true // flags are fixed otherwise; a removal through the API holds
-	}
-	if !ok {
-		// An address of a discover=dns template is removed with its template only.
-		f.mu.Unlock()
-		return fmt.Errorf("%w named %q (a discover=dns endpoint is removed by its template's name)", errNoEndpoint, name)
-	}
-	f.mu.Unlock()
-	return f.change(ch)
+	return s.fleet.change(fleetChange{why: "admin", edit: func(f *fleetCtl, ch *fleetChange) error {
+		var ok bool
+		if ch.admin, ok = del(f.admin); ok {
+			ch.setAdm = true
+		} else if ch.file, ok = del(f.file); ok {
+			ch.setFile, ch.lines, ch.sum = true, f.lines, f.sum
+		} else if ch.static, ok = del(f.static); ok {
+			ch.setStatic = true // flags are fixed otherwise; a removal through the API holds
+		}
+		if !ok {
+			// An address of a discover=dns template is removed with its template only.
+			return fmt.Errorf("%w named %q (a discover=dns endpoint is removed by its template's name)", errNoEndpoint, name)
+		}
+		return nil
+	}})
 }

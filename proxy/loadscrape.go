@@ -115,7 +115,10 @@ func (s *Server) readReport(e *endpoint) (r route.Report, ranks []route.Report, 
 		req.SetRequestURI(e.spec.URL + "/metrics")
 	}
 	req.Header.SetMethod("GET")
-	timeout := min(s.scrapeEvery, s.cfg.Health.Timeout)
+	timeout := s.scrapeEvery
+	if t := s.cfg.Health.Timeout; t > 0 { // unchecked (maybe 0) while health checks are off
+		timeout = min(timeout, t)
+	}
 	ctx, cancel := context.WithTimeout(s.ctx, timeout)
 	defer cancel()
 	if err := s.client.DoTimeout(ctx, req, res, timeout); err != nil {
