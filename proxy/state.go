@@ -36,11 +36,12 @@ const (
 	ReasonUnkeyableEvents                          // recent BlockStored events kvgate could not key (no token_ids, orphan parents)
 	ReasonTokenizerFailed                          // recent requests failed to template or tokenize (rule-wide)
 	ReasonStale                                    // prompts with blocks it has not reported keep coming, no events arrive
+	ReasonUnreadableEvents                         // recent event messages did not decode (a wire format kvgate does not read)
 	numReasons
 )
 
 var reasonNames = [numReasons]string{"events_not_connected", "parity_mismatch", "block_size",
-	"unkeyable_events", "tokenizer_failed", "stale"}
+	"unkeyable_events", "tokenizer_failed", "stale", "unreadable_events"}
 
 func (r DegradedReason) String() string { return reasonNames[r] }
 
@@ -75,6 +76,8 @@ type epState struct {
 	downSince     time.Time
 	lastUnkeyable uint64
 	unkeyableAt   time.Time
+	lastUnread    uint64 // the endpoint's undecodable event messages, last seen
+	unreadAt      time.Time
 	lastBatches   uint64
 	sentAtBatch   uint64
 	initialized   bool
@@ -160,8 +163,8 @@ func (w *stateWatcher) evaluate(now time.Time) {
 		}
 		if es := &w.eps[i]; es.owner != e {
 			es.owner, es.initialized = e, false
-			es.downSince, es.unkeyableAt = time.Time{}, time.Time{}
-			es.lastUnkeyable = 0
+			es.downSince, es.unkeyableAt, es.unreadAt = time.Time{}, time.Time{}, time.Time{}
+			es.lastUnkeyable, es.lastUnread = 0, 0
 		}
 		w.evaluateOne(i, now, tokRecent)
 	}
@@ -200,6 +203,14 @@ func (w *stateWatcher) evaluateOne(i int, now time.Time, tokRecent bool) {
 	}
 	if !es.unkeyableAt.IsZero() && now.Sub(es.unkeyableAt) < w.tun.recent {
 		reasons |= 1 << ReasonUnkeyableEvents
+	}
+	// An unreadable message still counts as a batch (below), so a publisher kvgate cannot
+	// read never looks stale: this is what shows it.
+	if st.DecodeErrors != es.lastUnread {
+		es.lastUnread, es.unreadAt = st.DecodeErrors, now
+	}
+	if !es.unreadAt.IsZero() && now.Sub(es.unreadAt) < w.tun.recent {
+		reasons |= 1 << ReasonUnreadableEvents
 	}
 	if tokRecent {
 		reasons |= 1 << ReasonTokenizerFailed
@@ -293,6 +304,8 @@ func explainReasons(reasons uint8, st *ingest.EndpointStatus, events string) str
 			parts = append(parts, "recent requests failed to template or tokenize (kvgate_kv_misses_total{reason=\"tokenize\"})")
 		case ReasonStale:
 			parts = append(parts, "prompts with blocks it has not reported keep going to it but no KV events arrive")
+		case ReasonUnreadableEvents:
+			parts = append(parts, "recent KV event messages did not decode (kvgate_ingest_decode_errors_total; another wire format or engine version?): the events in them are missing from its inventory")
 		}
 	}
 	if len(parts) == 0 {

@@ -332,6 +332,38 @@ func TestRoutingStateStale(t *testing.T) {
 	waitFor(t, "exact again after an event batch", func() bool { return routing() == "exact" })
 }
 
+// An engine whose event messages kvgate cannot decode (another wire format) still sends
+// batches, so it never looks stale; its own reason shows it, with a WARN transition, on
+// /debug/inventory and /metrics, and clears once the recent window passes without one.
+func TestRoutingStateUnreadableEvents(t *testing.T) {
+	a := newKVEngine(t, "a", enginepub.VLLM)
+	s, lb := startHolding(t, kvConfig(t, KVConverged, a.spec(0, "vllm", "")), a)
+	s.states.tun.recent = 500 * time.Millisecond
+	routing := func() string {
+		st := inventoryStates(t, s)["a"]
+		if len(st.Reasons) > 0 {
+			return st.Routing + "(" + strings.Join(st.Reasons, ",") + ")"
+		}
+		return st.Routing
+	}
+	time.Sleep(10 * s.states.tun.every)
+	if got := routing(); got != "exact" {
+		t.Fatalf("before: %s, want exact", got)
+	}
+	if err := a.pub.PublishRaw([]byte("a format kvgate does not read")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "unreadable_events", func() bool { return routing() == "degraded(unreadable_events)" })
+	if l := lb.lines("level=WARN", "endpoint routing state changed", "endpoint=a", "to=degraded(unreadable_events)",
+		"did not decode"); len(l) != 1 {
+		t.Errorf("want one WARN transition naming the reason, got %q", l)
+	}
+	if m := scrapeMetrics(t, s); m[`kvgate_routing_degraded{endpoint="a",reason="unreadable_events"}`] != 1 {
+		t.Error("no unreadable_events series")
+	}
+	waitFor(t, "exact again once the window passed", func() bool { return routing() == "exact" })
+}
+
 // In -kv-mode 1 the prefill endpoint computes the blocks, so its leg counts toward its
 // stale check: fully held prompts keep it exact, prompts with new blocks and no event
 // make it stale. The decode endpoint is never scored and stays off.
