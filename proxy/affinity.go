@@ -95,6 +95,22 @@ func (a *affinity) put(key []byte, prefill, decode int, now time.Time) {
 	a.pushFront(e)
 }
 
+// forget drops the sessions pinned to slot on either leg: its endpoint left the fleet,
+// and the slot may go to another endpoint, which the sessions would otherwise follow
+// for a TTL past KV-Exact. A fleet change is rare; the walk holds the lock once.
+func (a *affinity) forget(slot int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for e := a.head.next; e != &a.head; {
+		next := e.next
+		if e.prefill == slot || e.decode == slot {
+			a.unlink(e)
+			delete(a.m, e.key)
+		}
+		e = next
+	}
+}
+
 // len is the number of remembered sessions.
 func (a *affinity) len() int {
 	a.mu.Lock()

@@ -543,6 +543,9 @@ func (f *fleetCtl) drain(e *endpoint, waitEvents func()) {
 			}
 		}
 	}
+	for _, sl := range append([]int{e.idx}, s.ranks.allSlots(e.idx)...) {
+		s.aff.forget(sl)
+	}
 	f.mu.Lock()
 	next := s.roster().clone()
 	next.eps[e.idx] = s.vacantEndpoint(e.idx)

@@ -325,3 +325,50 @@ func TestFleetAdminScrapeWithoutHealthTimeout(t *testing.T) {
 		t.Errorf("no scrape read the engine: %d failed, last error %q", e.scrape.failed.Load(), msg)
 	}
 }
+
+// Mode 1 pins a session to its prefill/decode slots. When the prefill endpoint leaves and
+// another takes its slot, the session must not follow the slot to the newcomer (which
+// holds none of its KV) on the strength of the old pairing: the drain forgets it.
+func TestFleetAdminRemovedPrefillForgetsAffinity(t *testing.T) {
+	p1, p2, p3 := newKVEngine(t, "p1", enginepub.VLLM), newKVEngine(t, "p2", enginepub.VLLM), newKVEngine(t, "p3", enginepub.VLLM)
+	dec := newKVEngine(t, "d1", enginepub.VLLM)
+	prefill := func(w http.ResponseWriter, r *http.Request, body []byte) bool {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"p","choices":[{"index":0,"text":"x","finish_reason":"length"}],"kv_transfer_params":`+vllmKTP+`}`)
+		return true
+	}
+	p1.handle, p2.handle, p3.handle = prefill, prefill, prefill
+	cfg := kvConfig(t, KVDisaggregated, p1.spec(0, "vllm", ",role=prefill"), p3.spec(1, "vllm", ",role=prefill"), dec.spec(2, "vllm", ",role=decode"))
+	cfg.Fleet.MaxEndpoints = 3 // p2 can only take the removed endpoint's slot
+	s := startProxy(t, cfg)
+	body := `{"model":"qwen3","messages":[{"role":"user","content":"hello"}],"max_tokens":5,"user":"alice"}`
+	turn := func() (route, prefill string) {
+		res, out := post(t, s.url("/v1/chat/completions"), body)
+		if res.StatusCode != 200 {
+			t.Fatalf("%d %s", res.StatusCode, out)
+		}
+		return res.Header.Get("x-kvgate-route"), res.Header.Get("x-kvgate-prefill")
+	}
+	_, pinned := turn()
+	if route, p := turn(); route != "affinity" || p != pinned {
+		t.Fatalf("second turn: route %q prefill %q, want affinity on %s", route, p, pinned)
+	}
+	slot := s.slotOf(pinned)
+	if code, out := doReq(t, "DELETE", s.admURL("/admin/endpoints/"+pinned), ""); code != 200 {
+		t.Fatalf("remove %s: %d %s", pinned, code, out)
+	}
+	waitFor(t, "the removed endpoint's slot freed", func() bool { return s.roster().eps[slot].vacant })
+	if code, out := doReq(t, "POST", s.admURL("/admin/endpoints"), p2.spec(0, "vllm", ",role=prefill")); code != 200 {
+		t.Fatalf("add p2: %d %s", code, out)
+	}
+	if got := s.slotOf("p2"); got != slot {
+		t.Fatalf("p2 took slot %d, want the removed endpoint's %d", got, slot)
+	}
+	route, now := turn()
+	if route == "affinity" {
+		t.Fatalf("after the swap: route affinity to %s, want the ladder's pick, not the old pairing", now)
+	}
+	if route, p := turn(); route != "affinity" || p != now {
+		t.Fatalf("next turn: route %q prefill %q, want affinity on %s", route, p, now)
+	}
+}
