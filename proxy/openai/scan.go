@@ -116,7 +116,14 @@ type Request struct {
 	// ContinueFinalMessage: the prompt ends inside the final (assistant) message.
 	ContinueFinalMessage bool
 	Prompt               PromptKind
+
+	// dup holds the fields whose member appears more than once (1<<f): the last one is
+	// what Python's json, and so the engine, reads; AppendRewritten drops every copy.
+	dup uint64
 }
+
+// Fields fit dup's bits.
+var _ [64 - numFields]struct{}
 
 // Reset clears r for reuse.
 func (r *Request) Reset() { *r = Request{AddGenerationPrompt: true} }
@@ -148,10 +155,7 @@ func Scan(body []byte, r *Request) error {
 		if le != jsonlex.OK {
 			return lexErrors[le]
 		}
-		f := numFields
-		if !esc {
-			f = lookup(body[keyStart+1 : kEnd-1])
-		}
+		f := keyField(body[keyStart:kEnd], esc)
 		i = jsonlex.SkipWS(body, kEnd)
 		if i >= len(body) || body[i] != ':' {
 			return ErrSyntax
@@ -163,6 +167,9 @@ func Scan(body []byte, r *Request) error {
 			return err
 		}
 		if f < numFields {
+			if r.Member[f].Present() {
+				r.dup |= 1 << f
+			}
 			if err := r.set(f, body, vStart, vEnd); err != nil {
 				return err
 			}
@@ -188,6 +195,23 @@ func trailing(body []byte, i int) error {
 		return ErrTrailing
 	}
 	return nil
+}
+
+// maxEscKey bounds the escaped keys keyField decodes: the longest field name written
+// with every byte escaped (\uXXXX) fits.
+const maxEscKey = 6*len("previous_input_messages") + 2
+
+// keyField is the field the member key k (quotes included) names, its escapes decoded
+// (`"str\u0065am"` is stream to Python's json, and so to the engine).
+func keyField(k []byte, esc bool) Field {
+	if !esc {
+		return lookup(k[1 : len(k)-1])
+	}
+	if len(k) > maxEscKey {
+		return numFields
+	}
+	var buf [maxEscKey]byte
+	return lookup(jsonlex.AppendUnescaped(buf[:0], k[1:len(k)-1]))
 }
 
 func lookup(k []byte) Field {
@@ -217,7 +241,8 @@ func (r *Request) set(f Field, body []byte, s, e int) error {
 			r.setBool(f, true)
 		case 'f':
 			r.setBool(f, false)
-		case 'n':
+		case 'n': // null: the default (a repeated member's last value counts)
+			r.setBool(f, f == FAddGenerationPrompt)
 		default:
 			return ErrType
 		}

@@ -2,9 +2,10 @@ package openai
 
 import "github.com/kvgate/kvgate/internal/jsonlex"
 
-// Member finds key among the members of the JSON object v (no escapes in key) and
-// returns the value's bounds relative to v; ok is false when v is not an object or
-// lacks key. It validates only what it walks.
+// Member finds key among the members of the JSON object v and returns the value's
+// bounds relative to v; ok is false when v is not an object or lacks key. As Python's
+// json (the engines' reader) does, escapes in member names are decoded and of a
+// repeated member the last counts. It validates only what it walks.
 func Member(v []byte, key string) (start, end int, ok bool) {
 	i := jsonlex.SkipWS(v, 0)
 	if i >= len(v) || v[i] != '{' {
@@ -15,30 +16,43 @@ func Member(v []byte, key string) (start, end int, ok bool) {
 		return 0, 0, false
 	}
 	for i < len(v) && v[i] == '"' {
-		ke, _, le := jsonlex.ScanString(v, i)
+		ke, esc, le := jsonlex.ScanString(v, i)
 		if le != jsonlex.OK {
-			return 0, 0, false
+			return start, end, ok
 		}
-		match := string(v[i+1:ke-1]) == key
+		match := keyIs(v[i:ke], esc, key)
 		i = jsonlex.SkipWS(v, ke)
 		if i >= len(v) || v[i] != ':' {
-			return 0, 0, false
+			return start, end, ok
 		}
 		vs := jsonlex.SkipWS(v, i+1)
 		ve, err := skipValue(v, vs, 1)
 		if err != nil {
-			return 0, 0, false
+			return start, end, ok
 		}
 		if match {
-			return vs, ve, true
+			start, end, ok = vs, ve, true
 		}
 		i = jsonlex.SkipWS(v, ve)
 		if i >= len(v) || v[i] != ',' {
-			return 0, 0, false
+			return start, end, ok
 		}
 		i = jsonlex.SkipWS(v, i+1)
 	}
-	return 0, 0, false
+	return start, end, ok
+}
+
+// keyIs says whether the member name k (quotes included; esc: it holds escapes) is key.
+func keyIs(k []byte, esc bool, key string) bool {
+	if !esc {
+		return string(k[1:len(k)-1]) == key
+	}
+	// An escape decodes to at least one byte per six: a longer name is not key.
+	if len(k)-2 > 6*len(key) || len(k) > maxEscKey {
+		return false
+	}
+	var buf [maxEscKey]byte
+	return string(jsonlex.AppendUnescaped(buf[:0], k[1:len(k)-1])) == key
 }
 
 // Path follows nested object keys from v and returns the value found, or nil.
@@ -193,6 +207,13 @@ func quotedEq(q []byte, s string) bool {
 // members extra (`"k":v,...`, may be empty) inserted first. body must have been Scanned
 // into r. Engines see the same object with those members replaced.
 func AppendRewritten(dst, body []byte, r *Request, extra []byte, drop ...Field) []byte {
+	var set uint64
+	for _, f := range drop {
+		set |= 1 << f
+	}
+	if r.dup&set != 0 {
+		return appendRewrittenAll(dst, body, extra, set)
+	}
 	open := jsonlex.SkipWS(body, 0)
 	close := len(body) - 1
 	for close > open && body[close] != '}' {
@@ -265,6 +286,44 @@ func AppendRewritten(dst, body []byte, r *Request, extra []byte, drop ...Field) 
 	return append(dst, '}')
 }
 
+// appendRewrittenAll is AppendRewritten for a body that repeats a member to drop: it
+// copies the members one by one, leaving out every copy of the fields in drop (bits).
+func appendRewrittenAll(dst, body, extra []byte, drop uint64) []byte {
+	dst = append(dst, '{')
+	dst = append(dst, extra...)
+	sep := len(extra) > 0
+	i := jsonlex.SkipWS(body, jsonlex.SkipWS(body, 0)+1)
+	for i < len(body) && body[i] == '"' {
+		ke, esc, le := jsonlex.ScanString(body, i)
+		if le != jsonlex.OK {
+			break
+		}
+		j := jsonlex.SkipWS(body, ke)
+		if j >= len(body) || body[j] != ':' {
+			break
+		}
+		vs := jsonlex.SkipWS(body, j+1)
+		ve, err := skipValue(body, vs, 1)
+		if err != nil {
+			break
+		}
+		if f := keyField(body[i:ke], esc); f >= numFields || drop&(1<<f) == 0 {
+			if sep {
+				dst = append(dst, ',')
+			}
+			dst = append(dst, body[i:ke]...)
+			dst = append(dst, ':')
+			dst = append(dst, body[vs:ve]...)
+			sep = true
+		}
+		i = jsonlex.SkipWS(body, ve)
+		if i < len(body) && body[i] == ',' {
+			i = jsonlex.SkipWS(body, i+1)
+		}
+	}
+	return append(dst, '}')
+}
+
 // AppendObjectWith appends the JSON object obj to dst with member key set to the raw
 // value val (replacing any existing member of that name, placed first).
 func AppendObjectWith(dst, obj []byte, key string, val []byte) []byte {
@@ -278,7 +337,7 @@ func AppendObjectWith(dst, obj []byte, key string, val []byte) []byte {
 	}
 	i = jsonlex.SkipWS(obj, i+1)
 	for i < len(obj) && obj[i] == '"' {
-		ke, _, le := jsonlex.ScanString(obj, i)
+		ke, esc, le := jsonlex.ScanString(obj, i)
 		if le != jsonlex.OK {
 			break
 		}
@@ -292,7 +351,7 @@ func AppendObjectWith(dst, obj []byte, key string, val []byte) []byte {
 		if err != nil {
 			break
 		}
-		if !quotedEq(k, key) {
+		if !keyIs(k, esc, key) {
 			dst = append(dst, ',')
 			dst = append(dst, k...)
 			dst = append(dst, ':')
