@@ -135,6 +135,10 @@ func (t *Template) Render(dst []byte, in *Input) (out []byte, err error) {
 			out, err = dst, fmt.Errorf("chat: internal error rendering template: %v", p)
 		}
 		clear(r.vars)
+		if cap(r.vars) > maxKeptVars { // an unusually large request: keep no more than usual
+			r.vars = make([]binding, 0, 32)
+		}
+		r.rootIndex = nil
 		clear(r.argStack[:cap(r.argStack)])
 		clear(r.kwStack[:cap(r.kwStack)])
 		r.argStack, r.kwStack = r.argStack[:0], r.kwStack[:0]

@@ -77,6 +77,10 @@ type renderer struct {
 	undo      []memoUndo
 	spans     []int
 	outSpans  *[]OutSpan // Input.Spans, while a render with a memo runs
+	// rootIndex maps the names of frame 0 to their index in vars once frame 0 holds more
+	// than rootIndexMin bindings (many chat_template_kwargs keys): the linear scans of
+	// setVar and lookup would make binding and reading them quadratic. nil otherwise.
+	rootIndex map[string]int
 	// The render's memo hits and misses, added to the memo's counters once at its end.
 	memoHits, memoMisses uint64
 }
@@ -100,7 +104,14 @@ func (r *renderer) lookup(name string) (Value, bool) {
 		if f < top {
 			end = r.frames[f+1]
 		}
-		for i := end - 1; i >= r.frames[f]; i-- {
+		i := end - 1
+		if f == 0 && r.rootIndex != nil {
+			var ok bool
+			if i, ok = r.rootIndex[name]; !ok {
+				continue
+			}
+		}
+		for ; i >= r.frames[f]; i-- {
 			if r.vars[i].name == name {
 				if f < r.recFrame {
 					r.memoBad = true // a name bound in the body, read before its assignment
@@ -120,6 +131,16 @@ func (r *renderer) lookup(name string) (Value, bool) {
 
 // setVar binds name in the top frame and returns the binding's index in vars.
 func (r *renderer) setVar(name string, v Value) int {
+	root := len(r.frames) == 1
+	if root && r.rootIndex != nil {
+		if i, ok := r.rootIndex[name]; ok {
+			r.vars[i].v = v
+			return i
+		}
+		r.vars = append(r.vars, binding{name, v})
+		r.rootIndex[name] = len(r.vars) - 1
+		return len(r.vars) - 1
+	}
 	start := r.frames[len(r.frames)-1]
 	for i := len(r.vars) - 1; i >= start; i-- {
 		if r.vars[i].name == name {
@@ -128,8 +149,21 @@ func (r *renderer) setVar(name string, v Value) int {
 		}
 	}
 	r.vars = append(r.vars, binding{name, v})
+	if root && len(r.vars) > rootIndexMin {
+		r.rootIndex = make(map[string]int, 2*len(r.vars))
+		for i, b := range r.vars {
+			r.rootIndex[b.name] = i
+		}
+	}
 	return len(r.vars) - 1
 }
+
+// rootIndexMin is the size of frame 0 past which it is indexed (see renderer.rootIndex); a
+// chat request binds about twenty names there.
+const rootIndexMin = 64
+
+// maxKeptVars bounds the bindings a pooled renderer keeps after a render.
+const maxKeptVars = 1024
 
 func (r *renderer) pushFrame() { r.frames = append(r.frames, len(r.vars)) }
 

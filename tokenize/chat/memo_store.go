@@ -113,6 +113,7 @@ func (g *memoGen) copyValue(v Value, keep bool) Value {
 			for i, k := range d.keys {
 				d.index[k] = i
 			}
+			g.bytes += indexBytes(len(d.keys)) // outside the slabs, but the memo keeps it
 		}
 		if keep {
 			d.memoH, d.memoID = src.memoH, src.memoID
@@ -120,6 +121,16 @@ func (g *memoGen) copyValue(v Value, keep bool) Value {
 		return dictValue(d)
 	}
 	return v
+}
+
+// indexBytes estimates the heap of a dict's index of n keys: Go's map keeps its slots (a
+// string key, an int value, a control byte) at most 7/8 full, in power-of-two tables.
+func indexBytes(n int) int64 {
+	slots := int64(8)
+	for slots*7/8 < int64(n) {
+		slots *= 2
+	}
+	return slots*28 + 128
 }
 
 // copyEntry copies src's content into a new entry of g (not yet published).
