@@ -193,8 +193,11 @@ func (k *kvRouter) planeState(i int) string {
 		}
 		return "route: " + st
 	case ingestSource:
-		if src.g.Connected() {
+		switch {
+		case src.g.Publishing():
 			return "ingest: publishing"
+		case src.g.Connected():
+			return "ingest: degraded (no event stream: cannot create it, events are not shared)"
 		}
 		return "ingest: degraded (plane down: events are not shared)"
 	}

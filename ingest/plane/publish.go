@@ -110,6 +110,7 @@ func NewIngest(cfg Config, inv Inventory, eps []Endpoint) (*Ingest, error) {
 		}
 	}
 	set.GetOrCreateGauge("kvgate_plane_ingest_connected", func() float64 { return b2f(g.up.Load()) })
+	set.GetOrCreateGauge("kvgate_plane_ingest_publishing", func() float64 { return b2f(g.Publishing()) })
 	return g, nil
 }
 
@@ -265,6 +266,9 @@ func (g *Ingest) Start(ctx context.Context) error {
 	}
 	if nc.IsConnected() && !g.up.Swap(true) {
 		log.Info("plane: connected to NATS", "url", nc.ConnectedUrl())
+	} else if !nc.IsConnected() {
+		// A failed first connect calls no disconnect handler: say it here.
+		log.Warn("plane: NATS unreachable at start: events are not shared until it is up", "url", g.cfg.URL)
 	}
 	ctx, g.cancel = context.WithCancel(ctx)
 	g.wg.Add(2)
@@ -303,6 +307,11 @@ func (g *Ingest) Close() error {
 
 // Connected reports whether the plane's NATS connection is up.
 func (g *Ingest) Connected() bool { return g.up.Load() }
+
+// Publishing reports whether ops reach the stream: connected, and the stream exists. A
+// connected replica that cannot create the stream (another stream owns its subjects, no
+// JetStream) drops every op, and must not look healthy.
+func (g *Ingest) Publishing() bool { return g.up.Load() && g.streamOK.Load() }
 
 // publish sends queued messages in queue order. Async publishes on one connection reach
 // the stream in order; no-responder retries are off so a retry cannot reorder.

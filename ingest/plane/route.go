@@ -45,6 +45,7 @@ const (
 	whySnapIncomplete
 	whyStale
 	whyFallback
+	whyNoIngest
 )
 
 var whyText = [...]string{
@@ -59,6 +60,7 @@ var whyText = [...]string{
 	whySnapIncomplete: "snapshot chunks missing: waiting for a fresh snapshot",
 	whyStale:          "stale: no snapshot or event from the ingest replica for 3 snapshot intervals",
 	whyFallback:       "plane down: following the engine directly until it returns",
+	whyNoIngest:       "no snapshot from any ingest replica for 3 snapshot intervals: is one publishing this endpoint?",
 }
 
 // Route is the consuming side: it keeps each endpoint's inventory slot in step with the
@@ -101,6 +103,7 @@ type subEndpoint struct {
 	streamSeq atomic.Uint64
 	lastMsg   atomic.Int64 // unix nanos of the last message consumed
 	lastReq   atomic.Int64 // unix nanos of the last snapshot request
+	since     atomic.Int64 // unix nanos of the last state change (or Start)
 	smu       sync.Mutex   // serializes state transitions (one log line each)
 
 	// The consumer goroutine's own state.
@@ -171,6 +174,9 @@ func (e *subEndpoint) setState(st int32, why int32) {
 	if old == st && oldWhy == why {
 		return
 	}
+	if old != st {
+		e.since.Store(time.Now().UnixNano())
+	}
 	e.state.Store(st)
 	e.why.Store(why)
 	log := e.r.cfg.Logger
@@ -182,6 +188,16 @@ func (e *subEndpoint) setState(st int32, why int32) {
 	default:
 		log.Info("plane: endpoint "+stateNames[st], "endpoint", e.Name, "reason", whyText[why])
 	}
+}
+
+// syncing marks e waiting for a snapshot, unless it has waited too long already: then it
+// stays degraded, its WARN standing, until a snapshot comes (no flapping back to syncing
+// each time the consumer restarts).
+func (e *subEndpoint) syncing(why int32) {
+	if e.state.Load() == stDegraded && e.why.Load() == whyNoIngest {
+		return
+	}
+	e.setState(stSyncing, why)
 }
 
 // requestSnapshot asks the ingest replicas for a fresh snapshot, at most once per
@@ -239,6 +255,13 @@ func (r *Route) Start(ctx context.Context) error {
 	r.conn.Store(nc)
 	if nc.IsConnected() {
 		r.up.Store(true)
+	} else if !r.up.Load() {
+		// A failed first connect calls no disconnect handler: the endpoints are down from
+		// the start, and the connect handler resyncs them as after any outage.
+		log.Warn("plane: NATS unreachable at start: routing on an empty inventory until it is up", "url", r.cfg.URL)
+		for _, e := range r.all {
+			e.setState(stDegraded, whyDown)
+		}
 	}
 	r.js, err = jetstream.New(nc)
 	if err != nil {
@@ -247,6 +270,7 @@ func (r *Route) Start(ctx context.Context) error {
 	}
 	ctx, r.cancel = context.WithCancel(ctx)
 	for _, e := range r.all {
+		e.since.Store(time.Now().UnixNano())
 		r.wg.Add(1)
 		go func() { defer r.wg.Done(); r.follow(ctx, e) }()
 	}
@@ -287,6 +311,12 @@ func (r *Route) watch(ctx context.Context) {
 		for _, e := range r.all {
 			if e.state.Load() == stOK && now-e.lastMsg.Load() > 3*int64(r.cfg.SnapshotInterval) {
 				e.setState(stDegraded, whyStale)
+				e.requestSnapshot()
+			}
+			// Waiting for a snapshot that never comes (no ingest replica publishes this
+			// endpoint) is routing blind: degraded, with a WARN, not syncing forever.
+			if e.state.Load() == stSyncing && r.up.Load() && now-e.since.Load() > 3*int64(r.cfg.SnapshotInterval) {
+				e.setState(stDegraded, whyNoIngest)
 				e.requestSnapshot()
 			}
 		}
@@ -343,7 +373,7 @@ func (r *Route) startAt(ctx context.Context, e *subEndpoint) (jetstream.OrderedC
 	st, err := r.js.Stream(cctx, r.cfg.Stream)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			e.setState(stSyncing, whyNoStream)
+			e.syncing(whyNoStream)
 		}
 		return ocfg, false
 	}
@@ -353,7 +383,7 @@ func (r *Route) startAt(ctx context.Context, e *subEndpoint) (jetstream.OrderedC
 		ocfg.DeliverPolicy, ocfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, head.Sequence
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		ocfg.DeliverPolicy = jetstream.DeliverNewPolicy
-		e.setState(stSyncing, whyNoSnapshot)
+		e.syncing(whyNoSnapshot)
 		e.requestSnapshot()
 	default:
 		return ocfg, false
