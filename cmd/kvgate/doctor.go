@@ -98,6 +98,15 @@ rule's hash contract: algo, seed, block size, LoRA). Exit 0: nothing disagrees;
 		}
 		return 2
 	}
+	// net/http reads a timeout of 0 or less as none: a mute engine would hang the run.
+	if *timeout <= 0 {
+		fmt.Fprintf(stderr, "kvgate doctor: -probe-timeout %v: must be positive\n", *timeout)
+		return 2
+	}
+	if *wait < 0 {
+		fmt.Fprintf(stderr, "kvgate doctor: -events-wait %v: must not be negative\n", *wait)
+		return 2
+	}
 	cfg, _, err := serveFlags(rule, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -331,8 +340,13 @@ func (d *doctor) checkMetrics(ep proxy.EndpointSpec) {
 		return
 	}
 	if bs, err := strconv.Atoi(labels["block_size"]); err == nil {
-		if bs != d.cfg.KV.BlockSize {
-			d.add(ep.Name, "block-size", vDrift, "engine block_size=%d, rule -kv-block-size %d", bs, d.cfg.KV.BlockSize)
+		// The endpoint's pinned block_size, when set, is what the rule hashes it with.
+		want, flag := d.cfg.KV.BlockSize, "-kv-block-size "
+		if ep.BlockSize > 0 {
+			want, flag = ep.BlockSize, "-endpoint block_size="
+		}
+		if bs != want {
+			d.add(ep.Name, "block-size", vDrift, "engine block_size=%d, rule %s%d", bs, flag, want)
 		} else {
 			d.add(ep.Name, "block-size", vOK, "%d", bs)
 		}
