@@ -337,8 +337,7 @@ func TestRoutingStateStale(t *testing.T) {
 // /debug/inventory and /metrics, and clears once the recent window passes without one.
 func TestRoutingStateUnreadableEvents(t *testing.T) {
 	a := newKVEngine(t, "a", enginepub.VLLM)
-	s, lb := startHolding(t, kvConfig(t, KVConverged, a.spec(0, "vllm", "")), a)
-	s.states.tun.recent = 500 * time.Millisecond
+	s, lb := startHolding(t, kvConfig(t, KVConverged, a.spec(0, "vllm", "")), a, func(s *Server) { s.states.tun.recent = 500 * time.Millisecond })
 	routing := func() string {
 		st := inventoryStates(t, s)["a"]
 		if len(st.Reasons) > 0 {
@@ -401,13 +400,17 @@ func TestRoutingStateStalePD(t *testing.T) {
 // uncachedPrompt is a prompt no test engine reports blocks of.
 var uncachedPrompt = strings.Repeat("Completely different words that no engine has cached yet, friend. ", 8)
 
-// startHolding starts a server over cfg whose stale check trips at 5 requests, with e (in
-// slot 0) reporting every full block of sharedPrefix; the log is shown if the test fails.
-func startHolding(t *testing.T, cfg Config, e *kvEngine) (*Server, *logBuf) {
+// startHolding starts a server over cfg whose stale check trips at 5 requests (tune may
+// adjust more), with e (in slot 0) reporting every full block of sharedPrefix; the log is
+// shown if the test fails.
+func startHolding(t *testing.T, cfg Config, e *kvEngine, tune ...func(*Server)) (*Server, *logBuf) {
 	t.Helper()
 	s, lb := startLogged(t, cfg, func(s *Server) {
 		fastStates(s)
 		s.states.tun.staleRequests = 5
+		for _, f := range tune {
+			f(s) // before the watcher starts: it reads the tuning unlocked
+		}
 	})
 	t.Cleanup(func() {
 		if t.Failed() {
