@@ -34,6 +34,7 @@ type Breaker struct {
 	streak    int
 	openedAt  time.Time
 	inTrial   int
+	trialAt   time.Time // when the last trial slot was claimed
 	fiveXX    int
 	fiveLimit int
 }
@@ -57,6 +58,11 @@ func (b *Breaker) State() BreakerState {
 func (b *Breaker) tickLocked() {
 	if b.state == BreakerOpen && b.now().Sub(b.openedAt) >= b.openFor {
 		b.state = BreakerHalfOpen
+		b.inTrial = 0
+	}
+	// A trial whose outcome was never booked (an answer no path judges, a panic) must
+	// not hold its slot forever: trials claimed an open period ago count as lost.
+	if b.state == BreakerHalfOpen && b.inTrial >= b.trials && b.now().Sub(b.trialAt) >= b.openFor {
 		b.inTrial = 0
 	}
 }
@@ -83,6 +89,7 @@ func (b *Breaker) admit(claim bool) bool {
 		if b.inTrial < b.trials {
 			if claim {
 				b.inTrial++
+				b.trialAt = b.now()
 			}
 			return true
 		}

@@ -206,3 +206,29 @@ func TestValidateDoesNotMutate(t *testing.T) {
 		t.Fatal("normalize wrote into the caller's endpoint list")
 	}
 }
+
+// A half-open trial whose outcome is never booked (an answer no path judges, a panic)
+// gives its slot back one open period after it was claimed: the breaker must not stay
+// half-open with no trial left, refusing a recovered engine for good.
+func TestBreakerLostTrialFreed(t *testing.T) {
+	now := time.Unix(1000, 0)
+	b := NewBreaker(1, 10*time.Second, 1, 2)
+	b.now = func() time.Time { return now }
+	b.Failure()
+	now = now.Add(10 * time.Second)
+	if !b.Allow() {
+		t.Fatal("no trial after the open period")
+	}
+	now = now.Add(9 * time.Second)
+	if b.Allow() || b.Ready() {
+		t.Fatal("a second trial while the first may still be running")
+	}
+	now = now.Add(time.Second)
+	if !b.Ready() || !b.Allow() {
+		t.Fatal("the lost trial's slot was never given back")
+	}
+	b.Success()
+	if b.State() != BreakerClosed {
+		t.Fatalf("state %v after the new trial's success, want closed", b.State())
+	}
+}

@@ -241,6 +241,7 @@ func (s *Server) forward(ctx context.Context, c *app.RequestContext, st *reqStat
 		// it would leave the client waiting for a final answer that never comes.
 		res.CloseBodyStream() //nolint:errcheck
 		s.brokeOff(d.ep)
+		ep.breaker.Neutral() // the engine answered; whether it is sick this does not say
 		s.log.Warn("upstream sent an interim answer kvgate cannot relay", "endpoint", ep.spec.Name, "status", res.StatusCode())
 		writeError(c, 502, "upstream_error", "endpoint "+ep.spec.Name+" sent an interim (1xx) answer kvgate cannot relay")
 		return outcome{kind: outDone}
