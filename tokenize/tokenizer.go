@@ -224,8 +224,24 @@ func (t *Tokenizer) appendEncode(dst []uint32, text string, memo *Memo, use *Mem
 	st.marks = ns.marks[:0]
 	err := st.err
 	st.err = nil
-	t.scratch.Put(st)
+	if st.heapBytes() <= maxPooledScratch { // one huge request's buffers are not kept
+		t.scratch.Put(st)
+	}
 	return dst, err
+}
+
+// maxPooledScratch bounds the buffers of an encodeState put back in the pool: sync.Pool
+// keeps an item as long as steady load takes it out again, so one huge request's buffers
+// would otherwise stay for good (as renderScratch caps its output).
+const maxPooledScratch = 2 << 20
+
+// heapBytes is what st's buffers hold (their capacities).
+func (st *encodeState) heapBytes() int {
+	n := cap(st.normBuf[0]) + cap(st.normBuf[1]) + cap(st.text) + cap(st.valid) + cap(st.bpe.str)
+	n += (cap(st.matches) + cap(st.nmatches)) * int(unsafe.Sizeof(addedMatch{}))
+	n += (cap(st.spans[0]) + cap(st.spans[1])) * int(unsafe.Sizeof(span{}))
+	n += cap(st.bpe.syms)*int(unsafe.Sizeof(symbol{})) + cap(st.bpe.heap)*8
+	return n + cap(st.marks)*int(unsafe.Sizeof(chat.NoteMark{}))
 }
 
 // encodeRawSegment is encodeSegment through memo (see Memo for why a segment between raw
