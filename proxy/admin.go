@@ -102,6 +102,7 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
 			f.sample(name, lbl[i], v(i, ros.eps[i]))
 		}
 	}
+	s.reloadRefused(f)
 	perEndpoint("kvgate_inflight_requests", "gauge", func(i int, e *endpoint) uint64 { return uint64(max(s.loads.Get(i), 0)) })
 	perEndpoint("kvgate_breaker_state", "gauge", func(i int, e *endpoint) uint64 { return uint64(e.breaker.State()) })
 	perEndpoint("kvgate_endpoint_up", "gauge", func(i int, e *endpoint) uint64 { return b2u(e.healthy.Load() && !e.down.Load()) })

@@ -100,6 +100,7 @@ var familyHelp = map[string]string{
 	"kvgate_plane_ingest_messages_total":         "Event-plane messages per endpoint, by result (published, dropped, failed_ack).",
 	"kvgate_plane_ingest_snapshots_total":        "Inventory snapshots this ingest replica published per endpoint.",
 	"kvgate_plane_ingest_connected":              "1 while this ingest replica is connected to the NATS event plane.",
+	"kvgate_reload_refused":                      "1 while a reloaded file (tls: -tls-cert/-tls-key, api_keys: -api-keys-file) failed to load and its previous version is in use.",
 	"kvgate_plane_ingest_publishing":             "1 while this ingest replica's events reach the plane's stream (connected, and the stream exists).",
 	"kvgate_plane_route_messages_total":          "Event-plane messages this route replica consumed per endpoint, by result (applied, ignored, bad).",
 	"kvgate_plane_route_gaps_total":              "Sequence gaps seen in an endpoint's plane stream (each asks for a snapshot).",

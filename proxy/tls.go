@@ -41,6 +41,11 @@ type certSource struct {
 	certFile, keyFile string
 	cur               atomic.Pointer[tls.Certificate]
 	stamps            [2]fileStamp
+	// bad are the files' stamps when they last failed to load (refused: still on disk):
+	// the running certificate differs from them, which /metrics shows; they are not
+	// retried, nor WARNed again, until they change.
+	bad     [2]fileStamp
+	refused atomic.Bool
 }
 
 func newCertSource(certFile, keyFile string) (*certSource, error) {
@@ -59,18 +64,23 @@ func (c *certSource) load() error {
 	}
 	cert, err := tls.LoadX509KeyPair(c.certFile, c.keyFile)
 	if err != nil {
+		c.bad = [2]fileStamp{s0, s1}
+		c.refused.Store(true)
 		return err
 	}
 	c.cur.Store(&cert)
-	c.stamps = [2]fileStamp{s0, s1}
+	c.stamps, c.bad = [2]fileStamp{s0, s1}, [2]fileStamp{}
+	c.refused.Store(false)
 	return nil
 }
 
-// changed says whether either file differs from the loaded version.
+// changed says whether either file differs from the loaded version and from the version
+// last refused.
 func (c *certSource) changed() bool {
 	s0, err0 := stampOf(c.certFile)
 	s1, err1 := stampOf(c.keyFile)
-	return err0 == nil && err1 == nil && (s0 != c.stamps[0] || s1 != c.stamps[1])
+	now := [2]fileStamp{s0, s1}
+	return err0 == nil && err1 == nil && now != c.stamps && now != c.bad
 }
 
 func (c *certSource) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
@@ -89,6 +99,9 @@ type apiKeys struct {
 	path  string
 	cur   atomic.Pointer[[][sha256.Size]byte]
 	stamp fileStamp
+	// bad and refused: as certSource's.
+	bad     fileStamp
+	refused atomic.Bool
 }
 
 func newAPIKeys(path string) (*apiKeys, error) {
@@ -130,16 +143,31 @@ func (k *apiKeys) load() error {
 	}
 	keys, err := readAPIKeys(k.path)
 	if err != nil {
+		k.bad = st
+		k.refused.Store(true)
 		return err
 	}
 	k.cur.Store(&keys)
-	k.stamp = st
+	k.stamp, k.bad = st, fileStamp{}
+	k.refused.Store(false)
 	return nil
 }
 
 func (k *apiKeys) changed() bool {
 	st, err := stampOf(k.path)
-	return err == nil && st != k.stamp
+	return err == nil && st != k.stamp && st != k.bad
+}
+
+// reloadRefused is /metrics' kvgate_reload_refused{file}: 1 while the file on disk
+// failed to load and the previous version is in use.
+func (s *Server) reloadRefused(f famWriter) {
+	f.family("kvgate_reload_refused", "gauge")
+	if s.certs != nil {
+		f.sample("kvgate_reload_refused", `file="tls"`, b2u(s.certs.refused.Load()))
+	}
+	if s.apiKeys != nil {
+		f.sample("kvgate_reload_refused", `file="api_keys"`, b2u(s.apiKeys.refused.Load()))
+	}
 }
 
 var bearer = []byte("Bearer ")
@@ -174,14 +202,14 @@ func (s *Server) checkAPIKey(c *app.RequestContext) bool {
 func (s *Server) reloadFiles() {
 	if c := s.certs; c != nil && c.changed() {
 		if err := c.load(); err != nil {
-			s.log.Warn("-tls-cert/-tls-key changed but do not load: keeping the previous certificate", "err", err)
+			s.log.Warn("-tls-cert/-tls-key changed but do not load: keeping the previous certificate until they change again", "err", err)
 		} else {
 			s.log.Info("listener certificate reloaded", "cert", c.certFile)
 		}
 	}
 	if k := s.apiKeys; k != nil && k.changed() {
 		if err := k.load(); err != nil {
-			s.log.Warn("-api-keys-file changed but does not load: keeping the previous keys", "err", err)
+			s.log.Warn("-api-keys-file changed but does not load: keeping the previous keys until it changes again", "err", err)
 		} else {
 			s.log.Info("API keys reloaded", "file", k.path, "keys", len(*k.cur.Load()))
 		}

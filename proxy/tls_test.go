@@ -126,6 +126,22 @@ func TestTLSListenerReloadsCertificate(t *testing.T) {
 	if code, _, v := curl(t, pki.path("ca.pem"), url, "-H", "Content-Type: application/json", "-d", complBody); code != "200" || !strings.Contains(v, "CN=kvgate-renewed") {
 		t.Errorf("after a bad rotation: %s\n%s", code, v)
 	}
+	// The refusal stands on /metrics, and the same bad files are not WARNed every second.
+	if m := scrapeMetrics(t, s); m[`kvgate_reload_refused{file="tls"}`] != 1 {
+		t.Errorf("kvgate_reload_refused{file=\"tls\"} = %v after a bad rotation, want 1", m[`kvgate_reload_refused{file="tls"}`])
+	}
+	time.Sleep(2500 * time.Millisecond) // two more reload ticks
+	if n := len(lb.lines("level=WARN", "keeping the previous certificate")); n != 1 {
+		t.Errorf("%d WARNs for one bad rotation, want 1", n)
+	}
+	pki.issue("srv", "kvgate-third")
+	waitFor(t, "the next good rotation served", func() bool {
+		_, _, v := curl(t, pki.path("ca.pem"), url, "-H", "Content-Type: application/json", "-d", complBody)
+		return strings.Contains(v, "CN=kvgate-third")
+	})
+	if m := scrapeMetrics(t, s); m[`kvgate_reload_refused{file="tls"}`] != 0 {
+		t.Errorf("kvgate_reload_refused{file=\"tls\"} = %v after a good rotation, want 0", m[`kvgate_reload_refused{file="tls"}`])
+	}
 }
 
 // https:// endpoints are verified against -upstream-ca, and kvgate presents its
@@ -228,6 +244,20 @@ func TestAPIKeysFromFile(t *testing.T) {
 	if res, _ := post(t, s.url("/v1/completions"), complBody, "Authorization", "Bearer sk-beta"); res.StatusCode != 401 {
 		t.Errorf("a rotated-out key: %d", res.StatusCode)
 	}
+	// A rotation to a file that does not load keeps the keys, and says so on /metrics.
+	time.Sleep(20 * time.Millisecond)
+	os.WriteFile(keys, []byte("# nothing left\n"), 0o600)
+	waitFor(t, "the refused rotation shown", func() bool {
+		return scrapeMetrics(t, s)[`kvgate_reload_refused{file="api_keys"}`] == 1
+	})
+	if res, _ := post(t, s.url("/v1/completions"), complBody, "Authorization", "Bearer sk-gamma"); res.StatusCode != 200 {
+		t.Errorf("the kept key after a refused rotation: %d", res.StatusCode)
+	}
+	time.Sleep(20 * time.Millisecond)
+	os.WriteFile(keys, []byte("sk-gamma\n"), 0o600)
+	waitFor(t, "the refusal cleared", func() bool {
+		return scrapeMetrics(t, s)[`kvgate_reload_refused{file="api_keys"}`] == 0
+	})
 
 	cfg.Listener.ForwardAuthorization = false
 	b := newFakeEngine(t, "b")
