@@ -47,7 +47,14 @@ func startPython(t *testing.T, script string, args ...string) (io.WriteCloser, *
 	if out, err := exec.Command("/usr/bin/python3", "-c", "import zmq, msgpack").CombinedOutput(); err != nil {
 		t.Fatalf("needs /usr/bin/python3 with python3-zmq and python3-msgpack (run `make fetch`): %v\n%s", err, out)
 	}
-	cmd := exec.Command("/usr/bin/python3", append([]string{filepath.Join("..", "..", "testdata", "zmtp", script)}, args...)...)
+	return startPythonArgs(t, append([]string{filepath.Join("..", "..", "testdata", "zmtp", script)}, args...)...)
+}
+
+// startPythonArgs runs /usr/bin/python3 with args, killed with the test, its stderr in the
+// test's log.
+func startPythonArgs(t *testing.T, args ...string) (io.WriteCloser, *bufio.Scanner) {
+	t.Helper()
+	cmd := exec.Command("/usr/bin/python3", args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	in, err := cmd.StdinPipe()
 	if err != nil {

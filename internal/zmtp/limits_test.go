@@ -1,18 +1,13 @@
 package zmtp
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"net"
-	"os/exec"
-	"syscall"
 	"testing"
 	"time"
-
-	"github.com/kvgate/kvgate/internal/testfix"
 )
 
 // TestEmptyFramesCountAgainstTheLimit: a PUB that sends a message of empty frames, each
@@ -84,22 +79,7 @@ sys.stdin.read()
 // from Debian) answering as vLLM's replay service does: the request reaches it with its
 // delimiter, and every reply arrives, short and long frames, then the end marker.
 func TestDealerLibzmqRouter(t *testing.T) {
-	cmd := exec.Command("/usr/bin/python3", "-c", libzmqReplay)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = logWriter{t}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	testfix.ReapOnCleanup(t, cmd, in)
-	sc := bufio.NewScanner(out)
+	_, sc := startPythonArgs(t, "-c", libzmqReplay)
 	if !sc.Scan() {
 		t.Fatal("python3 printed no port (python3-zmq missing?)")
 	}
