@@ -103,7 +103,8 @@ func TestParseEndpointAndValidate(t *testing.T) {
 	if err != nil || e.Name != "p0" || e.URL != "http://10.0.0.1:8000" || e.Engine != EngineSGLang || e.Role != RolePrefill || e.DP != 2 || e.Weight != 3 || !e.Down || e.BootstrapPort != 8998 {
 		t.Fatalf("%+v %v", e, err)
 	}
-	for _, bad := range []string{"name=x", "url=ftp://h:1", "url=http://h:1/v1", "url=http://h:1,engine=tgi", "url=http://h:1,role=x", "url=http://h:1,dp=0", "url=http://h:1,bogus=1", "url=http://h:1,weight"} {
+	for _, bad := range []string{"name=x", "url=ftp://h:1", "url=http://h:1/v1", "url=http://h:1,engine=tgi", "url=http://h:1,role=x", "url=http://h:1,dp=0", "url=http://h:1,bogus=1", "url=http://h:1,weight",
+		`name=a"b,url=http://h:1`, `name=a\b,url=http://h:1`, "name=a\tb,url=http://h:1", "name=a\x7fb,url=http://h:1"} {
 		if _, err := ParseEndpoint(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}

@@ -168,6 +168,11 @@ func ParseEndpoint(s string) (EndpointSpec, error) {
 	if e.Name == "" {
 		e.Name = u.Host
 	}
+	if i := strings.IndexFunc(e.Name, func(r rune) bool { return r == '"' || r == '\\' || r < 0x20 || r == 0x7f }); i >= 0 {
+		// A name labels the endpoint's metrics, where such characters are escaped away
+		// ('_'): two endpoints would share their series.
+		return e, fmt.Errorf("name %q: no quotes, backslashes or control characters (it labels metrics)", e.Name)
+	}
 	if e.Discover {
 		if _, err := netip.ParseAddr(u.Hostname()); err == nil {
 			return e, fmt.Errorf("discover=dns: url %q names an address, not a DNS name", e.URL)
