@@ -94,6 +94,9 @@ func (r *renderer) errf(pos int, format string, a ...any) error {
 }
 
 func (r *renderer) lookup(name string) (Value, bool) {
+	if r.rootIndex != nil {
+		return r.lookupIndexed(name)
+	}
 	top := len(r.frames) - 1
 	for f := top; f >= 0; f-- {
 		if f < r.barrier && f > r.visTop {
@@ -104,14 +107,7 @@ func (r *renderer) lookup(name string) (Value, bool) {
 		if f < top {
 			end = r.frames[f+1]
 		}
-		i := end - 1
-		if f == 0 && r.rootIndex != nil {
-			var ok bool
-			if i, ok = r.rootIndex[name]; !ok {
-				continue
-			}
-		}
-		for ; i >= r.frames[f]; i-- {
+		for i := end - 1; i >= r.frames[f]; i-- {
 			if r.vars[i].name == name {
 				if f < r.recFrame {
 					r.memoBad = true // a name bound in the body, read before its assignment
@@ -129,17 +125,50 @@ func (r *renderer) lookup(name string) (Value, bool) {
 	return undefinedNamed(name), false
 }
 
+// lookupIndexed is lookup with frame 0 indexed (rootIndex): the frames above it are
+// scanned as lookup does, frame 0 is looked up by name. A separate function so that
+// lookup, the evaluator's hottest call, keeps its loop as it was.
+func (r *renderer) lookupIndexed(name string) (Value, bool) {
+	top := len(r.frames) - 1
+	for f := top; f >= 1; f-- {
+		if f < r.barrier && f > r.visTop {
+			f = r.visTop + 1
+			continue
+		}
+		end := len(r.vars)
+		if f < top {
+			end = r.frames[f+1]
+		}
+		for i := end - 1; i >= r.frames[f]; i-- {
+			if r.vars[i].name == name {
+				return r.found(f, i), true
+			}
+		}
+	}
+	if i, ok := r.rootIndex[name]; ok {
+		return r.found(0, i), true
+	}
+	if r.recFrame > 0 {
+		r.memoBad = true
+	}
+	return undefinedNamed(name), false
+}
+
+// found is lookupIndexed's answer: binding i, in frame f.
+func (r *renderer) found(f, i int) Value {
+	if f < r.recFrame {
+		r.memoBad = true // a name bound in the body, read before its assignment
+	}
+	if len(r.lazy) != 0 {
+		r.lazyRead(i)
+	}
+	return r.vars[i].v
+}
+
 // setVar binds name in the top frame and returns the binding's index in vars.
 func (r *renderer) setVar(name string, v Value) int {
-	root := len(r.frames) == 1
-	if root && r.rootIndex != nil {
-		if i, ok := r.rootIndex[name]; ok {
-			r.vars[i].v = v
-			return i
-		}
-		r.vars = append(r.vars, binding{name, v})
-		r.rootIndex[name] = len(r.vars) - 1
-		return len(r.vars) - 1
+	if r.rootIndex != nil && len(r.frames) == 1 {
+		return r.setRoot(name, v)
 	}
 	start := r.frames[len(r.frames)-1]
 	for i := len(r.vars) - 1; i >= start; i-- {
@@ -149,12 +178,23 @@ func (r *renderer) setVar(name string, v Value) int {
 		}
 	}
 	r.vars = append(r.vars, binding{name, v})
-	if root && len(r.vars) > rootIndexMin {
+	if len(r.frames) == 1 && len(r.vars) > rootIndexMin {
 		r.rootIndex = make(map[string]int, 2*len(r.vars))
 		for i, b := range r.vars {
 			r.rootIndex[b.name] = i
 		}
 	}
+	return len(r.vars) - 1
+}
+
+// setRoot is setVar in an indexed frame 0.
+func (r *renderer) setRoot(name string, v Value) int {
+	if i, ok := r.rootIndex[name]; ok {
+		r.vars[i].v = v
+		return i
+	}
+	r.vars = append(r.vars, binding{name, v})
+	r.rootIndex[name] = len(r.vars) - 1
 	return len(r.vars) - 1
 }
 
